@@ -1,0 +1,36 @@
+# The two Quick start commands. Each creates .venv on first use; both work on a fresh machine
+# with Python 3.11 and pip.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+## make run: set up, create the sample data if missing, and pack it (etl run pipeline.yaml)
+run: $(STAMP)
+	test -d data/sample || $(BIN)/etl sample-data data/sample
+	$(BIN)/etl run pipeline.yaml
+
+## make test: set up, lint, type-check, and run the whole test suite
+test: $(STAMP) lint
+	$(BIN)/python -m pytest -n 2 --dist loadfile
+
+lint: $(STAMP)
+	$(BIN)/ruff check etl loaders tests
+	$(BIN)/ruff format --check etl loaders tests
+	$(BIN)/mypy
+
+## make bench: the benchmarks whose results are in README.md
+bench: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) artifacts .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,323 @@
+"""The manifest: Arrow IPC files that say which sample lives where, one folder per version.
+
+Layout of a dataset directory (see docs/FORMAT.md):
+
+    shards/v000001-00000.npy ...        immutable pixel shards
+    versions/v000001/manifest.arrow     one row per packed sample
+    versions/v000001/shards.arrow       one row per shard this version references
+    versions/v000001/rejects.arrow      one row per source file that was not packed
+
+A version folder is written under a temp name and renamed into place, so it either exists whole
+or not at all; the latest version is the highest-numbered folder. This module imports neither
+PIL nor joblib: the loaders read datasets through it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from etl.errors import ManifestError
+from etl.shards import fsync_dir
+
+FORMAT_VERSION = 1
+"""Bumped on any change a reader of an older version would misread; checked on every open."""
+
+SHARDS_DIR = "shards"
+VERSIONS_DIR = "versions"
+MANIFEST_FILE = "manifest.arrow"
+SHARDS_FILE = "shards.arrow"
+REJECTS_FILE = "rejects.arrow"
+_VERSION_DIR = re.compile(r"^v(\d{6})$")
+
+SAMPLES_SCHEMA = pa.schema(
+    [
+        pa.field("sample_id", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("source_size", pa.int64(), nullable=False),
+        pa.field("source_mtime_ns", pa.int64(), nullable=False),
+        pa.field("source_hash", pa.string(), nullable=False),
+        pa.field("source_height", pa.int32(), nullable=False),
+        pa.field("source_width", pa.int32(), nullable=False),
+        pa.field("label", pa.int32(), nullable=False),
+        pa.field("class_name", pa.string(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),
+        pa.field("shard", pa.string(), nullable=False),
+        pa.field("row", pa.int64(), nullable=False),
+        pa.field("checksum", pa.string(), nullable=False),
+    ]
+)
+
+SHARDS_SCHEMA = pa.schema(
+    [
+        pa.field("shard", pa.string(), nullable=False),
+        pa.field("rows", pa.int64(), nullable=False),
+        pa.field("bytes", pa.int64(), nullable=False),
+        pa.field("checksum", pa.string(), nullable=False),
+        pa.field("blake3", pa.string(), nullable=False),
+    ]
+)
+
+REJECTS_SCHEMA = pa.schema(
+    [
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("message", pa.string(), nullable=False),
+        pa.field("source_size", pa.int64()),
+        pa.field("source_mtime_ns", pa.int64()),
+        pa.field("source_hash", pa.string()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class ManifestMeta:
+    """Schema metadata of manifest.arrow (stored as `etl.<name>` keys, JSON values)."""
+
+    version: int
+    sample_shape: tuple[int, ...]
+    layout: str
+    classes: tuple[str, ...]
+    checksum: str
+    config_digest: str
+    config: Mapping[str, Any]
+    tool_version: str
+    created: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+    dtype: str = "uint8"
+    format_version: int = FORMAT_VERSION
+
+    def to_metadata(self) -> dict[bytes, bytes]:
+        values: dict[str, Any] = {
+            "format_version": self.format_version,
+            "version": self.version,
+            "sample_shape": list(self.sample_shape),
+            "dtype": self.dtype,
+            "layout": self.layout,
+            "classes": list(self.classes),
+            "checksum": self.checksum,
+            "config_digest": self.config_digest,
+            "config": dict(self.config),
+            "tool_version": self.tool_version,
+            "created": self.created,
+        }
+        return {f"etl.{k}".encode(): json.dumps(v).encode() for k, v in values.items()}
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[bytes, bytes] | None, where: Path) -> ManifestMeta:
+        raw = {k.decode(): v for k, v in (metadata or {}).items() if k.startswith(b"etl.")}
+        try:
+            values = {k[4:]: json.loads(v) for k, v in raw.items()}
+        except json.JSONDecodeError as exc:
+            raise ManifestError(f"{where}: schema metadata is not valid JSON ({exc})") from None
+        fmt = values.get("format_version")
+        if fmt != FORMAT_VERSION:
+            raise ManifestError(
+                f"{where}: manifest format version {fmt!r}, this tool reads {FORMAT_VERSION}; "
+                "upgrade the tool or repack the dataset"
+            )
+        try:
+            return cls(
+                version=int(values["version"]),
+                sample_shape=tuple(int(d) for d in values["sample_shape"]),
+                layout=str(values["layout"]),
+                classes=tuple(str(c) for c in values["classes"]),
+                checksum=str(values["checksum"]),
+                config_digest=str(values["config_digest"]),
+                config=dict(values["config"]),
+                tool_version=str(values["tool_version"]),
+                created=str(values["created"]),
+                dtype=str(values["dtype"]),
+                format_version=int(fmt),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ManifestError(f"{where}: schema metadata is incomplete ({exc!r})") from None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One committed version of a dataset: metadata plus three Arrow tables."""
+
+    root: Path
+    meta: ManifestMeta
+    samples: pa.Table
+    shards: pa.Table
+    rejects: pa.Table
+
+    @property
+    def version(self) -> int:
+        return self.meta.version
+
+    @property
+    def path(self) -> Path:
+        return version_dir(self.root, self.meta.version) / MANIFEST_FILE
+
+    def shard_path(self, name: str) -> Path:
+        return self.root / name
+
+
+def version_dir(root: Path, version: int) -> Path:
+    return root / VERSIONS_DIR / f"v{version:06d}"
+
+
+def list_versions(root: Path) -> list[int]:
+    """Committed versions, oldest first. Temp folders of interrupted commits are not versions."""
+    versions_dir = root / VERSIONS_DIR
+    if not versions_dir.is_dir():
+        return []
+    found = []
+    for entry in versions_dir.iterdir():
+        match = _VERSION_DIR.match(entry.name)
+        if match and (entry / MANIFEST_FILE).is_file():
+            found.append(int(match.group(1)))
+    return sorted(found)
+
+
+def check_shard_name(name: str, where: Path) -> None:
+    """A shard path must stay inside the dataset: relative, under shards/, no '..'."""
+    pure = PurePosixPath(name)
+    if (
+        pure.is_absolute()
+        or "\\" in name
+        or ".." in pure.parts
+        or len(pure.parts) != 2
+        or pure.parts[0] != SHARDS_DIR
+        or not name.endswith(".npy")
+    ):
+        raise ManifestError(f"{where}: shard path {name!r} is not of the form 'shards/<name>.npy'")
+
+
+def _read_table(path: Path, schema: pa.Schema) -> pa.Table:
+    try:
+        with ipc.open_file(path) as reader:
+            table = reader.read_all()
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: missing") from None
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ManifestError(f"{path}: not a readable Arrow IPC file ({exc})") from None
+    missing = [f.name for f in schema if f.name not in table.schema.names]
+    if missing:
+        raise ManifestError(f"{path}: missing columns {missing}")
+    try:
+        return table.select(schema.names).cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+        raise ManifestError(f"{path}: columns of the wrong type ({exc})") from None
+
+
+def resolve(path: Path, version: int | None = None) -> tuple[Path, int]:
+    """Accept a dataset dir, a version dir or a manifest.arrow file -> (dataset root, version)."""
+    path = Path(path)
+    if path.is_file() and path.name == MANIFEST_FILE:
+        path = path.parent
+    match = _VERSION_DIR.match(path.name)
+    if match and path.parent.name == VERSIONS_DIR:
+        pinned = int(match.group(1))
+        if version is not None and version != pinned:
+            raise ManifestError(f"{path}: is version {pinned}, but version {version} was asked")
+        return path.parent.parent, pinned
+    if not path.is_dir():
+        raise ManifestError(f"{path}: no such dataset directory or manifest file")
+    versions = list_versions(path)
+    if not versions:
+        raise ManifestError(f"{path}: no manifest version found (run 'etl run' first)")
+    if version is None:
+        return path, versions[-1]
+    if version not in versions:
+        raise ManifestError(f"{path}: no version {version}; versions are {versions}")
+    return path, version
+
+
+def read_manifest(path: Path | str, version: int | None = None) -> Manifest:
+    """Open a committed version (the latest unless `version` is given) and check it is coherent."""
+    root, number = resolve(Path(path), version)
+    folder = version_dir(root, number)
+    manifest_path = folder / MANIFEST_FILE
+    samples = _read_table(manifest_path, SAMPLES_SCHEMA)
+    with ipc.open_file(manifest_path) as reader:
+        meta = ManifestMeta.from_metadata(reader.schema.metadata, manifest_path)
+    if meta.version != number:
+        raise ManifestError(f"{manifest_path}: says version {meta.version}, lives in v{number:06d}")
+    shards = _read_table(folder / SHARDS_FILE, SHARDS_SCHEMA)
+    rejects = _read_table(folder / REJECTS_FILE, REJECTS_SCHEMA)
+    _check_coherent(manifest_path, meta, samples, shards)
+    return Manifest(root=root, meta=meta, samples=samples, shards=shards, rejects=rejects)
+
+
+def _check_coherent(where: Path, meta: ManifestMeta, samples: pa.Table, shards: pa.Table) -> None:
+    """Refuse a manifest that points outside the dataset or past the end of a shard."""
+    if meta.dtype != "uint8" or meta.layout not in ("HWC", "CHW") or len(meta.sample_shape) != 3:
+        raise ManifestError(f"{where}: unsupported sample format {meta.dtype} {meta.layout}")
+    shard_rows: dict[str, int] = {}
+    for name, rows in zip(
+        shards.column("shard").to_pylist(), shards.column("rows").to_pylist(), strict=True
+    ):
+        check_shard_name(name, where)
+        shard_rows[name] = rows
+    ids = samples.column("sample_id")
+    if len(ids) != len(set(ids.to_pylist())):
+        raise ManifestError(f"{where}: sample_id values are not unique")
+    labels = samples.column("label").to_numpy()
+    if len(labels) and (labels.min() < 0 or labels.max() >= len(meta.classes)):
+        raise ManifestError(f"{where}: a label is outside the {len(meta.classes)} classes")
+    for name, rows in zip(
+        samples.column("shard").to_pylist(), samples.column("row").to_pylist(), strict=True
+    ):
+        limit = shard_rows.get(name)
+        if limit is None:
+            raise ManifestError(f"{where}: sample refers to shard {name!r} not in shards.arrow")
+        if not 0 <= rows < limit:
+            raise ManifestError(f"{where}: row {rows} is outside shard {name!r} ({limit} rows)")
+
+
+def _write_table(path: Path, table: pa.Table) -> None:
+    with ipc.new_file(str(path), table.schema) as writer:
+        writer.write_table(table)
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def table_from_rows(rows: Sequence[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_pylist(list(rows), schema=schema)
+
+
+def commit(
+    root: Path,
+    meta: ManifestMeta,
+    samples: pa.Table,
+    shards: pa.Table,
+    rejects: pa.Table,
+) -> Path:
+    """Publish a new version atomically: write a temp folder, fsync, rename it into place.
+
+    Shards must already be durable: data first, manifest last.
+    """
+    versions_dir = root / VERSIONS_DIR
+    versions_dir.mkdir(parents=True, exist_ok=True)
+    final = version_dir(root, meta.version)
+    if final.exists():
+        raise ManifestError(f"{final}: version {meta.version} exists already (another writer?)")
+    temp = versions_dir / f".tmp-v{meta.version:06d}-{os.getpid()}"
+    shutil.rmtree(temp, ignore_errors=True)
+    temp.mkdir()
+    try:
+        metadata = meta.to_metadata()
+        _write_table(temp / MANIFEST_FILE, samples.cast(SAMPLES_SCHEMA.with_metadata(metadata)))
+        small_meta = {k: v for k, v in metadata.items() if k in (b"etl.version", b"etl.format_version")}
+        _write_table(temp / SHARDS_FILE, shards.cast(SHARDS_SCHEMA.with_metadata(small_meta)))
+        _write_table(temp / REJECTS_FILE, rejects.cast(REJECTS_SCHEMA.with_metadata(small_meta)))
+        fsync_dir(temp)
+        os.rename(temp, final)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    fsync_dir(versions_dir)
+    return final

@@ -1,0 +1,255 @@
+"""Pure planning: (sources, content hashes, previous manifest, config) -> what to pack, keep, reject.
+
+No I/O happens here. Work is decided by content: a source whose path and stat match the previous
+manifest keeps its stored pixels without being read; any source whose content hash equals
+pixels already stored (a moved, renamed or touched file) reuses them without decoding; a source
+whose hash matches a remembered reject is rejected again without decoding. Only the rest is
+packed, into new shards: shards are immutable.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
+
+from etl.config import PipelineConfig
+from etl.manifest import SHARDS_DIR, Manifest
+from etl.sources import SourceFile, SourceListing, SourceReject
+
+CONTENT_REJECTS = frozenset(
+    {
+        "unreadable", "truncated", "corrupt", "too_large", "multi_frame",
+        "unsupported_mode", "too_small", "aspect", "bad_output", "stage_error",
+    }
+)
+"""Reject reasons that depend only on the file's bytes and the output-shaping config, so an
+unchanged file keeps them without being decoded again. The others are re-decided every run."""
+
+TRAIN = "train"
+
+
+@dataclass(frozen=True)
+class PackItem:
+    """One source to decode and store; everything the worker needs, nothing large."""
+
+    source: str
+    path: str
+    source_hash: str
+    size: int
+    mtime_ns: int
+    sample_id: str
+    label: int
+    class_name: str
+    split: str
+
+
+@dataclass(frozen=True)
+class PackTask:
+    """One shard's worth of work: a worker fills exactly one shard file."""
+
+    shard: str
+    items: tuple[PackItem, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    version: int
+    classes: tuple[str, ...]
+    tasks: tuple[PackTask, ...]
+    reused: tuple[dict[str, Any], ...]
+    """Manifest rows whose stored pixels are kept, with label, split and stat brought up to date."""
+    rejects: tuple[SourceReject, ...]
+    counts: Mapping[str, int] = field(default_factory=dict)
+    """unchanged, changed, new, moved, deleted, rejected: what the plan found."""
+
+    @property
+    def to_pack(self) -> int:
+        return sum(len(t.items) for t in self.tasks)
+
+
+def sample_id(source: str) -> str:
+    """Stable id of a source path: 16 hex digits of xxh3_64 (the same path, the same id)."""
+    return xxhash.xxh3_64_hexdigest(source.encode("utf-8"))
+
+
+def assign_split(source: str, fractions: Mapping[str, float]) -> str:
+    """Deterministic split by a hash of the path: a sample keeps its split as other files come
+    and go. Fractions are taken in sorted split-name order; the remainder is 'train'."""
+    u = xxhash.xxh3_64_intdigest(b"split:" + source.encode("utf-8")) / 2.0**64
+    edge = 0.0
+    for name in sorted(fractions):
+        edge += fractions[name]
+        if u < edge:
+            return name
+    return TRAIN
+
+
+def _stat_key(size: int, mtime_ns: int) -> tuple[int, int]:
+    return (size, mtime_ns)
+
+
+def files_to_hash(listing: SourceListing, previous: Manifest | None) -> list[SourceFile]:
+    """Sources whose content hash is not known from the previous manifest by path and stat."""
+    known = _known_by_stat(previous)
+    return [f for f in listing.files if (f.source, _stat_key(f.size, f.mtime_ns)) not in known]
+
+
+def _known_by_stat(previous: Manifest | None) -> dict[tuple[str, tuple[int, int]], str]:
+    if previous is None:
+        return {}
+    known: dict[tuple[str, tuple[int, int]], str] = {}
+    for table in (previous.samples, previous.rejects):
+        cols = table.select(["source", "source_size", "source_mtime_ns", "source_hash"])
+        for source, size, mtime, digest in zip(*(c.to_pylist() for c in cols.columns), strict=True):
+            if digest is not None and size is not None and mtime is not None:
+                known[(source, _stat_key(size, mtime))] = digest
+    return known
+
+
+def resolve_classes(
+    config: PipelineConfig, names: Iterable[str], prior: tuple[str, ...]
+) -> tuple[str, ...]:
+    """Label order: a fixed `classes:` list, else the prior version's classes followed by new
+    names in sorted order, so adding a class never renumbers existing ones."""
+    if config.source.classes is not None:
+        return tuple(config.source.classes)
+    new = sorted(set(names) - set(prior))
+    return (*prior, *new)
+
+
+def make_plan(
+    config: PipelineConfig,
+    listing: SourceListing,
+    hashes: Mapping[str, str],
+    hash_rejects: Iterable[SourceReject],
+    previous: Manifest | None,
+    version: int,
+    prior_classes: tuple[str, ...] = (),
+) -> Plan:
+    """Decide every source's fate. `hashes` holds the content hash of each file returned by
+    `files_to_hash` that could be read; `hash_rejects` the ones that could not. `previous` is the
+    manifest whose pixels may be reused (None for a first run or a rebuild); `prior_classes` the
+    label order to extend."""
+    known = _known_by_stat(previous)
+    rejects: list[SourceReject] = list(listing.rejects) + list(hash_rejects)
+    failed = {r.source for r in rejects}
+
+    present_classes = {f.class_name for f in listing.files if f.class_name is not None}
+    classes = resolve_classes(config, present_classes, prior_classes)
+    label_of = {name: i for i, name in enumerate(classes)}
+
+    # 1. content hash and label of every readable source
+    candidates: list[tuple[SourceFile, str]] = []
+    for f in listing.files:
+        if f.source in failed:
+            continue
+        digest = known.get((f.source, _stat_key(f.size, f.mtime_ns))) or hashes.get(f.source)
+        if digest is None:
+            raise ValueError(f"no content hash for {f.source}: files_to_hash was not honoured")
+        if f.class_name not in label_of:
+            rejects.append(
+                SourceReject(
+                    f.source, "unknown_label",
+                    f"class {f.class_name!r} is not in source.classes",
+                    f.size, f.mtime_ns, digest,
+                )
+            )
+            continue
+        candidates.append((f, digest))
+
+    # 2. exact duplicates by content
+    policy = config.validate_stage.duplicates
+    if policy != "allow":
+        by_hash: dict[str, list[str]] = defaultdict(list)
+        for f, digest in candidates:
+            by_hash[digest].append(f.source)
+        losers: dict[str, str] = {}
+        for sources in by_hash.values():
+            if len(sources) > 1:
+                first = min(sources)
+                for s in sources:
+                    if s != first or policy == "reject_all":
+                        others = [o for o in sources if o != s]
+                        losers[s] = f"same bytes as {', '.join(sorted(others)[:3])}"
+        kept: list[tuple[SourceFile, str]] = []
+        for f, digest in candidates:
+            if f.source in losers:
+                rejects.append(
+                    SourceReject(
+                        f.source, "duplicate", losers[f.source], f.size, f.mtime_ns, digest
+                    )
+                )
+            else:
+                kept.append((f, digest))
+        candidates = kept
+
+    # 3. reuse stored pixels, repeat remembered rejects, or pack
+    stored: dict[str, dict[str, Any]] = {}
+    old_sources: set[str] = set()
+    remembered: dict[str, tuple[str, str]] = {}
+    if previous is not None:
+        for row in previous.samples.to_pylist():
+            stored.setdefault(row["source_hash"], row)
+            old_sources.add(row["source"])
+        for row in previous.rejects.to_pylist():
+            if row["reason"] in CONTENT_REJECTS and row["source_hash"]:
+                remembered[row["source_hash"]] = (row["reason"], row["message"])
+        old_by_source = {row["source"]: row["source_hash"] for row in previous.samples.to_pylist()}
+    else:
+        old_by_source = {}
+
+    counts: Counter[str] = Counter()
+    reused: list[dict[str, Any]] = []
+    to_pack: list[PackItem] = []
+    for f, digest in candidates:
+        assert f.class_name is not None
+        split = f.split or assign_split(f.source, config.source.split)
+        label = label_of[f.class_name]
+        if f.source in old_by_source:
+            counts["unchanged" if old_by_source[f.source] == digest else "changed"] += 1
+        if digest in stored:
+            row = dict(stored[digest])
+            row.update(
+                sample_id=sample_id(f.source), source=f.source, source_size=f.size,
+                source_mtime_ns=f.mtime_ns, label=label, class_name=f.class_name, split=split,
+            )
+            reused.append(row)
+            if f.source not in old_by_source:
+                counts["moved"] += 1
+        elif digest in remembered:
+            reason, message = remembered[digest]
+            rejects.append(SourceReject(f.source, reason, message, f.size, f.mtime_ns, digest))
+        else:
+            if f.source not in old_by_source:
+                counts["new"] += 1
+            to_pack.append(
+                PackItem(
+                    source=f.source, path=str(f.path), source_hash=digest, size=f.size,
+                    mtime_ns=f.mtime_ns, sample_id=sample_id(f.source), label=label,
+                    class_name=f.class_name, split=split,
+                )
+            )
+    current = {f.source for f in listing.files}
+    counts["deleted"] = len(old_sources - current)
+    counts["rejected"] = len(rejects)
+
+    per_shard = config.samples_per_shard
+    tasks = tuple(
+        PackTask(
+            shard=f"{SHARDS_DIR}/v{version:06d}-{i // per_shard:05d}.npy",
+            items=tuple(to_pack[i : i + per_shard]),
+        )
+        for i in range(0, len(to_pack), per_shard)
+    )
+    return Plan(
+        version=version,
+        classes=classes,
+        tasks=tasks,
+        reused=tuple(sorted(reused, key=lambda r: r["source"])),
+        rejects=tuple(sorted(rejects, key=lambda r: r.source)),
+        counts=dict(counts),
+    )

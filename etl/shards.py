@@ -1,0 +1,188 @@
+"""The shard format: plain `.npy` files of shape [rows, *sample_shape], dtype uint8.
+
+`np.load(path, mmap_mode="r")` opens a shard with no code of ours. The writer preallocates the
+file for the shard's capacity, writes rows in place through a memmap (no pixel data ever travels
+between processes), then shrinks the file to the rows actually written, fsyncs it and renames it
+into place: a shard name that exists is always a complete shard.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+from numpy.typing import NDArray
+
+from etl.checksums import TAMPER_DIGEST, digest, file_digests
+from etl.errors import ShardError
+
+NPY_MAGIC = b"\x93NUMPY\x01\x00"
+HEADER_BYTES = 128
+"""Total .npy header length (magic + length field + dict, space-padded): a multiple of 64 as the
+format asks, and long enough for any 4-d shape, so a header can be rewritten in place."""
+
+
+def _npy_header(shape: tuple[int, ...]) -> bytes:
+    """A version 1.0 .npy header for a C-ordered uint8 array, padded to HEADER_BYTES."""
+    body = f"{{'descr': '|u1', 'fortran_order': False, 'shape': {shape!r}, }}"
+    room = HEADER_BYTES - len(NPY_MAGIC) - 2
+    if len(body) + 1 > room:
+        raise ValueError(f"shape {shape} does not fit in a {HEADER_BYTES}-byte .npy header")
+    body = body.ljust(room - 1) + "\n"
+    return NPY_MAGIC + struct.pack("<H", room) + body.encode("latin1")
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside `path` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """What the manifest records about one finished shard file."""
+
+    name: str
+    """Path relative to the dataset root, e.g. 'shards/v000001-00003.npy'."""
+    rows: int
+    bytes: int
+    checksum: str
+    blake3: str
+
+
+class ShardWriter:
+    """Writes one shard. Use as a context manager; call `finish()` to publish it.
+
+    Leaving the block without `finish()` (an exception, a kill) leaves at most a hidden temp file
+    `.tmp-<name>-<pid>`, which the next run removes; never a file under the shard's name.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        name: str,
+        capacity: int,
+        sample_shape: tuple[int, ...],
+        checksum: str,
+    ) -> None:
+        if capacity <= 0:
+            raise ValueError(f"shard capacity must be positive, got {capacity}")
+        if any(d <= 0 for d in sample_shape):
+            raise ValueError(f"invalid sample shape {sample_shape}")
+        self.root = root
+        self.name = name
+        self.final_path = root / name
+        self.temp_path = self.final_path.with_name(f".tmp-{self.final_path.name}-{os.getpid()}")
+        self.capacity = capacity
+        self.sample_shape = tuple(sample_shape)
+        self.sample_bytes = int(np.prod(sample_shape))
+        self.checksum = checksum
+        self.rows = 0
+        self._array: np.memmap | None = None
+
+    def __enter__(self) -> ShardWriter:
+        self.final_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.temp_path, "wb") as f:
+            f.write(_npy_header((self.capacity, *self.sample_shape)))
+            f.truncate(HEADER_BYTES + self.capacity * self.sample_bytes)
+        self._array = np.memmap(
+            self.temp_path,
+            dtype=np.uint8,
+            mode="r+",
+            offset=HEADER_BYTES,
+            shape=(self.capacity, *self.sample_shape),
+        )
+        return self
+
+    def append(self, sample: NDArray[np.uint8]) -> tuple[int, str]:
+        """Store one sample; returns (row, checksum of the stored bytes)."""
+        if self._array is None:
+            raise RuntimeError("ShardWriter used outside its 'with' block")
+        if sample.shape != self.sample_shape or sample.dtype != np.uint8:
+            raise ValueError(
+                f"sample of shape {sample.shape} {sample.dtype} does not fit shard "
+                f"{self.name} of {self.sample_shape} uint8"
+            )
+        if self.rows >= self.capacity:
+            raise ValueError(f"shard {self.name} is full ({self.capacity} rows)")
+        row = self.rows
+        self._array[row] = sample
+        self.rows += 1
+        return row, digest(np.ascontiguousarray(sample), self.checksum)
+
+    def finish(self) -> ShardInfo | None:
+        """Shrink to the rows written, fsync, rename into place. None if no row was written."""
+        if self._array is None:
+            raise RuntimeError("finish() called outside the 'with' block")
+        self._array.flush()
+        self._array._mmap.close()  # type: ignore[attr-defined]
+        self._array = None
+        if self.rows == 0:
+            self.temp_path.unlink(missing_ok=True)
+            return None
+        size = HEADER_BYTES + self.rows * self.sample_bytes
+        with open(self.temp_path, "r+b") as f:
+            f.write(_npy_header((self.rows, *self.sample_shape)))
+            f.truncate(size)
+            f.flush()
+            os.fsync(f.fileno())
+        checksum, tamper = file_digests(self.temp_path, (self.checksum, TAMPER_DIGEST))
+        os.replace(self.temp_path, self.final_path)
+        fsync_dir(self.final_path.parent)
+        return ShardInfo(self.name, self.rows, size, checksum, tamper)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._array is not None:
+            self._array._mmap.close()  # type: ignore[attr-defined]
+            self._array = None
+        self.temp_path.unlink(missing_ok=True)
+
+
+def read_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
+    """(shape, dtype, data offset) of a .npy file, parsed without executing anything."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise ShardError(f"{path}: unsupported .npy version {version}")
+            offset = f.tell()
+    except FileNotFoundError:
+        raise ShardError(f"{path}: shard file is missing") from None
+    except (ValueError, OSError, SyntaxError) as exc:
+        raise ShardError(f"{path}: not a valid .npy file ({exc})") from None
+    if fortran:
+        raise ShardError(f"{path}: shard is Fortran-ordered; expected C order")
+    return tuple(shape), dtype, offset
+
+
+def open_shard(path: Path, sample_shape: tuple[int, ...], rows: int) -> np.memmap:
+    """Open a shard read-only after checking that it is what the manifest says it is."""
+    shape, dtype, offset = read_header(path)
+    expected = (rows, *sample_shape)
+    if dtype != np.uint8:
+        raise ShardError(f"{path}: dtype {dtype}, expected uint8")
+    if shape != expected:
+        raise ShardError(f"{path}: shape {shape}, expected {expected}")
+    size = path.stat().st_size
+    if size != offset + int(np.prod(expected)):
+        raise ShardError(
+            f"{path}: {size} bytes on disk, expected {offset + int(np.prod(expected))} "
+            "(truncated or padded)"
+        )
+    return np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=expected)

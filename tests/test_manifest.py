@@ -1,0 +1,146 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+from etl.errors import ManifestError
+from etl.manifest import (
+    FORMAT_VERSION,
+    REJECTS_SCHEMA,
+    SAMPLES_SCHEMA,
+    SHARDS_SCHEMA,
+    ManifestMeta,
+    commit,
+    list_versions,
+    read_manifest,
+    table_from_rows,
+    version_dir,
+)
+
+
+def meta(version: int = 1) -> ManifestMeta:
+    return ManifestMeta(
+        version=version, sample_shape=(2, 2, 3), layout="HWC", classes=("a", "b"),
+        checksum="xxh3_64", config_digest="abc", config={"k": 1}, tool_version="test",
+    )
+
+
+def sample_row(i: int, shard: str = "shards/v000001-00000.npy") -> dict[str, object]:
+    return {
+        "sample_id": f"id{i}", "source": f"a/{i}.png", "source_size": 10, "source_mtime_ns": 5,
+        "source_hash": f"h{i}", "source_height": 4, "source_width": 4, "label": i % 2,
+        "class_name": "ab"[i % 2], "split": "train", "shard": shard, "row": i, "checksum": "c",
+    }
+
+
+def tables(n: int = 3, shard: str = "shards/v000001-00000.npy", rows: int = 3):
+    samples = table_from_rows([sample_row(i, shard) for i in range(n)], SAMPLES_SCHEMA)
+    shards = table_from_rows(
+        [{"shard": shard, "rows": rows, "bytes": 1, "checksum": "x", "blake3": "y"}], SHARDS_SCHEMA
+    )
+    rejects = table_from_rows(
+        [{"source": "b/bad.jpg", "reason": "truncated", "message": "m", "source_size": 3,
+          "source_mtime_ns": None, "source_hash": None}],
+        REJECTS_SCHEMA,
+    )
+    return samples, shards, rejects
+
+
+def test_commit_and_read_round_trip(tmp_path: Path) -> None:
+    commit(tmp_path, meta(1), *tables())
+    commit(tmp_path, meta(2), *tables(2))
+    assert list_versions(tmp_path) == [1, 2]
+    latest = read_manifest(tmp_path)
+    assert latest.version == 2 and latest.samples.num_rows == 2
+    pinned = read_manifest(tmp_path, 1)
+    assert pinned.samples.num_rows == 3
+    assert pinned.meta.classes == ("a", "b") and pinned.meta.sample_shape == (2, 2, 3)
+    via_file = read_manifest(version_dir(tmp_path, 1) / "manifest.arrow")
+    assert via_file.samples.equals(pinned.samples)
+    assert pinned.rejects.column("reason").to_pylist() == ["truncated"]
+
+
+def test_readable_without_our_code(tmp_path: Path) -> None:
+    commit(tmp_path, meta(1), *tables())
+    path = version_dir(tmp_path, 1) / "manifest.arrow"
+    table = ipc.open_file(path).read_all()
+    assert table.num_rows == 3
+    assert table.schema.metadata[b"etl.format_version"] == str(FORMAT_VERSION).encode()
+    import duckdb
+    import pandas as pd
+
+    frame = pd.read_feather(path)
+    assert list(frame["row"]) == [0, 1, 2]
+    manifest = table  # duckdb scans the pyarrow table by its variable name
+    rows = duckdb.sql("select count(*) from manifest where label = 1").fetchall()
+    assert rows == [(1,)]
+
+
+def test_version_exists_is_refused(tmp_path: Path) -> None:
+    commit(tmp_path, meta(1), *tables())
+    with pytest.raises(ManifestError, match="exists already"):
+        commit(tmp_path, meta(1), *tables())
+
+
+def test_temp_folders_are_not_versions(tmp_path: Path) -> None:
+    commit(tmp_path, meta(1), *tables())
+    (tmp_path / "versions" / ".tmp-v000002-1").mkdir()
+    (tmp_path / "versions" / "v000003").mkdir()  # no manifest inside: never committed
+    assert list_versions(tmp_path) == [1]
+
+
+def _rewrite(path: Path, table: pa.Table) -> None:
+    os.unlink(path)
+    with ipc.new_file(str(path), table.schema) as writer:
+        writer.write_table(table)
+
+
+def test_unknown_format_version_is_refused(tmp_path: Path) -> None:
+    commit(tmp_path, meta(1), *tables())
+    path = version_dir(tmp_path, 1) / "manifest.arrow"
+    table = ipc.open_file(path).read_all()
+    metadata = dict(table.schema.metadata)
+    metadata[b"etl.format_version"] = b"99"
+    _rewrite(path, table.replace_schema_metadata(metadata))
+    with pytest.raises(ManifestError, match="format version 99"):
+        read_manifest(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("shard", "rows", "n", "expected"),
+    [
+        ("/etc/passwd.npy", 3, 3, "not of the form"),
+        ("shards/../../x.npy", 3, 3, "not of the form"),
+        ("shards/v000001-00000.npy", 2, 3, "outside shard"),
+    ],
+)
+def test_tampered_manifests_are_refused(
+    tmp_path: Path, shard: str, rows: int, n: int, expected: str
+) -> None:
+    commit(tmp_path, meta(1), *tables(n, shard, rows))
+    with pytest.raises(ManifestError, match=expected):
+        read_manifest(tmp_path)
+
+
+def test_label_out_of_range_is_refused(tmp_path: Path) -> None:
+    samples, shards, rejects = tables()
+    labels = pa.array(np.array([0, 1, 7], np.int32))
+    samples = samples.set_column(samples.schema.get_field_index("label"), "label", labels)
+    commit(tmp_path, meta(1), samples, shards, rejects)
+    with pytest.raises(ManifestError, match="outside the 2 classes"):
+        read_manifest(tmp_path)
+
+
+def test_missing_dataset(tmp_path: Path) -> None:
+    with pytest.raises(ManifestError, match="no manifest version"):
+        read_manifest(tmp_path)
+    with pytest.raises(ManifestError, match="no such dataset"):
+        read_manifest(tmp_path / "nope")
+    commit(tmp_path, meta(1), *tables())
+    with pytest.raises(ManifestError, match="no version 5"):
+        read_manifest(tmp_path, 5)

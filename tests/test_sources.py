@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from etl.config import FolderSource, ListingSource
+from etl.errors import SourceError
+from etl.sources import list_folder, list_listing
+
+
+def touch(path: Path, data: bytes = b"x") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def test_folder_classes_sorted_hidden_skipped_links_contained(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    touch(root / "dog" / "b.JPG")
+    touch(root / "dog" / "nested" / "a.png")
+    touch(root / "cat" / "z.jpeg", b"12345")
+    touch(root / "cat" / ".DS_Store")
+    touch(root / ".hidden" / "x.jpg")
+    touch(root / "cat" / "notes.txt")
+    touch(root / "stray.jpg")
+    outside = touch(tmp_path / "secret.jpg")
+    os.symlink(outside, root / "cat" / "link.jpg")
+    os.symlink(root / "dog" / "b.JPG", root / "cat" / "inside.jpg")
+    os.symlink(tmp_path, root / "loop")  # a linked folder is never followed
+
+    listing = list_folder(FolderSource(path=root))
+    assert [f.source for f in listing.files] == [
+        "cat/inside.jpg", "cat/z.jpeg", "dog/b.JPG", "dog/nested/a.png"
+    ]
+    assert [f.class_name for f in listing.files] == ["cat", "cat", "dog", "dog"]
+    assert listing.files[1].size == 5
+    reasons = {r.source: r.reason for r in listing.rejects}
+    assert reasons == {"cat/link.jpg": "outside_root", "stray.jpg": "no_class"}
+    assert listing.listed == 6
+
+
+def test_folder_include_exclude(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    touch(root / "a" / "1.jpg")
+    touch(root / "a" / "2.png")
+    touch(root / "a" / "skip" / "3.jpg")
+    source = FolderSource(path=root, include=("*.jpg",), exclude=("*/skip/*",))
+    assert [f.source for f in list_folder(source).files] == ["a/1.jpg"]
+
+
+def test_missing_folder(tmp_path: Path) -> None:
+    with pytest.raises(SourceError, match="is not a folder"):
+        list_folder(FolderSource(path=tmp_path / "nope"))
+
+
+def test_csv_listing(tmp_path: Path) -> None:
+    touch(tmp_path / "img" / "a.jpg")
+    touch(tmp_path / "img" / "b.jpg")
+    (tmp_path / "list.csv").write_text(
+        "path,label,split\nimg/b.jpg,dog,val\nimg/a.jpg,cat,\nimg/missing.jpg,cat,\n"
+    )
+    listing = list_listing(ListingSource(path=tmp_path / "list.csv"))
+    assert [(f.source, f.class_name, f.split) for f in listing.files] == [
+        ("img/a.jpg", "cat", None), ("img/b.jpg", "dog", "val")
+    ]
+    assert [(r.source, r.reason) for r in listing.rejects] == [("img/missing.jpg", "missing")]
+
+
+def test_parquet_listing_with_integer_labels(tmp_path: Path) -> None:
+    touch(tmp_path / "a.png")
+    pq.write_table(pa.table({"file": ["a.png"], "label": [3]}), tmp_path / "l.parquet")
+    listing = list_listing(ListingSource(path=tmp_path / "l.parquet", path_column="file"))
+    assert listing.files[0].class_name == "3"
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("file,label\na.jpg,x\n", "no column 'path'"),
+        ("path,label\n/etc/passwd,x\n", "list.csv:line 2: path '/etc/passwd' is absolute"),
+        ("path,label\na.jpg,x\n./a.jpg,y\n", "list.csv:line 3: path './a.jpg' is listed twice"),
+        ("path,label\n,x\n", "list.csv:line 2: empty path"),
+    ],
+)
+def test_bad_listings_name_the_line(tmp_path: Path, body: str, expected: str) -> None:
+    touch(tmp_path / "a.jpg")
+    (tmp_path / "list.csv").write_text(body)
+    with pytest.raises(SourceError, match=expected.replace(".", r"\.")):
+        list_listing(ListingSource(path=tmp_path / "list.csv"))
+
+
+def test_listing_kind_must_be_known(tmp_path: Path) -> None:
+    (tmp_path / "list.json").write_text("{}")
+    with pytest.raises(SourceError, match="must be .csv"):
+        list_listing(ListingSource(path=tmp_path / "list.json"))
