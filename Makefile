@@ -1,6 +1,6 @@
 # The two Quick start commands. Each creates .venv on first use; both work on a fresh machine
 # with Python 3.11 and pip.
-PYTHON ?= python3.11
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed

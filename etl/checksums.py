@@ -26,7 +26,7 @@ HASHERS: dict[str, Callable[[], Hasher]] = {
     "blake3": blake3.blake3,
     "sha256": hashlib.sha256,
 }
-"""xxh3 runs faster than a memory copy here; blake3 and sha256 are cryptographic (tamper evidence)."""
+"""xxh3 runs faster than a memory copy; blake3 and sha256 are cryptographic (tamper evidence)."""
 
 TAMPER_DIGEST = "blake3"
 """Every shard also gets this cryptographic digest, whatever `output.checksum` is."""

@@ -311,7 +311,9 @@ def commit(
     try:
         metadata = meta.to_metadata()
         _write_table(temp / MANIFEST_FILE, samples.cast(SAMPLES_SCHEMA.with_metadata(metadata)))
-        small_meta = {k: v for k, v in metadata.items() if k in (b"etl.version", b"etl.format_version")}
+        small_meta = {
+            k: v for k, v in metadata.items() if k in (b"etl.version", b"etl.format_version")
+        }
         _write_table(temp / SHARDS_FILE, shards.cast(SHARDS_SCHEMA.with_metadata(small_meta)))
         _write_table(temp / REJECTS_FILE, rejects.cast(REJECTS_SCHEMA.with_metadata(small_meta)))
         fsync_dir(temp)

@@ -1,4 +1,4 @@
-"""Pure planning: (sources, content hashes, previous manifest, config) -> what to pack, keep, reject.
+"""Pure planning: (sources, content hashes, previous manifest, config) -> pack, keep, reject.
 
 No I/O happens here. Work is decided by content: a source whose path and stat match the previous
 manifest keeps its stored pixels without being read; any source whose content hash equals
@@ -22,8 +22,16 @@ from etl.sources import SourceFile, SourceListing, SourceReject
 
 CONTENT_REJECTS = frozenset(
     {
-        "unreadable", "truncated", "corrupt", "too_large", "multi_frame",
-        "unsupported_mode", "too_small", "aspect", "bad_output", "stage_error",
+        "unreadable",
+        "truncated",
+        "corrupt",
+        "too_large",
+        "multi_frame",
+        "unsupported_mode",
+        "too_small",
+        "aspect",
+        "bad_output",
+        "stage_error",
     }
 )
 """Reject reasons that depend only on the file's bytes and the output-shaping config, so an
@@ -153,9 +161,12 @@ def make_plan(
         if f.class_name not in label_of:
             rejects.append(
                 SourceReject(
-                    f.source, "unknown_label",
+                    f.source,
+                    "unknown_label",
                     f"class {f.class_name!r} is not in source.classes",
-                    f.size, f.mtime_ns, digest,
+                    f.size,
+                    f.mtime_ns,
+                    digest,
                 )
             )
             continue
@@ -214,8 +225,13 @@ def make_plan(
         if digest in stored:
             row = dict(stored[digest])
             row.update(
-                sample_id=sample_id(f.source), source=f.source, source_size=f.size,
-                source_mtime_ns=f.mtime_ns, label=label, class_name=f.class_name, split=split,
+                sample_id=sample_id(f.source),
+                source=f.source,
+                source_size=f.size,
+                source_mtime_ns=f.mtime_ns,
+                label=label,
+                class_name=f.class_name,
+                split=split,
             )
             reused.append(row)
             if f.source not in old_by_source:
@@ -228,9 +244,15 @@ def make_plan(
                 counts["new"] += 1
             to_pack.append(
                 PackItem(
-                    source=f.source, path=str(f.path), source_hash=digest, size=f.size,
-                    mtime_ns=f.mtime_ns, sample_id=sample_id(f.source), label=label,
-                    class_name=f.class_name, split=split,
+                    source=f.source,
+                    path=str(f.path),
+                    source_hash=digest,
+                    size=f.size,
+                    mtime_ns=f.mtime_ns,
+                    sample_id=sample_id(f.source),
+                    label=label,
+                    class_name=f.class_name,
+                    split=split,
                 )
             )
     current = {f.source for f in listing.files}

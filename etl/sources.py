@@ -82,7 +82,9 @@ def list_folder(config: FolderSource) -> SourceListing:
             if not _matches(relative, config.include) or _matches(relative, config.exclude):
                 continue
             if full.is_symlink() and not full.resolve().is_relative_to(real_root):
-                rejects.append(SourceReject(relative, "outside_root", "link leads outside the root"))
+                rejects.append(
+                    SourceReject(relative, "outside_root", "link leads outside the root")
+                )
                 continue
             try:
                 st = full.stat()
@@ -93,8 +95,11 @@ def list_folder(config: FolderSource) -> SourceListing:
             if len(parts) < 2:
                 rejects.append(
                     SourceReject(
-                        relative, "no_class", "file is not inside a class folder",
-                        st.st_size, st.st_mtime_ns,
+                        relative,
+                        "no_class",
+                        "file is not inside a class folder",
+                        st.st_size,
+                        st.st_mtime_ns,
                     )
                 )
                 continue
@@ -117,7 +122,9 @@ def _read_listing_table(path: Path) -> pa.Table:
             )
     except (pa.ArrowInvalid, OSError) as exc:
         raise SourceError(f"{path}: cannot read listing ({exc})") from None
-    raise SourceError(f"{path}: listing must be .csv, .tsv or .parquet, not {suffix or 'no suffix'}")
+    raise SourceError(
+        f"{path}: listing must be .csv, .tsv or .parquet, not {suffix or 'no suffix'}"
+    )
 
 
 def _column(table: pa.Table, name: str, path: Path, required: bool) -> list[str | None] | None:
@@ -143,8 +150,10 @@ def list_listing(config: ListingSource) -> SourceListing:
     splits = _column(table, config.split_column, listing, required=False)
     assert paths is not None and labels is not None
     base = listing.parent
-    line_of = (lambda i: f"line {i + 2}") if listing.suffix.lower() != ".parquet" else (
-        lambda i: f"row {i}"
+    line_of = (
+        (lambda i: f"line {i + 2}")
+        if listing.suffix.lower() != ".parquet"
+        else (lambda i: f"row {i}")
     )
     seen: dict[str, int] = {}
     files: list[SourceFile] = []
@@ -154,12 +163,15 @@ def list_listing(config: ListingSource) -> SourceListing:
             raise SourceError(f"{listing}:{line_of(i)}: empty path")
         pure = PurePosixPath(raw.strip().replace("\\", "/"))
         if pure.is_absolute():
-            raise SourceError(f"{listing}:{line_of(i)}: path {raw!r} is absolute; make it "
-                              "relative to the listing's folder")
+            raise SourceError(
+                f"{listing}:{line_of(i)}: path {raw!r} is absolute; make it "
+                "relative to the listing's folder"
+            )
         relative = os.path.normpath(pure.as_posix())
         if relative in seen:
             raise SourceError(
-                f"{listing}:{line_of(i)}: path {raw!r} is listed twice (also {line_of(seen[relative])})"
+                f"{listing}:{line_of(i)}: path {raw!r} is listed twice "
+                f"(also {line_of(seen[relative])})"
             )
         seen[relative] = i
         full = base / relative
@@ -176,8 +188,13 @@ def list_listing(config: ListingSource) -> SourceListing:
             continue
         if label is None or not label.strip():
             rejects.append(
-                SourceReject(relative, "unknown_label", f"{line_of(i)} has no label",
-                             st.st_size, st.st_mtime_ns)
+                SourceReject(
+                    relative,
+                    "unknown_label",
+                    f"{line_of(i)} has no label",
+                    st.st_size,
+                    st.st_mtime_ns,
+                )
             )
             continue
         split = splits[i] if splits is not None else None

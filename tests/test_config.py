@@ -47,8 +47,16 @@ def test_chw_and_grey_shape(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("needle", "replacement", "expected"),
     [
-        ("mode: pad", "mode: pad\n      colour: [1, 2, 3]", ":9: stages[1].resize.colour: unknown key"),
-        ("size: [32, 48]", "size: [32, -1]", ":7: stages[1].resize.size[1]: Input should be greater than 0"),
+        (
+            "mode: pad",
+            "mode: pad\n      colour: [1, 2, 3]",
+            ":9: stages[1].resize.colour: unknown key",
+        ),
+        (
+            "size: [32, 48]",
+            "size: [32, -1]",
+            ":7: stages[1].resize.size[1]: Input should be greater than 0",
+        ),
         ("mode: pad", "mode: squash", ":8: stages[1].resize.mode:"),
         ("shard_size: 1MiB", "shard_size: lots", ":11: output.shard_size:"),
         ("kind: folder", "kind: folder\n  colour: red", ":3: source.colour: unknown key"),
@@ -70,7 +78,9 @@ def test_bad_configs_name_key_and_line(
 
 
 def test_unknown_stage_lists_the_valid_ones(tmp_path: Path) -> None:
-    path = write(tmp_path, GOOD.replace("  - decode: {mode: RGB}\n", "  - decode: {}\n  - blur: {}\n"))
+    path = write(
+        tmp_path, GOOD.replace("  - decode: {mode: RGB}\n", "  - decode: {}\n  - blur: {}\n")
+    )
     with pytest.raises(ConfigError, match="decode, resize, validate, call"):
         load_config(path)
 

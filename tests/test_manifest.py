@@ -25,16 +25,32 @@ from etl.manifest import (
 
 def meta(version: int = 1) -> ManifestMeta:
     return ManifestMeta(
-        version=version, sample_shape=(2, 2, 3), layout="HWC", classes=("a", "b"),
-        checksum="xxh3_64", config_digest="abc", config={"k": 1}, tool_version="test",
+        version=version,
+        sample_shape=(2, 2, 3),
+        layout="HWC",
+        classes=("a", "b"),
+        checksum="xxh3_64",
+        config_digest="abc",
+        config={"k": 1},
+        tool_version="test",
     )
 
 
 def sample_row(i: int, shard: str = "shards/v000001-00000.npy") -> dict[str, object]:
     return {
-        "sample_id": f"id{i}", "source": f"a/{i}.png", "source_size": 10, "source_mtime_ns": 5,
-        "source_hash": f"h{i}", "source_height": 4, "source_width": 4, "label": i % 2,
-        "class_name": "ab"[i % 2], "split": "train", "shard": shard, "row": i, "checksum": "c",
+        "sample_id": f"id{i}",
+        "source": f"a/{i}.png",
+        "source_size": 10,
+        "source_mtime_ns": 5,
+        "source_hash": f"h{i}",
+        "source_height": 4,
+        "source_width": 4,
+        "label": i % 2,
+        "class_name": "ab"[i % 2],
+        "split": "train",
+        "shard": shard,
+        "row": i,
+        "checksum": "c",
     }
 
 
@@ -44,8 +60,16 @@ def tables(n: int = 3, shard: str = "shards/v000001-00000.npy", rows: int = 3):
         [{"shard": shard, "rows": rows, "bytes": 1, "checksum": "x", "blake3": "y"}], SHARDS_SCHEMA
     )
     rejects = table_from_rows(
-        [{"source": "b/bad.jpg", "reason": "truncated", "message": "m", "source_size": 3,
-          "source_mtime_ns": None, "source_hash": None}],
+        [
+            {
+                "source": "b/bad.jpg",
+                "reason": "truncated",
+                "message": "m",
+                "source_size": 3,
+                "source_mtime_ns": None,
+                "source_hash": None,
+            }
+        ],
         REJECTS_SCHEMA,
     )
     return samples, shards, rejects
@@ -76,7 +100,7 @@ def test_readable_without_our_code(tmp_path: Path) -> None:
 
     frame = pd.read_feather(path)
     assert list(frame["row"]) == [0, 1, 2]
-    manifest = table  # duckdb scans the pyarrow table by its variable name
+    manifest = table  # noqa: F841 (duckdb scans the pyarrow table by its variable name)
     rows = duckdb.sql("select count(*) from manifest where label = 1").fetchall()
     assert rows == [(1,)]
 

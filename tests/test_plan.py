@@ -44,12 +44,16 @@ def listing(*files: SourceFile) -> SourceListing:
 
 
 def test_first_run_packs_everything_in_fixed_size_shards() -> None:
-    src = listing(file("b/1.jpg"), file("a/1.jpg"), file("a/2.jpg"), file("c/9.png"), file("b/0.jpg"))
+    src = listing(
+        file("b/1.jpg"), file("a/1.jpg"), file("a/2.jpg"), file("c/9.png"), file("b/0.jpg")
+    )
     hashes = {f.source: f"h-{f.source}" for f in src.files}
     plan = make_plan(config(), src, hashes, [], None, 1)
     assert plan.classes == ("a", "b", "c")
     assert [t.shard for t in plan.tasks] == [
-        "shards/v000001-00000.npy", "shards/v000001-00001.npy", "shards/v000001-00002.npy"
+        "shards/v000001-00000.npy",
+        "shards/v000001-00001.npy",
+        "shards/v000001-00002.npy",
     ]
     items = [i for t in plan.tasks for i in t.items]
     assert [i.source for i in items] == sorted(hashes)
@@ -73,50 +77,110 @@ def test_duplicates_policy(policy: str, rejected: set[str]) -> None:
 
 def test_fixed_classes_reject_unknown_labels() -> None:
     src = listing(file("a/1.jpg"), file("zzz/1.jpg"))
-    plan = make_plan(config(classes=["b", "a"]), src, {"a/1.jpg": "1", "zzz/1.jpg": "2"}, [], None, 1)
+    plan = make_plan(
+        config(classes=["b", "a"]), src, {"a/1.jpg": "1", "zzz/1.jpg": "2"}, [], None, 1
+    )
     assert plan.classes == ("b", "a")
     assert [(r.source, r.reason) for r in plan.rejects] == [("zzz/1.jpg", "unknown_label")]
     assert plan.tasks[0].items[0].label == 1
 
 
-def previous_manifest(rows: list[tuple[str, str, int]], rejects: list[tuple[str, str, str]]) -> Manifest:
-    """A committed version 1 holding (source, hash, mtime) rows and (source, hash, reason) rejects."""
+def previous_manifest(
+    rows: list[tuple[str, str, int]], rejects: list[tuple[str, str, str]]
+) -> Manifest:
+    """Version 1 holding (source, hash, mtime) rows and (source, hash, reason) rejects."""
     samples = [
         {
-            "sample_id": sample_id(s), "source": s, "source_size": 10, "source_mtime_ns": m,
-            "source_hash": h, "source_height": 8, "source_width": 8, "label": 0,
-            "class_name": s.split("/")[0], "split": "train",
-            "shard": "shards/v000001-00000.npy", "row": i, "checksum": f"c{i}",
+            "sample_id": sample_id(s),
+            "source": s,
+            "source_size": 10,
+            "source_mtime_ns": m,
+            "source_hash": h,
+            "source_height": 8,
+            "source_width": 8,
+            "label": 0,
+            "class_name": s.split("/")[0],
+            "split": "train",
+            "shard": "shards/v000001-00000.npy",
+            "row": i,
+            "checksum": f"c{i}",
         }
         for i, (s, h, m) in enumerate(rows)
     ]
-    shard = [{"shard": "shards/v000001-00000.npy", "rows": len(rows), "bytes": 1,
-              "checksum": "x", "blake3": "y"}]
+    shard = [
+        {
+            "shard": "shards/v000001-00000.npy",
+            "rows": len(rows),
+            "bytes": 1,
+            "checksum": "x",
+            "blake3": "y",
+        }
+    ]
     reject_rows = [
-        {"source": s, "reason": r, "message": "m", "source_size": 10, "source_mtime_ns": 1,
-         "source_hash": h}
+        {
+            "source": s,
+            "reason": r,
+            "message": "m",
+            "source_size": 10,
+            "source_mtime_ns": 1,
+            "source_hash": h,
+        }
         for s, h, r in rejects
     ]
-    meta = ManifestMeta(version=1, sample_shape=(2, 2, 3), layout="HWC", classes=("a",),
-                        checksum="xxh3_64", config_digest="d", config={}, tool_version="t")
-    return Manifest(Path("/out"), meta, table_from_rows(samples, SAMPLES_SCHEMA),
-                    table_from_rows(shard, SHARDS_SCHEMA), table_from_rows(reject_rows, REJECTS_SCHEMA))
+    meta = ManifestMeta(
+        version=1,
+        sample_shape=(2, 2, 3),
+        layout="HWC",
+        classes=("a",),
+        checksum="xxh3_64",
+        config_digest="d",
+        config={},
+        tool_version="t",
+    )
+    return Manifest(
+        Path("/out"),
+        meta,
+        table_from_rows(samples, SAMPLES_SCHEMA),
+        table_from_rows(shard, SHARDS_SCHEMA),
+        table_from_rows(reject_rows, REJECTS_SCHEMA),
+    )
 
 
 def test_incremental_plan_reads_only_what_changed() -> None:
     prev = previous_manifest(
-        [("a/same.jpg", "h1", 1), ("a/touched.jpg", "h2", 1), ("a/edited.jpg", "h3", 1),
-         ("a/old-name.jpg", "h4", 1), ("a/gone.jpg", "h5", 1)],
+        [
+            ("a/same.jpg", "h1", 1),
+            ("a/touched.jpg", "h2", 1),
+            ("a/edited.jpg", "h3", 1),
+            ("a/old-name.jpg", "h4", 1),
+            ("a/gone.jpg", "h5", 1),
+        ],
         [("a/bad.jpg", "hb", "truncated")],
     )
     src = listing(
-        file("a/same.jpg"), file("a/touched.jpg", mtime=2), file("a/edited.jpg", mtime=2),
-        file("a/new-name.jpg"), file("a/bad.jpg"), file("a/fresh.jpg"), file("b/first.jpg"),
+        file("a/same.jpg"),
+        file("a/touched.jpg", mtime=2),
+        file("a/edited.jpg", mtime=2),
+        file("a/new-name.jpg"),
+        file("a/bad.jpg"),
+        file("a/fresh.jpg"),
+        file("b/first.jpg"),
     )
     to_hash = {f.source for f in files_to_hash(src, prev)}
-    assert to_hash == {"a/touched.jpg", "a/edited.jpg", "a/new-name.jpg", "a/fresh.jpg", "b/first.jpg"}
-    hashes = {"a/touched.jpg": "h2", "a/edited.jpg": "h3-new", "a/new-name.jpg": "h4",
-              "a/fresh.jpg": "h6", "b/first.jpg": "h7"}
+    assert to_hash == {
+        "a/touched.jpg",
+        "a/edited.jpg",
+        "a/new-name.jpg",
+        "a/fresh.jpg",
+        "b/first.jpg",
+    }
+    hashes = {
+        "a/touched.jpg": "h2",
+        "a/edited.jpg": "h3-new",
+        "a/new-name.jpg": "h4",
+        "a/fresh.jpg": "h6",
+        "b/first.jpg": "h7",
+    }
     plan = make_plan(config(), src, hashes, [], prev, 2, prev.meta.classes)
     packed = sorted(i.source for t in plan.tasks for i in t.items)
     assert packed == ["a/edited.jpg", "a/fresh.jpg", "b/first.jpg"]
@@ -130,8 +194,14 @@ def test_incremental_plan_reads_only_what_changed() -> None:
     assert [r["source_mtime_ns"] for r in plan.reused if r["source"] == "a/touched.jpg"] == [2]
     assert [(r.source, r.reason) for r in plan.rejects] == [("a/bad.jpg", "truncated")]
     assert plan.classes == ("a", "b"), "a new class is appended, existing labels keep their number"
-    assert plan.counts == {"unchanged": 2, "changed": 1, "moved": 1, "new": 2,
-                           "deleted": 2, "rejected": 1}
+    assert plan.counts == {
+        "unchanged": 2,
+        "changed": 1,
+        "moved": 1,
+        "new": 2,
+        "deleted": 2,
+        "rejected": 1,
+    }
 
 
 @settings(max_examples=30, deadline=None)

@@ -34,7 +34,10 @@ def test_written_shard_is_plain_npy_and_shrinks_to_rows(tmp_path: Path) -> None:
 
 
 def test_failure_leaves_no_shard_under_its_name(tmp_path: Path) -> None:
-    with pytest.raises(RuntimeError), ShardWriter(tmp_path, "shards/b.npy", 4, SHAPE, "xxh3_64") as w:
+    with (
+        pytest.raises(RuntimeError),
+        ShardWriter(tmp_path, "shards/b.npy", 4, SHAPE, "xxh3_64") as w,
+    ):
         w.append(samples(1)[0])
         raise RuntimeError("killed")
     assert not list((tmp_path / "shards").iterdir())

@@ -34,7 +34,10 @@ def test_folder_classes_sorted_hidden_skipped_links_contained(tmp_path: Path) ->
 
     listing = list_folder(FolderSource(path=root))
     assert [f.source for f in listing.files] == [
-        "cat/inside.jpg", "cat/z.jpeg", "dog/b.JPG", "dog/nested/a.png"
+        "cat/inside.jpg",
+        "cat/z.jpeg",
+        "dog/b.JPG",
+        "dog/nested/a.png",
     ]
     assert [f.class_name for f in listing.files] == ["cat", "cat", "dog", "dog"]
     assert listing.files[1].size == 5
@@ -65,7 +68,8 @@ def test_csv_listing(tmp_path: Path) -> None:
     )
     listing = list_listing(ListingSource(path=tmp_path / "list.csv"))
     assert [(f.source, f.class_name, f.split) for f in listing.files] == [
-        ("img/a.jpg", "cat", None), ("img/b.jpg", "dog", "val")
+        ("img/a.jpg", "cat", None),
+        ("img/b.jpg", "dog", "val"),
     ]
     assert [(r.source, r.reason) for r in listing.rejects] == [("img/missing.jpg", "missing")]
 
@@ -95,5 +99,5 @@ def test_bad_listings_name_the_line(tmp_path: Path, body: str, expected: str) ->
 
 def test_listing_kind_must_be_known(tmp_path: Path) -> None:
     (tmp_path / "list.json").write_text("{}")
-    with pytest.raises(SourceError, match="must be .csv"):
+    with pytest.raises(SourceError, match=r"must be \.csv"):
         list_listing(ListingSource(path=tmp_path / "list.json"))

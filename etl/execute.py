@@ -1,0 +1,185 @@
+"""The only module that runs work in parallel (joblib). Workers read, hash, decode and write
+pixels straight into shard files; only small metadata rows travel back to the parent, so its
+memory does not grow with the dataset and the same design runs on a cluster.
+
+A bad image is not a failure: it comes back as a reject with its reason. Anything else a worker
+raises (a full disk, a bug) stops the run, re-raised with the shard and file it was working on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from joblib import Parallel, delayed
+
+from etl.checksums import digest
+from etl.config import CallStage, PipelineConfig, RunConfig
+from etl.plan import PackItem, PackTask
+from etl.shards import ShardInfo, ShardWriter
+from etl.sources import SourceFile, SourceReject
+from etl.stages import Reject, load_function, process_image
+
+HASH_CHUNK = 256
+"""Files per hashing task: large enough to amortise dispatch, small enough to balance load."""
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class WorkerError(RuntimeError):
+    """An unexpected failure inside a worker, with the file it was working on."""
+
+
+@dataclass(frozen=True)
+class PackResult:
+    shard: ShardInfo | None
+    samples: tuple[dict[str, Any], ...]
+    rejects: tuple[SourceReject, ...]
+    items: int
+
+
+def parallel_map(
+    fn: Callable[..., R],
+    tasks: Sequence[T],
+    run: RunConfig,
+    *args: Any,
+) -> Iterator[R]:
+    """fn(task, *args) over tasks on the configured joblib backend, results as they finish."""
+    if not tasks:
+        return iter(())
+    n_jobs = 1 if run.backend == "sequential" else run.n_jobs
+    parallel = Parallel(
+        n_jobs=n_jobs,
+        backend=run.backend,
+        return_as="generator_unordered",
+        batch_size=1,
+    )
+    return iter(parallel(delayed(fn)(task, *args) for task in tasks))
+
+
+# --- hashing ----------------------------------------------------------------------------------
+
+
+def _hash_chunk(
+    files: Sequence[tuple[str, str]], algorithm: str
+) -> list[tuple[str, str | None, str]]:
+    """(source, digest or None, error message) for each (source, path)."""
+    out: list[tuple[str, str | None, str]] = []
+    for source, path in files:
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            out.append((source, None, f"cannot read: {exc.strerror or exc}"))
+            continue
+        out.append((source, digest(data, algorithm), ""))
+    return out
+
+
+def hash_sources(
+    files: Sequence[SourceFile],
+    algorithm: str,
+    run: RunConfig,
+    on_progress: Callable[[int], None] = lambda n: None,
+) -> tuple[dict[str, str], list[SourceReject]]:
+    """Content hashes of `files`; unreadable ones become io_error rejects."""
+    chunks = [
+        [(f.source, str(f.path)) for f in files[i : i + HASH_CHUNK]]
+        for i in range(0, len(files), HASH_CHUNK)
+    ]
+    stat = {f.source: f for f in files}
+    hashes: dict[str, str] = {}
+    rejects: list[SourceReject] = []
+    for results in parallel_map(_hash_chunk, chunks, run, algorithm):
+        for source, value, error in results:
+            if value is None:
+                f = stat[source]
+                rejects.append(SourceReject(source, "io_error", error, f.size, f.mtime_ns))
+            else:
+                hashes[source] = value
+        on_progress(len(results))
+    return hashes, rejects
+
+
+# --- packing ----------------------------------------------------------------------------------
+
+
+def _pack_one(
+    item: PackItem,
+    writer: ShardWriter,
+    config: PipelineConfig,
+    functions: dict[str, Callable[..., Any]],
+) -> dict[str, Any] | SourceReject:
+    def reject(reason: str, message: str) -> SourceReject:
+        return SourceReject(
+            item.source, reason, message, item.size, item.mtime_ns, item.source_hash
+        )
+
+    try:
+        data = Path(item.path).read_bytes()
+    except OSError as exc:
+        return reject("io_error", f"cannot read: {exc.strerror or exc}")
+    if digest(data, config.output.checksum) != item.source_hash:
+        return reject("changed", "file changed while the run was in progress; run again")
+    try:
+        array, (height, width) = process_image(data, config, functions)
+    except Reject as exc:
+        return reject(exc.reason, exc.message)
+    row, checksum = writer.append(array)
+    return {
+        "sample_id": item.sample_id,
+        "source": item.source,
+        "source_size": item.size,
+        "source_mtime_ns": item.mtime_ns,
+        "source_hash": item.source_hash,
+        "source_height": height,
+        "source_width": width,
+        "label": item.label,
+        "class_name": item.class_name,
+        "split": item.split,
+        "shard": writer.name,
+        "row": row,
+        "checksum": checksum,
+    }
+
+
+def pack_shard(task: PackTask, config: PipelineConfig, root: str) -> PackResult:
+    """Worker: fill one shard from `task.items`, in order. Runs in a joblib worker process."""
+    functions = {
+        stage.function: load_function(stage.function)
+        for stage in config.stages
+        if isinstance(stage, CallStage)
+    }
+    samples: list[dict[str, Any]] = []
+    rejects: list[SourceReject] = []
+    writer = ShardWriter(
+        Path(root), task.shard, len(task.items), config.sample_shape, config.output.checksum
+    )
+    with writer:
+        for item in task.items:
+            try:
+                outcome = _pack_one(item, writer, config, functions)
+            except Exception as exc:
+                raise WorkerError(
+                    f"while packing {item.source} into {task.shard}: {type(exc).__name__}: {exc}"
+                ) from exc
+            if isinstance(outcome, SourceReject):
+                rejects.append(outcome)
+            else:
+                samples.append(outcome)
+        info = writer.finish()
+    return PackResult(info, tuple(samples), tuple(rejects), len(task.items))
+
+
+def pack(
+    tasks: Sequence[PackTask],
+    config: PipelineConfig,
+    root: Path,
+    on_progress: Callable[[int], None] = lambda n: None,
+) -> Iterable[PackResult]:
+    """Run `pack_shard` over every task; yields results as shards finish."""
+    for result in parallel_map(pack_shard, tasks, config.run, config, str(root)):
+        on_progress(result.items)
+        yield result

@@ -1,0 +1,340 @@
+"""Orchestration only: config -> sources -> plan -> execute -> commit, returning a report.
+
+Order of durability: shards are fsynced and renamed into place by the workers, then the
+manifest version folder is renamed into place here. A run killed at any point leaves the
+previous version untouched; its leftovers are removed by the next run, under the lock.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from etl import execute
+from etl.config import FolderSource, PipelineConfig
+from etl.errors import ConfigError
+from etl.lock import DatasetLock
+from etl.manifest import (
+    REJECTS_SCHEMA,
+    SAMPLES_SCHEMA,
+    SHARDS_DIR,
+    SHARDS_SCHEMA,
+    VERSIONS_DIR,
+    Manifest,
+    ManifestMeta,
+    commit,
+    list_versions,
+    read_manifest,
+    table_from_rows,
+)
+from etl.plan import Plan, files_to_hash, make_plan
+from etl.sources import SourceReject, list_sources
+
+
+def tool_version() -> str:
+    try:
+        return package_version("etl-memmap")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+class Progress:
+    """What the pipeline tells its caller about long work; the CLI draws bars from it."""
+
+    def start(self, phase: str, total: int) -> None:
+        """A phase ('hash', 'pack') begins with `total` items."""
+
+    def advance(self, n: int) -> None:
+        """`n` more items of the current phase are done."""
+
+    def stop(self) -> None:
+        """The current phase is over."""
+
+
+@dataclass
+class RunReport:
+    output: Path
+    version: int | None
+    """The version committed, or the unchanged latest one when there was nothing to do."""
+    committed: bool
+    listed: int
+    packed_new: int
+    reused: int
+    rejected: int
+    rejects_by_reason: dict[str, int]
+    plan_counts: Mapping[str, int]
+    shards_written: int
+    bytes_written: int
+    samples_total: int
+    seconds: float
+    dry_run: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def images_per_second(self) -> float:
+        return self.packed_new / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "output": str(self.output),
+            "version": self.version,
+            "committed": self.committed,
+            "dry_run": self.dry_run,
+            "listed": self.listed,
+            "packed_new": self.packed_new,
+            "reused": self.reused,
+            "samples_total": self.samples_total,
+            "rejected": self.rejected,
+            "rejects_by_reason": self.rejects_by_reason,
+            "plan": dict(self.plan_counts),
+            "shards_written": self.shards_written,
+            "bytes_written": self.bytes_written,
+            "seconds": round(self.seconds, 3),
+            "images_per_second": round(self.images_per_second, 1),
+            "notes": self.notes,
+        }
+
+
+def check_paths(config: PipelineConfig) -> None:
+    """The output must not live inside a folder source: a rerun would try to pack its shards."""
+    out = config.output.dir
+    if isinstance(config.source, FolderSource):
+        src = config.source.path
+        if out == src or out.is_relative_to(src):
+            raise ConfigError(
+                f"output.dir: {out} is inside source.path {src}; put the output elsewhere"
+            )
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output.dir: {out} exists and is not a folder")
+
+
+def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two output-shaping dicts."""
+    keys: list[str] = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        name = f"{prefix}{key}"
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            keys += changed_keys(a, b, name + ".")
+        elif a != b:
+            keys.append(name)
+    return keys
+
+
+_SHARD_NAME = re.compile(r"^v(\d{6})-\d{5}\.npy$")
+
+
+def clean_leftovers(root: Path, latest: int) -> None:
+    """Remove what killed runs left: temp files, and shards of versions that were never committed.
+    Runs under the lock, so nothing here belongs to a live writer."""
+    for folder in (root / SHARDS_DIR, root / VERSIONS_DIR):
+        if not folder.is_dir():
+            continue
+        for entry in folder.iterdir():
+            if entry.name.startswith(".tmp-"):
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+            elif folder.name == SHARDS_DIR:
+                match = _SHARD_NAME.match(entry.name)
+                if match and int(match.group(1)) > latest:
+                    entry.unlink(missing_ok=True)
+
+
+def _reject_row(r: SourceReject) -> dict[str, Any]:
+    return {
+        "source": r.source,
+        "reason": r.reason,
+        "message": r.message,
+        "source_size": r.size,
+        "source_mtime_ns": r.mtime_ns,
+        "source_hash": r.source_hash,
+    }
+
+
+def _same_content(previous: Manifest, samples: pa.Table, rejects: pa.Table) -> bool:
+    return previous.samples.equals(samples) and previous.rejects.equals(rejects)
+
+
+def run(
+    config: PipelineConfig,
+    *,
+    dry_run: bool = False,
+    rebuild: bool = False,
+    progress: Progress | None = None,
+    on_plan: Callable[[Plan], None] | None = None,
+) -> RunReport:
+    """Pack `config.source` into `config.output.dir` as a new manifest version.
+
+    An output whose latest version was made with different output-shaping settings is refused
+    unless `rebuild`, which packs everything again as a new version.
+    """
+    progress = progress or Progress()
+    started = time.perf_counter()
+    check_paths(config)
+    root = config.output.dir
+    if dry_run and not root.exists():
+        return _run_locked(config, root, dry_run, rebuild, progress, on_plan, started)
+    root.mkdir(parents=True, exist_ok=True)
+    with DatasetLock(root):
+        return _run_locked(config, root, dry_run, rebuild, progress, on_plan, started)
+
+
+def _run_locked(
+    config: PipelineConfig,
+    root: Path,
+    dry_run: bool,
+    rebuild: bool,
+    progress: Progress,
+    on_plan: Callable[[Plan], None] | None,
+    started: float,
+) -> RunReport:
+    versions = list_versions(root)
+    latest = versions[-1] if versions else 0
+    if not dry_run:
+        clean_leftovers(root, latest)
+    previous = read_manifest(root, latest) if latest else None
+    if previous is not None and previous.meta.config_digest != config.digest() and not rebuild:
+        keys = changed_keys(previous.meta.config, config.output_shaping())
+        raise ConfigError(
+            f"{root}: version {latest} was packed with other output settings "
+            f"(changed: {', '.join(keys) or 'config digest'}); "
+            "restore them, choose another output.dir, or pass --rebuild"
+        )
+    reusable = None if rebuild else previous
+    prior_classes = tuple(previous.meta.classes) if previous is not None else ()
+
+    listing = list_sources(config.source)
+    needs_hash = files_to_hash(listing, reusable)
+    progress.start("hash", len(needs_hash))
+    hashes, hash_rejects = execute.hash_sources(
+        needs_hash, config.output.checksum, config.run, progress.advance
+    )
+    progress.stop()
+    plan = make_plan(config, listing, hashes, hash_rejects, reusable, latest + 1, prior_classes)
+    if on_plan is not None:
+        on_plan(plan)
+
+    if dry_run:
+        return RunReport(
+            output=root,
+            version=latest or None,
+            committed=False,
+            listed=listing.listed,
+            packed_new=0,
+            reused=len(plan.reused),
+            rejected=len(plan.rejects),
+            rejects_by_reason=dict(Counter(r.reason for r in plan.rejects)),
+            plan_counts={**plan.counts, "to_pack": plan.to_pack},
+            shards_written=0,
+            bytes_written=0,
+            samples_total=len(plan.reused) + plan.to_pack,
+            seconds=time.perf_counter() - started,
+            dry_run=True,
+        )
+
+    new_rows: list[dict[str, Any]] = []
+    rejects = list(plan.rejects)
+    new_shards: list[dict[str, Any]] = []
+    progress.start("pack", plan.to_pack)
+    for result in execute.pack(plan.tasks, config, root, progress.advance):
+        new_rows.extend(result.samples)
+        rejects.extend(result.rejects)
+        if result.shard is not None:
+            new_shards.append(
+                {
+                    "shard": result.shard.name,
+                    "rows": result.shard.rows,
+                    "bytes": result.shard.bytes,
+                    "checksum": result.shard.checksum,
+                    "blake3": result.shard.blake3,
+                }
+            )
+    progress.stop()
+
+    sample_rows = sorted([*plan.reused, *new_rows], key=lambda r: r["source"])
+    reject_rows = [_reject_row(r) for r in sorted(rejects, key=lambda r: r.source)]
+    if len(sample_rows) + len(reject_rows) != listing.listed:
+        raise RuntimeError(
+            f"accounting bug: {len(sample_rows)} packed + {len(reject_rows)} rejected "
+            f"!= {listing.listed} listed"
+        )
+    samples = table_from_rows(sample_rows, SAMPLES_SCHEMA)
+    rejects_table = table_from_rows(reject_rows, REJECTS_SCHEMA)
+    referenced = {r["shard"] for r in plan.reused}
+    shard_rows = (
+        [r for r in previous.shards.to_pylist() if r["shard"] in referenced]
+        if (previous is not None and not rebuild)
+        else []
+    )
+    shards = table_from_rows(
+        sorted([*shard_rows, *new_shards], key=lambda r: r["shard"]), SHARDS_SCHEMA
+    )
+    report_args: dict[str, Any] = dict(
+        output=root,
+        listed=listing.listed,
+        packed_new=len(new_rows),
+        reused=len(plan.reused),
+        rejected=len(reject_rows),
+        rejects_by_reason=dict(sorted(Counter(r["reason"] for r in reject_rows).items())),
+        plan_counts=plan.counts,
+        shards_written=len(new_shards),
+        bytes_written=sum(s["bytes"] for s in new_shards),
+        samples_total=len(sample_rows),
+    )
+    notes: list[str] = []
+    if len(plan.tasks) and len(plan.tasks) < _workers(config):
+        notes.append(
+            f"only {len(plan.tasks)} shard(s) to pack for {_workers(config)} workers: "
+            "a smaller output.shard_size would spread the work"
+        )
+    if (
+        previous is not None
+        and not rebuild
+        and not new_shards
+        and _same_content(previous, samples, rejects_table)
+    ):
+        return RunReport(
+            version=latest,
+            committed=False,
+            seconds=time.perf_counter() - started,
+            notes=[*notes, f"nothing changed since version {latest}"],
+            **report_args,
+        )
+    meta = ManifestMeta(
+        version=plan.version,
+        sample_shape=config.sample_shape,
+        layout=config.output.layout,
+        classes=plan.classes,
+        checksum=config.output.checksum,
+        config_digest=config.digest(),
+        config=config.output_shaping(),
+        tool_version=tool_version(),
+    )
+    commit(root, meta, samples, shards, rejects_table)
+    return RunReport(
+        version=plan.version,
+        committed=True,
+        seconds=time.perf_counter() - started,
+        notes=notes,
+        **report_args,
+    )
+
+
+def _workers(config: PipelineConfig) -> int:
+    import os
+
+    n = config.run.n_jobs
+    cpus = os.cpu_count() or 1
+    return 1 if config.run.backend == "sequential" else (n if n > 0 else max(1, cpus + 1 + n))
