@@ -1,92 +1,22 @@
-"""The `etl` command: parses arguments, calls the library, prints, and maps our errors to exit
-codes. Anything that is not an `EtlError` is a bug and keeps its traceback."""
+"""`etl run`, `etl validate` and `etl sample-data`: packing and its inputs."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
-from typing import Annotated, ClassVar
+from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    ProgressColumn,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.progress import Progress as RichProgress
-from rich.progress import Task as RichTask
 from rich.table import Table
-from rich.text import Text
 
 from etl import pipeline
+from etl.cli.app import app, out
+from etl.cli.progress import BarProgress
 from etl.config import load_config
 from etl.errors import EtlError
 from etl.plan import Plan
 
-app = typer.Typer(
-    name="etl",
-    help="Pack images into uint8 memmap shards with an Arrow manifest, for PyTorch training.\n\n"
-    "Example:  etl sample-data data/sample && etl run pipeline.yaml",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
-err = Console(stderr=True)
-out = Console()
-
 ConfigArg = Annotated[Path, typer.Argument(help="Path to pipeline.yaml.", show_default=False)]
-
-
-class RateColumn(ProgressColumn):
-    """Items per second, as a data engineer reads throughput."""
-
-    def render(self, task: RichTask) -> Text:
-        speed = task.finished_speed or task.speed
-        return Text(f"{speed:>7.0f}/s" if speed else "      ?/s")
-
-
-class BarProgress(pipeline.Progress):
-    """A rich progress bar per phase, with rate and ETA, drawn on stderr."""
-
-    LABELS: ClassVar[dict[str, str]] = {"hash": "hashing sources", "pack": "decode, resize, pack"}
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self._bar: RichProgress | None = None
-        self._task: TaskID | None = None
-
-    def start(self, phase: str, total: int) -> None:
-        if not self.enabled or total == 0:
-            return
-        self._bar = RichProgress(
-            TextColumn("{task.description:<22}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            RateColumn(),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            console=err,
-            transient=False,
-        )
-        self._bar.start()
-        self._task = self._bar.add_task(self.LABELS.get(phase, phase), total=total)
-
-    def advance(self, n: int) -> None:
-        if self._bar is not None and self._task is not None:
-            self._bar.advance(self._task, n)
-
-    def stop(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-        self._bar = None
-        self._task = None
 
 
 def _print_plan(plan: Plan, verbose: bool) -> None:
@@ -207,13 +137,3 @@ def sample_data(
             f"{report.root}: {report.images} images in {len(report.per_class)} classes, "
             f"{report.broken} deliberately broken files"
         )
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Console entry point. Click handles usage errors, --help and Ctrl-C (exit 130); our errors
-    become one line on stderr and their exit code. Always ends in SystemExit."""
-    try:
-        app(args=argv, prog_name="etl")
-    except EtlError as exc:
-        err.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
-        sys.exit(exc.exit_code)

@@ -1,0 +1,36 @@
+"""The `etl` Typer app, its consoles and the entry point that maps our errors to exit codes.
+
+Commands live in sibling modules by capability (run.py, ...) and register themselves on `app`;
+they parse arguments, call the library and print. Anything that is not an `EtlError` is a bug
+and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from etl.errors import EtlError
+
+app = typer.Typer(
+    name="etl",
+    help="Pack images into uint8 memmap shards with an Arrow manifest, for PyTorch training.\n\n"
+    "Example:  etl sample-data data/sample && etl run pipeline.yaml",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+err = Console(stderr=True)
+out = Console()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point. Click handles usage errors, --help and Ctrl-C (exit 130); our errors
+    become one line on stderr and their exit code. Always ends in SystemExit."""
+    try:
+        app(args=argv, prog_name="etl")
+    except EtlError as exc:
+        err.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
