@@ -7,8 +7,7 @@ previous version untouched; its leftovers are removed by the next run, under the
 
 from __future__ import annotations
 
-import re
-import shutil
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -23,13 +22,12 @@ import pyarrow as pa
 from etl import execute
 from etl.config import FolderSource, PipelineConfig
 from etl.errors import ConfigError
+from etl.housekeeping import clean_leftovers
 from etl.lock import DatasetLock
 from etl.manifest import (
     REJECTS_SCHEMA,
     SAMPLES_SCHEMA,
-    SHARDS_DIR,
     SHARDS_SCHEMA,
-    VERSIONS_DIR,
     Manifest,
     ManifestMeta,
     commit,
@@ -129,27 +127,6 @@ def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "
         elif a != b:
             keys.append(name)
     return keys
-
-
-_SHARD_NAME = re.compile(r"^v(\d{6})-\d{5}\.npy$")
-
-
-def clean_leftovers(root: Path, latest: int) -> None:
-    """Remove what killed runs left: temp files, and shards of versions that were never committed.
-    Runs under the lock, so nothing here belongs to a live writer."""
-    for folder in (root / SHARDS_DIR, root / VERSIONS_DIR):
-        if not folder.is_dir():
-            continue
-        for entry in folder.iterdir():
-            if entry.name.startswith(".tmp-"):
-                if entry.is_dir():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
-            elif folder.name == SHARDS_DIR:
-                match = _SHARD_NAME.match(entry.name)
-                if match and int(match.group(1)) > latest:
-                    entry.unlink(missing_ok=True)
 
 
 def _reject_row(r: SourceReject) -> dict[str, Any]:
@@ -333,8 +310,6 @@ def _run_locked(
 
 
 def _workers(config: PipelineConfig) -> int:
-    import os
-
     n = config.run.n_jobs
     cpus = os.cpu_count() or 1
     return 1 if config.run.backend == "sequential" else (n if n > 0 else max(1, cpus + 1 + n))

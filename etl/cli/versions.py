@@ -1,0 +1,121 @@
+"""`etl versions`, `etl diff` and `etl compact`: a dataset's history and its housekeeping."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from etl.cli.app import app, out
+from etl.housekeeping import compact as run_compact
+from etl.versions import diff as version_diff
+from etl.versions import summaries
+
+DirArg = Annotated[Path, typer.Argument(help="Dataset folder (output.dir).", show_default=False)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+@app.command()
+def versions(directory: DirArg, as_json: JsonOpt = False) -> None:
+    """List a dataset's committed versions with counts, sizes and times.
+
+    Example:  etl versions artifacts
+    """
+    rows = summaries(directory)
+    if as_json:
+        print(json.dumps([vars(r) for r in rows], indent=2))
+        return
+    table = Table("version", "created (UTC)", "samples", "rejects", "shards", "MiB", "config")
+    for r in rows:
+        table.add_row(
+            str(r.version),
+            r.created,
+            str(r.samples),
+            str(r.rejects),
+            str(r.shards),
+            f"{r.shard_bytes / 2**20:.1f}",
+            r.config_digest,
+        )
+    out.print(table)
+
+
+@app.command()
+def diff(
+    directory: DirArg,
+    a: Annotated[int, typer.Argument(help="Older version.")],
+    b: Annotated[int, typer.Argument(help="Newer version.")],
+    limit: Annotated[int, typer.Option(help="Rows to list per kind (0: counts only).")] = 20,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show samples added, removed and changed (pixels, class or split) between two versions.
+
+    Example:  etl diff artifacts 1 2
+    """
+    d = version_diff(directory, a, b)
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "a": a,
+                    "b": b,
+                    "added": d.added.column("source").to_pylist(),
+                    "removed": d.removed.column("source").to_pylist(),
+                    "changed": d.changed.to_pylist(),
+                },
+                indent=2,
+            )
+        )
+        return
+    out.print(
+        f"version {a} -> {b}: {d.added.num_rows} added, {d.removed.num_rows} removed, "
+        f"{d.changed.num_rows} changed"
+    )
+    for label, table in (("+", d.added), ("-", d.removed)):
+        for source in table.column("source").to_pylist()[:limit]:
+            out.print(f"  {label} {source}", highlight=False)
+    for row in d.changed.to_pylist()[:limit]:
+        what = [
+            f"{k} {row[k + '_old']} -> {row[k + '_new']}"
+            for k in ("class_name", "split", "checksum")
+            if row[k + "_old"] != row[k + "_new"]
+        ]
+        out.print(f"  ~ {row['source']}: {'; '.join(what)}", highlight=False)
+
+
+@app.command()
+def compact(
+    directory: DirArg,
+    keep_last: Annotated[
+        int, typer.Option(help="Keep the last K versions (a new compacted one counts).")
+    ] = 1,
+    keep: Annotated[
+        list[int] | None, typer.Option(help="Also keep this version (repeatable).")
+    ] = None,
+    min_dead: Annotated[
+        float, typer.Option(help="Rewrite a shard when at least this fraction is dead rows.")
+    ] = 0.5,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say what would go; do nothing.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Rewrite mostly-dead shards and delete versions and shards outside the retention policy.
+
+    A kept version stays readable and byte-identical. Example:
+    etl compact artifacts --keep-last 2 --keep 5
+    """
+    report = run_compact(directory, keep_last, keep or (), min_dead, dry_run)
+    if as_json:
+        print(json.dumps(vars(report), indent=2))
+        return
+    verb = "would delete" if dry_run else "deleted"
+    if report.new_version:
+        out.print(
+            f"{'would rewrite' if dry_run else 'rewrote'} {len(report.rewritten_shards)} sparse "
+            f"shard(s) as version {report.new_version}"
+        )
+    out.print(f"kept versions {report.kept_versions}; {verb} versions {report.deleted_versions}")
+    out.print(f"{verb} {len(report.deleted_shards)} shard(s), {report.freed_bytes / 2**20:.1f} MiB")

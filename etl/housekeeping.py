@@ -1,0 +1,222 @@
+"""Removing what no version needs: leftovers of killed runs, sparse shards, retired versions.
+
+Everything here runs under the dataset lock and in an order that keeps every step safe to kill:
+new data is committed before anything is deleted, a version folder is renamed out of sight
+before it is removed, and a shard is deleted only when no remaining version names it. A rerun
+after a kill finishes the job.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from etl.errors import ManifestError, ShardError
+from etl.lock import DatasetLock
+from etl.manifest import (
+    SHARDS_DIR,
+    SHARDS_SCHEMA,
+    VERSIONS_DIR,
+    Manifest,
+    ManifestMeta,
+    commit,
+    list_versions,
+    read_manifest,
+    resolve,
+    table_from_rows,
+    version_dir,
+)
+from etl.shards import ShardWriter, open_shard
+
+_SHARD_NAME = re.compile(r"^v(\d{6})-\d{5}\.npy$")
+
+
+def clean_leftovers(root: Path, latest: int) -> list[Path]:
+    """Remove temp files and folders, and shards of versions above `latest` (never committed).
+    Returns what was removed. Call only under the lock: nothing here belongs to a live writer."""
+    removed: list[Path] = []
+    for folder in (root / SHARDS_DIR, root / VERSIONS_DIR):
+        if not folder.is_dir():
+            continue
+        for entry in folder.iterdir():
+            match = _SHARD_NAME.match(entry.name) if folder.name == SHARDS_DIR else None
+            if entry.name.startswith(".tmp-") or (match and int(match.group(1)) > latest):
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+                removed.append(entry)
+    return removed
+
+
+def referenced_shards(root: Path, versions: Iterable[int]) -> set[str]:
+    names: set[str] = set()
+    for number in versions:
+        names.update(read_manifest(root, number).shards.column("shard").to_pylist())
+    return names
+
+
+@dataclass
+class CompactReport:
+    kept_versions: list[int]
+    deleted_versions: list[int] = field(default_factory=list)
+    rewritten_shards: list[str] = field(default_factory=list)
+    new_version: int | None = None
+    deleted_shards: list[str] = field(default_factory=list)
+    freed_bytes: int = 0
+    dry_run: bool = False
+
+
+def sparse_shards(manifest: Manifest, min_dead_fraction: float) -> list[str]:
+    """Shards of this version whose dead rows (no sample of this version) are at least the
+    given fraction of the file."""
+    live = manifest.samples.group_by("shard").aggregate([("row", "count")])
+    live_rows = dict(
+        zip(live.column("shard").to_pylist(), live.column("row_count").to_pylist(), strict=True)
+    )
+    out = []
+    for name, rows in zip(
+        manifest.shards.column("shard").to_pylist(),
+        manifest.shards.column("rows").to_pylist(),
+        strict=True,
+    ):
+        dead = rows - live_rows.get(name, 0)
+        if rows and dead / rows >= min_dead_fraction:
+            out.append(name)
+    return out
+
+
+def _rewrite(manifest: Manifest, sparse: list[str], version: int) -> Manifest:
+    """Copy the live rows of `sparse` shards into new shards; verify each row on the way so
+    corruption is never copied forward."""
+    meta = manifest.meta
+    samples = manifest.samples
+    moving = samples.filter(pc.is_in(samples.column("shard"), value_set=pa.array(sparse)))
+    moving = moving.sort_by([("shard", "ascending"), ("row", "ascending")])
+    per_shard = int(pc.max(manifest.shards.column("rows")).as_py() or 1)
+    rows_by_shard = dict(
+        zip(
+            manifest.shards.column("shard").to_pylist(),
+            manifest.shards.column("rows").to_pylist(),
+            strict=True,
+        )
+    )
+    relocated: dict[str, tuple[str, int]] = {}
+    new_shards = []
+    records = moving.select(["sample_id", "shard", "row", "checksum"]).to_pylist()
+    for start in range(0, len(records), per_shard):
+        chunk = records[start : start + per_shard]
+        name = f"{SHARDS_DIR}/v{version:06d}-{start // per_shard:05d}.npy"
+        with ShardWriter(manifest.root, name, len(chunk), meta.sample_shape, meta.checksum) as w:
+            opened: dict[str, np.memmap] = {}
+            for rec in chunk:
+                source = opened.get(rec["shard"])
+                if source is None:
+                    source = open_shard(
+                        manifest.root / rec["shard"], meta.sample_shape, rows_by_shard[rec["shard"]]
+                    )
+                    opened[rec["shard"]] = source
+                row, checksum = w.append(np.asarray(source[rec["row"]]))
+                if checksum != rec["checksum"]:
+                    raise ShardError(
+                        f"{manifest.root / rec['shard']}: row {rec['row']} does not match its "
+                        "checksum; run 'etl audit --repair' before compacting"
+                    )
+                relocated[rec["sample_id"]] = (name, row)
+            info = w.finish()
+        assert info is not None
+        new_shards.append(
+            {
+                "shard": info.name,
+                "rows": info.rows,
+                "bytes": info.bytes,
+                "checksum": info.checksum,
+                "blake3": info.blake3,
+            }
+        )
+    rows = samples.to_pylist()
+    for row in rows:
+        if row["sample_id"] in relocated:
+            row["shard"], row["row"] = relocated[row["sample_id"]]
+    kept = [r for r in manifest.shards.to_pylist() if r["shard"] not in set(sparse)]
+    shards = table_from_rows(sorted([*kept, *new_shards], key=lambda r: r["shard"]), SHARDS_SCHEMA)
+    new_meta = ManifestMeta(
+        version=version,
+        sample_shape=meta.sample_shape,
+        layout=meta.layout,
+        classes=meta.classes,
+        checksum=meta.checksum,
+        config_digest=meta.config_digest,
+        config=meta.config,
+        tool_version=meta.tool_version,
+    )
+    new_samples = pa.Table.from_pylist(rows, schema=samples.schema)
+    commit(manifest.root, new_meta, new_samples, shards, manifest.rejects)
+    return read_manifest(manifest.root, version)
+
+
+def compact(
+    path: Path,
+    keep_last: int = 1,
+    keep: Iterable[int] = (),
+    min_dead_fraction: float = 0.5,
+    dry_run: bool = False,
+) -> CompactReport:
+    """Rewrite the latest version's shards that are at least `min_dead_fraction` dead rows (as a
+    new version with the same samples and bytes), then delete versions outside the retention
+    policy (the last `keep_last` versions, counting a new compacted one, plus every version in
+    `keep`) and every shard no remaining version references."""
+    if keep_last < 1:
+        raise ManifestError("--keep-last must be at least 1: the latest version is always kept")
+    if not 0.0 < min_dead_fraction <= 1.0:
+        raise ManifestError("--min-dead must be in (0, 1]")
+    root, _ = resolve(path)
+    with DatasetLock(root):
+        versions = list_versions(root)
+        latest = versions[-1]
+        unknown = sorted(set(keep) - set(versions))
+        if unknown:
+            raise ManifestError(f"{root}: --keep names versions that do not exist: {unknown}")
+        if not dry_run:
+            clean_leftovers(root, latest)
+        manifest = read_manifest(root, latest)
+        sparse = sparse_shards(manifest, min_dead_fraction)
+        new_version = latest + 1 if sparse else None
+        timeline = [*versions, new_version] if new_version else versions
+        kept = set(timeline[-keep_last:]) | set(keep)
+        report = CompactReport(
+            kept_versions=sorted(kept),
+            deleted_versions=[v for v in versions if v not in kept],
+            rewritten_shards=sparse,
+            new_version=new_version,
+            dry_run=dry_run,
+        )
+        if new_version and not dry_run:
+            _rewrite(manifest, sparse, new_version)
+        existing_kept = kept & set(list_versions(root))
+        still_referenced = referenced_shards(root, existing_kept)
+        if new_version in kept and dry_run:
+            still_referenced |= set(manifest.shards.column("shard").to_pylist()) - set(sparse)
+        if not dry_run:
+            for number in report.deleted_versions:
+                folder = version_dir(root, number)
+                doomed = folder.with_name(f".tmp-deleted-{folder.name}")
+                folder.rename(doomed)
+                shutil.rmtree(doomed)
+        # Shards are listed from disk, so a shard orphaned by an earlier killed compaction
+        # is collected too.
+        for entry in sorted((root / SHARDS_DIR).glob("*.npy")):
+            name = f"{SHARDS_DIR}/{entry.name}"
+            if name not in still_referenced and _SHARD_NAME.match(entry.name):
+                report.deleted_shards.append(name)
+                report.freed_bytes += entry.stat().st_size
+                if not dry_run:
+                    entry.unlink()
+        return report
