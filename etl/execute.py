@@ -86,7 +86,7 @@ def hash_sources(
 ) -> tuple[dict[str, str], list[SourceReject]]:
     """Content hashes of `files`; unreadable ones become io_error rejects."""
     chunks = [
-        [(f.source, str(f.path)) for f in files[i : i + HASH_CHUNK]]
+        [(f.source, f.path) for f in files[i : i + HASH_CHUNK]]
         for i in range(0, len(files), HASH_CHUNK)
     ]
     stat = {f.source: f for f in files}

@@ -210,13 +210,13 @@ def _run_locked(
             committed=False,
             listed=listing.listed,
             packed_new=0,
-            reused=len(plan.reused),
+            reused=plan.reused.num_rows,
             rejected=len(plan.rejects),
             rejects_by_reason=dict(Counter(r.reason for r in plan.rejects)),
             plan_counts={**plan.counts, "to_pack": plan.to_pack},
             shards_written=0,
             bytes_written=0,
-            samples_total=len(plan.reused) + plan.to_pack,
+            samples_total=plan.reused.num_rows + plan.to_pack,
             seconds=time.perf_counter() - started,
             dry_run=True,
         )
@@ -240,16 +240,17 @@ def _run_locked(
             )
     progress.stop()
 
-    sample_rows = sorted([*plan.reused, *new_rows], key=lambda r: r["source"])
+    samples = pa.concat_tables([plan.reused, table_from_rows(new_rows, SAMPLES_SCHEMA)]).sort_by(
+        "source"
+    )
     reject_rows = [_reject_row(r) for r in sorted(rejects, key=lambda r: r.source)]
-    if len(sample_rows) + len(reject_rows) != listing.listed:
+    if samples.num_rows + len(reject_rows) != listing.listed:
         raise RuntimeError(
-            f"accounting bug: {len(sample_rows)} packed + {len(reject_rows)} rejected "
+            f"accounting bug: {samples.num_rows} packed + {len(reject_rows)} rejected "
             f"!= {listing.listed} listed"
         )
-    samples = table_from_rows(sample_rows, SAMPLES_SCHEMA)
     rejects_table = table_from_rows(reject_rows, REJECTS_SCHEMA)
-    referenced = {r["shard"] for r in plan.reused}
+    referenced = set(plan.reused.column("shard").unique().to_pylist())
     shard_rows = (
         [r for r in previous.shards.to_pylist() if r["shard"] in referenced]
         if (previous is not None and not rebuild)
@@ -262,13 +263,13 @@ def _run_locked(
         output=root,
         listed=listing.listed,
         packed_new=len(new_rows),
-        reused=len(plan.reused),
+        reused=plan.reused.num_rows,
         rejected=len(reject_rows),
         rejects_by_reason=dict(sorted(Counter(r["reason"] for r in reject_rows).items())),
         plan_counts=plan.counts,
         shards_written=len(new_shards),
         bytes_written=sum(s["bytes"] for s in new_shards),
-        samples_total=len(sample_rows),
+        samples_total=samples.num_rows,
     )
     notes: list[str] = []
     if len(plan.tasks) and len(plan.tasks) < _workers(config):

@@ -36,7 +36,7 @@ def config(**source: object) -> PipelineConfig:
 
 
 def file(source: str, size: int = 10, mtime: int = 1) -> SourceFile:
-    return SourceFile(source, Path("/data") / source, source.split("/")[0], None, size, mtime)
+    return SourceFile(source, f"/data/{source}", source.split("/")[0], None, size, mtime)
 
 
 def listing(*files: SourceFile) -> SourceListing:
@@ -185,13 +185,14 @@ def test_incremental_plan_reads_only_what_changed() -> None:
     packed = sorted(i.source for t in plan.tasks for i in t.items)
     assert packed == ["a/edited.jpg", "a/fresh.jpg", "b/first.jpg"]
     assert all(t.shard.startswith("shards/v000002-") for t in plan.tasks)
-    reused = {r["source"]: (r["shard"], r["row"]) for r in plan.reused}
+    reused = {r["source"]: (r["shard"], r["row"]) for r in plan.reused.to_pylist()}
     assert reused == {
         "a/same.jpg": ("shards/v000001-00000.npy", 0),
         "a/touched.jpg": ("shards/v000001-00000.npy", 1),
         "a/new-name.jpg": ("shards/v000001-00000.npy", 3),
     }
-    assert [r["source_mtime_ns"] for r in plan.reused if r["source"] == "a/touched.jpg"] == [2]
+    rows = plan.reused.to_pylist()
+    assert [r["source_mtime_ns"] for r in rows if r["source"] == "a/touched.jpg"] == [2]
     assert [(r.source, r.reason) for r in plan.rejects] == [("a/bad.jpg", "truncated")]
     assert plan.classes == ("a", "b"), "a new class is appended, existing labels keep their number"
     assert plan.counts == {
