@@ -223,8 +223,11 @@ class OutputConfig(_Model):
 class RunConfig(_Model):
     n_jobs: int = -1
     """joblib's convention: -1 is every core."""
-    backend: Literal["loky", "threading", "sequential"] = "loky"
-    """joblib backend: 'loky' (processes, the default), 'threading', or 'sequential' (debugging)."""
+    backend: Literal["loky", "threading", "sequential", "dask"] = "loky"
+    """joblib backend: 'loky' (processes, the default), 'threading', 'sequential' (debugging),
+    or 'dask' (a dask.distributed cluster at `address`, else a LocalCluster of n_jobs processes)."""
+    address: str | None = Field(default=None, pattern=r"^(tcp|tls|inproc|ucx)://\S+$")
+    """Dask scheduler address, e.g. tcp://10.0.0.5:8786; only with backend 'dask'."""
 
     @field_validator("n_jobs")
     @classmethod
@@ -232,6 +235,12 @@ class RunConfig(_Model):
         if n_jobs == 0:
             raise ValueError("n_jobs must be a positive count or negative (-1 = all cores)")
         return n_jobs
+
+    @model_validator(mode="after")
+    def _address_needs_dask(self) -> RunConfig:
+        if self.address is not None and self.backend != "dask":
+            raise ValueError(f"address is set but backend is {self.backend!r}; use backend: dask")
+        return self
 
 
 class PipelineConfig(_Model):

@@ -9,14 +9,17 @@ raises (a full disk, a bug) stops the run, re-raised with the shard and file it 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from joblib import Parallel, delayed
+from joblib import Parallel, delayed, parallel_config
 
+from etl import cluster
 from etl.checksums import digest
 from etl.config import CallStage, PipelineConfig, RunConfig
+from etl.errors import ExecutionError
 from etl.plan import PackItem, PackTask
 from etl.shards import ShardInfo, ShardWriter
 from etl.sources import SourceFile, SourceReject
@@ -52,12 +55,38 @@ def parallel_map(
         return iter(())
     n_jobs = 1 if run.backend == "sequential" else run.n_jobs
     parallel = Parallel(
-        n_jobs=n_jobs,
-        backend=run.backend,
+        n_jobs=-1 if run.backend == "dask" else n_jobs,
+        # NOTE: joblib registers its Dask backend only through parallel_config, which engine()
+        # enters; backend=None picks it up from there.
+        backend=None if run.backend == "dask" else run.backend,
         return_as="generator_unordered",
         batch_size=1,
     )
     return iter(parallel(delayed(fn)(task, *args) for task in tasks))
+
+
+@contextmanager
+def engine(config: PipelineConfig, root: Path | None) -> Iterator[None]:
+    """What the backend needs for the length of a run. For 'dask': a client (a LocalCluster when
+    run.address is not set) made the default for joblib's Dask backend, a check that every
+    worker sees `root` and the source, and a lost cluster reported as one ExecutionError."""
+    if config.run.backend != "dask":
+        yield
+        return
+    with cluster.dask_client(config.run) as client:
+        if root is not None:
+            cluster.check_shared_storage(client, root, config.source.path)
+        try:
+            with parallel_config(backend="dask"):
+                yield
+        except Exception as exc:
+            if not cluster.is_cluster_failure(exc):
+                raise
+            where = config.run.address or "the local Dask cluster"
+            raise ExecutionError(
+                f"lost {where} during the run ({type(exc).__name__}: {exc}); nothing was "
+                "committed and the previous version is intact: run again once it is back"
+            ) from exc
 
 
 # --- hashing ----------------------------------------------------------------------------------

@@ -162,9 +162,10 @@ def run(
     check_paths(config)
     root = config.output.dir
     if dry_run and not root.exists():
-        return _run_locked(config, root, dry_run, rebuild, progress, on_plan, started)
+        with execute.engine(config, None):
+            return _run_locked(config, root, dry_run, rebuild, progress, on_plan, started)
     root.mkdir(parents=True, exist_ok=True)
-    with DatasetLock(root):
+    with DatasetLock(root), execute.engine(config, root):
         return _run_locked(config, root, dry_run, rebuild, progress, on_plan, started)
 
 

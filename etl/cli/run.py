@@ -61,7 +61,12 @@ def run(
     config_path: ConfigArg,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Override run.n_jobs.")] = None,
     backend: Annotated[
-        str | None, typer.Option(help="Override run.backend (loky, threading, sequential).")
+        str | None,
+        typer.Option(help="Override run.backend (loky, threading, sequential, dask)."),
+    ] = None,
+    address: Annotated[
+        str | None,
+        typer.Option(help="Dask scheduler, e.g. tcp://10.0.0.5:8786 (implies --backend dask)."),
     ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan and stop; write nothing.")
@@ -78,8 +83,12 @@ def run(
     """Pack the images that pipeline.yaml describes into shards and a new manifest version.
 
     Example:  etl run pipeline.yaml --jobs 2
+
+    On a Dask cluster:  etl run pipeline.yaml --address tcp://10.0.0.5:8786
     """
-    config = load_config(config_path, n_jobs=jobs, backend=backend)
+    if address is not None and backend is None:
+        backend = "dask"
+    config = load_config(config_path, n_jobs=jobs, backend=backend, address=address)
     show = not (quiet or as_json)
     report = pipeline.run(
         config,

@@ -1,0 +1,273 @@
+"""The same pipeline on a real dask.distributed cluster on 127.0.0.1: a scheduler and worker
+processes started here, killed here, and compared with loky's output byte for byte."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from etl import pipeline
+from etl.config import PipelineConfig, load_config
+from etl.errors import ExecutionError
+from etl.manifest import list_versions, read_manifest
+from etl.sample_data import make_sample_data
+
+pytestmark = pytest.mark.slow
+distributed = pytest.importorskip("distributed")
+
+CONFIG = """\
+source: {{kind: folder, path: {source}}}
+stages:
+  - decode: {{}}
+  - validate: {{min_size: [16, 16]}}
+  - resize: {{size: [24, 24]}}
+output: {{dir: {out}, samples_per_shard: {per_shard}}}
+run: {{n_jobs: 2, backend: {backend}{address}}}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Cluster:
+    address: str
+    scheduler: subprocess.Popen[bytes]
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def stop(self) -> None:
+        for proc in [*self.workers, self.scheduler]:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=30)
+
+
+def start_cluster(tmp: Path, n_workers: int = 2, worker_prefix: list[str] | None = None) -> Cluster:
+    """A scheduler and `n_workers` single-threaded worker processes (no nanny, so a killed
+    worker stays dead), all on 127.0.0.1."""
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    bin_dir = Path(sys.executable).parent
+    log = open(tmp / "dask.log", "ab")  # noqa: SIM115 (closed when the processes end)
+    scheduler = subprocess.Popen(
+        [
+            str(bin_dir / "dask"),
+            "scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dashboard-address",
+            ":0",
+            "--no-show",
+        ],
+        stdout=log,
+        stderr=log,
+    )
+    cluster = Cluster(address, scheduler)
+    for i in range(n_workers):
+        command = [
+            str(bin_dir / "dask"),
+            "worker",
+            address,
+            "--nthreads",
+            "1",
+            "--no-nanny",
+            "--host",
+            "127.0.0.1",
+            "--dashboard-address",
+            ":0",
+            "--name",
+            f"w{i}",
+        ]
+        cluster.workers.append(
+            subprocess.Popen([*(worker_prefix or []), *command], stdout=log, stderr=log)
+        )
+    with distributed.Client(address, timeout=30) as client:
+        client.wait_for_workers(n_workers, timeout=60)
+    return cluster
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = start_cluster(tmp_path)
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("src") / "data"
+    make_sample_data(root, per_class=12, seed=4)
+    return root
+
+
+def config(
+    tmp: Path, source: Path, out: str, backend: str, address: str | None = None, per_shard: int = 6
+) -> PipelineConfig:
+    path = tmp / f"{out}.yaml"
+    path.write_text(
+        CONFIG.format(
+            source=source,
+            out=tmp / out,
+            per_shard=per_shard,
+            backend=backend,
+            address=f", address: '{address}'" if address else "",
+        )
+    )
+    return load_config(path)
+
+
+def same_dataset(a: Path, b: Path) -> None:
+    """Same samples, shards, checksums and bytes (the creation time may differ)."""
+    ma, mb = read_manifest(a), read_manifest(b)
+    assert ma.samples.equals(mb.samples)
+    assert ma.shards.equals(mb.shards)
+    assert ma.rejects.equals(mb.rejects)
+    for name in ma.shards.column("shard").to_pylist():
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def test_dask_output_equals_loky(tmp_path: Path, source: Path, cluster: Cluster) -> None:
+    loky = pipeline.run(config(tmp_path, source, "loky", "loky"))
+    dask = pipeline.run(config(tmp_path, source, "dask", "dask", cluster.address))
+    assert dask.committed and dask.packed_new == loky.packed_new > 0
+    same_dataset(tmp_path / "loky", tmp_path / "dask")
+    # an incremental run on the cluster
+    extra = source.parent / "extra"
+    shutil.copytree(source, extra)
+    try:
+        (extra / "circle" / "circle_00000.jpg").unlink(missing_ok=True)
+        moved = next((extra / "square").glob("square_0000[1-5].*"))
+        moved.rename(extra / "circle" / moved.name)
+        inc = config(tmp_path, extra, "dask", "dask", cluster.address)
+        report = pipeline.run(inc)
+        assert report.committed and report.version == 2 and report.packed_new == 0
+        rebuilt = pipeline.run(config(tmp_path, extra, "rebuilt", "loky"))
+        assert rebuilt.samples_total == report.samples_total
+    finally:
+        shutil.rmtree(extra)
+
+
+def test_local_cluster_without_address(tmp_path: Path, source: Path) -> None:
+    pipeline.run(config(tmp_path, source, "loky", "loky"))
+    pipeline.run(config(tmp_path, source, "local", "dask"))
+    same_dataset(tmp_path / "loky", tmp_path / "local")
+
+
+def _run_in_thread(cfg: PipelineConfig) -> tuple[threading.Thread, list[object]]:
+    outcome: list[object] = []
+
+    def target() -> None:
+        try:
+            outcome.append(pipeline.run(cfg))
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, outcome
+
+
+def _wait_for_shards(out: Path, prefix: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    shards = out / "shards"
+    while time.monotonic() < deadline:
+        if shards.is_dir() and any(p.name.startswith(prefix) for p in shards.iterdir()):
+            return
+        time.sleep(0.01)
+    raise AssertionError("no shard appeared")
+
+
+def test_killed_worker_is_retried(tmp_path: Path, source: Path, cluster: Cluster) -> None:
+    pipeline.run(config(tmp_path, source, "loky", "loky", per_shard=2))
+    cfg = config(tmp_path, source, "dask", "dask", cluster.address, per_shard=2)
+    thread, outcome = _run_in_thread(cfg)
+    _wait_for_shards(tmp_path / "dask", "v000001")
+    cluster.workers[0].send_signal(signal.SIGKILL)
+    thread.join(timeout=300)
+    assert cluster.workers[0].poll() is not None, "the worker was not killed"
+    assert isinstance(outcome[0], pipeline.RunReport), outcome
+    same_dataset(tmp_path / "loky", tmp_path / "dask")
+
+
+def test_lost_cluster_fails_clearly_and_rerun_converges(
+    tmp_path: Path, source: Path, cluster: Cluster
+) -> None:
+    first = config(tmp_path, source, "dask", "loky")
+    sub = tmp_path / "sub"
+    shutil.copytree(source / "circle", sub / "circle")
+    pipeline.run(config(tmp_path, sub, "dask", "loky"))
+    v1 = read_manifest(tmp_path / "dask").samples
+    cfg = config(tmp_path, source, "dask", "dask", cluster.address, per_shard=2)
+    thread, outcome = _run_in_thread(cfg)
+    _wait_for_shards(tmp_path / "dask", "v000002")
+    cluster.scheduler.send_signal(signal.SIGKILL)
+    thread.join(timeout=300)
+    assert isinstance(outcome[0], ExecutionError), outcome
+    assert "previous version is intact" in str(outcome[0])
+    assert list_versions(tmp_path / "dask") == [1]
+    assert read_manifest(tmp_path / "dask").samples.equals(v1)
+    report = pipeline.run(first)
+    assert report.committed and report.version == 2
+    pipeline.run(config(tmp_path, source, "loky", "loky"))
+    assert (
+        read_manifest(tmp_path / "dask")
+        .samples.column("checksum")
+        .equals(read_manifest(tmp_path / "loky").samples.column("checksum"))
+    )
+
+
+def test_worker_that_cannot_see_the_output_is_refused(tmp_path: Path, source: Path) -> None:
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f"mount -t tmpfs none {hidden} && true"],
+        capture_output=True,
+        check=False,
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a private mount namespace here: {probe.stderr.decode()}")
+    # One worker sees a private, empty tmpfs where the output folder lives.
+    prefix = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs none {hidden} && exec "$0" "$@"']
+    c = start_cluster(tmp_path, n_workers=1, worker_prefix=prefix)
+    try:
+        cfg = config(hidden, source, "out", "dask", c.address)
+        with pytest.raises(ExecutionError, match=r"Dask worker .* does not see"):
+            pipeline.run(cfg)
+        assert not list_versions(hidden / "out")
+    finally:
+        c.stop()
+
+
+def test_backend_dask_reaches_no_scheduler(tmp_path: Path, source: Path) -> None:
+    cfg = config(tmp_path, source, "dask", "dask", f"tcp://127.0.0.1:{free_port()}")
+    with pytest.raises(ExecutionError, match="cannot reach the Dask scheduler"):
+        pipeline.run(cfg)
+
+
+def test_pixels_survive_a_cluster_round_trip(tmp_path: Path, source: Path) -> None:
+    """Sanity on what the cluster wrote: rows open as plain npy and checksums hold."""
+    pipeline.run(config(tmp_path, source, "local", "dask"))
+    m = read_manifest(tmp_path / "local")
+    import xxhash
+
+    for s in m.samples.to_pylist()[:20]:
+        row = np.load(tmp_path / "local" / s["shard"], mmap_mode="r")[s["row"]]
+        assert xxhash.xxh3_64_hexdigest(np.ascontiguousarray(row).tobytes()) == s["checksum"]
+    assert os.listdir(tmp_path / "local" / "shards")
