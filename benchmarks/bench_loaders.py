@@ -1,0 +1,456 @@
+"""Loader throughput against the alternatives, resident memory over an epoch, shuffle quality.
+
+    etl sample-data data/sample && etl run pipeline.yaml      # once: sources and artifacts/
+    python -m benchmarks.bench_loaders [--quick]
+
+Everything is measured in one run on the same machine and page-cached data: random-order
+batches of 256 from `artifacts/` through `loaders` (map-style and stream, 0 and 2 workers),
+against (a) a per-file Dataset that decodes and resizes each source image with Pillow, (b) one
+sample per `__getitem__` from a single big memmap with the default collate, and (c) memcpy.
+Timings are the best of a few repeats (the machine may be shared); no result is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import torch
+from numpy.typing import NDArray
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset, RandomSampler
+
+from etl.manifest import (
+    REJECTS_SCHEMA,
+    SAMPLES_SCHEMA,
+    SHARDS_SCHEMA,
+    ManifestMeta,
+    commit,
+    table_from_rows,
+)
+from etl.shards import ShardWriter
+from loaders import (
+    PackedDataset,
+    PackedStream,
+    balanced_order,
+    block_order,
+    class_mix_distance,
+    make_loader,
+    open_catalog,
+    random_order,
+    stream_loader,
+    stream_order,
+)
+
+BATCH = 256
+
+
+def best_seconds(run: Callable[[], Any], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+# --- (c) memcpy and the copy methods -------------------------------------------------------
+
+
+def memcpy_gbps(nbytes: int, repeats: int) -> float:
+    """np.copyto of one large buffer: the ceiling for any gather from page-cached shards."""
+    src = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    return nbytes / best_seconds(lambda: np.copyto(dst, src), repeats) / 1e9
+
+
+def copy_methods(ds: PackedDataset, big: NDArray[np.uint8], batches: int, repeats: int) -> dict:
+    """GB/s of ways to gather random batches of BATCH samples into a preallocated buffer."""
+    sel = ds.selection
+    rng = np.random.default_rng(1)
+    picks = [rng.integers(0, len(ds), BATCH) for _ in range(batches)]
+    out = torch.empty((BATCH, *ds.sample_shape), dtype=torch.uint8).numpy()
+    shards = [ds.reader.array(s) for s in range(len(sel.shards))]
+    memmaps = [np.load(ds.selection.shards.path(s), mmap_mode="r") for s in range(len(shards))]
+    big_tensor = torch.from_numpy(np.array(big))  # a private copy: torch wants writable memory
+    flat_out = torch.from_numpy(out)
+
+    def loaders_gather(i: NDArray[np.int64]) -> None:
+        ds.reader.gather(sel.shard_idx[i], sel.rows[i], out)
+
+    def copyto_rows(i: NDArray[np.int64]) -> None:
+        pairs = zip(sel.shard_idx[i].tolist(), sel.rows[i].tolist(), strict=True)
+        for j, (s, r) in enumerate(pairs):
+            np.copyto(out[j], shards[s][r])
+
+    def copyto_rows_memmap(i: NDArray[np.int64]) -> None:
+        pairs = zip(sel.shard_idx[i].tolist(), sel.rows[i].tolist(), strict=True)
+        for j, (s, r) in enumerate(pairs):
+            np.copyto(out[j], memmaps[s][r])
+
+    def fancy_per_shard(i: NDArray[np.int64]) -> None:
+        for s in np.unique(sel.shard_idx[i]).tolist():
+            where = np.flatnonzero(sel.shard_idx[i] == s)
+            out[where] = shards[s][sel.rows[i][where]]
+
+    def fancy_big(i: NDArray[np.int64]) -> None:
+        out[...] = big[i]
+
+    def take_big(i: NDArray[np.int64]) -> None:
+        np.take(big, i, axis=0, out=out)
+
+    def index_select_big(i: NDArray[np.int64]) -> None:
+        torch.index_select(big_tensor, 0, torch.from_numpy(i), out=flat_out)
+
+    def memcpy_batch(i: NDArray[np.int64]) -> None:
+        np.copyto(out, big[:BATCH])
+
+    methods: dict[str, Callable[[NDArray[np.int64]], None]] = {
+        "loaders: memoryview slice per row (sorted, runs merged)": loaders_gather,
+        "np.copyto per row, ndarray views": copyto_rows,
+        "np.copyto per row, np.memmap objects": copyto_rows_memmap,
+        "numpy fancy indexing per shard": fancy_per_shard,
+        "numpy fancy indexing, one 4-d memmap": fancy_big,
+        "np.take(axis=0, out=), one 4-d memmap": take_big,
+        "torch.index_select(out=), one big tensor*": index_select_big,
+        "memcpy of the same bytes, contiguous": memcpy_batch,
+    }
+    nbytes = batches * BATCH * int(np.prod(ds.sample_shape))
+    results = {}
+    for name, method in methods.items():
+        seconds = best_seconds(partial(_each, method, picks), repeats)
+        results[name] = nbytes / seconds / 1e9
+    return results
+
+
+def _each(method: Callable[[NDArray[np.int64]], None], picks: list[NDArray[np.int64]]) -> None:
+    for pick in picks:
+        method(pick)
+
+
+# --- the loaders being compared ------------------------------------------------------------
+
+
+class PillowFiles(Dataset[tuple[torch.Tensor, int]]):
+    """(a) What a folder of images costs: open, decode, RGB, resize to the packed size."""
+
+    def __init__(self, files: list[Path], labels: list[int], size: tuple[int, ...]) -> None:
+        self.files, self.labels, self.size = files, labels, size
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        with Image.open(self.files[i]) as image:
+            height, width = self.size[:2]
+            rgb = image.convert("RGB").resize((width, height), Image.Resampling.BILINEAR)
+            return torch.from_numpy(np.asarray(rgb).copy()), self.labels[i]
+
+
+class BigMemmap(Dataset[tuple[torch.Tensor, int]]):
+    """(b) The usual memmap Dataset: one np.memmap, one sample per __getitem__."""
+
+    def __init__(self, path: Path, labels: NDArray[np.int32]) -> None:
+        self.path, self.labels = path, labels
+        self.data: NDArray[np.uint8] | None = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if self.data is None:
+            self.data = np.load(self.path, mmap_mode="r")
+        assert self.data is not None
+        return torch.from_numpy(np.array(self.data[i])), int(self.labels[i])
+
+
+def throughput(
+    make: Callable[[], Iterable[Any]], sample_bytes: int, min_seconds: float, max_batches: int
+) -> tuple[float, float]:
+    """(samples/s, GB/s) over whole passes after one warm-up pass (workers started, pages in)."""
+    loader = make()
+    for _ in _limited(loader, max_batches):
+        pass
+    samples, start = 0, time.perf_counter()
+    while True:
+        for batch in _limited(loader, max_batches):
+            samples += len(batch[1])
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds:
+            break
+    return samples / elapsed, samples * sample_bytes / elapsed / 1e9
+
+
+def _limited(loader: Iterable[Any], n: int) -> Iterator[Any]:
+    for i, batch in enumerate(loader):
+        if i >= n:
+            break
+        yield batch
+
+
+# --- resident memory over an epoch ---------------------------------------------------------
+
+
+def write_synthetic(root: Path, total_bytes: int, shape: tuple[int, ...]) -> int:
+    """A packed dataset of random pixels, `total_bytes` large, in shards of 1000 samples."""
+    n = max(1000, total_bytes // int(np.prod(shape)))
+    rng = np.random.default_rng(0)
+    samples, shards = [], []
+    for k in range(-(-n // 1000)):
+        rows = min(1000, n - 1000 * k)
+        name = f"shards/v000001-{k:05d}.npy"
+        block = rng.integers(0, 256, (rows, *shape), dtype=np.uint8)
+        with ShardWriter(root, name, rows, shape, "xxh3_64") as writer:
+            for r in range(rows):
+                _, checksum = writer.append(block[r])
+                i = 1000 * k + r
+                samples.append(_synthetic_row(i, name, r, checksum, shape))
+            info = writer.finish()
+        assert info is not None
+        shards.append(
+            {
+                "shard": name,
+                "rows": rows,
+                "bytes": info.bytes,
+                "checksum": info.checksum,
+                "blake3": info.blake3,
+            }
+        )
+    meta = ManifestMeta(
+        version=1,
+        sample_shape=shape,
+        layout="HWC",
+        classes=tuple(f"c{i}" for i in range(6)),
+        checksum="xxh3_64",
+        config_digest="bench",
+        config={},
+        tool_version="bench",
+    )
+    commit(
+        root,
+        meta,
+        table_from_rows(samples, SAMPLES_SCHEMA),
+        table_from_rows(shards, SHARDS_SCHEMA),
+        table_from_rows([], REJECTS_SCHEMA),
+    )
+    return n
+
+
+def _synthetic_row(
+    i: int, shard: str, row: int, checksum: str, shape: tuple[int, ...]
+) -> dict[str, Any]:
+    return {
+        "sample_id": str(i),
+        "source": f"c{i % 6}/{i:08d}.png",
+        "source_size": 1,
+        "source_mtime_ns": 1,
+        "source_hash": str(i),
+        "source_height": shape[0],
+        "source_width": shape[1],
+        "label": i % 6,
+        "class_name": f"c{i % 6}",
+        "split": "train",
+        "shard": shard,
+        "row": row,
+        "checksum": checksum,
+    }
+
+
+def rss_over_epoch(root: Path, release_every: int | None, workers: int) -> list[str]:
+    """MiB of RSS (total, anonymous, file-backed) of the reading process over one random epoch,
+    first batch -> peak; with workers, of the largest worker."""
+    ds = PackedDataset.open(root, release_every=release_every)
+    loader = make_loader(ds, batch_size=BATCH, shuffle=True, num_workers=workers)
+    me = psutil.Process()
+    points = []
+    for i, _ in enumerate(loader):
+        if i in (1, 2) or i % 8 == 0:
+            infos = [p.memory_info() for p in (me.children() if workers else [me])]
+            rss = max(m.rss for m in infos) / 2**20
+            file = max(m.shared for m in infos) / 2**20
+            anon = max(m.rss - m.shared for m in infos) / 2**20
+            points.append((rss, anon, file))
+    first, peak = points[0], np.max(points, axis=0)
+    return [f"{a:.0f} -> {b:.0f}" for a, b in zip(first, peak, strict=True)]
+
+
+# --- report --------------------------------------------------------------------------------
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def report_copies(ds: PackedDataset, big: NDArray[np.uint8], quick: bool) -> float:
+    repeats = 3 if quick else 7
+    memcpy = memcpy_gbps((64 if quick else 512) << 20, repeats)
+    methods = copy_methods(ds, big, batches=20 if quick else 60, repeats=repeats)
+    rows = [[name, f"{v:.2f}", f"{v / memcpy:.0%}"] for name, v in methods.items()]
+    rows.append(["(c) np.copyto of one large buffer (memcpy)", f"{memcpy:.2f}", "100%"])
+    print("## Copy methods: random batches of 256 into a preallocated buffer\n")
+    print(table(["method", "GB/s", "of memcpy"], rows))
+    print("\n*needs the whole dataset in one array: not possible across shard files.\n")
+    return memcpy
+
+
+def report_throughput(
+    ds: PackedDataset, files: list[Path], big_path: Path, memcpy: float, quick: bool
+) -> None:
+    min_seconds = 0.5 if quick else 2.0
+    sample_bytes = int(np.prod(ds.sample_shape))
+    labels = ds.labels
+    generator = torch.Generator().manual_seed(0)
+    pillow_batches = 2 if quick else 6  # per pass: it is that slow
+
+    def ours(w: int) -> Iterable[Any]:
+        return make_loader(
+            ds, batch_size=BATCH, shuffle=True, num_workers=w, persistent_workers=w > 0
+        )
+
+    def stream(w: int) -> Iterable[Any]:
+        packed = PackedStream(ds.selection, batch_size=BATCH)
+        return stream_loader(packed, num_workers=w, persistent_workers=w > 0)
+
+    def torch_loader(dataset: Dataset[Any], w: int) -> Iterable[Any]:
+        sampler = RandomSampler(range(len(ds)), generator=generator)
+        return DataLoader(dataset, BATCH, sampler=sampler, num_workers=w, persistent_workers=w > 0)
+
+    def memmap(w: int) -> Iterable[Any]:
+        return torch_loader(BigMemmap(big_path, labels), w)
+
+    def pillow(w: int) -> Iterable[Any]:
+        return torch_loader(PillowFiles(files, labels.tolist(), ds.sample_shape[:2]), w)
+
+    kinds: dict[str, tuple[Callable[[int], Iterable[Any]], int]] = {
+        "loaders PackedDataset (shuffle=True)": (ours, 10**9),
+        "loaders PackedStream": (stream, 10**9),
+        "(b) one big memmap, __getitem__ + default collate": (memmap, 10**9),
+        "(a) Pillow open + decode + resize per file": (pillow, pillow_batches),
+    }
+    rows = []
+    for w in (0, 2):
+        rates = {
+            name: throughput(partial(make, w), sample_bytes, min_seconds, limit)
+            for name, (make, limit) in kinds.items()
+        }
+        pil = rates["(a) Pillow open + decode + resize per file"][0]
+        per_item = rates["(b) one big memmap, __getitem__ + default collate"][0]
+        for name, (rate, gbps) in rates.items():
+            rows.append(
+                [
+                    name,
+                    str(w),
+                    f"{rate:,.0f}",
+                    f"{gbps:.2f}",
+                    f"{rate / pil:,.0f}x",
+                    f"{rate / per_item:.1f}x",
+                    f"{gbps / memcpy:.0%}",
+                ]
+            )
+    print(f"## Random-order batches of {BATCH} from page-cached data\n")
+    header = ["loader", "workers", "samples/s", "GB/s", "vs (a)", "vs (b)", "of (c) memcpy"]
+    print(table(header, rows))
+
+
+def report_rss(workdir: Path, sample_shape: tuple[int, ...], quick: bool) -> None:
+    root = workdir / "synthetic"
+    sample_bytes = int(np.prod(sample_shape))
+    n = write_synthetic(root, (128 if quick else 768) << 20, sample_shape)
+    budget = 16 << 20
+    print("\n## Resident memory over one random epoch\n")
+    print(
+        f"A synthetic dataset of {n} samples ({n * sample_bytes / 2**20:.0f} MiB); a batch is "
+        f"{BATCH * sample_bytes / 2**20:.1f} MiB. MiB of the reading process (with workers, "
+        "the largest worker), first batch -> peak. 'file-backed' is page cache mapped into the "
+        "process: shared, reclaimable, and bounded by `release_every`.\n"
+    )
+    rows = []
+    for release, w in [(None, 0), (budget, 0), (None, 2), (budget, 2)]:
+        shown = "never" if release is None else f"{release >> 20} MiB"
+        rows.append([str(w), shown, *rss_over_epoch(root, release, w)])
+    print(table(["workers", "release_every", "RSS", "anonymous", "file-backed"], rows))
+
+
+def report_quality(ds: PackedDataset) -> None:
+    shard_idx, labels = ds.shard_idx, ds.labels
+
+    def mean_tv(order_of: Callable[[int], NDArray[np.int64]]) -> float:
+        return float(np.mean([class_mix_distance(order_of(s), labels, BATCH) for s in range(5)]))
+
+    def stream_tv(slots: int, window: int) -> float:
+        distances = []
+        for seed, slot in itertools.product(range(5), range(slots)):
+            order = np.concatenate(stream_order(shard_idx, slot, slots, seed, 0, window))
+            distances.append(class_mix_distance(order, labels, BATCH))
+        return float(np.mean(distances))
+
+    random_tv = mean_tv(lambda s: random_order(len(ds), s, 0))
+    orders = {
+        "sequential (shard, row) order": class_mix_distance(np.arange(len(ds)), labels, BATCH),
+        "random permutation": random_tv,
+        "blocks of 16, window 1024": mean_tv(lambda s: block_order(shard_idx, s, 0, 16, 1024)),
+        "blocks of 16, window 4096 (shuffle='blocks')": mean_tv(
+            lambda s: block_order(shard_idx, s, 0, 16, 4096)
+        ),
+        "class-balanced": mean_tv(lambda s: balanced_order(labels, s, 0)),
+        "stream, 1 worker, window 8 shards": stream_tv(1, 8),
+        "stream, 4 slots (2 ranks x 2 workers), window 8": stream_tv(4, 8),
+    }
+    print(f"\n## Shuffle quality: class mix of batches of {BATCH}, sample data train split\n")
+    print(
+        "Mean total-variation distance between each batch's class mix and the dataset's "
+        "(`loaders.class_mix_distance`; 0 = identical, mean of 5 seeds). The shards are packed "
+        "class by class, so the reading order decides the mix.\n"
+    )
+    rows = [[k, f"{v:.3f}", f"{v / random_tv:.2f}"] for k, v in orders.items()]
+    print(table(["order", "class-mix TV", "vs random"], rows))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, default=Path("artifacts"))
+    parser.add_argument("--sources", type=Path, default=Path("data/sample"))
+    parser.add_argument("--quick", action="store_true", help="fewer repeats, smaller data")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore", "CUDA is not available", RuntimeWarning)
+    if not (args.data / "versions").is_dir() or not args.sources.is_dir():
+        raise SystemExit(
+            f"need {args.data}/ and {args.sources}/: run "
+            "'etl sample-data data/sample && etl run pipeline.yaml' first"
+        )
+    torch.set_num_threads(1)
+    catalog = open_catalog(args.data)
+    ds = PackedDataset(catalog.select(split="train"))
+    print(f"# loaders benchmark ({'quick' if args.quick else 'full'})\n")
+    print(
+        f"{len(ds)} train samples of {ds.sample_shape} uint8 in {len(ds.selection.shards)} "
+        f"shards; {os.cpu_count()} CPUs; torch {torch.__version__}\n"
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-loaders-") as tmp:
+        workdir = Path(tmp)
+        big_path = workdir / "big.npy"
+        np.save(big_path, ds.__getitems__(list(range(len(ds)))).images.numpy())
+        big = np.load(big_path, mmap_mode="r")
+        memcpy = report_copies(ds, big, args.quick)
+        sources = catalog.table.take(ds.selection.positions).column("source").to_pylist()
+        files = [args.sources / s for s in sources]
+        report_throughput(ds, files, big_path, memcpy, args.quick)
+        report_rss(workdir, ds.sample_shape, args.quick)
+    report_quality(ds)
+
+
+if __name__ == "__main__":
+    main()

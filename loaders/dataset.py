@@ -1,0 +1,144 @@
+"""The map-style dataset: index -> (uint8 image in the stored layout, int label).
+
+A batch is fetched with `__getitems__` straight into one contiguous buffer, not sample by sample
+through a collate function. Only the selection's compact arrays travel to worker processes;
+each worker maps the shards it reads (see `loaders.reader`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from torch.utils.data import Dataset
+
+from loaders.catalog import Selection, Where, open_catalog
+from loaders.reader import ShardReader, new_batch
+
+Transform = Callable[[torch.Tensor], torch.Tensor]
+
+
+class Batch(NamedTuple):
+    """A batch as every loader here yields it: `images, labels = batch` works."""
+
+    images: torch.Tensor
+    """uint8 [B, *sample_shape] in the stored layout (HWC or CHW), unless a transform changed it."""
+    labels: torch.Tensor
+    """int64 [B]."""
+
+
+def collate_batch(batch: Any) -> Any:
+    """The collate function for `PackedDataset`: `__getitems__` already made the batch.
+
+    NOTE: DataLoader applies collate_fn to what `__getitems__` returns, so the default collate
+    would try to stack (images, labels) as two samples. Pass this one to a DataLoader you build
+    yourself; `make_loader` does.
+    """
+    return batch
+
+
+class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
+    """Samples of a `Selection`, in (shard, row) order: sequential indices read sequentially.
+
+    `transform` (optional) maps one uint8 image tensor to a tensor; it runs per sample, also in
+    `__getitems__`, which then stacks the results (prefer `DeviceLoader`'s batched conversion).
+    `verify` checks each opened shard's checksum against the manifest, once per process.
+    `release_every` bounds resident memory per process (see `ShardReader`).
+    """
+
+    def __init__(
+        self,
+        selection: Selection,
+        transform: Transform | None = None,
+        verify: bool = False,
+        release_every: int | None = None,
+    ) -> None:
+        self.selection = selection
+        self.transform = transform
+        self.reader = ShardReader(selection.shards, verify, release_every)
+        self.pin_output = False
+        """Gather batches into pinned memory (set by `make_loader` for num_workers=0 on CUDA)."""
+
+    @classmethod
+    def open(
+        cls,
+        path: Path | str,
+        split: str | Sequence[str] | None = None,
+        classes: Sequence[str | int] | None = None,
+        where: Where | None = None,
+        version: int | None = None,
+        transform: Transform | None = None,
+        verify: bool = False,
+        release_every: int | None = None,
+    ) -> PackedDataset:
+        """Open a dataset directory or manifest and select samples (see `Catalog.select`)."""
+        selection = open_catalog(path, version).select(split, classes, where)
+        return cls(selection, transform, verify, release_every)
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return self.selection.classes
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return self.selection.sample_shape
+
+    @property
+    def layout(self) -> str:
+        return self.selection.layout
+
+    @property
+    def labels(self) -> NDArray[np.int32]:
+        """Label of every index (what the class-balanced sampler needs)."""
+        return self.selection.labels
+
+    @property
+    def shard_idx(self) -> NDArray[np.int32]:
+        """Shard of every index (what the block-shuffle sampler needs)."""
+        return self.selection.shard_idx
+
+    def __len__(self) -> int:
+        return len(self.selection)
+
+    def with_pinned_output(self, pin: bool) -> PackedDataset:
+        """A shallow copy that gathers batches into pinned memory (or not)."""
+        twin = copy.copy(self)
+        twin.pin_output = pin
+        return twin
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        i = _check_index(index, len(self))
+        sel = self.selection
+        image = torch.from_numpy(self.reader.row(int(sel.shard_idx[i]), int(sel.rows[i])))
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(sel.labels[i])
+
+    def __getitems__(self, indices: Sequence[int]) -> Batch:
+        """A whole batch gathered into one contiguous buffer, in the order of `indices`."""
+        index = np.asarray(indices, dtype=np.int64)
+        if index.size and (index.min() < -len(self) or index.max() >= len(self)):
+            raise IndexError(f"index out of range for a dataset of {len(self)} samples")
+        index = index % max(len(self), 1)  # not in place: `indices` may be the caller's array
+        sel = self.selection
+        labels = torch.from_numpy(sel.labels[index].astype(np.int64))
+        shape = (len(index), *sel.sample_shape)
+        if self.transform is None:
+            images = new_batch(shape, self.pin_output)
+            self.reader.gather(sel.shard_idx[index], sel.rows[index], images.numpy())
+            return Batch(images, labels)
+        raw = np.empty(shape, dtype=np.uint8)
+        self.reader.gather(sel.shard_idx[index], sel.rows[index], raw)
+        return Batch(torch.stack([self.transform(torch.from_numpy(x)) for x in raw]), labels)
+
+
+def _check_index(index: int, length: int) -> int:
+    i = int(index)
+    if not -length <= i < length:
+        raise IndexError(f"index {index} out of range for a dataset of {length} samples")
+    return i % length

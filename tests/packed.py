@@ -1,0 +1,152 @@
+"""Tiny packed datasets for the loaders tests, written with the real format layer.
+
+Samples are random uint8 images; sources are named `<class>/<n>.png` and sorted, so shards are
+filled class by class as `etl run` fills them. Shards have uneven sizes, classes uneven counts,
+and the last shard holds an orphan row that no sample references (as after a deletion).
+Everything the tests compare against is kept here, independent of the code under test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from etl.checksums import digest
+from etl.manifest import (
+    REJECTS_SCHEMA,
+    SAMPLES_SCHEMA,
+    SHARDS_SCHEMA,
+    ManifestMeta,
+    commit,
+    table_from_rows,
+)
+from etl.shards import ShardWriter
+
+CHECKSUM = "xxh3_64"
+
+
+@dataclass
+class Packed:
+    """A committed dataset and what was written, in manifest (source) order."""
+
+    root: Path
+    images: NDArray[np.uint8]
+    labels: NDArray[np.int64]
+    splits: list[str]
+    sample_ids: list[str]
+    shards: list[str]
+    """Shard name of each sample."""
+    rows: list[int]
+    classes: tuple[str, ...]
+    sample_shape: tuple[int, ...]
+    layout: str
+
+    def shard_path(self, name: str) -> Path:
+        return self.root / name
+
+    def indices(self, split: str | None = None) -> list[int]:
+        return [i for i, s in enumerate(self.splits) if split is None or s == split]
+
+
+def make_packed(
+    root: Path,
+    shard_sizes: tuple[int, ...] = (7, 5, 9, 3, 6),
+    sample_shape: tuple[int, ...] = (6, 5, 3),
+    classes: tuple[str, ...] = ("ant", "bee", "cat"),
+    layout: str = "HWC",
+    seed: int = 0,
+    orphans: int = 1,
+) -> Packed:
+    """Write shards and commit version 1 of a dataset under `root`."""
+    rng = np.random.default_rng(seed)
+    n = sum(shard_sizes)
+    labels = np.sort(rng.integers(0, len(classes), n))
+    labels[: len(classes)] = np.arange(len(classes))  # every class present
+    labels = np.sort(labels)
+    images = rng.integers(0, 256, size=(n, *sample_shape), dtype=np.uint8)
+    splits = ["val" if i % 4 == 1 else "train" for i in range(n)]
+    sources = [f"{classes[label]}/{i:04d}.png" for i, label in enumerate(labels)]
+    sample_rows, shard_rows, shards, rows = [], [], [], []
+    i = 0
+    for k, size in enumerate(shard_sizes):
+        name = f"shards/v000001-{k:05d}.npy"
+        extra = orphans if k == len(shard_sizes) - 1 else 0
+        with ShardWriter(root, name, size + extra, sample_shape, CHECKSUM) as writer:
+            for _ in range(size):
+                row, checksum = writer.append(images[i])
+                assert checksum == digest(np.ascontiguousarray(images[i]), CHECKSUM)
+                sample_rows.append(
+                    {
+                        "sample_id": f"id-{i:04d}",
+                        "source": sources[i],
+                        "source_size": 100 + i,
+                        "source_mtime_ns": 1_000 + i,
+                        "source_hash": f"h{i}",
+                        "source_height": 10,
+                        "source_width": 12,
+                        "label": int(labels[i]),
+                        "class_name": classes[labels[i]],
+                        "split": splits[i],
+                        "shard": name,
+                        "row": row,
+                        "checksum": checksum,
+                    }
+                )
+                shards.append(name)
+                rows.append(row)
+                i += 1
+            for _ in range(extra):
+                writer.append(rng.integers(0, 256, size=sample_shape, dtype=np.uint8))
+            info = writer.finish()
+        assert info is not None
+        shard_rows.append(
+            {
+                "shard": info.name,
+                "rows": info.rows,
+                "bytes": info.bytes,
+                "checksum": info.checksum,
+                "blake3": info.blake3,
+            }
+        )
+    meta = ManifestMeta(
+        version=1,
+        sample_shape=sample_shape,
+        layout=layout,
+        classes=classes,
+        checksum=CHECKSUM,
+        config_digest="test",
+        config={"output": {"layout": layout}},
+        tool_version="test",
+    )
+    commit(
+        root,
+        meta,
+        table_from_rows(sample_rows, SAMPLES_SCHEMA),
+        table_from_rows(shard_rows, SHARDS_SCHEMA),
+        table_from_rows([], REJECTS_SCHEMA),
+    )
+    return Packed(
+        root=root,
+        images=images,
+        labels=labels.astype(np.int64),
+        splits=splits,
+        sample_ids=[r["sample_id"] for r in sample_rows],
+        shards=shards,
+        rows=rows,
+        classes=classes,
+        sample_shape=sample_shape,
+        layout=layout,
+    )
+
+
+def commit_subset(packed: Packed, keep: list[int], version: int) -> None:
+    """Commit `version` referencing only samples `keep` of version 1 (same shards)."""
+    from etl.manifest import read_manifest
+
+    first = read_manifest(packed.root, 1)
+    samples = first.samples.take(keep)
+    meta = ManifestMeta(**{**first.meta.__dict__, "version": version})
+    commit(packed.root, meta, samples, first.shards, first.rejects)

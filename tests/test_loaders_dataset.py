@@ -1,0 +1,181 @@
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+import pytest
+import torch
+from packed import Packed, commit_subset, make_packed
+
+from etl.checksums import digest
+from loaders import PackedDataset, open_catalog
+
+
+@pytest.fixture
+def packed(tmp_path: Path) -> Packed:
+    return make_packed(tmp_path / "ds")
+
+
+def test_catalog_describes_the_manifest(packed: Packed) -> None:
+    catalog = open_catalog(packed.root)
+    assert catalog.version == 1
+    assert catalog.classes == packed.classes
+    assert catalog.sample_shape == packed.sample_shape and catalog.layout == "HWC"
+    assert catalog.splits == ("train", "val")
+    assert catalog.counts == {
+        "train": packed.splits.count("train"),
+        "val": packed.splits.count("val"),
+    }
+    expected = np.bincount(packed.labels, minlength=3)
+    assert list(catalog.class_counts().values()) == expected.tolist()
+    val = [packed.labels[i] for i in packed.indices("val")]
+    assert list(catalog.class_counts("val").values()) == np.bincount(val, minlength=3).tolist()
+    assert catalog.table.column("sample_id").to_pylist() == packed.sample_ids
+
+
+def test_every_sample_and_label_reads_back(packed: Packed) -> None:
+    ds = PackedDataset.open(packed.root)
+    assert len(ds) == len(packed.images)
+    seen = set()
+    for i in range(len(ds)):
+        image, label = ds[i]
+        p = int(ds.selection.positions[i])
+        seen.add(p)
+        on_disk = np.load(packed.shard_path(packed.shards[p]), mmap_mode="r")[packed.rows[p]]
+        assert image.dtype == torch.uint8 and tuple(image.shape) == packed.sample_shape
+        np.testing.assert_array_equal(image.numpy(), on_disk)
+        np.testing.assert_array_equal(image.numpy(), packed.images[p])
+        assert label == packed.labels[p]
+    assert seen == set(range(len(packed.images)))
+
+
+def test_indices_follow_shard_and_row(packed: Packed) -> None:
+    ds = PackedDataset.open(packed.root)
+    keys = [(packed.shards[p], packed.rows[p]) for p in ds.selection.positions.tolist()]
+    assert keys == sorted(keys)
+
+
+def test_batched_fetch_equals_single_fetch(packed: Packed) -> None:
+    ds = PackedDataset.open(packed.root)
+    indices = [5, 0, 29, 5, -1, 17, 3, 12]
+    images, labels = ds.__getitems__(indices)
+    assert images.shape == (len(indices), *packed.sample_shape) and images.is_contiguous()
+    assert labels.dtype == torch.int64
+    for j, i in enumerate(indices):
+        p = int(ds.selection.positions[i])
+        np.testing.assert_array_equal(images[j].numpy(), packed.images[p])
+        assert labels[j].item() == packed.labels[p]
+    negative = np.array([-1, -2], dtype=np.int64)
+    ds.__getitems__(negative)
+    assert negative.tolist() == [-1, -2], "the caller's index array is left alone"
+    with pytest.raises(IndexError):
+        ds.__getitems__([len(ds)])
+    with pytest.raises(IndexError):
+        ds[len(ds)]
+
+
+def test_sample_checksums_match_the_manifest(packed: Packed) -> None:
+    catalog = open_catalog(packed.root)
+    ds = PackedDataset(catalog.select())
+    rows = catalog.table.take(ds.selection.positions)
+    images, _ = ds.__getitems__(list(range(len(ds))))
+    for image, checksum in zip(images, rows.column("checksum").to_pylist(), strict=True):
+        assert digest(image.numpy(), catalog.manifest.meta.checksum) == checksum
+
+
+def test_filters_by_split_classes_and_predicates(packed: Packed) -> None:
+    catalog = open_catalog(packed.root)
+
+    def positions(**kwargs: object) -> set[int]:
+        return set(catalog.select(**kwargs).positions.tolist())  # type: ignore[arg-type]
+
+    assert positions(split="val") == set(packed.indices("val"))
+    assert positions(split=["train", "val"]) == set(range(len(packed.images)))
+    bees = {i for i, label in enumerate(packed.labels) if label == 1}
+    assert positions(classes=["bee"]) == bees == positions(classes=[1])
+    train_bees = bees & set(packed.indices("train"))
+    assert positions(split="train", classes=["bee"]) == train_bees
+    assert positions(where=pc.field("label") == 1) == bees
+    assert positions(where=lambda t: pc.equal(t.column("label"), 1)) == bees
+    assert positions(where=lambda t: np.arange(t.num_rows) < 4) == {0, 1, 2, 3}
+    selection = catalog.select(split="train", classes=["cat", "ant"])
+    cats_ants = {i for i in packed.indices("train") if packed.labels[i] in (0, 2)}
+    assert set(selection.positions.tolist()) == cats_ants
+    assert set(selection.labels.tolist()) <= {0, 2}
+
+
+def test_bad_filters_say_what_is_valid(packed: Packed) -> None:
+    catalog = open_catalog(packed.root)
+    with pytest.raises(ValueError, match=r"splits are \['train', 'val'\]"):
+        catalog.select(split="test")
+    with pytest.raises(ValueError, match="classes are"):
+        catalog.select(classes=["dog"])
+    with pytest.raises(ValueError, match="classes are"):
+        catalog.select(classes=[7])
+    with pytest.raises(ValueError, match="one boolean per row"):
+        catalog.select(where=lambda t: np.ones(3, dtype=bool))
+
+
+def test_empty_selection_is_an_empty_dataset(packed: Packed) -> None:
+    ds = PackedDataset(open_catalog(packed.root).select(where=pc.field("label") > 99))
+    assert len(ds) == 0
+    images, labels = ds.__getitems__([])
+    assert images.shape == (0, *packed.sample_shape) and labels.shape == (0,)
+
+
+def test_pinned_version_and_manifest_file(packed: Packed) -> None:
+    commit_subset(packed, keep=[0, 2, 4, 6], version=2)
+    assert len(PackedDataset.open(packed.root)) == 4
+    assert len(PackedDataset.open(packed.root, version=1)) == len(packed.images)
+    manifest = packed.root / "versions" / "v000002" / "manifest.arrow"
+    ds = PackedDataset.open(manifest)
+    assert ds.selection.version == 2
+    assert sorted(ds.selection.positions.tolist()) == [0, 1, 2, 3]
+    image, _ = ds[1]
+    np.testing.assert_array_equal(image.numpy(), packed.images[2])
+
+
+def test_chw_layout(tmp_path: Path) -> None:
+    packed = make_packed(tmp_path, sample_shape=(3, 4, 5), layout="CHW")
+    ds = PackedDataset.open(tmp_path)
+    assert ds.layout == "CHW" and ds.sample_shape == (3, 4, 5)
+    images, _ = ds.__getitems__([0, 1])
+    np.testing.assert_array_equal(images.numpy(), packed.images[ds.selection.positions[:2]])
+
+
+def test_transform_runs_per_sample_in_both_paths(packed: Packed) -> None:
+    ds = PackedDataset.open(packed.root, transform=lambda x: x.float().mean(dim=-1))
+    image, _ = ds[3]
+    p = int(ds.selection.positions[3])
+    np.testing.assert_allclose(image.numpy(), packed.images[p].astype(np.float32).mean(-1))
+    images, _ = ds.__getitems__([3, 4])
+    assert images.shape == (2, *packed.sample_shape[:2]) and images.dtype == torch.float32
+    np.testing.assert_allclose(images[0].numpy(), image.numpy())
+
+
+def test_pickling_carries_no_open_shards(packed: Packed) -> None:
+    ds = PackedDataset.open(packed.root)
+    ds[0], ds[len(ds) - 1]
+    assert ds.reader._arrays  # opened in this process
+    blob = pickle.dumps(ds)
+    assert len(blob) < 10_000
+    twin = pickle.loads(blob)
+    assert twin.reader._arrays == {}
+    np.testing.assert_array_equal(twin[4][0].numpy(), ds[4][0].numpy())
+    assert twin.selection.shard_idx.dtype == np.int32 and twin.selection.rows.dtype == np.int32
+
+
+def test_release_every_unmaps_and_still_reads_right(packed: Packed) -> None:
+    ds = PackedDataset.open(packed.root, release_every=3 * int(np.prod(packed.sample_shape)))
+    everything = list(range(len(ds)))
+    images, _ = ds.__getitems__(everything)
+    assert ds.reader._arrays == {}, "a batch of more than 3 samples released every mapping"
+    np.testing.assert_array_equal(images.numpy(), packed.images[ds.selection.positions])
+    ds[0], ds[1]
+    assert len(ds.reader._arrays) == 1
+    ds[2]
+    assert ds.reader._arrays == {}
+    with pytest.raises(ValueError, match="positive byte count"):
+        PackedDataset.open(packed.root, release_every=0)

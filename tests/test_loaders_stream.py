@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections import Counter
+
+import numpy as np
+import pytest
+from packed import Packed, make_packed
+
+from loaders import PackedStream, assign_shards, open_catalog, stream_loader, stream_order
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Packed:
+    sizes = (13, 8, 21, 5, 17, 9, 11)
+    return make_packed(tmp_path_factory.mktemp("ds"), shard_sizes=sizes)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_cpu_note() -> None:
+    warnings.filterwarnings("ignore", "CUDA is not available", RuntimeWarning)
+
+
+@pytest.mark.parametrize("n_slots", [1, 2, 3, 4, 7, 10])
+def test_assign_shards_deals_each_shard_once_and_balances(n_slots: int) -> None:
+    sizes = np.array([13, 8, 21, 5, 17, 9, 11])
+    dealt = assign_shards(sizes, n_slots, seed=1, epoch=0)
+    assert len(dealt) == n_slots
+    assert sorted(np.concatenate(dealt).tolist()) == list(range(len(sizes)))
+    loads = [int(sizes[d].sum()) for d in dealt]
+    assert max(loads) - min(loads) <= sizes.max()
+    again = assign_shards(sizes, n_slots, seed=1, epoch=0)
+    assert all(np.array_equal(a, b) for a, b in zip(dealt, again, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("world", "workers", "window", "shuffle"),
+    list(itertools.product([1, 2, 3], [1, 2, 4], [1, 3], [True, False])),
+)
+def test_stream_order_covers_each_sample_once_per_epoch(
+    world: int, workers: int, window: int, shuffle: bool
+) -> None:
+    shard_idx = np.repeat(np.arange(7), [13, 8, 21, 5, 17, 9, 11])
+    for epoch in (0, 1):
+        everything = []
+        for rank, worker in itertools.product(range(world), range(workers)):
+            slot = rank * workers + worker
+            groups = stream_order(shard_idx, slot, world * workers, 5, epoch, window, shuffle)
+            for group in groups:
+                assert len(set(shard_idx[group].tolist())) <= window
+            everything.extend(np.concatenate(groups).tolist() if groups else [])
+        assert sorted(everything) == list(range(len(shard_idx)))
+
+
+def stream_positions(packed: Packed, stream: PackedStream, batches: list) -> list[int]:
+    by_bytes = {packed.images[p].tobytes(): p for p in stream.selection.positions.tolist()}
+    found = []
+    for images, labels in batches:
+        for image, label in zip(images, labels, strict=True):
+            p = by_bytes[image.numpy().tobytes()]
+            assert packed.labels[p] == label.item()
+            found.append(p)
+    return found
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_ranks_and_workers_together_read_every_sample_once(
+    packed: Packed, num_workers: int
+) -> None:
+    selection = open_catalog(packed.root).select(split="train")
+    for epoch in (0, 1):
+        found = []
+        for rank in range(2):
+            stream = PackedStream(
+                selection, batch_size=4, seed=3, window=2, rank=rank, world_size=2
+            )
+            stream.set_epoch(epoch)
+            batches = list(stream_loader(stream, num_workers=num_workers))
+            short = [b for b in batches if len(b.labels) < 4]
+            assert len(short) <= max(num_workers, 1), "only each worker's last batch is short"
+            found += stream_positions(packed, stream, batches)
+        assert Counter(found) == Counter(selection.positions.tolist())
+
+
+def test_persistent_workers_see_the_new_epoch(packed: Packed) -> None:
+    selection = open_catalog(packed.root).select()
+    stream = PackedStream(selection, batch_size=8, seed=0)
+    loader = stream_loader(stream, num_workers=2, persistent_workers=True)
+    first = stream_positions(packed, stream, list(loader))
+    assert stream_positions(packed, stream, list(loader)) == first
+    loader.set_epoch(1)
+    second = stream_positions(packed, stream, list(loader))
+    assert second != first and sorted(second) == sorted(first)
+
+
+def test_batches_span_groups_and_drop_last(packed: Packed) -> None:
+    selection = open_catalog(packed.root).select()
+    stream = PackedStream(selection, batch_size=10, window=1, shuffle=False)
+    sizes = [len(b.labels) for b in stream]
+    assert sizes == [10] * (len(selection) // 10) + [len(selection) % 10]
+    unshuffled = stream_positions(packed, stream, list(stream))
+    assert Counter(unshuffled) == Counter(selection.positions.tolist())
+    stream.drop_last = True
+    assert [len(b.labels) for b in stream] == [10] * (len(selection) // 10)
+
+
+def test_single_samples_without_batch_size(packed: Packed) -> None:
+    selection = open_catalog(packed.root).select(split="val")
+    stream = PackedStream(selection, batch_size=None, seed=1)
+    items = list(stream_loader(stream))
+    by_bytes = {packed.images[p].tobytes(): p for p in selection.positions.tolist()}
+    found = [by_bytes[image.numpy().tobytes()] for image, _ in items]
+    assert sorted(found) == sorted(selection.positions.tolist())
+    assert [label for _, label in items] == packed.labels[found].tolist()
+
+
+def test_stream_maps_at_most_two_windows_of_shards(packed: Packed) -> None:
+    stream = PackedStream(open_catalog(packed.root).select(), batch_size=16, window=2)
+    mapped = []
+    for _ in stream:
+        mapped.append(len(stream.reader._arrays))
+    assert max(mapped) <= 4 and len(stream.reader._arrays) == 0
+    assert max(mapped) >= 2
+
+
+def test_spawned_persistent_workers_see_the_new_epoch(packed: Packed) -> None:
+    stream = PackedStream(open_catalog(packed.root).select(), batch_size=8, seed=0)
+    loader = stream_loader(
+        stream, num_workers=1, persistent_workers=True, multiprocessing_context="spawn"
+    )
+    first = stream_positions(packed, stream, list(loader))
+    loader.set_epoch(1)
+    second = stream_positions(packed, stream, list(loader))
+    assert second != first and sorted(second) == sorted(first)
