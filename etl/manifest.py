@@ -24,7 +24,9 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from etl.errors import ManifestError
@@ -253,29 +255,39 @@ def read_manifest(path: Path | str, version: int | None = None) -> Manifest:
 
 
 def _check_coherent(where: Path, meta: ManifestMeta, samples: pa.Table, shards: pa.Table) -> None:
-    """Refuse a manifest that points outside the dataset or past the end of a shard."""
+    """Refuse a manifest that points outside the dataset or past the end of a shard.
+    Vectorised: a 1M-sample manifest opens in milliseconds. (Two samples may share a stored row:
+    identical content is stored once when `validate.duplicates` is 'allow'.)"""
     if meta.dtype != "uint8" or meta.layout not in ("HWC", "CHW") or len(meta.sample_shape) != 3:
         raise ManifestError(f"{where}: unsupported sample format {meta.dtype} {meta.layout}")
-    shard_rows: dict[str, int] = {}
-    for name, rows in zip(
-        shards.column("shard").to_pylist(), shards.column("rows").to_pylist(), strict=True
-    ):
+    names = shards.column("shard")
+    for name in names.to_pylist():
         check_shard_name(name, where)
-        shard_rows[name] = rows
+    if len(names.unique()) != len(names):
+        raise ManifestError(f"{where}: shards.arrow lists a shard twice")
     ids = samples.column("sample_id")
-    if len(ids) != len(set(ids.to_pylist())):
+    if len(ids.unique()) != len(ids):
         raise ManifestError(f"{where}: sample_id values are not unique")
     labels = samples.column("label").to_numpy()
     if len(labels) and (labels.min() < 0 or labels.max() >= len(meta.classes)):
         raise ManifestError(f"{where}: a label is outside the {len(meta.classes)} classes")
-    for name, rows in zip(
-        samples.column("shard").to_pylist(), samples.column("row").to_pylist(), strict=True
-    ):
-        limit = shard_rows.get(name)
-        if limit is None:
-            raise ManifestError(f"{where}: sample refers to shard {name!r} not in shards.arrow")
-        if not 0 <= rows < limit:
-            raise ManifestError(f"{where}: row {rows} is outside shard {name!r} ({limit} rows)")
+    if not samples.num_rows:
+        return
+    index = pc.index_in(samples.column("shard"), value_set=names).to_numpy(zero_copy_only=False)
+    unknown = np.isnan(index) if index.dtype.kind == "f" else np.zeros(len(index), bool)
+    if unknown.any():
+        name = samples.column("shard")[int(np.argmax(unknown))].as_py()
+        raise ManifestError(f"{where}: sample refers to shard {name!r} not in shards.arrow")
+    index = index.astype(np.int64)
+    rows = samples.column("row").to_numpy()
+    limits = shards.column("rows").to_numpy()[index]
+    bad = (rows < 0) | (rows >= limits)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ManifestError(
+            f"{where}: row {rows[i]} is outside shard "
+            f"{samples.column('shard')[i].as_py()!r} ({limits[i]} rows)"
+        )
 
 
 def _write_table(path: Path, table: pa.Table) -> None:
