@@ -72,28 +72,34 @@ def _probe(token_path: str, folders: list[str]) -> str:
     return ""
 
 
-def check_shared_storage(client: Any, output: Path, source: Path) -> None:
-    """Every worker must see the same output folder (and the sources) as this client: a worker
-    writing its shards to a disk nobody else reads would leave holes in the dataset."""
-    token = output / f".tmp-probe-{secrets.token_hex(8)}"
-    token.write_bytes(b"")
+def check_shared_storage(client: Any, writable_root: Path | None, readable: list[Path]) -> None:
+    """Every worker must see the same storage as this client: a worker writing its shards to a
+    disk nobody else reads would leave holes in the dataset. A token file written here proves
+    that a worker's `writable_root` is this one; `readable` paths must merely exist there."""
+    missing: dict[str, str] = {}
+    answers: dict[str, str] = {}
+    token: Path | None = None
     try:
-        (output / "shards").mkdir(exist_ok=True)
-        answers = client.run(_probe, str(token), [str(output / "shards")])
-        missing = {w: why for w, why in answers.items() if why}
-        sources = client.run(os.path.exists, str(source))
-        missing.update(
-            {w: f"does not see the source {source}" for w, ok in sources.items() if not ok}
-        )
+        if writable_root is not None:
+            token = writable_root / f".tmp-probe-{secrets.token_hex(8)}"
+            token.write_bytes(b"")
+            (writable_root / "shards").mkdir(exist_ok=True)
+            answers = client.run(_probe, str(token), [str(writable_root / "shards")])
+            missing.update({w: why for w, why in answers.items() if why})
+        for path in readable:
+            seen = client.run(os.path.exists, str(path))
+            answers = answers or {w: "" for w in seen}
+            missing.update({w: f"does not see {path}" for w, ok in seen.items() if not ok})
     finally:
-        token.unlink(missing_ok=True)
+        if token is not None:
+            token.unlink(missing_ok=True)
     if missing:
         worker, why = sorted(missing.items())[0]
         raise ExecutionError(
             f"Dask worker {worker} {why}: the output and source folders must be on storage "
             f"every worker mounts at the same path ({len(missing)} worker(s) affected)"
         )
-    if not answers:
+    if not answers and (writable_root is not None or readable):
         raise ExecutionError("the Dask cluster has no workers")
 
 

@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 
 from joblib import Parallel, delayed, parallel_config
 
-from etl import cluster
+from etl import cluster, readers
 from etl.checksums import digest
-from etl.config import CallStage, PipelineConfig, RunConfig
+from etl.config import CallStage, PipelineConfig, RunConfig, SourceConfig
 from etl.errors import ExecutionError
 from etl.plan import PackItem, PackTask
 from etl.shards import ShardInfo, ShardWriter
@@ -66,23 +66,25 @@ def parallel_map(
 
 
 @contextmanager
-def engine(config: PipelineConfig, root: Path | None) -> Iterator[None]:
+def engine(
+    run: RunConfig, *, writable_root: Path | None = None, readable: Sequence[Path] = ()
+) -> Iterator[None]:
     """What the backend needs for the length of a run. For 'dask': a client (a LocalCluster when
-    run.address is not set) made the default for joblib's Dask backend, a check that every
-    worker sees `root` and the source, and a lost cluster reported as one ExecutionError."""
-    if config.run.backend != "dask":
+    run.address is not set) made the default for joblib's Dask backend; a check that every
+    worker sees the same `writable_root` (and can write its shards/) and every `readable` path;
+    and a lost cluster reported as one ExecutionError. Other backends need nothing."""
+    if run.backend != "dask":
         yield
         return
-    with cluster.dask_client(config.run) as client:
-        if root is not None:
-            cluster.check_shared_storage(client, root, config.source.path)
+    with cluster.dask_client(run) as client:
+        cluster.check_shared_storage(client, writable_root, list(readable))
         try:
             with parallel_config(backend="dask"):
                 yield
         except Exception as exc:
             if not cluster.is_cluster_failure(exc):
                 raise
-            where = config.run.address or "the local Dask cluster"
+            where = run.address or "the local Dask cluster"
             raise ExecutionError(
                 f"lost {where} during the run ({type(exc).__name__}: {exc}); nothing was "
                 "committed and the previous version is intact: run again once it is back"
@@ -93,13 +95,13 @@ def engine(config: PipelineConfig, root: Path | None) -> Iterator[None]:
 
 
 def _hash_chunk(
-    files: Sequence[tuple[str, str]], algorithm: str
+    files: Sequence[tuple[str, str]], algorithm: str, source_config: SourceConfig
 ) -> list[tuple[str, str | None, str]]:
-    """(source, digest or None, error message) for each (source, path)."""
+    """(source, digest or None, error message) for each (source, locator)."""
     out: list[tuple[str, str | None, str]] = []
     for source, path in files:
         try:
-            data = Path(path).read_bytes()
+            data = readers.read(source_config, path)
         except OSError as exc:
             out.append((source, None, f"cannot read: {exc.strerror or exc}"))
             continue
@@ -112,8 +114,10 @@ def hash_sources(
     algorithm: str,
     run: RunConfig,
     on_progress: Callable[[int], None] = lambda n: None,
+    *,
+    source_config: SourceConfig,
 ) -> tuple[dict[str, str], list[SourceReject]]:
-    """Content hashes of `files`; unreadable ones become io_error rejects."""
+    """Content hashes of `files` of `source_config`; unreadable ones become io_error rejects."""
     chunks = [
         [(f.source, f.path) for f in files[i : i + HASH_CHUNK]]
         for i in range(0, len(files), HASH_CHUNK)
@@ -121,7 +125,7 @@ def hash_sources(
     stat = {f.source: f for f in files}
     hashes: dict[str, str] = {}
     rejects: list[SourceReject] = []
-    for results in parallel_map(_hash_chunk, chunks, run, algorithm):
+    for results in parallel_map(_hash_chunk, chunks, run, algorithm, source_config):
         for source, value, error in results:
             if value is None:
                 f = stat[source]
@@ -147,7 +151,7 @@ def _pack_one(
         )
 
     try:
-        data = Path(item.path).read_bytes()
+        data = readers.read(config.source, item.path)
     except OSError as exc:
         return reject("io_error", f"cannot read: {exc.strerror or exc}")
     if digest(data, config.output.checksum) != item.source_hash:

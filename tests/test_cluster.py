@@ -271,3 +271,26 @@ def test_pixels_survive_a_cluster_round_trip(tmp_path: Path, source: Path) -> No
         row = np.load(tmp_path / "local" / s["shard"], mmap_mode="r")[s["row"]]
         assert xxhash.xxh3_64_hexdigest(np.ascontiguousarray(row).tobytes()) == s["checksum"]
     assert os.listdir(tmp_path / "local" / "shards")
+
+
+def test_audit_on_the_cluster_names_the_bad_sample(
+    tmp_path: Path, source: Path, cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from etl.cli import main
+
+    pipeline.run(config(tmp_path, source, "dask", "dask", cluster.address))
+    victim = read_manifest(tmp_path / "dask").samples.to_pylist()[7]
+    shard = np.load(tmp_path / "dask" / victim["shard"], mmap_mode="r+")
+    shard[victim["row"], 0, 0, 0] ^= 0xFF
+    shard.flush()
+    del shard
+    with pytest.raises(SystemExit) as info:
+        main(
+            ["audit", str(tmp_path / "dask"), "--address", cluster.address, "--jobs", "2", "--json"]
+        )
+    assert info.value.code == 1
+    report = json.loads(capsys.readouterr().out)
+    bad = [f for f in report["findings"] if f.get("sample_id")]
+    assert [f["sample_id"] for f in bad] == [victim["sample_id"]]

@@ -1,0 +1,329 @@
+"""`etl audit`: verify a packed dataset against its manifest, and optionally repair it."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any, ClassVar
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import typer
+from rich.markup import escape
+from rich.padding import Padding
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.progress import Progress as RichProgress
+from rich.table import Table
+
+from etl import audit as audit_lib
+from etl import repair as repair_lib
+from etl.cli.app import app, err, out
+from etl.cli.progress import BarProgress
+from etl.config import load_config
+from etl.errors import EtlError
+from etl.manifest import SHARDS_DIR
+
+BACKENDS = ("loky", "threading", "sequential", "dask")
+ROWS_PER_PROBLEM = 8
+"""Locations shown per distinct problem; --json and --report list them all."""
+
+
+class AuditBar(BarProgress):
+    """BarProgress, with bytes and bytes/s for the 'verify' phase."""
+
+    LABELS: ClassVar[dict[str, str]] = {
+        "verify": "verifying shards",
+        "sources": "hashing sources",
+        "repair": "re-packing samples",
+    }
+
+    def start(self, phase: str, total: int) -> None:
+        if phase != "verify":
+            super().start(phase, total)
+            return
+        if not self.enabled or total == 0:
+            return
+        self._bar = RichProgress(
+            TextColumn("{task.description:<22}"),
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            TransferSpeedColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=err,
+            transient=False,
+        )
+        self._bar.start()
+        self._task = self._bar.add_task(self.LABELS[phase], total=total)
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def _print_report(report: audit_lib.AuditReport, title: str | None = None) -> None:
+    if title:
+        out.print(title)
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("dataset", str(report.root))
+    table.add_row(
+        "version",
+        f"{report.version} (latest {report.latest}), format {audit_lib.FORMAT_VERSION}, "
+        f"checksum {report.checksum or '?'}",
+    )
+    checked = {
+        "full": f"{report.shards_hashed} shard file(s) ({report.checksum}), "
+        f"{report.samples_verified}/{report.samples_total} samples",
+        "deep": f"{report.shards_hashed} shard file(s) ({report.checksum} + blake3), "
+        f"{report.samples_verified}/{report.samples_total} samples",
+        "fast": f"{report.shards_hashed} shard file(s) ({report.checksum}), "
+        f"{report.samples_verified} samples of failed shards",
+        "sample": f"{report.samples_verified}/{report.samples_total} samples (rate "
+        f"{report.sample_rate}, seed {report.seed}), shard sizes and headers",
+    }[report.mode]
+    table.add_row("checked", f"{report.mode}: {checked}")
+    table.add_row(
+        "read",
+        f"{_mib(report.bytes_hashed)} of shards in {report.verify_seconds:.2f} s "
+        f"({_mib(report.bytes_per_second)}/s); {report.seconds:.2f} s in all",
+    )
+    if report.source_root is not None:
+        table.add_row("sources", f"{report.sources_checked} re-hashed under {report.source_root}")
+    counts = report.counts()
+    errors = ", ".join(f"{k} {n}" for k, n in counts.items() if audit_lib.FINDINGS[k][0] == "error")
+    notes = ", ".join(f"{k} {n}" for k, n in counts.items() if audit_lib.FINDINGS[k][0] == "note")
+    result = f"{len(report.errors)} problem(s): {errors}" if errors else "clean"
+    if not errors:
+        result += ": every checked byte is what the manifest says"
+    table.add_row("result", result + (f"; notes: {notes}" if notes else ""))
+    out.print(table)
+    for (kind, message), group in _grouped(report.ordered()).items():
+        out.print(f"[bold]{kind}[/bold] ({len(group)}): {escape(message)}")
+        located = [f for f in group if f.shard or f.source]
+        if located:
+            rows = Table(show_header=False, box=None, pad_edge=False, padding=(0, 2, 0, 0))
+            for name in ("shard:row", "sample", "source"):
+                rows.add_column(name, no_wrap=name != "source", overflow="fold")
+            for f in located[:ROWS_PER_PROBLEM]:
+                where = (f.shard or "").removeprefix(f"{SHARDS_DIR}/")
+                rows.add_row(where if f.row is None else f"{where}:{f.row}", f.sample_id, f.source)
+            out.print(Padding(rows, (0, 0, 0, 4)))
+            if len(located) > ROWS_PER_PROBLEM:
+                more = len(located) - ROWS_PER_PROBLEM
+                out.print(f"    ... and {more} more (--json or --report lists all)")
+    for note in report.notes:
+        out.print(f"note: {note}", highlight=False)
+
+
+def _grouped(findings: list[audit_lib.Finding]) -> dict[tuple[str, str], list[audit_lib.Finding]]:
+    """Findings by (kind, message), in order: one heading per distinct problem."""
+    groups: dict[tuple[str, str], list[audit_lib.Finding]] = {}
+    for f in findings:
+        groups.setdefault((f.kind, f.message), []).append(f)
+    return groups
+
+
+def _print_repair(fixed: repair_lib.RepairReport) -> None:
+    hows = ", ".join(
+        f"{sum(r['how'] == how for r in fixed.repaired)} {how}"
+        for how in repair_lib.HOW
+        if any(r["how"] == how for r in fixed.repaired)
+    )
+    if fixed.committed:
+        out.print(
+            f"repair    version {fixed.version} committed: {len(fixed.repaired)} sample(s) "
+            f"stored again ({hows}) in {len(fixed.shards_written)} new shard(s), "
+            f"{_mib(fixed.bytes_written)}"
+        )
+    for f in fixed.failed:
+        out.print(
+            f"cannot repair {f['source']} ({f['shard']} row {f['row']}): {f['reason']}",
+            highlight=False,
+        )
+    for note in fixed.notes:
+        out.print(f"note: {note}", highlight=False)
+
+
+def _write_report(path: Path, payload: dict[str, Any], tables: list[pa.Table]) -> None:
+    """JSON, or Arrow (one row per finding, the rest as schema metadata 'etl.audit') when the
+    name ends in .arrow; written to a temp file and renamed into place."""
+    temp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    try:
+        if path.suffix == ".arrow":
+            table = pa.concat_tables(tables) if tables else audit_lib.FINDINGS_SCHEMA.empty_table()
+            summary = {k: v for k, v in payload.items() if k != "findings"}
+            if summary.get("repair") and summary["repair"].get("after"):
+                after = summary["repair"]["after"]
+                summary["repair"]["after"] = {k: v for k, v in after.items() if k != "findings"}
+            schema = table.schema.with_metadata({b"etl.audit": json.dumps(summary).encode()})
+            with ipc.new_file(str(temp), schema) as writer:
+                writer.write_table(table.cast(schema))
+        else:
+            temp.write_text(json.dumps(payload, indent=2) + "\n")
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
+
+
+@app.command()
+def audit(
+    dataset: Annotated[
+        Path,
+        typer.Argument(
+            help="Dataset folder (output.dir), a version folder or a manifest.arrow.",
+            show_default=False,
+        ),
+    ],
+    version: Annotated[
+        int | None, typer.Option("--version", min=1, help="Audit this version, not the latest.")
+    ] = None,
+    fast: Annotated[
+        bool,
+        typer.Option("--fast", help="Whole-file shard checksums only, not sample by sample."),
+    ] = False,
+    deep: Annotated[
+        bool,
+        typer.Option(
+            "--deep", help="Also each shard's BLAKE3 digest: tamper evidence, twice the CPU."
+        ),
+    ] = False,
+    sample_rate: Annotated[
+        float | None,
+        typer.Option(
+            "--sample-rate", help="Check only this random fraction (0..1] of the samples."
+        ),
+    ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(help="Seed of --sample-rate's draw (default: a random one, printed)."),
+    ] = None,
+    source: Annotated[
+        Path | None,
+        typer.Option(
+            "--source", help="Source root: re-hash the sources of the checked samples under it."
+        ),
+    ] = None,
+    config_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="pipeline.yaml: its source.path is the source root (unless --source), its "
+            "stages re-pack samples for --repair.",
+        ),
+    ] = None,
+    repair: Annotated[
+        bool,
+        typer.Option(
+            "--repair",
+            help="Re-pack damaged samples from unchanged sources as a new version (needs "
+            "--config), then audit that version.",
+        ),
+    ] = False,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            "--jobs", "-j", help="Workers, -1 all cores (default: all cores above 2 GiB, else 1)."
+        ),
+    ] = None,
+    backend: Annotated[
+        str | None, typer.Option(help="joblib backend: loky, threading, sequential or dask.")
+    ] = None,
+    address: Annotated[
+        str | None,
+        typer.Option(help="Dask scheduler, e.g. tcp://10.0.0.5:8786 (implies --backend dask)."),
+    ] = None,
+    report_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--report", help="Write the full report here: JSON, or Arrow if it ends in .arrow."
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress, no summary.")] = False,
+) -> None:
+    """Verify every shard and sample of a dataset against its manifest. Exit 0 clean, 1 a
+    problem found, 2 a usage error or a folder that is not a readable dataset.
+
+    Example:  etl audit artifacts --source data/sample --report audit.json
+    """
+    if sample_rate is not None and not 0.0 < sample_rate <= 1.0:
+        raise typer.BadParameter(f"{sample_rate} is not in (0, 1]", param_hint="--sample-rate")
+    if fast + deep + (sample_rate is not None) > 1:
+        raise typer.BadParameter("choose one of --fast, --deep and --sample-rate")
+    if repair and config_path is None:
+        raise typer.BadParameter(
+            "--repair needs --config pipeline.yaml: its stages re-pack the samples",
+            param_hint="--repair",
+        )
+    if repair and sample_rate is not None:
+        raise typer.BadParameter("--repair needs a whole audit, not --sample-rate")
+    if address is not None and backend is None:
+        backend = "dask"
+    if backend is not None and backend not in BACKENDS:
+        raise typer.BadParameter(f"{backend!r}; expected one of {', '.join(BACKENDS)}")
+    if report_path is not None and not report_path.parent.is_dir():
+        raise typer.BadParameter(f"{report_path.parent} is not a folder", param_hint="--report")
+    config = load_config(config_path) if config_path else None
+    source_root = source or (audit_lib.source_root_of(config) if config else None)
+    if source_root is not None and not source_root.is_dir():
+        raise EtlError(f"source root {source_root} is not a folder (--source or source.path)")
+    options = audit_lib.AuditOptions(
+        version=version,
+        fast=fast,
+        deep=deep,
+        sample_rate=sample_rate,
+        seed=seed,
+        source_root=source_root.resolve() if source_root else None,
+        jobs=jobs,
+        backend=backend or "loky",
+        address=address,
+    )
+    show = not (quiet or as_json)
+    bar = AuditBar(enabled=show)
+    report = audit_lib.audit(dataset, options, bar)
+    if show:
+        _print_report(report)
+    payload = {**report.to_dict(), "repair": None}
+    tables = [report.findings_table()]
+    final = report
+    if repair:
+        assert config is not None and options.source_root is not None
+        if report.bad_samples or any(f.kind in audit_lib.SHARD_KINDS for f in report.findings):
+            fixed = repair_lib.repair(
+                report,
+                config,
+                options.source_root,
+                jobs=options.jobs,
+                backend=options.backend,
+                address=options.address,
+                progress=bar,
+            )
+            payload["repair"] = fixed.to_dict()
+            if show:
+                _print_repair(fixed)
+            if fixed.committed:
+                final = audit_lib.audit(report.root, replace(options, version=fixed.version), bar)
+                payload["repair"]["after"] = final.to_dict()
+                tables.append(final.findings_table())
+                if show:
+                    _print_report(final, title=f"\naudit of repaired version {fixed.version}:")
+        elif show:
+            out.print("repair    nothing to repair: no damaged sample or shard")
+    payload["exit_code"] = final.exit_code
+    if report_path is not None:
+        _write_report(report_path, payload, tables)
+    if as_json:
+        print(json.dumps(payload, indent=2))
+    raise typer.Exit(final.exit_code)

@@ -1,0 +1,383 @@
+"""Repair a dataset from an audit: re-pack its damaged samples as a new manifest version.
+
+The one writer of the audit feature; `etl.audit` itself never writes. Under the dataset lock, a
+bad sample is decoded again from its source through the same stages as `etl run`, if the source
+still has its recorded hash; the samples of a damaged shard that verified are copied as they are
+(their bytes checked again), so the new version lists no damaged file and a fresh audit of it is
+clean. New shards are named like the pipeline's: shards/v<new version>-NNNNN.npy. Older versions
+are never touched: a pinned version stays as it was, damage included.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from etl.audit import SHARD_KINDS, AuditReport, row_digest, shard_records, source_root_of
+from etl.checksums import digest
+from etl.config import CallStage, PipelineConfig, RunConfig
+from etl.errors import ConfigError, EtlError, ManifestError, ShardError
+from etl.execute import WorkerError, engine, parallel_map
+from etl.housekeeping import clean_leftovers
+from etl.lock import DatasetLock
+from etl.manifest import (
+    SAMPLES_SCHEMA,
+    SHARDS_DIR,
+    SHARDS_SCHEMA,
+    Manifest,
+    commit,
+    list_versions,
+    read_manifest,
+    table_from_rows,
+)
+from etl.pipeline import Progress, changed_keys, tool_version
+from etl.shards import ShardInfo, ShardWriter, open_shard
+from etl.stages import Reject, load_function, process_image
+
+HOW: dict[str, str] = {
+    "copied": "bytes verified, moved out of a damaged shard",
+    "restored": "decoded again, bit-identical to the recorded checksum",
+    "record_fixed": "decoded again, equal to the stored bytes: the recorded checksum was wrong",
+    "differs": "decoded again, differs from the recorded checksum (another decoder version?)",
+}
+"""How a repaired sample was stored again (RepairReport.repaired[*]["how"])."""
+
+
+@dataclass(frozen=True)
+class RepairItem:
+    """One sample to store again: decoded from its source, or copied from its damaged shard."""
+
+    sample_id: str
+    source: str
+    source_hash: str
+    old_shard: str
+    old_shard_rows: int
+    old_row: int
+    expected: str
+    """The manifest's checksum of the sample."""
+    copy: bool
+    """True: its row verified, but its shard is damaged elsewhere: copy the verified bytes."""
+
+
+@dataclass(frozen=True)
+class RepairTask:
+    shard: str
+    items: tuple[RepairItem, ...]
+
+
+@dataclass(frozen=True)
+class RepairOutcome:
+    shard: ShardInfo | None
+    stored: tuple[tuple[str, int, str, str], ...]
+    """(sample_id, new row, checksum, how) with how "copied" or "decoded"."""
+    failed: tuple[tuple[str, str], ...]
+    """(sample_id, why it cannot be repaired)."""
+
+
+@dataclass
+class RepairReport:
+    version: int | None
+    """The version committed, or None if nothing could be repaired."""
+    repaired: list[dict[str, Any]] = field(default_factory=list)
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    shards_written: list[str] = field(default_factory=list)
+    bytes_written: int = 0
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def committed(self) -> bool:
+        return self.version is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "committed": self.committed,
+            "repaired": self.repaired,
+            "failed": self.failed,
+            "shards_written": self.shards_written,
+            "bytes_written": self.bytes_written,
+            "seconds": round(self.seconds, 3),
+            "notes": self.notes,
+        }
+
+
+def repair(
+    report: AuditReport,
+    config: PipelineConfig,
+    source_root: Path,
+    *,
+    jobs: int | None = None,
+    backend: str = "loky",
+    address: str | None = None,
+    progress: Progress | None = None,
+) -> RepairReport:
+    """Re-pack what `report` found damaged, as a new version of `report.root`, under the lock.
+
+    Bad samples are decoded again from `source_root` through `config`'s stages, if their source
+    still has its recorded hash; the verified samples of a damaged shard are copied as they are,
+    so the new version lists no damaged file. Refuses (ConfigError) a config whose output-shaping
+    digest differs from the manifest's, and (EtlError) a report that is not of the latest version.
+    """
+    progress = progress or Progress()
+    started = time.perf_counter()
+    if report.mode == "sample":
+        raise EtlError("repair needs a full or --fast audit, not a sampled one")
+    root = report.root
+    source_root_of(config)  # a folder or listing source, or ConfigError
+    if not report.manifest_ok:
+        raise ManifestError(
+            f"{root}: version {report.version}'s manifest is damaged; repair cannot trust it. "
+            "Repack with 'etl run --rebuild' or audit an older version"
+        )
+    # NOTE: checked before taking the lock, so a refusal writes nothing (not even .lock); a
+    # version never changes once committed, so the check still holds under the lock.
+    manifest = read_manifest(root, report.version)
+    if manifest.meta.config_digest != config.digest():
+        keys = changed_keys(manifest.meta.config, config.output_shaping())
+        raise ConfigError(
+            f"{root}: version {report.version} was packed with other output settings "
+            f"(changed: {', '.join(keys) or 'config digest'}); repair needs the config "
+            "it was packed with"
+        )
+    with DatasetLock(root):
+        latest = list_versions(root)[-1]
+        if report.version != latest:
+            raise EtlError(
+                f"{root}: the audit checked version {report.version} but the latest is {latest}; "
+                "repair builds on the latest version: audit it"
+            )
+        tasks = _repair_tasks(report, manifest, config.samples_per_shard)
+        out = RepairReport(version=None)
+        if not tasks:
+            out.notes.append("nothing to repair: no damaged sample or shard")
+            return out
+        clean_leftovers(root, latest)
+        outcomes = []
+        run = _run_config(jobs, backend, len(tasks), address)
+        progress.start("repair", sum(len(t.items) for t in tasks))
+        try:
+            with engine(run, writable_root=root, readable=[source_root]):
+                for outcome in parallel_map(
+                    repair_shard,
+                    tasks,
+                    run,
+                    config,
+                    str(root),
+                    str(source_root),
+                    manifest.meta.sample_shape,
+                ):
+                    outcomes.append(outcome)
+                    progress.advance(len(outcome.stored) + len(outcome.failed))
+        finally:
+            progress.stop()
+        _commit_repair(manifest, tasks, outcomes, report, out)
+    out.seconds = time.perf_counter() - started
+    return out
+
+
+def _run_config(jobs: int | None, backend: str, tasks: int, address: str | None) -> RunConfig:
+    """`jobs` None: a worker per core when there are several shards to write, else in-process
+    (starting a worker costs about a second; see etl.audit.PARALLEL_MIN_BYTES)."""
+    if backend == "dask":
+        return RunConfig(n_jobs=jobs or -1, backend="dask", address=address)
+    if jobs is None:
+        jobs = -1 if tasks > 1 else 1
+    return RunConfig(n_jobs=jobs, backend=backend if jobs != 1 else "sequential")
+
+
+def _repair_tasks(report: AuditReport, manifest: Manifest, per_shard: int) -> list[RepairTask]:
+    bad = {f.sample_id for f in report.bad_samples}
+    damaged = {f.shard for f in report.findings if f.kind in SHARD_KINDS}
+    shard_rows = shard_records(manifest.shards)
+    items: list[RepairItem] = []
+    for s in manifest.samples.to_pylist():
+        if s["sample_id"] in bad or s["shard"] in damaged:
+            items.append(
+                RepairItem(
+                    sample_id=s["sample_id"],
+                    source=s["source"],
+                    source_hash=s["source_hash"],
+                    old_shard=s["shard"],
+                    old_shard_rows=shard_rows[s["shard"]][0],
+                    old_row=s["row"],
+                    expected=s["checksum"],
+                    copy=s["sample_id"] not in bad,
+                )
+            )
+    items.sort(key=lambda i: (i.old_shard, i.old_row))
+    new = manifest.version + 1
+    return [
+        RepairTask(f"{SHARDS_DIR}/v{new:06d}-{n:05d}.npy", tuple(items[i : i + per_shard]))
+        for n, i in enumerate(range(0, len(items), per_shard))
+    ]
+
+
+def repair_shard(
+    task: RepairTask,
+    config: PipelineConfig,
+    root: str,
+    source_root: str,
+    sample_shape: tuple[int, ...],
+) -> RepairOutcome:
+    """Worker: write one new shard from `task.items`, in order."""
+    functions = {
+        s.function: load_function(s.function) for s in config.stages if isinstance(s, CallStage)
+    }
+    algorithm = config.output.checksum
+    one_row = row_digest(algorithm)
+    opened: dict[str, np.memmap] = {}
+    stored: list[tuple[str, int, str, str]] = []
+    failed: list[tuple[str, str]] = []
+    writer = ShardWriter(Path(root), task.shard, len(task.items), sample_shape, algorithm)
+    with writer:
+        for item in task.items:
+            try:
+                pixels, how = _copy(item, Path(root), sample_shape, opened, one_row), "copied"
+                if pixels is None:
+                    pixels, how = _decode(item, Path(source_root), config, functions), "decoded"
+            except _Unrepairable as exc:
+                failed.append((item.sample_id, str(exc)))
+                continue
+            except Exception as exc:
+                raise WorkerError(
+                    f"while repairing {item.source} into {task.shard}: {type(exc).__name__}: {exc}"
+                ) from exc
+            row, checksum = writer.append(pixels)
+            stored.append((item.sample_id, row, checksum, how))
+        opened.clear()
+        info = writer.finish()
+    return RepairOutcome(info, tuple(stored), tuple(failed))
+
+
+class _Unrepairable(Exception):
+    """A sample that cannot be stored again; the message says why."""
+
+
+def _copy(
+    item: RepairItem,
+    root: Path,
+    sample_shape: tuple[int, ...],
+    opened: dict[str, np.memmap],
+    one_row: Callable[[Any], str],
+) -> NDArray[np.uint8] | None:
+    """The verified stored bytes of a good sample in a damaged shard; None to decode instead."""
+    if not item.copy:
+        return None
+    if item.old_shard not in opened:
+        try:
+            opened[item.old_shard] = open_shard(
+                root / item.old_shard, sample_shape, item.old_shard_rows
+            )
+        except (ShardError, OSError):
+            return None
+    pixels: NDArray[np.uint8] = opened[item.old_shard][item.old_row]
+    return pixels if one_row(pixels.data.cast("B")) == item.expected else None
+
+
+def _decode(
+    item: RepairItem,
+    source_root: Path,
+    config: PipelineConfig,
+    functions: Mapping[str, Callable[..., Any]],
+) -> NDArray[np.uint8]:
+    path = source_root / item.source
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise _Unrepairable(f"source {path} no longer exists") from None
+    except OSError as exc:
+        raise _Unrepairable(f"source {path}: {exc.strerror or exc}") from None
+    if digest(data, config.output.checksum) != item.source_hash:
+        raise _Unrepairable(f"source {path} changed since it was packed (hash differs)")
+    try:
+        pixels, _ = process_image(data, config, functions)
+    except Reject as exc:
+        raise _Unrepairable(f"the stages now reject the source ({exc})") from None
+    return pixels
+
+
+def _commit_repair(
+    manifest: Manifest,
+    tasks: Sequence[RepairTask],
+    outcomes: Iterable[RepairOutcome],
+    report: AuditReport,
+    out: RepairReport,
+) -> None:
+    items = {i.sample_id: i for t in tasks for i in t.items}
+    stored_bytes = {f.sample_id: f.actual for f in report.bad_samples}
+    moved: dict[str, tuple[str, int, str]] = {}
+    new_shards: list[dict[str, Any]] = []
+    for outcome in outcomes:
+        for sample_id, reason in outcome.failed:
+            item = items[sample_id]
+            out.failed.append(
+                {
+                    "sample_id": sample_id,
+                    "source": item.source,
+                    "shard": item.old_shard,
+                    "row": item.old_row,
+                    "reason": reason,
+                }
+            )
+        if outcome.shard is None:
+            continue
+        info = outcome.shard
+        new_shards.append(
+            {
+                "shard": info.name,
+                "rows": info.rows,
+                "bytes": info.bytes,
+                "checksum": info.checksum,
+                "blake3": info.blake3,
+            }
+        )
+        out.shards_written.append(info.name)
+        out.bytes_written += info.bytes
+        for sample_id, row, checksum, how in outcome.stored:
+            item = items[sample_id]
+            moved[sample_id] = (info.name, row, checksum)
+            if how == "decoded":
+                if checksum == item.expected:
+                    how = "restored"
+                elif checksum == stored_bytes.get(sample_id):
+                    how = "record_fixed"
+                else:
+                    how = "differs"
+            out.repaired.append(
+                {
+                    "sample_id": sample_id,
+                    "source": item.source,
+                    "old": f"{item.old_shard}:{item.old_row}",
+                    "new": f"{info.name}:{row}",
+                    "how": how,
+                }
+            )
+    out.repaired.sort(key=lambda r: r["source"])
+    out.failed.sort(key=lambda r: r["source"])
+    out.shards_written.sort()
+    if not moved:
+        out.notes.append("nothing committed: no sample could be repaired")
+        return
+    rows = manifest.samples.to_pylist()
+    for row in rows:
+        if row["sample_id"] in moved:
+            row["shard"], row["row"], row["checksum"] = moved[row["sample_id"]]
+    referenced = {row["shard"] for row in rows}
+    kept = [r for r in manifest.shards.to_pylist() if r["shard"] in referenced]
+    shards = table_from_rows(sorted([*kept, *new_shards], key=lambda r: r["shard"]), SHARDS_SCHEMA)
+    meta = replace(
+        manifest.meta,
+        version=manifest.version + 1,
+        tool_version=tool_version(),
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+    commit(manifest.root, meta, table_from_rows(rows, SAMPLES_SCHEMA), shards, manifest.rejects)
+    out.version = meta.version
