@@ -121,7 +121,58 @@ class ListingSource(_SourceBase):
     split_column: str = "split"
 
 
-Source = Annotated[FolderSource | ListingSource, Field(discriminator="kind")]
+class LmdbSource(_SourceBase):
+    """An LMDB environment (`path`: its folder, or the data file itself), one key per sample,
+    encoded image bytes (or .npy bytes) as values. Opened read-only and without a lock: do not
+    write to it during a run (a value that changes is rejected as `changed`)."""
+
+    kind: Literal["lmdb"] = "lmdb"
+    keys_entry: str | None = None
+    """A key whose value lists the sample keys (a JSON list of strings, or one key per line);
+    without it, every key of the environment is a sample (a cursor scan)."""
+    meta_keys: tuple[str, ...] = ()
+    """Keys that are not samples, skipped by the cursor scan, e.g. ['__len__', '__keys__']."""
+    labels: Path | None = None
+    """A .csv/.tsv/.parquet file with columns key, label and optionally split."""
+    label_field: str | int | None = None
+    """The label's field in a pickled dict (a str) or tuple (an int); needs allow_pickle."""
+    image_field: str | int = "image"
+    """The encoded image's (or uint8 array's) field in a pickled dict or tuple."""
+    allow_pickle: bool = False
+    """Unpickle values (and the keys entry) that are Python pickles. Unpickling runs code:
+    allow it only for an environment you trust as much as your own code."""
+
+    @model_validator(mode="after")
+    def _one_label_source(self) -> LmdbSource:
+        if (self.labels is None) == (self.label_field is None):
+            raise ValueError(
+                "set labels (a key,label CSV/Parquet file) or label_field (a field of pickled "
+                "values), exactly one"
+            )
+        if self.label_field is not None and not self.allow_pickle:
+            raise ValueError(
+                "label_field reads pickled records: set allow_pickle: true if you trust this "
+                "environment (unpickling runs code)"
+            )
+        return self
+
+
+class PythonSource(_SourceBase):
+    """`function: "pkg.module:records"`, called as fn(**options), returns an iterable of records
+    (id, encoded bytes or a uint8 array, label, optional split): see examples/python_source.py."""
+
+    kind: Literal["python"] = "python"
+    path: Path = Path(".")
+    """A folder put first on sys.path while `function` is imported; default: the config's."""
+    function: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+Source = Annotated[
+    FolderSource | ListingSource | LmdbSource | PythonSource, Field(discriminator="kind")
+]
+SourceConfig = FolderSource | ListingSource | LmdbSource | PythonSource
+"""Any source model, for code that dispatches on `kind`."""
 
 
 # --- stages ---------------------------------------------------------------------------------
@@ -349,7 +400,7 @@ def _line_index(node: yaml.Node, path: tuple[Any, ...] = ()) -> dict[tuple[Any, 
 def _yaml_path(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     """pydantic puts the union tag in `loc`: (source, folder, path) is YAML's (source, path).
     A stage's tag is also its single YAML key, so (stages, 1, resize, size) needs no change."""
-    if len(loc) >= 2 and loc[0] == "source" and loc[1] in ("folder", "listing"):
+    if len(loc) >= 2 and loc[0] == "source" and loc[1] in ("folder", "listing", "lmdb", "python"):
         return (loc[0], *loc[2:])
     return loc
 
@@ -431,6 +482,8 @@ def _resolve_paths(config: PipelineConfig, base: Path) -> PipelineConfig:
     def resolve(p: Path) -> Path:
         return (p if p.is_absolute() else base / p).resolve()
 
-    source = config.source.model_copy(update={"path": resolve(config.source.path)})
+    # every Path of a source (path, an LMDB source's labels) is relative to the config file
+    paths = {k: resolve(v) for k, v in config.source if isinstance(v, Path)}
+    source = config.source.model_copy(update=paths)
     output = config.output.model_copy(update={"dir": resolve(config.output.dir)})
     return config.model_copy(update={"source": source, "output": output})

@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from etl import execute
+from etl import execute, readers
 from etl.config import FolderSource, PipelineConfig
 from etl.errors import ConfigError
 from etl.housekeeping import clean_leftovers
@@ -35,8 +35,8 @@ from etl.manifest import (
     read_manifest,
     table_from_rows,
 )
-from etl.plan import Plan, files_to_hash, make_plan
-from etl.sources import SourceReject, list_sources
+from etl.plan import Plan, files_to_hash, make_plan, settled_hashes
+from etl.sources import ListContext, SourceReject, list_sources
 
 
 def tool_version() -> str:
@@ -162,10 +162,18 @@ def run(
     check_paths(config)
     root = config.output.dir
     if dry_run and not root.exists():
-        with execute.engine(config, None):
+        with (
+            execute.engine(config.run, readable=[config.source.path]),
+            readers.released(None),
+        ):
             return _run_locked(config, root, dry_run, rebuild, progress, on_plan, started)
     root.mkdir(parents=True, exist_ok=True)
-    with DatasetLock(root), execute.engine(config, root):
+    spool = readers.spool_path(root)
+    with (
+        DatasetLock(root),
+        execute.engine(config.run, writable_root=root, readable=[config.source.path]),
+        readers.released(spool),
+    ):
         return _run_locked(config, root, dry_run, rebuild, progress, on_plan, started)
 
 
@@ -193,11 +201,20 @@ def _run_locked(
     reusable = None if rebuild else previous
     prior_classes = tuple(previous.meta.classes) if previous is not None else ()
 
-    listing = list_sources(config.source)
+    context = ListContext(
+        checksum=config.output.checksum,
+        stored=settled_hashes(reusable),
+        spool=None if dry_run else readers.spool_path(root),
+    )
+    listing = list_sources(config.source, context)
     needs_hash = files_to_hash(listing, reusable)
     progress.start("hash", len(needs_hash))
     hashes, hash_rejects = execute.hash_sources(
-        needs_hash, config.output.checksum, config.run, progress.advance
+        needs_hash,
+        config.output.checksum,
+        config.run,
+        progress.advance,
+        source_config=config.source,
     )
     progress.stop()
     plan = make_plan(config, listing, hashes, hash_rejects, reusable, latest + 1, prior_classes)

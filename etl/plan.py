@@ -85,6 +85,11 @@ def sample_id(source: str) -> str:
     return xxhash.xxh3_64_hexdigest(source.encode("utf-8"))
 
 
+def pack_order(source: str) -> int:
+    """Position key of a source within the shards a run writes: a seeded hash of its path."""
+    return xxhash.xxh3_64_intdigest(b"order:" + source.encode("utf-8"))
+
+
 def assign_split(source: str, fractions: Mapping[str, float]) -> str:
     """Deterministic split by a hash of the path: a sample keeps its split as other files come
     and go. Fractions are taken in sorted split-name order; the remainder is 'train'."""
@@ -130,9 +135,27 @@ def _reused_rows(
 
 
 def files_to_hash(listing: SourceListing, previous: Manifest | None) -> list[SourceFile]:
-    """Sources whose content hash is not known from the previous manifest by path and stat."""
+    """Sources whose content hash is known neither from listing (`content_hash`) nor from the
+    previous manifest by path and stat."""
     known = _known_by_stat(previous)
-    return [f for f in listing.files if (f.source, _stat_key(f.size, f.mtime_ns)) not in known]
+    return [
+        f
+        for f in listing.files
+        if f.content_hash is None and (f.source, _stat_key(f.size, f.mtime_ns)) not in known
+    ]
+
+
+def settled_hashes(previous: Manifest | None) -> frozenset[str]:
+    """Contents `make_plan` never packs: pixels already stored, or a remembered content reject.
+    A lister that must copy what is to be packed (a Python source's spool) skips these."""
+    if previous is None:
+        return frozenset()
+    stored = set(previous.samples.column("source_hash").to_pylist())
+    rejects = previous.rejects.select(["reason", "source_hash"]).to_pylist()
+    stored.update(
+        r["source_hash"] for r in rejects if r["reason"] in CONTENT_REJECTS and r["source_hash"]
+    )
+    return frozenset(stored)
 
 
 def _known_by_stat(previous: Manifest | None) -> dict[tuple[str, tuple[int, int]], str]:
@@ -168,9 +191,9 @@ def make_plan(
     prior_classes: tuple[str, ...] = (),
 ) -> Plan:
     """Decide every source's fate. `hashes` holds the content hash of each file returned by
-    `files_to_hash` that could be read; `hash_rejects` the ones that could not. `previous` is the
-    manifest whose pixels may be reused (None for a first run or a rebuild); `prior_classes` the
-    label order to extend."""
+    `files_to_hash` that could be read (a file with a `content_hash` from listing needs none);
+    `hash_rejects` the ones that could not. `previous` is the manifest whose pixels may be
+    reused (None for a first run or a rebuild); `prior_classes` the label order to extend."""
     known = _known_by_stat(previous)
     rejects: list[SourceReject] = list(listing.rejects) + list(hash_rejects)
     failed = {r.source for r in rejects}
@@ -184,7 +207,13 @@ def make_plan(
     for f in listing.files:
         if f.source in failed:
             continue
-        digest = known.get((f.source, _stat_key(f.size, f.mtime_ns))) or hashes.get(f.source)
+        # NOTE: a hash from listing wins over the stat: those kinds have no stat that proves
+        # a value unchanged (an LMDB value rewritten with the same length keeps size and mtime 0)
+        digest = (
+            f.content_hash
+            or known.get((f.source, _stat_key(f.size, f.mtime_ns)))
+            or hashes.get(f.source)
+        )
         if digest is None:
             raise ValueError(f"no content hash for {f.source}: files_to_hash was not honoured")
         if f.class_name not in label_of:
@@ -280,6 +309,11 @@ def make_plan(
     counts["deleted"] = len(set(old_by_source) - {f.source for f in listing.files})
     counts["rejected"] = len(rejects)
 
+    # NOTE: shards are filled in a hash order of the source path, not in path order: path order
+    # puts one class in a shard, which makes every locality-friendly read order (block shuffle,
+    # streaming whole shards) see one class at a time. The order is still a pure function of
+    # the paths, so loky, Dask and a rerun produce the same shards.
+    to_pack.sort(key=lambda item: pack_order(item.source))
     per_shard = config.samples_per_shard
     tasks = tuple(
         PackTask(

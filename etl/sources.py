@@ -1,24 +1,37 @@
-"""List the inputs: a class-per-folder tree or a CSV/Parquet listing -> sorted source records.
+"""List the inputs -> sorted source records, by source kind (`LISTERS`).
 
-Only paths and `stat` are read here, never image bytes: a no-change rerun over 100k files
-stays a matter of seconds. A file that cannot be a sample (outside any class folder, a link out
-of the root, missing) becomes a `SourceReject`, so every listed input is accounted for.
+Folders and listings: only paths and `stat` are read here, never image bytes: a no-change rerun
+over 100k files stays a matter of seconds. LMDB and Python sources have no stat that proves a
+value unchanged, so their listers read and hash every value (LMDB values are memory-mapped; a
+Python source's records exist only while its function runs) and set `content_hash`. An input
+that cannot be a sample (outside any class folder, a link out of the root, missing, a refused
+pickle) becomes a `SourceReject`, so every listed input is accounted for.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import importlib
+import json
+import numbers
 import os
+import pickle
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from etl.config import FolderSource, ListingSource
+from etl import readers
+from etl.checksums import digest
+from etl.config import FolderSource, ListingSource, LmdbSource, PythonSource, SourceConfig
 from etl.errors import SourceError
 
 
@@ -28,11 +41,15 @@ class SourceFile:
 
     source: str
     path: str
-    """Where to read it (absolute, or relative to the working directory)."""
+    """Its locator: where `etl.readers` reads it (a file path, an LMDB key, a spool slice)."""
     class_name: str | None
     split: str | None
     size: int
     mtime_ns: int
+    """0 for kinds with no modification time (lmdb, python)."""
+    content_hash: str | None = None
+    """Set by kinds whose (size, mtime) cannot prove a value unchanged: they hash while
+    listing, and the plan takes this hash instead of hashing or trusting the stat."""
 
 
 @dataclass(frozen=True)
@@ -55,10 +72,25 @@ class SourceListing:
         return len(self.files) + len(self.rejects)
 
 
-def list_sources(config: FolderSource | ListingSource) -> SourceListing:
-    if isinstance(config, FolderSource):
-        return list_folder(config)
-    return list_listing(config)
+@dataclass(frozen=True)
+class ListContext:
+    """What a lister may need beyond its source config (only lmdb and python use it)."""
+
+    checksum: str
+    """Algorithm of content hashes computed while listing (output.checksum)."""
+    stored: frozenset[str] = field(default_factory=frozenset)
+    """Content hashes the plan will reuse or reject without reading: not spooled again."""
+    spool: Path | None = None
+    """Where a Python source writes the records to pack; None (a dry run) writes nothing."""
+
+
+def list_sources(config: SourceConfig, context: ListContext) -> SourceListing:
+    """Every input of `config`, sorted by `source`; the lister is picked by `config.kind`."""
+    try:
+        lister = LISTERS[config.kind]
+    except KeyError:
+        raise ValueError(f"no lister for source kind {config.kind!r}; add it to LISTERS") from None
+    return lister(config, context)
 
 
 def _pattern(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
@@ -82,7 +114,7 @@ def _walk(root: str) -> Iterator[os.DirEntry[str]]:
                     yield entry
 
 
-def list_folder(config: FolderSource) -> SourceListing:
+def list_folder(config: FolderSource, context: ListContext | None = None) -> SourceListing:
     """Walk `config.path`: the first path component is the class. Dot-files are skipped; links to
     folders are not followed, and a linked file that resolves outside the root is rejected.
 
@@ -133,7 +165,8 @@ def list_folder(config: FolderSource) -> SourceListing:
     return SourceListing(tuple(files), tuple(rejects))
 
 
-def _read_listing_table(path: Path) -> pa.Table:
+def _read_listing_table(path: Path, text_columns: tuple[str, ...] = ()) -> pa.Table:
+    """`text_columns` are read from CSV as strings, never inferred as numbers ('007' stays)."""
     suffix = path.suffix.lower()
     try:
         if suffix == ".parquet":
@@ -142,7 +175,10 @@ def _read_listing_table(path: Path) -> pa.Table:
             return pacsv.read_csv(
                 path,
                 parse_options=pacsv.ParseOptions(delimiter="\t" if suffix == ".tsv" else ","),
-                convert_options=pacsv.ConvertOptions(strings_can_be_null=True),
+                convert_options=pacsv.ConvertOptions(
+                    strings_can_be_null=True,
+                    column_types={name: pa.string() for name in text_columns},
+                ),
             )
     except (pa.ArrowInvalid, OSError) as exc:
         raise SourceError(f"{path}: cannot read listing ({exc})") from None
@@ -162,7 +198,7 @@ def _column(table: pa.Table, name: str, path: Path, required: bool) -> list[str 
     return [None if v is None else str(v) for v in table.column(name).to_pylist()]
 
 
-def list_listing(config: ListingSource) -> SourceListing:
+def list_listing(config: ListingSource, context: ListContext | None = None) -> SourceListing:
     """Read a listing; paths are relative to the listing file's folder. Errors name the line
     (CSV: the header is line 1, so row i is line i + 2)."""
     listing = config.path
@@ -230,3 +266,332 @@ def list_listing(config: ListingSource) -> SourceListing:
     files.sort(key=lambda f: f.source)
     rejects.sort(key=lambda r: r.source)
     return SourceListing(tuple(files), tuple(rejects))
+
+
+# --- lmdb ---------------------------------------------------------------------------------------
+
+
+def list_lmdb(config: LmdbSource, context: ListContext) -> SourceListing:
+    """One sample per key (from `keys_entry`, else a cursor scan minus `meta_keys`); `source`
+    is the key as `readers.key_to_source` spells it. Every value is read and hashed here
+    (memory-mapped, no copy), so a value whose bytes changed is packed again even when its
+    length did not change. A pickled value is a `pickle` reject unless allow_pickle."""
+    labels = _key_labels(config.labels) if config.labels is not None else None
+    env = readers.open_lmdb(config.path)
+    files: list[SourceFile] = []
+    rejects: list[SourceReject] = []
+    with env.begin(buffers=True) as txn:
+        for key in _lmdb_keys(txn, config):
+            source = readers.key_to_source(key)
+            value = txn.get(key)
+            if value is None:
+                rejects.append(
+                    SourceReject(
+                        source, "missing", f"keys entry {config.keys_entry!r} lists it; no such key"
+                    )
+                )
+                continue
+            outcome = _lmdb_sample(source, value, config, labels, context.checksum)
+            if isinstance(outcome, SourceFile):
+                files.append(outcome)
+            else:
+                rejects.append(outcome)
+    files.sort(key=lambda f: f.source)
+    rejects.sort(key=lambda r: r.source)
+    return SourceListing(tuple(files), tuple(rejects))
+
+
+def _lmdb_sample(
+    source: str,
+    value: memoryview,
+    config: LmdbSource,
+    labels: Mapping[str, tuple[str | None, str | None]] | None,
+    checksum: str,
+) -> SourceFile | SourceReject:
+    """One key's record or reject. size and content_hash describe the bytes the decoder will
+    see: the value, or a pickled record's image field."""
+
+    def reject(reason: str, message: str) -> SourceReject:
+        return SourceReject(source, reason, message, len(value), 0, digest(value, checksum))
+
+    if readers.is_pickle(value) and not config.allow_pickle:
+        return reject(
+            "pickle", f"the value is a Python pickle (protocol {value[1]}); {readers.PICKLE_ADVICE}"
+        )
+    try:
+        image, record = readers.lmdb_record(value, config)
+    except readers.UNPICKLE_ERRORS as exc:
+        return reject("unreadable", f"pickled record: {type(exc).__name__}: {exc}")
+    split: str | None = None
+    if labels is not None:
+        label, split = labels.get(source, (None, None))
+        if label is None:
+            return reject("unknown_label", f"key not in {config.labels} (or its label is empty)")
+    else:
+        assert config.label_field is not None  # the config requires labels or label_field
+        if record is None:
+            return reject(
+                "unknown_label",
+                f"not a pickled record, so it has no label field {config.label_field!r}",
+            )
+        try:
+            label = _label_text(readers.field_of(record, config.label_field))
+        except (KeyError, TypeError) as exc:
+            return reject("unknown_label", f"pickled record: {exc}")
+        if label is None:
+            return reject("unknown_label", f"label field {config.label_field!r} is empty")
+    return SourceFile(
+        source, source, label, split, len(image), 0, content_hash=digest(image, checksum)
+    )
+
+
+def _label_text(value: Any) -> str | None:
+    """A label as a class name: text as it is (stripped; empty is None), an integer (also a
+    numpy one) as its decimal digits."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.strip() or None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return str(int(value))
+    raise TypeError(f"label {value!r} is a {type(value).__name__}, not text or an integer")
+
+
+def _lmdb_keys(txn: Any, config: LmdbSource) -> list[bytes]:
+    if config.keys_entry is None:
+        skip = {readers.source_to_key(k) for k in config.meta_keys}
+        cursor = txn.cursor()
+        return [bytes(k) for k in cursor.iternext(keys=True, values=False) if bytes(k) not in skip]
+    where = f"{config.path}: keys_entry {config.keys_entry!r}"
+    raw = txn.get(readers.source_to_key(config.keys_entry))
+    if raw is None:
+        raise SourceError(f"{where} is not a key of the environment; omit it to scan all keys")
+    names = _keys_entry_names(bytes(raw), config, where)
+    keys: list[bytes] = []
+    for name in names:
+        try:
+            keys.append(name if isinstance(name, bytes) else readers.source_to_key(name))
+        except ValueError as exc:
+            raise SourceError(f"{where}: {exc}") from None
+    counts = Counter(keys)
+    dupes = sorted(readers.key_to_source(k) for k, n in counts.items() if n > 1)
+    if dupes:
+        raise SourceError(f"{where} lists keys twice: {dupes[:5]}")
+    return keys
+
+
+def _keys_entry_names(raw: bytes, config: LmdbSource, where: str) -> list[str | bytes]:
+    """A JSON list of strings, one key per line, or (allow_pickle) a pickled list of str/bytes."""
+    if readers.is_pickle(raw):
+        if not config.allow_pickle:
+            raise SourceError(f"{where} is a Python pickle: refused; {readers.PICKLE_ADVICE}")
+        try:
+            names: Any = pickle.loads(raw)  # allowed explicitly by the config (allow_pickle)
+        except readers.UNPICKLE_ERRORS as exc:
+            raise SourceError(f"{where}: cannot unpickle ({exc})") from None
+    else:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SourceError(f"{where}: not UTF-8 text, JSON or a pickle") from None
+        if text.lstrip().startswith("["):
+            try:
+                names = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise SourceError(f"{where}: invalid JSON ({exc})") from None
+        else:
+            names = [line.strip() for line in text.splitlines() if line.strip()]
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str | bytes) for n in names):
+        raise SourceError(f"{where}: expected a list of key strings")
+    return list(names)
+
+
+def _key_labels(path: Path) -> dict[str, tuple[str | None, str | None]]:
+    """key -> (label or None, split or None) from a CSV/TSV/Parquet file with columns key,
+    label and optionally split. Keys are spelt as `source` (see readers.HEX_PREFIX)."""
+    if not path.is_file():
+        raise SourceError(f"source.labels: {path} is not a file")
+    table = _read_listing_table(path, text_columns=("key", "label", "split"))
+    for name in ("key", "label"):
+        if name not in table.column_names:
+            raise SourceError(
+                f"{path}: no column {name!r}; columns are {table.column_names} "
+                "(expected key, label and optionally split)"
+            )
+    keys = _column(table, "key", path, required=True)
+    labels = _column(table, "label", path, required=True)
+    splits = _column(table, "split", path, required=False)
+    assert keys is not None and labels is not None
+    line_of = (
+        (lambda i: f"row {i}") if path.suffix.lower() == ".parquet" else (lambda i: f"line {i + 2}")
+    )
+    out: dict[str, tuple[str | None, str | None]] = {}
+    first: dict[str, int] = {}
+    for i, (key, label) in enumerate(zip(keys, labels, strict=True)):
+        if key is None or not key:
+            raise SourceError(f"{path}:{line_of(i)}: empty key")
+        if key in first:
+            raise SourceError(
+                f"{path}:{line_of(i)}: key {key!r} is listed twice (also {line_of(first[key])})"
+            )
+        first[key] = i
+        split = splits[i] if splits is not None else None
+        out[key] = ((label or "").strip() or None, split or None)
+    return out
+
+
+# --- python -------------------------------------------------------------------------------------
+
+RECORD_KEYS = ("id", "data", "array", "label", "split")
+
+
+def list_python(config: PythonSource, context: ListContext) -> SourceListing:
+    """Call `config.function(**config.options)` once and take every record it yields.
+
+    Each record is hashed here, in this process; the ones whose content is not already stored
+    (`context.stored`) go into the spool (`context.spool`) for the workers. Ids must be unique:
+    a duplicate is an error naming them, after the whole iteration, so all are named at once.
+    """
+    spec = config.function
+    function = _records_function(config)
+    try:
+        iterator = iter(function(**config.options))
+    except Exception as exc:
+        raise SourceError(f"source.function {spec!r} raised {type(exc).__name__}: {exc}") from exc
+    spool = readers.SpoolWriter(context.spool) if context.spool is not None else None
+    spooled: dict[str, str] = {}
+    first: dict[str, int] = {}
+    dupes: dict[str, list[int]] = {}
+    files: list[SourceFile] = []
+    rejects: list[SourceReject] = []
+    index = 0
+    try:
+        while True:
+            try:
+                record = next(iterator)
+            except StopIteration:
+                break
+            except Exception as exc:
+                raise SourceError(
+                    f"source.function {spec!r} raised {type(exc).__name__} after {index} "
+                    f"record(s): {exc}"
+                ) from exc
+            source, payload, label, split = _parse_record(record, index, spec)
+            if source in first:
+                dupes.setdefault(source, [first[source]]).append(index)
+            else:
+                first[source] = index
+            index += 1
+            content = digest(payload, context.checksum)
+            if label is None:
+                rejects.append(
+                    SourceReject(
+                        source, "unknown_label", "the record has no label", len(payload), 0, content
+                    )
+                )
+                continue
+            locator = spooled.get(content, readers.NOT_SPOOLED)
+            if spool is not None and content not in context.stored and content not in spooled:
+                locator = spooled[content] = spool.append(payload)
+            files.append(
+                SourceFile(source, locator, label, split, len(payload), 0, content_hash=content)
+            )
+    finally:
+        if spool is not None:
+            spool.close()
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()  # a generator stopped early releases its connection or files now
+    if dupes:
+        named = ", ".join(
+            f"{s!r} (records {', '.join(map(str, at))})" for s, at in sorted(dupes.items())[:5]
+        )
+        more = f" and {len(dupes) - 5} more" if len(dupes) > 5 else ""
+        raise SourceError(
+            f"source.function {spec!r}: ids are not unique: {named}{more}; every record needs "
+            "its own id, stable across runs"
+        )
+    files.sort(key=lambda f: f.source)
+    rejects.sort(key=lambda r: r.source)
+    return SourceListing(tuple(files), tuple(rejects))
+
+
+def _records_function(config: PythonSource) -> Callable[..., Any]:
+    """Import `module:function` with `config.path` first on sys.path (only while importing)."""
+    spec = config.function
+    module_name, _, attr = spec.partition(":")
+    folder = str(config.path)
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SourceError(
+            f"source.function {spec!r}: cannot import {module_name!r} ({exc}); is it installed, "
+            f"on PYTHONPATH or in {folder}?"
+        ) from None
+    except Exception as exc:
+        raise SourceError(
+            f"source.function {spec!r}: importing {module_name!r} raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    finally:
+        if added:
+            sys.path.remove(folder)
+    function = getattr(module, attr, None)
+    if function is None or not callable(function):
+        what = "no" if function is None else f"a {type(function).__name__}, not a callable,"
+        raise SourceError(f"source.function {spec!r}: module {module_name!r} has {what} {attr!r}")
+    return function
+
+
+def _parse_record(record: Any, index: int, spec: str) -> tuple[str, bytes, str | None, str | None]:
+    """(source, encoded bytes, class name or None, split or None) of one record, or a
+    SourceError naming the record index: a malformed record is a bug in the function."""
+    where = f"source.function {spec!r}: record {index}"
+    if isinstance(record, Mapping):
+        unknown = sorted(set(map(str, record)) - set(RECORD_KEYS))
+        if unknown:
+            raise SourceError(f"{where} has unknown keys {unknown}; expected {list(RECORD_KEYS)}")
+        if "id" not in record or "label" not in record:
+            raise SourceError(f"{where} needs keys 'id' and 'label' (has {sorted(record)})")
+        if ("data" in record) == ("array" in record):
+            raise SourceError(f"{where} needs exactly one of 'data' (bytes) or 'array'")
+        rid, label, split = record["id"], record["label"], record.get("split")
+        data = record["data"] if "data" in record else record["array"]
+    elif isinstance(record, tuple | list) and len(record) in (3, 4):
+        rid, data, label = record[0], record[1], record[2]
+        split = record[3] if len(record) == 4 else None
+    else:
+        raise SourceError(
+            f"{where} is a {type(record).__name__}; expected a dict {{id, data|array, label, "
+            "split?}} or a tuple (id, data_or_array, label[, split])"
+        )
+    if isinstance(rid, bool) or not isinstance(rid, str | numbers.Integral):
+        raise SourceError(f"{where}: id {rid!r} is a {type(rid).__name__}; use a str or an int")
+    source = rid if isinstance(rid, str) else str(int(rid))
+    if not source:
+        raise SourceError(f"{where}: the id is empty")
+    if isinstance(data, np.ndarray) and data.dtype == object:
+        raise SourceError(f"{where} ({source!r}): an object array; use a uint8 array")
+    try:
+        payload = readers.image_bytes(data, "data")
+    except ValueError as exc:
+        raise SourceError(f"{where} ({source!r}): {exc}") from None
+    try:
+        class_name = _label_text(label)
+    except TypeError as exc:
+        raise SourceError(f"{where} ({source!r}): {exc}") from None
+    if split is not None and not isinstance(split, str):
+        raise SourceError(f"{where} ({source!r}): split {split!r} is not a string")
+    return source, payload, class_name, split or None
+
+
+LISTERS: dict[str, Callable[[Any, ListContext], SourceListing]] = {
+    "folder": list_folder,
+    "listing": list_listing,
+    "lmdb": list_lmdb,
+    "python": list_python,
+}
+"""Source kind -> lister(source config, context) -> every input, sorted by `source`."""

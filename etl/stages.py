@@ -49,6 +49,7 @@ REJECT_REASONS: dict[str, str] = {
     "no_class": "the file is not inside a class folder",
     "missing": "a file the listing names does not exist or is not a regular file",
     "outside_root": "a symbolic link leads outside the source root",
+    "pickle": "an LMDB value is a Python pickle and source.allow_pickle is not set",
 }
 """Every reason a single image can be dropped for; the one registry the rejects table uses."""
 
@@ -95,6 +96,8 @@ def decode(data: bytes, opts: DecodeStage, draft_for: ResizeStage | None = None)
     `draft_for`: the resize stage that follows, if any; when its `draft` is set and the data is a
     JPEG, libjpeg decodes at 1/2, 1/4 or 1/8 scale, never below what that resize needs.
     """
+    if data[: len(NPY_MAGIC)] == NPY_MAGIC:
+        return _decode_npy(data, opts)
     with warnings.catch_warnings():
         # NOTE [decompression bombs]: Image.open warns above Image.MAX_IMAGE_PIXELS and raises
         # above twice that, before any pixel is decoded. The warning means "too large" only when
@@ -146,6 +149,59 @@ def _decode(data: bytes, opts: DecodeStage, draft_for: ResizeStage | None) -> De
     # while a JPEG reports its stored size.
     source_size = full_size if full_size is not None else (image.height, image.width)
     return Decoded(_to_mode(image, opts), source_size)
+
+
+NPY_MAGIC = b"\x93NUMPY"
+"""Raw pixels from an LMDB or Python source arrive as .npy bytes (never pickled)."""
+
+
+def _decode_npy(data: bytes, opts: DecodeStage) -> Decoded:
+    """.npy bytes of an HxW or HxWxC (C = 1..4: L, LA, RGB, RGBA) uint8 array -> the image in
+    opts.mode, by the same conversions as an encoded image (alpha composited, grey to RGB).
+
+    The header is checked before any pixel is read: numpy would allocate the array its header
+    declares, so a forged shape is refused like a decompression bomb."""
+    buffer = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(buffer)
+        read_header = (
+            np.lib.format.read_array_header_1_0
+            if version == (1, 0)
+            else np.lib.format.read_array_header_2_0
+        )
+        shape, fortran_order, dtype = read_header(buffer)
+    except (ValueError, EOFError) as exc:
+        reason = "truncated" if "EOF" in str(exc) else "corrupt"
+        raise Reject(reason, f".npy header: {exc}") from None
+    if dtype != np.uint8 or len(shape) not in (2, 3) or 0 in shape:
+        raise Reject(
+            "unsupported_mode",
+            f".npy array of dtype {dtype} and shape {shape}; expected uint8 HxW or HxWxC",
+        )
+    if len(shape) == 3 and shape[2] not in _NPY_MODES:
+        raise Reject("unsupported_mode", f".npy array with {shape[2]} channels; expected 1-4")
+    height, width = shape[:2]
+    if height * width > opts.max_pixels:
+        raise Reject(
+            "too_large",
+            f"{width}x{height} (WxH) = {width * height} pixels > max_pixels {opts.max_pixels}",
+        )
+    channels = shape[2] if len(shape) == 3 else 1
+    expected = height * width * channels
+    pixels = memoryview(data)[buffer.tell() :]
+    if len(pixels) != expected:
+        reason = "truncated" if len(pixels) < expected else "corrupt"
+        raise Reject(
+            reason, f".npy data holds {len(pixels)} bytes of pixels, its header says {expected}"
+        )
+    array = np.frombuffer(pixels, np.uint8).reshape(shape, order="F" if fortran_order else "C")
+    planar = np.ascontiguousarray(array.reshape(height, width) if channels == 1 else array)
+    mode = _NPY_MODES[channels]
+    image = Image.frombuffer(mode, (width, height), planar, "raw", mode, 0, 1)
+    return Decoded(_to_mode(image, opts), (height, width))
+
+
+_NPY_MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
 
 
 def _bomb_warning_action(max_pixels: int) -> Any:

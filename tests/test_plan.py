@@ -16,7 +16,7 @@ from etl.manifest import (
     ManifestMeta,
     table_from_rows,
 )
-from etl.plan import assign_split, files_to_hash, make_plan, sample_id
+from etl.plan import assign_split, files_to_hash, make_plan, pack_order, sample_id
 from etl.sources import SourceFile, SourceListing
 
 
@@ -56,8 +56,15 @@ def test_first_run_packs_everything_in_fixed_size_shards() -> None:
         "shards/v000001-00002.npy",
     ]
     items = [i for t in plan.tasks for i in t.items]
-    assert [i.source for i in items] == sorted(hashes)
-    assert [i.label for i in items] == [0, 0, 1, 1, 2]
+    assert sorted(i.source for i in items) == sorted(hashes)
+    assert [i.source for i in items] == sorted(hashes, key=pack_order), "shards mix the classes"
+    assert {i.source: i.label for i in items} == {
+        "a/1.jpg": 0,
+        "a/2.jpg": 0,
+        "b/0.jpg": 1,
+        "b/1.jpg": 1,
+        "c/9.png": 2,
+    }
     assert all(i.sample_id == sample_id(i.source) for i in items)
     assert plan.counts["new"] == 5 and not plan.rejects
 

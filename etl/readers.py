@@ -1,0 +1,292 @@
+"""How a worker gets a source's bytes from its locator (`SourceFile.path`), by source kind.
+
+`sources.py` lists what exists and writes locators; this module reads them back, in a worker
+process or a Dask worker. It also owns what both sides must agree on: the LMDB key <-> `source`
+string encoding, the pickle guard, and the spool file of a Python source.
+
+    folder, listing   locator = a file path                  -> the file's bytes
+    lmdb              locator = the key as `source` spells it -> the value (or its image field)
+    python            locator = "<offset>+<length>@<spool>"   -> that slice of the spool file
+
+Reader errors are OSError: the executor turns them into `io_error` rejects.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from etl.config import LmdbSource, SourceConfig
+from etl.errors import SourceError
+from etl.manifest import SHARDS_DIR
+
+# --- LMDB keys ----------------------------------------------------------------------------------
+
+HEX_PREFIX = "hex:"
+"""NOTE [LMDB keys]: a key is bytes, `source` a readable string. A key that is UTF-8 text with
+only printable characters (no newline, tab or other control character) is its own `source`;
+any other key, and any key that itself starts with 'hex:', is spelt 'hex:' + its bytes in
+lowercase hex. The mapping is one-to-one and depends on the key alone, so a sample's `source`
+and `sample_id` are stable across runs and machines."""
+
+
+def key_to_source(key: bytes) -> str:
+    """An LMDB key -> its `source` string (see HEX_PREFIX)."""
+    try:
+        text = key.decode("utf-8")
+    except UnicodeDecodeError:
+        return HEX_PREFIX + key.hex()
+    if not text.isprintable() or text.startswith(HEX_PREFIX):
+        return HEX_PREFIX + key.hex()
+    return text
+
+
+def source_to_key(source: str) -> bytes:
+    """The inverse of `key_to_source`; also how a labels file or keys entry names a key."""
+    if source.startswith(HEX_PREFIX):
+        try:
+            return bytes.fromhex(source[len(HEX_PREFIX) :])
+        except ValueError:
+            raise ValueError(f"{source!r} starts with 'hex:' but is not hex digits") from None
+    return source.encode("utf-8")
+
+
+# --- pickles ------------------------------------------------------------------------------------
+
+PICKLE_ADVICE = (
+    "set source.allow_pickle: true only if you trust whoever wrote the environment: "
+    "unpickling runs arbitrary code"
+)
+
+
+def is_pickle(data: bytes | memoryview) -> bool:
+    """A pickle of protocol 2 to 5 starts with PROTO (0x80) and the protocol number. Checked
+    before anything is unpickled; older protocols have no header and fail to decode instead."""
+    return len(data) >= 2 and data[0] == 0x80 and 2 <= data[1] <= 5
+
+
+def field_of(record: Any, name: str | int) -> Any:
+    """record[name] of an unpickled dict (a str name) or tuple/list (an int); else KeyError."""
+    if isinstance(record, dict) and isinstance(name, str) and name in record:
+        return record[name]
+    if (
+        isinstance(record, tuple | list)
+        and isinstance(name, int)
+        and -len(record) <= name < len(record)
+    ):
+        return record[name]
+    fields = sorted(map(str, record)) if isinstance(record, dict) else f"{len(record)} items"
+    raise KeyError(f"no field {name!r} (has {fields})")
+
+
+def image_bytes(value: Any, what: str) -> bytes:
+    """Encoded image bytes as they are, or a uint8 array as .npy bytes (decode reads both)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, np.ndarray) and value.dtype != object:
+        buffer = io.BytesIO()
+        np.save(buffer, value, allow_pickle=False)
+        return buffer.getvalue()
+    raise ValueError(f"{what} is {type(value).__name__}, not encoded image bytes or an array")
+
+
+def lmdb_record(value: bytes | memoryview, config: LmdbSource) -> tuple[bytes | memoryview, Any]:
+    """(the bytes the decoder sees, the unpickled record or None) of one LMDB value: the value
+    itself, or with allow_pickle the image field of a pickled record. Raises ValueError,
+    KeyError or pickle's errors for a record without a usable image field."""
+    if not (config.allow_pickle and is_pickle(value)):
+        return value, None
+    record = pickle.loads(value)  # allowed explicitly by the config (allow_pickle)
+    image = image_bytes(field_of(record, config.image_field), f"field {config.image_field!r}")
+    return image, record
+
+
+UNPICKLE_ERRORS = (
+    pickle.UnpicklingError,
+    ValueError,
+    KeyError,
+    EOFError,
+    TypeError,
+    AttributeError,
+    ImportError,
+)
+"""What a damaged or unexpected pickled record raises while we take it apart."""
+
+
+# --- LMDB environments -----------------------------------------------------------------------
+
+_ENVS: dict[str, tuple[tuple[int, int, int, int], Any]] = {}
+"""Environments this process opened, by path, with (pid, dev, inode, size) of the data file
+when opened: a forked child, or a file that grew or was replaced, opens it again."""
+_ENVS_LOCK = threading.Lock()
+
+
+def _data_file(path: Path) -> Path:
+    return path / "data.mdb" if path.is_dir() else path
+
+
+def open_lmdb(path: Path) -> Any:
+    """The environment at `path` (a folder holding data.mdb, or the data file), read-only and
+    without the lock file, opened once per process until `close_lmdb`.
+
+    NOTE: lock=False means we never write lock.mdb, so a read-only mount works and a reader
+    never blocks a writer; the price is that a concurrent writer is not coordinated with. A
+    value changed during the run fails the hash check in the worker and is rejected `changed`.
+    """
+    try:
+        import lmdb
+    except ImportError:
+        raise SourceError(
+            "source kind 'lmdb' needs the lmdb package: pip install 'etl-memmap[lmdb]'"
+        ) from None
+    try:
+        st = os.stat(_data_file(path))
+    except OSError as exc:
+        raise SourceError(f"source.path: {path} is not an LMDB environment ({exc})") from None
+    identity = (os.getpid(), st.st_dev, st.st_ino, st.st_size)
+    cached = _ENVS.get(str(path))
+    if cached is not None and cached[0] == identity:
+        return cached[1]
+    with _ENVS_LOCK:  # threads of the 'threading' backend share this cache
+        cached = _ENVS.get(str(path))
+        if cached is not None:
+            if cached[0] == identity:
+                return cached[1]
+            if cached[0][0] == identity[0]:
+                cached[1].close()  # py-lmdb refuses a second open of one path in a process
+        try:
+            env = lmdb.open(str(path), subdir=path.is_dir(), readonly=True, lock=False)
+        except lmdb.Error as exc:
+            raise SourceError(
+                f"source.path: {path}: cannot open as LMDB ({exc}); if this process has it "
+                "open already, close it first"
+            ) from None
+        _ENVS[str(path)] = (identity, env)
+        return env
+
+
+def close_lmdb() -> None:
+    """Close every environment this process opened (the pipeline calls it at the end of a run,
+    so the caller may open the environment for writing afterwards)."""
+    pid = os.getpid()
+    with _ENVS_LOCK:
+        while _ENVS:
+            _, ((owner, *_), env) = _ENVS.popitem()
+            if owner == pid:
+                env.close()
+
+
+def _read_lmdb(config: LmdbSource, locator: str) -> bytes:
+    try:
+        env = open_lmdb(config.path)
+    except SourceError as exc:
+        raise OSError(str(exc)) from None
+    import lmdb  # open_lmdb succeeded: it is installed
+
+    try:
+        with env.begin(buffers=True) as txn:
+            value = txn.get(source_to_key(locator))
+            if value is None:
+                raise FileNotFoundError(f"key {locator!r} is no longer in {config.path}")
+            return bytes(lmdb_record(value, config)[0])
+    except (lmdb.Error, *UNPICKLE_ERRORS) as exc:
+        raise OSError(f"key {locator!r}: {type(exc).__name__}: {exc}") from None
+
+
+# --- the spool of a Python source -------------------------------------------------------------
+
+SPOOL_PREFIX = ".tmp-spool-"
+"""NOTE [spool]: a Python source's records exist only while its function runs, in the parent.
+Those a run must pack go into one file, `<output>/shards/.tmp-spool-<pid>.bin`, and workers
+pread their slice. It lives in the output folder because every worker (also on a Dask cluster)
+sees it; the pipeline deletes it at the end of a run, and a killed run's spool is removed by
+the next run's `clean_leftovers` like any other `.tmp-*` file under shards/."""
+
+
+def spool_path(root: Path) -> Path:
+    """This process's spool file in the dataset at `root`."""
+    return root / SHARDS_DIR / f"{SPOOL_PREFIX}{os.getpid()}.bin"
+
+
+@contextmanager
+def released(spool: Path | None) -> Iterator[None]:
+    """For the length of a run: afterwards, even after an error, delete the spool and close the
+    LMDB environments this process opened (so the caller may open them for writing)."""
+    try:
+        yield
+    finally:
+        if spool is not None:
+            spool.unlink(missing_ok=True)
+        close_lmdb()
+
+
+NOT_SPOOLED = "not-spooled"
+"""Locator of a record whose content was already stored when it was listed: never read."""
+
+
+class SpoolWriter:
+    """Appends records to a spool file and hands back their locators. Closed before the pack
+    phase starts, so workers (also over NFS, by close-to-open consistency) see every byte."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file = open(path, "wb")  # noqa: SIM115 -- closed by close()
+        self._offset = 0
+
+    def append(self, data: bytes | memoryview) -> str:
+        self._file.write(data)
+        locator = f"{self._offset}+{len(data)}@{self.path}"
+        self._offset += len(data)
+        return locator
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _read_spool(config: SourceConfig, locator: str) -> bytes:
+    span, at, spool = locator.partition("@")
+    if not at:
+        raise OSError(f"record {locator!r} was not spooled: its content was stored already")
+    offset, length = (int(n) for n in span.split("+"))
+    fd = os.open(spool, os.O_RDONLY)
+    try:
+        data = os.pread(fd, length, offset)
+    finally:
+        os.close(fd)
+    if len(data) != length:
+        raise OSError(f"spool {spool} ends at {offset + len(data)}, before {offset + length}")
+    return data
+
+
+# --- the registry -------------------------------------------------------------------------------
+
+
+def _read_file(config: SourceConfig, locator: str) -> bytes:
+    return Path(locator).read_bytes()
+
+
+READERS: dict[str, Callable[[Any, str], bytes]] = {
+    "folder": _read_file,
+    "listing": _read_file,
+    "lmdb": _read_lmdb,
+    "python": _read_spool,
+}
+"""Source kind -> reader(source config, locator) -> the bytes the decoder sees."""
+
+
+def read(config: SourceConfig, locator: str) -> bytes:
+    """The bytes of one source; OSError (with the locator in the message) if it cannot be read."""
+    try:
+        reader = READERS[config.kind]
+    except KeyError:
+        raise ValueError(f"no reader for source kind {config.kind!r}; add it to READERS") from None
+    return reader(config, locator)
