@@ -163,7 +163,7 @@ def run(
     root = config.output.dir
     if dry_run and not root.exists():
         with (
-            execute.engine(config.run, readable=[config.source.path]),
+            execute.engine(config.run, readable=_worker_inputs(config)),
             readers.released(None),
         ):
             return _run_locked(config, root, dry_run, rebuild, progress, on_plan, started)
@@ -171,10 +171,16 @@ def run(
     spool = readers.spool_path(root)
     with (
         DatasetLock(root),
-        execute.engine(config.run, writable_root=root, readable=[config.source.path]),
+        execute.engine(config.run, writable_root=root, readable=_worker_inputs(config)),
         readers.released(spool),
     ):
         return _run_locked(config, root, dry_run, rebuild, progress, on_plan, started)
+
+
+def _worker_inputs(config: PipelineConfig) -> list[Path]:
+    """What workers read besides the output: the source, except a Python source, whose records
+    reach workers through the spool in the output folder."""
+    return [] if config.source.kind == "python" else [config.source.path]
 
 
 def _run_locked(
