@@ -22,8 +22,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-err = Console(stderr=True)
-out = Console()
+# NOTE: markup off (paths and messages may hold "[...]"), soft wrap on (a long path stays one
+# line for scripts that grep it); style through rich Text objects where it matters.
+err = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
+out = Console(markup=False, highlight=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> None:

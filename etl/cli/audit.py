@@ -11,7 +11,6 @@ from typing import Annotated, Any, ClassVar
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import typer
-from rich.markup import escape
 from rich.padding import Padding
 from rich.progress import (
     BarColumn,
@@ -23,6 +22,7 @@ from rich.progress import (
 )
 from rich.progress import Progress as RichProgress
 from rich.table import Table
+from rich.text import Text
 
 from etl import audit as audit_lib
 from etl import repair as repair_lib
@@ -110,7 +110,7 @@ def _print_report(report: audit_lib.AuditReport, title: str | None = None) -> No
     table.add_row("result", result + (f"; notes: {notes}" if notes else ""))
     out.print(table)
     for (kind, message), group in _grouped(report.ordered()).items():
-        out.print(f"[bold]{kind}[/bold] ({len(group)}): {escape(message)}")
+        out.print(Text.assemble((kind, "bold"), f" ({len(group)}): {message}"))
         located = [f for f in group if f.shard or f.source]
         if located:
             rows = Table(show_header=False, box=None, pad_edge=False, padding=(0, 2, 0, 0))

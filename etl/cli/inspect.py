@@ -1,0 +1,262 @@
+"""`etl init`, `etl inspect` and `etl show`: start a config, and look at what a run produced."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from PIL import Image
+from rich.table import Table
+
+from etl import explore, scaffold
+from etl.cli.app import app, out
+from etl.config import load_config
+from etl.errors import EtlError
+
+DirArg = Annotated[
+    Path,
+    typer.Argument(
+        help="Dataset folder (output.dir), a version folder or a manifest.arrow.",
+        show_default=False,
+    ),
+]
+VersionOpt = Annotated[
+    int | None, typer.Option("--version", help="Pinned version (default: the latest).")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+def _save_png(image: Image.Image, path: Path) -> None:
+    """Write through a temp file and a rename, so a reader never sees half a PNG."""
+    if path.suffix.lower() != ".png":
+        raise typer.BadParameter(f"{path}: the picture is a PNG; end the name in .png")
+    if not path.parent.is_dir():
+        raise EtlError(f"{path.parent}: no such folder for {path.name}")
+    temp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    try:
+        image.save(temp, format="PNG")
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
+
+
+def _split_commas(values: list[str] | None) -> list[str] | None:
+    """`--class a --class b` and `--class a,b` both give [a, b]."""
+    if not values:
+        return None
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+@app.command()
+def init(
+    source_dir: Annotated[
+        Path, typer.Argument(help="Folder with one sub-folder of images per class.")
+    ],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Where to write the config.")
+    ] = Path("pipeline.yaml"),
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+    sample: Annotated[
+        int, typer.Option(min=1, help="Images whose header is read to suggest a size.")
+    ] = 200,
+) -> None:
+    """Write a commented pipeline.yaml for a class-per-folder tree: the classes found, a size
+    suggested from the images, every other key at its default. `etl run` accepts it as is.
+
+    Example:  etl init data/sample && etl run pipeline.yaml
+    """
+    found = scaffold.survey(source_dir, sample=sample)
+    scaffold.write(output, scaffold.render(found, output), force=force)
+    size = found.size
+    out.print(
+        f"wrote {output}: {found.images} images in {len(found.classes)} classes, "
+        f"size [{size}, {size}]"
+        + (f" (median shorter side {found.median_shorter:g} px)" if found.median_shorter else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
+    out.print(f"next: etl validate {output} && etl run {output}", highlight=False)
+
+
+@app.command()
+def inspect(
+    directory: DirArg,
+    version: VersionOpt = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option("--plot", help="Also write a PNG bar chart of the classes per split."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Summarise a packed dataset: samples per split and class, shards and bytes, versions,
+    rejects by reason, checksum algorithm and the output-shaping config.
+
+    Example:  etl inspect artifacts --plot balance.png
+    """
+    ds = explore.open_dataset(directory, version)
+    summary = ds.summary()
+    if plot is not None:
+        _save_png(ds.class_balance().image, plot)
+    if as_json:
+        print(json.dumps({**summary.to_dict(), "plot": str(plot) if plot else None}, indent=2))
+        return
+    _print_summary(summary)
+    if plot is not None:
+        out.print(f"wrote {plot}", highlight=False)
+
+
+def _print_summary(s: explore.Summary) -> None:
+    facts = Table(show_header=False, box=None, pad_edge=False)
+    facts.add_column(style="bold")
+    facts.add_column(overflow="fold")
+    facts.add_row("dataset", s.root)
+    facts.add_row(
+        "version",
+        f"{s.version} (committed: {', '.join(str(v) for v in s.versions)}), created {s.created}"
+        f" by etl {s.tool_version}, format {s.format_version}",
+    )
+    facts.add_row(
+        "samples",
+        f"{s.samples}: " + ", ".join(f"{k} {sum(v.values())}" for k, v in s.counts.items()),
+    )
+    shape = "x".join(str(d) for d in s.sample_shape)
+    facts.add_row("format", f"{shape} {s.layout} {s.dtype}, checksum {s.checksum}")
+    facts.add_row("shards", f"{s.shards}, {s.shard_bytes / 2**20:.1f} MiB")
+    reasons = ", ".join(f"{k} {v}" for k, v in s.rejects_by_reason.items()) or "none"
+    facts.add_row("rejects", f"{s.rejects} ({reasons})")
+    facts.add_row("config", f"digest {s.config_digest}")
+    # NOTE: written as in pipeline.yaml, so a line can be pasted back into a config
+    for stage in s.config.get("stages", []):
+        options = {k: v for k, v in stage.items() if k != "kind"}
+        facts.add_row("", f"- {stage.get('kind')}: {scaffold.yaml_value(options)}")
+    facts.add_row("", f"split: {scaffold.yaml_value(s.config.get('split', {}))}")
+    facts.add_row("", f"source kind: {s.config.get('source_kind')}")
+    out.print(facts, highlight=False)
+
+    table = Table("class")
+    for name in (*s.splits, "total"):
+        table.add_column(name, justify="right")
+    for i, cls in enumerate(s.classes):
+        row = [s.counts[split][cls] for split in s.splits]
+        table.add_row(f"{i} {cls}", *(str(n) for n in row), str(sum(row)))
+    totals = [sum(s.counts[split].values()) for split in s.splits]
+    table.add_row("total", *(str(n) for n in totals), str(sum(totals)), style="bold")
+    out.print(table, highlight=False)
+
+
+@app.command()
+def show(
+    directory: DirArg,
+    count: Annotated[int, typer.Option("--count", "-n", min=1, help="Cells to draw.")] = 16,
+    seed: Annotated[int, typer.Option(help="Seed of the random choice.")] = 0,
+    classes: Annotated[
+        list[str] | None,
+        typer.Option("--class", help="Only this class (repeat, or a,b,c).", show_default=False),
+    ] = None,
+    splits: Annotated[
+        list[str] | None,
+        typer.Option("--split", help="Only this split (repeat, or a,b).", show_default=False),
+    ] = None,
+    ids: Annotated[
+        str | None,
+        typer.Option(help="Exactly these sample ids, comma-separated, in this order."),
+    ] = None,
+    rejects: Annotated[
+        bool,
+        typer.Option(
+            "--rejects", help="Show rejected files with their reason (needs --source or --config)."
+        ),
+    ] = False,
+    reasons: Annotated[
+        list[str] | None,
+        typer.Option("--reason", help="With --rejects: only this reason (repeat, or a,b)."),
+    ] = None,
+    source: Annotated[
+        Path | None,
+        typer.Option("--source", help="With --rejects: the source root the rejects are under."),
+    ] = None,
+    config_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="With --rejects: pipeline.yaml; its source root and decode stage are used.",
+        ),
+    ] = None,
+    version: VersionOpt = None,
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="PNG file to write.")] = Path(
+        "contact-sheet.png"
+    ),
+    columns: Annotated[
+        int | None, typer.Option(min=1, help="Cells per row (default: a square-ish grid).")
+    ] = None,
+    cell: Annotated[
+        int,
+        typer.Option(min=16, help="Cell size in px; smaller samples grow by whole factors."),
+    ] = 128,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print what each cell shows and where, as JSON.")
+    ] = False,
+) -> None:
+    """Write a PNG contact sheet of samples, each labelled with its class and sample id; or,
+    with --rejects, of rejected files with their reason.
+
+    Example:  etl show artifacts -n 32 --class circle --out circles.png
+
+    Rejects:  etl show artifacts --rejects --config pipeline.yaml
+    """
+    wanted_classes, wanted_splits = _split_commas(classes), _split_commas(splits)
+    wanted_ids, wanted_reasons = _split_commas([ids] if ids else None), _split_commas(reasons)
+    if wanted_ids and (wanted_classes or wanted_splits):
+        raise typer.BadParameter("--ids names the samples; drop --class and --split")
+    if rejects and (wanted_ids or wanted_classes or wanted_splits):
+        raise typer.BadParameter("--rejects takes --reason, not --ids, --class or --split")
+    if not rejects and (wanted_reasons or source or config_path):
+        raise typer.BadParameter("--reason, --source and --config go with --rejects")
+    ds = explore.open_dataset(directory, version)
+    if rejects:
+        if source is None and config_path is None:
+            raise typer.BadParameter("--rejects needs --source DIR or --config pipeline.yaml")
+        config = load_config(config_path) if config_path else None
+        if source is None:
+            from etl.audit import source_root_of  # one rule: where `source` paths are relative to
+
+            assert config is not None
+            source = source_root_of(config)
+        if not source.is_dir():
+            raise EtlError(f"source root {source} is not a folder (--source or source.path)")
+        sheet = ds.reject_sheet(
+            source,
+            decode=config.decode if config else None,
+            n=count,
+            seed=seed,
+            reasons=wanted_reasons,
+            columns=columns,
+            cell=cell,
+        )
+        what = "rejects"
+    else:
+        sheet = ds.contact_sheet(
+            n=count,
+            seed=seed,
+            split=wanted_splits,
+            classes=wanted_classes,
+            ids=wanted_ids,
+            columns=columns,
+            cell=cell,
+        )
+        what = "samples"
+    _save_png(sheet.image, out_path)
+    if as_json:
+        payload = {"out": str(out_path), "version": ds.version, "kind": what, **sheet.to_dict()}
+        print(json.dumps(payload, indent=2))
+        return
+    width, height = sheet.image.size
+    out.print(
+        f"wrote {out_path} ({width}x{height} px): {len(sheet.boxes)} {what} of version "
+        f"{ds.version}" + ("" if wanted_ids else f", seed {seed}"),
+        highlight=False,
+        soft_wrap=True,
+    )

@@ -1,0 +1,319 @@
+"""`etl init`: survey a class-per-folder tree and write a commented pipeline.yaml for it.
+
+`survey` lists the folder as `etl run` would (`etl.sources.list_folder`, default patterns) and
+reads the headers of a sample of images; `render` turns that into YAML text in which every key
+is written out with its default, taken from the config models themselves so the file cannot drift
+from the schema; `write` puts it in place. The file loads with `etl.config.load_config` as is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from PIL import Image
+
+from etl.config import (
+    DecodeStage,
+    FolderSource,
+    OutputConfig,
+    ResizeStage,
+    RunConfig,
+    ValidateStage,
+)
+from etl.errors import EtlError, SourceError
+from etl.sources import list_folder
+
+SIZES = (32, 64, 96, 128, 160, 224, 256)
+"""Square sizes `etl init` suggests: the largest at or below the median shorter source side."""
+
+GREY_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N"})
+_SWAPS_AXES = frozenset({5, 6, 7, 8})
+MAX_CLASSES_LISTED = 100
+"""Classes listed one per line in the header comment; beyond that, a count."""
+
+
+def suggest_size(shorter_side: float) -> int:
+    """The largest of SIZES not above `shorter_side` (so samples are rarely upscaled); the
+    smallest when every size is above it."""
+    below = [s for s in SIZES if s <= shorter_side]
+    return below[-1] if below else SIZES[0]
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What `etl init` found under a source folder."""
+
+    root: Path
+    classes: dict[str, int]
+    """Images per class folder, by sorted name (the label order `etl run` uses)."""
+    outside: int
+    """Files `etl run` would reject while listing: outside any class folder, links out of root."""
+    sampled: int
+    """Images whose header was read for the size statistics."""
+    unreadable: int
+    """Sampled files whose header Pillow could not read (`etl run` will reject them)."""
+    median_hw: tuple[int, int] | None
+    """Median (height, width) of the readable sampled images, after EXIF orientation."""
+    median_shorter: float | None
+    grey: bool
+    """Every readable sampled image is greyscale."""
+
+    @property
+    def images(self) -> int:
+        return sum(self.classes.values())
+
+    @property
+    def size(self) -> int:
+        """The suggested square output size."""
+        return suggest_size(self.median_shorter) if self.median_shorter else SIZES[1]
+
+
+def survey(root: Path | str, sample: int = 200) -> Survey:
+    """List `root` as a folder source and read the headers of up to `sample` images, spread
+    evenly over the sorted listing (deterministic)."""
+    root = Path(root).resolve()
+    if not root.is_dir():
+        raise SourceError(f"{root}: not a folder; expected one sub-folder of images per class")
+    listing = list_folder(FolderSource(path=root))
+    if not listing.files:
+        raise SourceError(
+            f"{root}: no images inside class folders (expected {root.name}/<class>/<image>, "
+            f"with names matching {', '.join(FolderSource.model_fields['include'].default)})"
+        )
+    classes: dict[str, int] = {}
+    for f in listing.files:
+        assert f.class_name is not None
+        classes[f.class_name] = classes.get(f.class_name, 0) + 1
+    n = len(listing.files)
+    picks = sorted({round(i * (n - 1) / max(1, min(sample, n) - 1)) for i in range(min(sample, n))})
+    sizes: list[tuple[int, int]] = []
+    grey = True
+    for i in picks:
+        header = _header(listing.files[i].path)
+        if header is not None:
+            sizes.append(header[0])
+            grey &= header[1] in GREY_MODES
+    shorter = statistics.median(min(hw) for hw in sizes) if sizes else None
+    median_hw = (
+        (
+            round(statistics.median(h for h, _ in sizes)),
+            round(statistics.median(w for _, w in sizes)),
+        )
+        if sizes
+        else None
+    )
+    return Survey(
+        root=root,
+        classes=dict(sorted(classes.items())),
+        outside=len(listing.rejects),
+        sampled=len(picks),
+        unreadable=len(picks) - len(sizes),
+        median_hw=median_hw,
+        median_shorter=shorter,
+        grey=grey and bool(sizes),
+    )
+
+
+def _header(path: str) -> tuple[tuple[int, int], str] | None:
+    """((height, width) after EXIF orientation, mode) from the file's header; None if unreadable."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a decompression-bomb warning: we read no pixels
+            with Image.open(path) as image:
+                width, height = image.size
+                if image.getexif().get(0x0112) in _SWAPS_AXES:
+                    width, height = height, width
+                return (height, width), image.mode
+    except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError):
+        return None
+
+
+# --- rendering --------------------------------------------------------------------------------
+
+_PLAIN = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_./@+-]*")
+
+
+def yaml_value(value: Any) -> str:
+    """One value in YAML flow style; strings are quoted unless they read back unchanged."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str | Path):
+        text = str(value)
+        if _PLAIN.fullmatch(text) and yaml.safe_load(text) == text:
+            return text
+        return _double_quoted(text)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(yaml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{yaml_value(k)}: {yaml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"no YAML form for {value!r}")
+
+
+def _double_quoted(text: str) -> str:
+    """A YAML double-quoted scalar: printable characters as they are, the rest escaped.
+
+    NOTE: not json.dumps: PyYAML reads its surrogate pairs for astral characters as two."""
+    out = []
+    for c in text:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif c.isprintable():
+            out.append(c)
+        else:
+            out.append(f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}")
+    return '"' + "".join(out) + '"'
+
+
+def _kv(indent: int, key: str, value: Any, comment: str = "") -> str:
+    text = f"{' ' * indent}{key}: {yaml_value(value)}"
+    return f"{text:<24}  # {comment}" if comment else text
+
+
+def _comment(text: str) -> str:
+    """Names found on disk are shown in comments: no newline or control character gets through."""
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
+def _relative(path: Path, start: Path) -> str:
+    return Path(os.path.relpath(path, start)).as_posix()
+
+
+def render(found: Survey, config_path: Path) -> str:
+    """The commented pipeline.yaml for `found`, to be written at `config_path` (relative paths in
+    it are relative to that file's folder, as `load_config` reads them)."""
+    base = config_path.resolve().parent
+    size = found.size
+    output_dir = base / "artifacts"
+    if output_dir == found.root or output_dir.is_relative_to(found.root):
+        output_dir = found.root.parent / f"{found.root.name}-artifacts"  # never inside the source
+    source = FolderSource(path=found.root)
+    decode = DecodeStage(mode="L" if found.grey else "RGB")
+    validate = ValidateStage()
+    resize = ResizeStage(size=(size, size))
+    output = OutputConfig()
+    run = RunConfig()
+    name = config_path.name
+
+    head = [
+        f"# {name} for {_comment(_relative(found.root, base))}, written by `etl init`.",
+        "# Every key is written out with its default unless a comment says otherwise; README.md",
+        "# (section pipeline.yaml) documents them.",
+        f"# Check it: etl validate {name}    Run it: etl run {name}",
+        "#",
+        f"# Found {found.images} images in {len(found.classes)} class folders "
+        "(label = index in sorted names):",
+    ]
+    width = max(len(_comment(c)) for c in found.classes)
+    for cls, n in list(found.classes.items())[:MAX_CLASSES_LISTED]:
+        head.append(f"#   {_comment(cls):<{width}}  {n}")
+    if len(found.classes) > MAX_CLASSES_LISTED:
+        head.append(f"#   ... and {len(found.classes) - MAX_CLASSES_LISTED} more classes")
+    if found.outside:
+        head.append(
+            f"# {found.outside} file(s) are outside any class folder (or link outside it): "
+            "`etl run` rejects them."
+        )
+    if found.median_hw is not None and found.median_shorter is not None:
+        h, w = found.median_hw
+        head.append(
+            f"# Source sizes: median {h}x{w} (HxW) over {found.sampled - found.unreadable} "
+            f"sampled images; median shorter side {found.median_shorter:g} px -> size {size}."
+        )
+    else:
+        head.append(f"# No sampled image header was readable: size {size} is a guess.")
+    if found.unreadable:
+        head.append(f"# {found.unreadable} sampled file(s) could not be read: expect rejects.")
+
+    lines = [
+        *head,
+        "",
+        "source:",
+        _kv(2, "kind", source.kind, "one sub-folder per class; or listing (CSV/Parquet)"),
+        _kv(2, "path", _relative(found.root, base), "relative to this file"),
+        _kv(2, "include", list(source.include), "fnmatch on the relative path, any case"),
+        _kv(2, "exclude", list(source.exclude), 'e.g. ["*/_drafts/*"]'),
+        "  # classes fixes the label order (default: sorted folder names); uncomment to pin it:",
+        *_wrapped_comment("  # classes: ", list(found.classes)),
+        "  split:                  # fractions by a hash of the path; the rest is train",
+        *[_kv(4, k, v) for k, v in source.split.items()],
+        "",
+        "stages:                   # decode first, resize required; validate and call optional",
+        "  - decode:",
+        _kv(
+            6,
+            "mode",
+            decode.mode,
+            "RGB or L" + (" (every sampled image is grey)" if found.grey else ""),
+        ),
+        _kv(6, "background", list(decode.background), "alpha is composited onto this colour"),
+        _kv(6, "max_pixels", decode.max_pixels, "decompression-bomb guard"),
+        _kv(6, "multi_frame", decode.multi_frame, "or reject (animations, multi-page)"),
+        "  - validate:",
+        _kv(6, "min_size", validate.min_size, "e.g. [32, 32]: refuse smaller sources (HxW)"),
+        _kv(6, "max_aspect", validate.max_aspect, "e.g. 4.0: refuse long thin sources"),
+        _kv(6, "duplicates", validate.duplicates, "or allow, reject_all (same content hash)"),
+        "  - resize:",
+        _kv(6, "size", list(resize.size), "stored [height, width] (suggested, see above)"),
+        _kv(6, "mode", resize.mode, "or pad, stretch"),
+        _kv(6, "filter", resize.filter, "nearest, bilinear, bicubic, lanczos, box, hamming"),
+        _kv(6, "fill", list(resize.fill), "letterbox colour of mode pad"),
+        _kv(6, "draft", resize.draft, "true: faster JPEG decode at reduced scale"),
+        '  # - call: {function: "mypackage.module:function", options: {}}   # fn(array) -> array',
+        "",
+        "output:",
+        _kv(2, "dir", _relative(output_dir, base), "relative to this file; outside source.path"),
+        _kv(2, "shard_size", "256MiB", "the default; or set samples_per_shard instead"),
+        _kv(2, "samples_per_shard", output.samples_per_shard, "rows per shard, e.g. 1000"),
+        _kv(2, "layout", output.layout, "or CHW"),
+        _kv(2, "checksum", output.checksum, "or xxh3_128, blake3, sha256"),
+        "",
+        "run:                      # does not change the output",
+        _kv(2, "n_jobs", run.n_jobs, "-1: every core; --jobs overrides"),
+        _kv(2, "backend", run.backend, "or threading, sequential, dask; --backend overrides"),
+        _kv(2, "address", run.address, "dask scheduler, e.g. tcp://10.0.0.5:8786"),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _wrapped_comment(prefix: str, values: list[str], width: int = 100) -> list[str]:
+    """A flow list cut into comment lines that, uncommented together, are still valid YAML."""
+    lines, current = [], prefix + "["
+    indent = prefix[: prefix.index("#") + 1] + "   "  # uncommented: deeper than the key
+    for i, value in enumerate(values):
+        item = yaml_value(value) + ("]" if i == len(values) - 1 else ",")
+        if len(current) + len(item) + 1 > width and not current.endswith("["):
+            lines.append(current)
+            current = indent + item
+        else:
+            current += ("" if current.endswith("[") else " ") + item
+    return [*lines, current]
+
+
+def write(path: Path | str, text: str, force: bool = False) -> Path:
+    """Write `text` to `path` through a temp file and a rename; refuse to replace an existing
+    file unless `force`."""
+    path = Path(path)
+    if path.exists() and not force:
+        raise EtlError(f"{path}: exists already; pass --force to overwrite it")
+    if path.is_dir():
+        raise EtlError(f"{path}: is a folder; give the path of the YAML file to write")
+    if not path.parent.is_dir():
+        raise EtlError(f"{path.parent}: no such folder")
+    temp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    try:
+        temp.write_text(text, encoding="utf-8")
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
+    return path
