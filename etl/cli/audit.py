@@ -12,21 +12,12 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import typer
 from rich.padding import Padding
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
-from rich.progress import Progress as RichProgress
 from rich.table import Table
 from rich.text import Text
 
 from etl import audit as audit_lib
 from etl import repair as repair_lib
-from etl.cli.app import app, err, out
+from etl.cli.app import app, out
 from etl.cli.progress import BarProgress
 from etl.config import load_config
 from etl.errors import EtlError
@@ -45,26 +36,7 @@ class AuditBar(BarProgress):
         "sources": "hashing sources",
         "repair": "re-packing samples",
     }
-
-    def start(self, phase: str, total: int) -> None:
-        if phase != "verify":
-            super().start(phase, total)
-            return
-        if not self.enabled or total == 0:
-            return
-        self._bar = RichProgress(
-            TextColumn("{task.description:<22}"),
-            BarColumn(),
-            DownloadColumn(binary_units=True),
-            TransferSpeedColumn(),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            console=err,
-            transient=False,
-        )
-        self._bar.start()
-        self._task = self._bar.add_task(self.LABELS[phase], total=total)
+    BYTE_PHASES: ClassVar[frozenset[str]] = frozenset({"verify"})
 
 
 def _mib(n: float) -> str:

@@ -6,12 +6,14 @@ from typing import ClassVar
 
 from rich.progress import (
     BarColumn,
+    DownloadColumn,
     MofNCompleteColumn,
     ProgressColumn,
     TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
+    TransferSpeedColumn,
 )
 from rich.progress import Progress as RichProgress
 from rich.progress import Task as RichTask
@@ -33,6 +35,8 @@ class BarProgress(pipeline.Progress):
     """A rich progress bar per phase, with rate and ETA, drawn on stderr."""
 
     LABELS: ClassVar[dict[str, str]] = {"hash": "hashing sources", "pack": "decode, resize, pack"}
+    BYTE_PHASES: ClassVar[frozenset[str]] = frozenset()
+    """Phases counted in bytes (shown as MiB and MiB/s) rather than items."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
@@ -42,11 +46,15 @@ class BarProgress(pipeline.Progress):
     def start(self, phase: str, total: int) -> None:
         if not self.enabled or total == 0:
             return
+        counted: tuple[ProgressColumn, ...] = (
+            (DownloadColumn(binary_units=True), TransferSpeedColumn())
+            if phase in self.BYTE_PHASES
+            else (MofNCompleteColumn(), RateColumn())
+        )
         self._bar = RichProgress(
             TextColumn("{task.description:<22}"),
             BarColumn(),
-            MofNCompleteColumn(),
-            RateColumn(),
+            *counted,
             TimeElapsedColumn(),
             TextColumn("ETA"),
             TimeRemainingColumn(),
