@@ -1,0 +1,33 @@
+"""Run every benchmark whose results are in README.md, one after another (`make bench`).
+
+Each runs in its own process so that one's page cache and worker pools do not colour the next
+one's numbers more than the machine already does.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+BENCHMARKS = (
+    "bench_pack",
+    "bench_loaders",
+    "bench_incremental",
+    "bench_audit",
+    "bench_dask",
+    "bench_lmdb",
+)
+
+
+def main() -> None:
+    failed = []
+    for name in sys.argv[1:] or BENCHMARKS:
+        print(f"\n## {name}\n", flush=True)
+        if subprocess.run([sys.executable, "-m", f"benchmarks.{name}"], check=False).returncode:
+            failed.append(name)
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main()
