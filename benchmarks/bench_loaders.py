@@ -6,19 +6,22 @@
 Everything is measured in one run on the same machine and page-cached data: random-order
 batches of 256 from `artifacts/` through `loaders` (map-style and stream, 0 and 2 workers),
 against (a) a per-file Dataset that decodes and resizes each source image with Pillow, (b) one
-sample per `__getitem__` from a single big memmap with the default collate, and (c) memcpy.
-Timings are the best of a few repeats (the machine may be shared); no result is asserted.
+sample per `__getitem__` from a single big memmap with the default collate, and (c) memcpy (a
+single-thread np.copyto of one large buffer). The machine may be shared and noisy: every
+contender, memcpy included, is measured once per round, rounds are repeated, and the tables
+give medians over rounds (ratios are per-round ratios, then the median). No result is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -55,28 +58,39 @@ from loaders import (
 BATCH = 256
 
 
-def best_seconds(run: Callable[[], Any], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
+def seconds(run: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+class Memcpy:
+    """(c): single-thread np.copyto of one large buffer, far larger than the caches; measured
+    again in every round so that ratios compare numbers taken under the same load, as the best
+    of three copies (other processes can only make a copy slower, never faster)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.src = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
+        self.dst = np.empty_like(self.src)
+        np.copyto(self.dst, self.src)  # fault every page in first
+
+    def gbps(self) -> float:
+        best = min(seconds(lambda: np.copyto(self.dst, self.src)) for _ in range(3))
+        return self.src.nbytes / best / 1e9
+
+
+def median(values: Iterable[float]) -> float:
+    return float(np.median(list(values)))
 
 
 # --- (c) memcpy and the copy methods -------------------------------------------------------
 
 
-def memcpy_gbps(nbytes: int, repeats: int) -> float:
-    """np.copyto of one large buffer: the ceiling for any gather from page-cached shards."""
-    src = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)
-    return nbytes / best_seconds(lambda: np.copyto(dst, src), repeats) / 1e9
-
-
-def copy_methods(ds: PackedDataset, big: NDArray[np.uint8], batches: int, repeats: int) -> dict:
-    """GB/s of ways to gather random batches of BATCH samples into a preallocated buffer."""
+def copy_methods(
+    ds: PackedDataset, big: NDArray[np.uint8], memcpy: Memcpy, batches: int, rounds: int
+) -> dict[str, list[tuple[float, float]]]:
+    """(GB/s, GB/s of memcpy in the same round) per round, for ways to gather random batches of
+    BATCH samples into a preallocated buffer."""
     sel = ds.selection
     rng = np.random.default_rng(1)
     picks = [rng.integers(0, len(ds), BATCH) for _ in range(batches)]
@@ -88,6 +102,9 @@ def copy_methods(ds: PackedDataset, big: NDArray[np.uint8], batches: int, repeat
 
     def loaders_gather(i: NDArray[np.int64]) -> None:
         ds.reader.gather(sel.shard_idx[i], sel.rows[i], out)
+
+    def loaders_getitems(i: NDArray[np.int64]) -> None:
+        ds.__getitems__(i.tolist())  # a list of ints, as DataLoader passes it
 
     def copyto_rows(i: NDArray[np.int64]) -> None:
         pairs = zip(sel.shard_idx[i].tolist(), sel.rows[i].tolist(), strict=True)
@@ -104,11 +121,21 @@ def copy_methods(ds: PackedDataset, big: NDArray[np.uint8], batches: int, repeat
             where = np.flatnonzero(sel.shard_idx[i] == s)
             out[where] = shards[s][sel.rows[i][where]]
 
+    def take_per_shard_sorted(i: NDArray[np.int64]) -> None:
+        order = np.argsort(sel.shard_idx[i], kind="stable")
+        shard, row = sel.shard_idx[i][order], sel.rows[i][order]
+        cuts = (np.flatnonzero(np.diff(shard)) + 1).tolist()
+        for a, b in zip([0, *cuts], [*cuts, len(i)], strict=True):
+            np.take(shards[shard[a]], row[a:b], axis=0, out=out[a:b], mode="clip")
+
     def fancy_big(i: NDArray[np.int64]) -> None:
         out[...] = big[i]
 
     def take_big(i: NDArray[np.int64]) -> None:
         np.take(big, i, axis=0, out=out)
+
+    def take_big_clip(i: NDArray[np.int64]) -> None:
+        np.take(big, i, axis=0, out=out, mode="clip")
 
     def index_select_big(i: NDArray[np.int64]) -> None:
         torch.index_select(big_tensor, 0, torch.from_numpy(i), out=flat_out)
@@ -117,20 +144,27 @@ def copy_methods(ds: PackedDataset, big: NDArray[np.uint8], batches: int, repeat
         np.copyto(out, big[:BATCH])
 
     methods: dict[str, Callable[[NDArray[np.int64]], None]] = {
-        "loaders: memoryview slice per row (sorted, runs merged)": loaders_gather,
+        "loaders ShardReader.gather: memoryview slice per row, order kept": loaders_gather,
+        "loaders __getitems__: gather + labels + reused batch buffer": loaders_getitems,
         "np.copyto per row, ndarray views": copyto_rows,
         "np.copyto per row, np.memmap objects": copyto_rows_memmap,
-        "numpy fancy indexing per shard": fancy_per_shard,
-        "numpy fancy indexing, one 4-d memmap": fancy_big,
-        "np.take(axis=0, out=), one 4-d memmap": take_big,
+        "numpy fancy indexing per shard, scattered into the batch": fancy_per_shard,
+        "np.take(mode='clip') per shard, batch left in (shard, row) order**": (
+            take_per_shard_sorted
+        ),
+        "numpy fancy indexing, one 4-d memmap*": fancy_big,
+        "np.take(axis=0, out=), one 4-d memmap* (mode='raise' copies out)": take_big,
+        "np.take(axis=0, out=, mode='clip'), one 4-d memmap*: a C loop per row": take_big_clip,
         "torch.index_select(out=), one big tensor*": index_select_big,
         "memcpy of the same bytes, contiguous": memcpy_batch,
     }
     nbytes = batches * BATCH * int(np.prod(ds.sample_shape))
-    results = {}
-    for name, method in methods.items():
-        seconds = best_seconds(partial(_each, method, picks), repeats)
-        results[name] = nbytes / seconds / 1e9
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in methods}
+    for _ in range(rounds):
+        reference = memcpy.gbps()
+        for name, method in methods.items():
+            rate = nbytes / seconds(partial(_each, method, picks)) / 1e9
+            results[name].append((rate, reference))
     return results
 
 
@@ -175,28 +209,32 @@ class BigMemmap(Dataset[tuple[torch.Tensor, int]]):
         return torch.from_numpy(np.array(self.data[i])), int(self.labels[i])
 
 
-def throughput(
-    make: Callable[[], Iterable[Any]], sample_bytes: int, min_seconds: float, max_batches: int
-) -> tuple[float, float]:
-    """(samples/s, GB/s) over whole passes after one warm-up pass (workers started, pages in)."""
-    loader = make()
-    for _ in _limited(loader, max_batches):
-        pass
-    samples, start = 0, time.perf_counter()
+def one_round(loader: Iterable[Any], min_seconds: float) -> tuple[float, float, float]:
+    """(samples/s, CPU seconds per batch of the main process, of its children) over whole
+    epochs lasting at least min_seconds.
+
+    CPU times count all threads: the main process's is what receiving costs the training
+    process; the children's is the workers' (idle workers of other loaders add nothing).
+    """
+    samples = batches = 0
+    start, cpu, children = time.perf_counter(), time.process_time(), _children_cpu()
     while True:
-        for batch in _limited(loader, max_batches):
+        for batch in loader:
             samples += len(batch[1])
+            batches += 1
         elapsed = time.perf_counter() - start
         if elapsed >= min_seconds:
-            break
-    return samples / elapsed, samples * sample_bytes / elapsed / 1e9
+            main = (time.process_time() - cpu) / batches
+            return samples / elapsed, main, (_children_cpu() - children) / batches
 
 
-def _limited(loader: Iterable[Any], n: int) -> Iterator[Any]:
-    for i, batch in enumerate(loader):
-        if i >= n:
-            break
-        yield batch
+def _children_cpu() -> float:
+    total = 0.0
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            times = child.cpu_times()
+            total += times.user + times.system
+    return total
 
 
 # --- resident memory over an epoch ---------------------------------------------------------
@@ -294,26 +332,36 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def report_copies(ds: PackedDataset, big: NDArray[np.uint8], quick: bool) -> float:
-    repeats = 3 if quick else 7
-    memcpy = memcpy_gbps((64 if quick else 512) << 20, repeats)
-    methods = copy_methods(ds, big, batches=20 if quick else 60, repeats=repeats)
-    rows = [[name, f"{v:.2f}", f"{v / memcpy:.0%}"] for name, v in methods.items()]
-    rows.append(["(c) np.copyto of one large buffer (memcpy)", f"{memcpy:.2f}", "100%"])
-    print("## Copy methods: random batches of 256 into a preallocated buffer\n")
+def report_copies(ds: PackedDataset, big: NDArray[np.uint8], memcpy: Memcpy, quick: bool) -> None:
+    rounds = 3 if quick else 7
+    methods = copy_methods(ds, big, memcpy, batches=20 if quick else 60, rounds=rounds)
+    rows = [
+        [name, f"{median(r for r, _ in v):.2f}", f"{median(r / c for r, c in v):.0%}"]
+        for name, v in methods.items()
+    ]
+    reference = [c for _, c in next(iter(methods.values()))]
+    rows.append(["(c) np.copyto of one large buffer (memcpy)", f"{median(reference):.2f}", "100%"])
+    print(f"## Copy methods: random batches of {BATCH} into a preallocated buffer\n")
+    print(f"Median of {rounds} rounds; 'of memcpy' is the median of per-round ratios.\n")
     print(table(["method", "GB/s", "of memcpy"], rows))
-    print("\n*needs the whole dataset in one array: not possible across shard files.\n")
-    return memcpy
+    print(
+        "\n*needs the whole dataset in one array: not possible across shard files. "
+        "**C speed, but a batch in the order asked needs a second pass.\n"
+    )
 
 
 def report_throughput(
-    ds: PackedDataset, files: list[Path], big_path: Path, memcpy: float, quick: bool
+    ds: PackedDataset, files: list[Path], big_path: Path, memcpy: Memcpy, quick: bool
 ) -> None:
-    min_seconds = 0.5 if quick else 2.0
+    min_seconds, rounds = (0.5, 3) if quick else (1.5, 5)
     sample_bytes = int(np.prod(ds.sample_shape))
     labels = ds.labels
     generator = torch.Generator().manual_seed(0)
-    pillow_batches = 2 if quick else 6  # per pass: it is that slow
+    # (a) reads a random subset, whole epochs of it: an abandoned epoch would leave workers
+    # decoding in the background while the next contender is measured.
+    subset = np.random.default_rng(2).permutation(len(ds))[: (2 if quick else 6) * BATCH]
+    some_files = [files[i] for i in subset]
+    some_labels = labels[subset].tolist()
 
     def ours(w: int) -> Iterable[Any]:
         return make_loader(
@@ -325,43 +373,80 @@ def report_throughput(
         return stream_loader(packed, num_workers=w, persistent_workers=w > 0)
 
     def torch_loader(dataset: Dataset[Any], w: int) -> Iterable[Any]:
-        sampler = RandomSampler(range(len(ds)), generator=generator)
+        sampler = RandomSampler(range(len(dataset)), generator=generator)  # type: ignore[arg-type]
         return DataLoader(dataset, BATCH, sampler=sampler, num_workers=w, persistent_workers=w > 0)
 
     def memmap(w: int) -> Iterable[Any]:
         return torch_loader(BigMemmap(big_path, labels), w)
 
     def pillow(w: int) -> Iterable[Any]:
-        return torch_loader(PillowFiles(files, labels.tolist(), ds.sample_shape[:2]), w)
+        return torch_loader(PillowFiles(some_files, some_labels, ds.sample_shape[:2]), w)
 
-    kinds: dict[str, tuple[Callable[[int], Iterable[Any]], int]] = {
-        "loaders PackedDataset (shuffle=True)": (ours, 10**9),
-        "loaders PackedStream": (stream, 10**9),
-        "(b) one big memmap, __getitem__ + default collate": (memmap, 10**9),
-        "(a) Pillow open + decode + resize per file": (pillow, pillow_batches),
+    a, b = "(a) Pillow open + decode + resize per file", "(b) one big memmap, __getitem__ + collate"
+    kinds: dict[str, Callable[[int], Iterable[Any]]] = {
+        "loaders PackedDataset (shuffle=True)": ours,
+        "loaders PackedStream": stream,
+        b: memmap,
+        a: pillow,
     }
+    contenders = {(name, w): make(w) for w in (0, 2) for name, make in kinds.items()}
+    for loader in contenders.values():  # warm up: workers started, pages mapped
+        for _ in loader:
+            pass
+    measured: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {
+        key: [] for key in contenders
+    }
+    for _ in range(rounds):
+        reference = memcpy.gbps()
+        for key, loader in contenders.items():
+            measured[key].append((*one_round(loader, min_seconds), reference))
+
+    def per_round(key: tuple[str, int], other: tuple[str, int]) -> float:
+        return median(x[0] / y[0] for x, y in zip(measured[key], measured[other], strict=True))
+
     rows = []
-    for w in (0, 2):
-        rates = {
-            name: throughput(partial(make, w), sample_bytes, min_seconds, limit)
-            for name, (make, limit) in kinds.items()
-        }
-        pil = rates["(a) Pillow open + decode + resize per file"][0]
-        per_item = rates["(b) one big memmap, __getitem__ + default collate"][0]
-        for name, (rate, gbps) in rates.items():
-            rows.append(
-                [
-                    name,
-                    str(w),
-                    f"{rate:,.0f}",
-                    f"{gbps:.2f}",
-                    f"{rate / pil:,.0f}x",
-                    f"{rate / per_item:.1f}x",
-                    f"{gbps / memcpy:.0%}",
-                ]
-            )
+    for (name, w), values in measured.items():
+        rate = median(v[0] for v in values)
+        gbps = rate * sample_bytes / 1e9
+        of_memcpy = median(v[0] * sample_bytes / 1e9 / v[3] for v in values)
+        rows.append(
+            [
+                name,
+                str(w),
+                f"{rate:,.0f}",
+                f"{gbps:.2f}",
+                f"{per_round((name, w), (a, w)):,.0f}x",
+                f"{per_round((name, w), (b, w)):.1f}x",
+                f"{of_memcpy:.0%}",
+                f"{per_round((name, w), (name, 0)):.2f}x",
+                f"{median(v[1] for v in values) * 1e6:,.0f}",
+                f"{median(v[2] for v in values) * 1e6:,.0f}" if w else "-",
+            ]
+        )
+    reference = median(v[3] for v in next(iter(measured.values())))
+    memcpy_row = ["(c) np.copyto of one large buffer (memcpy)", "-", "-", f"{reference:.2f}"]
+    rows.append(memcpy_row + ["-"] * (len(rows[0]) - len(memcpy_row)))
     print(f"## Random-order batches of {BATCH} from page-cached data\n")
-    header = ["loader", "workers", "samples/s", "GB/s", "vs (a)", "vs (b)", "of (c) memcpy"]
+    print(
+        f"Median of {rounds} rounds of >= {min_seconds} s each, every contender and memcpy once "
+        "per round; ratios are medians of per-round ratios. 'vs (a)' and 'vs (b)' compare at "
+        "the same number of workers. 'main CPU' is the main process's CPU time per batch (all "
+        "its threads): with workers, what receiving a batch costs the training process; "
+        "'workers' CPU' is theirs, all workers together. Workers beat 0 workers only when the "
+        "cores can run main + workers' CPU per batch in less time than 0 workers take.\n"
+    )
+    header = [
+        "loader",
+        "workers",
+        "samples/s",
+        "GB/s",
+        "vs (a)",
+        "vs (b)",
+        "of (c) memcpy",
+        "vs 0 workers",
+        "main CPU us/batch",
+        "workers' CPU us/batch",
+    ]
     print(table(header, rows))
 
 
@@ -437,17 +522,21 @@ def main() -> None:
     print(f"# loaders benchmark ({'quick' if args.quick else 'full'})\n")
     print(
         f"{len(ds)} train samples of {ds.sample_shape} uint8 in {len(ds.selection.shards)} "
-        f"shards; {os.cpu_count()} CPUs; torch {torch.__version__}\n"
+        f"shards; {os.cpu_count()} CPUs; torch {torch.__version__}; "
+        f"load average before: {os.getloadavg()[0]:.2f}\n"
     )
     with tempfile.TemporaryDirectory(prefix="bench-loaders-") as tmp:
         workdir = Path(tmp)
         big_path = workdir / "big.npy"
         np.save(big_path, ds.__getitems__(list(range(len(ds)))).images.numpy())
         big = np.load(big_path, mmap_mode="r")
-        memcpy = report_copies(ds, big, args.quick)
+        memcpy = Memcpy((64 if args.quick else 512) << 20)
+        report_copies(ds, big, memcpy, args.quick)
         sources = catalog.table.take(ds.selection.positions).column("source").to_pylist()
         files = [args.sources / s for s in sources]
         report_throughput(ds, files, big_path, memcpy, args.quick)
+        print(f"\nLoad average (1 min) after these measurements: {os.getloadavg()[0]:.2f}")
+        del memcpy, big  # their buffers would count in the resident memory measured next
         report_rss(workdir, ds.sample_shape, args.quick)
     report_quality(ds)
 

@@ -9,13 +9,15 @@
             ...
 
 Modules, in data-flow order: `catalog` (manifest -> selection), `reader` (shards -> memory),
-`dataset` and `stream` (torch datasets), `orders` (pure sample orders), `samplers` (torch
-wrappers), `quality` (shuffle quality), `loader` (DataLoader builders, resume), `device`
-(to the GPU).
+`batches` (the batch type; the memory batches are gathered into: reused buffers, pinned
+memory, the workers' shared ring), `dataset` and `stream` (torch datasets), `orders` (pure
+sample orders), `samplers` (torch wrappers), `quality` (shuffle quality), `loader` (DataLoader
+builders, resume), `device` (to the GPU).
 """
 
+from loaders.batches import Batch
 from loaders.catalog import Catalog, Selection, ShardSet, open_catalog
-from loaders.dataset import Batch, PackedDataset, collate_batch
+from loaders.dataset import PackedDataset, collate_batch
 from loaders.device import DeviceLoader, prepare_images
 from loaders.dist import rank_and_world
 from loaders.loader import SHUFFLES, PackedLoader, make_loader, stream_loader

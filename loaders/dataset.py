@@ -1,35 +1,29 @@
 """The map-style dataset: index -> (uint8 image in the stored layout, int label).
 
 A batch is fetched with `__getitems__` straight into one contiguous buffer, not sample by sample
-through a collate function. Only the selection's compact arrays travel to worker processes;
-each worker maps the shards it reads (see `loaders.reader`).
+through a collate function; where that buffer lives is `loaders.batches`' decision. Only the
+selection's compact arrays travel to worker processes; each worker maps the shards it reads
+(see `loaders.reader`).
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 from torch.utils.data import Dataset
 
+from loaders.batches import Batch, BatchMemory
 from loaders.catalog import Selection, Where, open_catalog
-from loaders.reader import ShardReader, new_batch
+from loaders.reader import ShardReader
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
-
-
-class Batch(NamedTuple):
-    """A batch as every loader here yields it: `images, labels = batch` works."""
-
-    images: torch.Tensor
-    """uint8 [B, *sample_shape] in the stored layout (HWC or CHW), unless a transform changed it."""
-    labels: torch.Tensor
-    """int64 [B]."""
 
 
 def collate_batch(batch: Any) -> Any:
@@ -61,8 +55,8 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         self.selection = selection
         self.transform = transform
         self.reader = ShardReader(selection.shards, verify, release_every)
-        self.pin_output = False
-        """Gather batches into pinned memory (set by `make_loader` for num_workers=0 on CUDA)."""
+        self.memory = BatchMemory()
+        """Where batches are gathered (`make_loader` sets pinning and the workers' ring)."""
 
     @classmethod
     def open(
@@ -105,10 +99,15 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
     def __len__(self) -> int:
         return len(self.selection)
 
-    def with_pinned_output(self, pin: bool) -> PackedDataset:
-        """A shallow copy that gathers batches into pinned memory (or not)."""
+    @property
+    def pin_output(self) -> bool:
+        """Whether batches are gathered into pinned memory (num_workers=0 with CUDA)."""
+        return self.memory.pin
+
+    def with_memory(self, memory: BatchMemory) -> PackedDataset:
+        """A shallow copy that gathers its batches into `memory` (see `loaders.batches`)."""
         twin = copy.copy(self)
-        twin.pin_output = pin
+        twin.memory = memory
         return twin
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
@@ -122,19 +121,19 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
     def __getitems__(self, indices: Sequence[int]) -> Batch:
         """A whole batch gathered into one contiguous buffer, in the order of `indices`."""
         index = np.asarray(indices, dtype=np.int64)
-        if index.size and (index.min() < -len(self) or index.max() >= len(self)):
-            raise IndexError(f"index out of range for a dataset of {len(self)} samples")
-        index = index % max(len(self), 1)  # not in place: `indices` may be the caller's array
         sel = self.selection
-        labels = torch.from_numpy(sel.labels[index].astype(np.int64))
+        try:  # numpy checks the range and counts negative indices from the end, as we do
+            shard_idx, rows = sel.shard_idx[index], sel.rows[index]
+        except IndexError:
+            raise IndexError(f"index out of range for a dataset of {len(self)} samples") from None
+        labels = sel.labels[index].astype(np.int64)
         shape = (len(index), *sel.sample_shape)
         if self.transform is None:
-            images = new_batch(shape, self.pin_output)
-            self.reader.gather(sel.shard_idx[index], sel.rows[index], images.numpy())
-            return Batch(images, labels)
+            return self.memory.batch(shape, labels, partial(self.reader.gather, shard_idx, rows))
         raw = np.empty(shape, dtype=np.uint8)
-        self.reader.gather(sel.shard_idx[index], sel.rows[index], raw)
-        return Batch(torch.stack([self.transform(torch.from_numpy(x)) for x in raw]), labels)
+        self.reader.gather(shard_idx, rows, raw)
+        images = torch.stack([self.transform(torch.from_numpy(x)) for x in raw])
+        return Batch(images, torch.from_numpy(labels))
 
 
 def _check_index(index: int, length: int) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from loaders.dataset import Batch
+from loaders.batches import Batch
 
 
 def prepare_images(

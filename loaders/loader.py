@@ -5,12 +5,16 @@
   collate, never sample by sample;
 - `pin_memory` defaults to on exactly when CUDA is present; with num_workers=0 batches are
   gathered straight into pinned memory and DataLoader does not pin (copy) them again;
+- with workers, batches travel through a shared-memory ring made for this loader (see
+  `loaders.batches.SharedRing`), not a fresh shared buffer each;
 - `shuffle` picks an order by name from `SHUFFLES` (True means "random", False "sequential");
   every order is distributed-aware and resumable (`PackedLoader.state_dict`).
 """
 
 from __future__ import annotations
 
+import math
+import multiprocessing
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -19,7 +23,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from loaders.dataset import Batch, PackedDataset, collate_batch
+from loaders.batches import Batch, BatchMemory, SharedRing
+from loaders.dataset import PackedDataset, collate_batch
 from loaders.samplers import (
     BlockShuffleSampler,
     ClassBalancedSampler,
@@ -142,6 +147,33 @@ class PackedLoader:
         return self.sampler
 
 
+def batch_memory(
+    pin: bool,
+    num_workers: int,
+    prefetch_factor: int | None,
+    batch_bytes: int | None,
+    multiprocessing_context: Any,
+) -> BatchMemory:
+    """Where a loader's batches are gathered: pinned in-process, or a ring for its workers.
+
+    The ring has a slot for every batch that can be in flight (DataLoader keeps
+    `prefetch_factor` tasks per worker, and a worker claims a slot for the next task while the
+    loop still holds the batch before the one just handed out) plus two more: one for
+    `DeviceLoader`'s batch prepared ahead, one to spare. Batches held beyond that only make
+    workers fall back to a fresh shared buffer for a while. No ring without workers, or for
+    single samples (`batch_bytes` None).
+    """
+    if num_workers == 0:
+        return BatchMemory(pin=pin)
+    if batch_bytes is None:
+        return BatchMemory()
+    context = multiprocessing_context
+    if context is None or isinstance(context, str):
+        context = multiprocessing.get_context(context)
+    slots = num_workers * (prefetch_factor or 2) + 4
+    return BatchMemory(ring=SharedRing(slots, batch_bytes, context))
+
+
 def make_loader(
     dataset: PackedDataset,
     batch_size: int = 256,
@@ -168,11 +200,13 @@ def make_loader(
     size come from torch.distributed when it is initialised, unless given. `seed` drives the
     sample order; `generator` only DataLoader's own randomness (worker base seeds).
 
-    NOTE [ num_workers ]: 0 is the fastest for untransformed batches here (benchmarks/
-    bench_loaders.py: ~220k samples/s in-process against ~50k with 2 workers on 2 cores). A
-    worker's batch has to cross into the main process through a fresh shared-memory buffer,
-    and faulting in its pages costs several times the gather itself (default_collate pays the
-    same). Workers pay off when a per-sample `transform` does real CPU work.
+    NOTE [ num_workers ]: measured with benchmarks/bench_loaders.py (random batches of 256
+    x 12 KiB, 2-core VM shared with other jobs). 0 workers: ~1.0-1.4 ms of main-process CPU
+    per batch, mostly the per-row copy (`loaders.reader`). 2 workers: ~0.45 ms of main-process
+    CPU per batch (a ring slot arrives as a number, see `loaders.batches`) plus ~1.4-1.5 ms of
+    workers' CPU, so they beat 0 workers only when nearly two cores are free; with other jobs
+    on the machine they delivered ~0.7-0.8x of 0 workers (before the ring: ~0.25x). Workers
+    pay off by keeping the training process's share small, and for a per-sample `transform`.
     """
     if sampler is not None and shuffle:
         raise ValueError("pass either sampler= or shuffle=, not both (as with DataLoader)")
@@ -186,8 +220,10 @@ def make_loader(
         options = OrderOptions(batch_size, seed, rank, world_size, drop_last)
         sampler = factory(dataset, options)
     pin = resolve_pin_memory(pin_memory)
+    batch_bytes = batch_size * math.prod(dataset.sample_shape)
+    memory = batch_memory(pin, num_workers, prefetch_factor, batch_bytes, multiprocessing_context)
     loader = DataLoader(
-        dataset.with_pinned_output(pin and num_workers == 0),
+        dataset.with_memory(memory),
         batch_size=batch_size,
         sampler=sampler,
         num_workers=num_workers,
@@ -217,8 +253,11 @@ def stream_loader(
 ) -> PackedLoader:
     """A DataLoader over a `PackedStream`; batch size, order and drop_last are the stream's."""
     pin = resolve_pin_memory(pin_memory)
+    size = stream.batch_size
+    batch_bytes = None if size is None else size * math.prod(stream.selection.sample_shape)
+    memory = batch_memory(pin, num_workers, prefetch_factor, batch_bytes, multiprocessing_context)
     loader = DataLoader(
-        stream.with_pinned_output(pin and num_workers == 0),
+        stream.with_memory(memory),
         batch_size=None,
         num_workers=num_workers,
         collate_fn=collate_batch,

@@ -11,9 +11,7 @@ import os
 from typing import Any
 
 import numpy as np
-import torch
 from numpy.typing import NDArray
-from torch.utils.data import get_worker_info
 
 from etl.checksums import file_digests
 from etl.errors import ShardError
@@ -42,21 +40,6 @@ def verify_shard(path: os.PathLike[str] | str, algorithm: str, expected: str) ->
             "the shard changed after packing (repack it, or audit the dataset)"
         )
     _VERIFIED.add(key)
-
-
-def new_batch(shape: tuple[int, ...], pin: bool) -> torch.Tensor:
-    """An uninitialised uint8 batch buffer, allocated where the batch is going next.
-
-    NOTE [ batch buffers ]: in a DataLoader worker the buffer is allocated in shared memory, as
-    `default_collate` does, because a plain tensor would be copied into shared memory again when
-    it is sent to the main process. With `pin` (main process, CUDA present) the batch is gathered
-    straight into page-locked memory so the DataLoader need not pin (copy) it a second time.
-    """
-    numel = int(np.prod(shape))
-    if get_worker_info() is not None:
-        storage = torch.UntypedStorage._new_shared(numel)
-        return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
-    return torch.empty(shape, dtype=torch.uint8, pin_memory=pin)
 
 
 class ShardReader:
@@ -138,39 +121,47 @@ class ShardReader:
     ) -> None:
         """Copy samples (shard_idx[j], rows[j]) into out[j], for a C-contiguous `out`.
 
-        NOTE [ copy method ]: measured by benchmarks/bench_loaders.py (12 KiB samples, page
-        cache, batches of 256, 2-core VM; GB/s, memcpy ~7-9): a memoryview slice assignment per
-        row, a bare memcpy with little interpreter overhead, ~4.0; np.copyto per row ~2.9 (1.7 on
-        np.memmap objects); fancy indexing of one 4-d memmap ~3.9, np.take ~2.9. Fancy indexing
-        per shard (a temporary, then a scatter) wins when a batch touches few shards (~4.6 with
-        9) and loses badly with many (~2.0 with 120), so rows it is. Rows are visited sorted by
-        (shard, row): no gain once pages are cached, but cold reads then go forward through each
-        file, which is what readahead expects.
+        NOTE [ copy method ]: measured with benchmarks/bench_loaders.py (12 KiB samples, page
+        cache, random batches of 256, 2-core VM; share of a single-thread np.copyto of a large
+        buffer): a memoryview slice assignment per row, in the order asked, ~52-55%; np.copyto
+        per row ~40%; numpy fancy indexing per shard ~50%; ctypes.memmove, np.concatenate or
+        torch.cat of row views, os.preadv and pyarrow's take all lose. A C loop over random rows
+        (np.take(mode="clip") on one big array) reaches ~84%: the gap is Python's ~0.9 us per
+        row, which only a compiled gather across shard files would remove. np.take per shard is
+        C speed (~65-73%) but writes a shard's rows together, so the batch comes out in (shard,
+        row) order; restoring the order asked takes a second pass, which loses to the per-row
+        loop. Rows consecutive both in a shard and in `out` (sequential orders) are copied as
+        one run. Visiting rows sorted by (shard, row), as this did before, was ~15% slower on
+        random batches and gained nothing once pages are cached.
         """
         if not out.flags.c_contiguous:
             raise ValueError("gather needs a C-contiguous output buffer")
-        if len(rows) == 0:
+        n = len(rows)
+        if n == 0:
             return
         size = self.sample_bytes
-        dest = out.reshape(-1).data
-        order = np.lexsort((rows, shard_idx))
-        shard, row = np.asarray(shard_idx)[order], np.asarray(rows, dtype=np.int64)[order]
-        # Runs of rows that are consecutive in the shard and in `out` are copied at once (a
-        # sequential batch is one memcpy per shard); a random batch has one run per row.
-        cut = (np.diff(shard) != 0) | (np.diff(row) != 1) | (np.diff(order) != 1)
-        first = np.concatenate([[0], np.flatnonzero(cut) + 1])
-        lengths = (np.diff(np.append(first, len(order))) * size).tolist()
+        shard = np.asarray(shard_idx, dtype=np.int64)
+        row = np.asarray(rows, dtype=np.int64)
+        shards = shard.tolist()
+        for s in set(shards).difference(self._flat):
+            self._open(s)
         flat = self._flat
-        for s, start, offset, length in zip(
-            shard[first].tolist(),
-            (row[first] * size).tolist(),
-            (order[first] * size).tolist(),
-            lengths,
-            strict=True,
-        ):
-            source = flat.get(s)
-            if source is None:
-                self._open(s)
-                source = flat[s]
-            dest[offset : offset + length] = source[start : start + length]
-        self._count(len(rows) * size)
+        dest = out.reshape(-1).data
+        cut = np.flatnonzero((shard[1:] != shard[:-1]) | (row[1:] != row[:-1] + 1)) + 1
+        if len(cut) == n - 1:  # random order: one copy per row
+            offset = 0
+            for s, start in zip(shards, (row * size).tolist(), strict=True):
+                dest[offset : offset + size] = flat[s][start : start + size]
+                offset += size
+        else:
+            first = np.concatenate([[0], cut])
+            lengths = np.diff(np.append(first, n)) * size
+            for s, start, offset, length in zip(
+                shard[first].tolist(),
+                (row[first] * size).tolist(),
+                (first * size).tolist(),
+                lengths.tolist(),
+                strict=True,
+            ):
+                dest[offset : offset + length] = flat[s][start : start + length]
+        self._count(n * size)

@@ -13,17 +13,18 @@ import copy
 import heapq
 import os
 from collections.abc import Iterator
+from functools import partial
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 from torch.utils.data import IterableDataset, get_worker_info
 
+from loaders.batches import Batch, BatchMemory
 from loaders.catalog import Selection
-from loaders.dataset import Batch
 from loaders.dist import rank_and_world
 from loaders.orders import Order, seeded_rng
-from loaders.reader import ShardReader, new_batch
+from loaders.reader import ShardReader
 
 
 def assign_shards(
@@ -116,7 +117,8 @@ class PackedStream(IterableDataset[Batch | tuple[torch.Tensor, int]]):
         self.drop_last = drop_last
         self.rank, self.world_size = rank_and_world(rank, world_size)
         self.reader = ShardReader(selection.shards, verify=verify)
-        self.pin_output = False
+        self.memory = BatchMemory()
+        """Where batches are gathered (`stream_loader` sets pinning and the workers' ring)."""
         # NOTE [ epoch in shared memory ]: persistent workers keep their own copy of this
         # object, so a plain attribute set by set_epoch() would never reach them. A tensor in
         # shared memory is seen by forked and spawned workers alike.
@@ -131,10 +133,15 @@ class PackedStream(IterableDataset[Batch | tuple[torch.Tensor, int]]):
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         self._epoch.fill_(int(epoch))
 
-    def with_pinned_output(self, pin: bool) -> PackedStream:
-        """A shallow copy that gathers batches into pinned memory (or not)."""
+    @property
+    def pin_output(self) -> bool:
+        """Whether batches are gathered into pinned memory (num_workers=0 with CUDA)."""
+        return self.memory.pin
+
+    def with_memory(self, memory: BatchMemory) -> PackedStream:
+        """A shallow copy that gathers its batches into `memory` (see `loaders.batches`)."""
         twin = copy.copy(self)
-        twin.pin_output = pin
+        twin.memory = memory
         return twin
 
     def slot(self) -> tuple[int, int]:
@@ -173,9 +180,11 @@ class PackedStream(IterableDataset[Batch | tuple[torch.Tensor, int]]):
             if self.batch_size is None:
                 yield self._sample(int(chunk[0]))
             else:
-                images = new_batch((len(chunk), *sel.sample_shape), self.pin_output)
-                self.reader.gather(sel.shard_idx[chunk], sel.rows[chunk], images.numpy())
-                yield Batch(images, torch.from_numpy(sel.labels[chunk].astype(np.int64)))
+                yield self.memory.batch(
+                    (len(chunk), *sel.sample_shape),
+                    sel.labels[chunk].astype(np.int64),
+                    partial(self.reader.gather, sel.shard_idx[chunk], sel.rows[chunk]),
+                )
             done = int(np.searchsorted(ends, start + len(chunk), side="right"))
             for finished in range(done):
                 for shard in shards[finished]:

@@ -1,0 +1,38 @@
+"""The packing benchmark still runs end to end: `python -m benchmarks.bench_pack --tiny`.
+
+Numbers from 16 photos mean nothing; the test checks that every part runs (photo generation,
+bare loops, the pipeline on every backend, the memory runs) and that the pipeline's pixels equal
+the bare Pillow loop's, which the benchmark itself verifies and reports.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("skimage", reason="benchmark-only dependency: pip install -e '.[bench]'")
+pytest.importorskip("psutil")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_bench_pack_tiny(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_pack", "--tiny", "--work", str(tmp_path)],
+        cwd=REPO,  # `-m benchmarks...` imports from the checkout; the package is not installed
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    table = result.stdout
+    assert "| goal | measured | target | met |" in table
+    for label in ("bare Pillow loop, 1 process", "pipeline, loky, n_jobs 2", "+ draft"):
+        assert label in table
+    # every pipeline output matched the bare loop's pixels, image for image
+    assert table.count("| 16/16 |") == 4, table
+    # the memory run (--tiny makes only the one on N photos)
+    assert "| 16 | 64 samples |" in table

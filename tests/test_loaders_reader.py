@@ -1,0 +1,68 @@
+"""ShardReader.gather against an independent read of each sample with np.load(shard)[row]."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from packed import Packed, make_packed
+
+from loaders import ShardReader, open_catalog
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Packed:
+    return make_packed(tmp_path_factory.mktemp("ds"), shard_sizes=(13, 8, 21, 5, 17))
+
+
+def expected(packed: Packed, names: tuple[str, ...], shard: list[int], row: list[int]):
+    """The samples read one by one with numpy, without the reader."""
+    opened = {n: np.load(packed.root / n) for n in names}
+    return np.stack([opened[names[s]][r] for s, r in zip(shard, row, strict=True)])
+
+
+def check(packed: Packed, shard: list[int], row: list[int], release_every: int | None = None):
+    shards = open_catalog(packed.root).select().shards
+    reader = ShardReader(shards, release_every=release_every)
+    out = np.full((len(shard), *packed.sample_shape), 7, dtype=np.uint8)
+    reader.gather(np.asarray(shard, dtype=np.int32), np.asarray(row, dtype=np.int32), out)
+    np.testing.assert_array_equal(out, expected(packed, shards.names, shard, row))
+
+
+def test_random_rows_across_shards_with_duplicates(packed: Packed) -> None:
+    rng = np.random.default_rng(3)
+    sizes = [13, 8, 21, 5, 17 + 1]  # the last shard also holds an orphan row
+    shard = rng.integers(0, 5, 300).tolist()
+    row = [int(rng.integers(0, sizes[s])) for s in shard]
+    assert len(set(zip(shard, row, strict=True))) < len(shard), "duplicates"
+    check(packed, shard, row)
+
+
+def test_runs_and_single_rows_mixed(packed: Packed) -> None:
+    # Sequential runs (copied as one), runs that cross a shard boundary, a run interrupted by a
+    # repeat, descending rows, and a single row.
+    shard = [0] * 13 + [1] * 8 + [2, 2, 2, 2, 2, 3, 3, 1, 1, 0, 4, 4, 4, 4]
+    row = [*range(13), *range(8), 4, 5, 5, 6, 7, 4, 3, 0, 1, 12, 0, 1, 2, 17]
+    check(packed, shard, row)
+    check(packed, [2], [20])
+    check(packed, [4, 4, 4], [2, 1, 0])
+
+
+def test_release_every_within_a_gather_still_reads_right(packed: Packed) -> None:
+    rng = np.random.default_rng(5)
+    shard = rng.integers(0, 4, 50).tolist()
+    row = [int(rng.integers(0, 5)) for _ in shard]
+    check(packed, shard, row, release_every=int(np.prod(packed.sample_shape)))
+
+
+def test_empty_and_wrong_outputs(packed: Packed, tmp_path: Path) -> None:
+    reader = ShardReader(open_catalog(packed.root).select().shards)
+    none = np.zeros(0, dtype=np.int32)
+    reader.gather(none, none, np.empty((0, *packed.sample_shape), dtype=np.uint8))
+    strided = np.empty((4, *packed.sample_shape), dtype=np.uint8)[::2]
+    with pytest.raises(ValueError, match="C-contiguous"):
+        reader.gather(np.zeros(2, np.int32), np.zeros(2, np.int32), strided)
+    small = np.empty((1, *packed.sample_shape), dtype=np.uint8)
+    with pytest.raises(ValueError):
+        reader.gather(np.zeros(2, np.int32), np.array([0, 5], np.int32), small)
