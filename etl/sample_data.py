@@ -93,7 +93,8 @@ def make_sample_data(
 
     With `broken=True` about ten extra files are spread over the classes; their names start with
     `broken_` (cannot be decoded), `edge_` (decodable but needing a policy) or are `.DS_Store`.
-    `progress(1)` is called after each file written (to drive a progress bar). The tree is built in
+    `progress(1)` is called after each valid image written (per_class x classes in all, so a
+    progress bar knows its total). The tree is built in
     `root.parent/.<root.name>.partial-<pid>` and renamed to `root` at the end, so `root` never
     exists half-written; a killed run leaves only the `.partial-<pid>` folder behind.
 
@@ -125,8 +126,6 @@ def make_sample_data(
             for c, filename, data in _edge_files(seed):
                 (tmp / CLASSES[c] / filename).write_bytes(data)
                 n_edge += 1
-                if progress is not None:
-                    progress(1)
         _check_free(root)  # someone may have filled it while we were writing
         if root.exists():
             root.rmdir()
