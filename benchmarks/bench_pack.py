@@ -5,14 +5,15 @@
 Every measurement runs in this one process, on the same page-cached files, in interleaved rounds
 (the order rotates each round) so that a noisy neighbour slows all variants alike; the table gives
 medians and each ratio is the median of the per-round ratios. Peak memory is measured on cold
-`python -m etl run` processes for N and 4N photos. The last output is a Markdown table for the
+`python -m etl run` processes for N and 4N photos, and for N with the default 256MiB shards.
+The last output is a Markdown table for the
 README.
 
 The bare loop is the least a packer must do per file: open, (draft,) decode, apply EXIF
 orientation, convert to RGB, `ImageOps.fit` to 224x224 bilinear, copy into a preallocated array.
 The pipeline does the same stages (decode RGB, resize center_crop bilinear, no validate stage)
-plus its own work: reading and hashing each file, a checksum per sample, writing shards through
-a memmap with fsync, and the manifest.
+plus its own work: listing and hashing the files, reading each again to pack it, a checksum per
+sample, writing the shards (fsynced, then hashed), and the manifest.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -42,7 +44,10 @@ import psutil
 from numpy.typing import NDArray
 from PIL import Image, ImageOps
 
-from benchmarks.photos import make_photos
+from benchmarks.photos import list_photos, make_photos
+from etl import pipeline
+from etl.config import load_config
+from etl.manifest import read_manifest
 
 HEIGHT, WIDTH = 224, 224
 SAMPLES_PER_SHARD = 64
@@ -142,9 +147,6 @@ def run_pipeline(
     photos: Path, work: Path, name: str, n_jobs: int, backend: str, draft: bool
 ) -> tuple[dict[str, float], Path]:
     """One `etl.pipeline.run` into a fresh output folder -> (timing, output folder)."""
-    from etl import pipeline
-    from etl.config import load_config
-
     output = work / f"out-{name}"
     shutil.rmtree(output, ignore_errors=True)
     config = load_config(
@@ -160,8 +162,6 @@ def run_pipeline(
 
 def read_packed(output: Path, sources: Sequence[str]) -> Photos:
     """The packed samples in the order of `sources`, through the manifest."""
-    from etl.manifest import read_manifest
-
     manifest = read_manifest(output)
     rows = {r["source"]: (r["shard"], r["row"]) for r in manifest.samples.to_pylist()}
     shards: dict[str, NDArray[np.uint8]] = {}
@@ -319,31 +319,11 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def benchmark(
-    images: int,
-    repeats: int,
-    memory_scale: int,
-    work: Path,
-    seed: int = 0,
-    default_shards: bool = True,
-) -> Results:
-    """Everything in the module docstring; `default_shards` adds a memory run with the default
-    256MiB shards."""
-    work = work.resolve()  # the generated pipeline.yaml files hold absolute paths
-    work.mkdir(parents=True, exist_ok=True)
-    results = Results(
-        settings={
-            "images": images,
-            "repeats": repeats,
-            "memory_scale": memory_scale,
-            "size": [HEIGHT, WIDTH],
-            "samples_per_shard": SAMPLES_PER_SHARD,
-            "seed": seed,
-        },
-        machine=machine_info(),
-    )
-    if memory_scale < 1:
-        raise ValueError(f"memory_scale must be at least 1, got {memory_scale}")
+def _photo_sets(
+    work: Path, images: int, memory_scale: int, seed: int, results: Results
+) -> tuple[Path, Path]:
+    """Make (or reuse) the N and memory_scale * N photo folders and read them into the page
+    cache; records their mean file size and pixel count."""
     log(f"photos: {images} (and {images * memory_scale} for the memory run) in {work}")
     photos = work / f"photos-{images}-s{seed}"
     paths = make_photos(photos, images, seed)
@@ -351,18 +331,24 @@ def benchmark(
     if memory_scale > 1:
         big = work / f"photos-{images * memory_scale}-s{seed}"
         make_photos(big, images * memory_scale, seed, like=photos)
-    sizes = np.array([p.stat().st_size for p in paths])
-    results.settings["mean_kb"] = float(sizes.mean() / 1e3)
-    dims = []
+    pixels = []
     for p in paths:
         with Image.open(p) as image:
-            dims.append(image.size)
-    results.settings["mean_pixels"] = float(np.mean([w * h for w, h in dims]))
+            pixels.append(image.width * image.height)
+    results.settings["mean_kb"] = float(np.mean([p.stat().st_size for p in paths]) / 1e3)
+    results.settings["mean_pixels"] = float(np.mean(pixels))
     for p in big.glob("*/*.jpg"):  # page cache: every run below reads from memory
         p.read_bytes()
+    return photos, big
+
+
+def _speed_rounds(photos: Path, runs: Path, repeats: int, results: Results) -> None:
+    """The interleaved rounds; also checks every pipeline output against the bare loop's pixels
+    and measures draft against full decode."""
+    paths = list_photos(photos)
     files = [str(p) for p in paths]
     sources = [p.relative_to(photos).as_posix() for p in paths]
-
+    images = len(files)
     full = np.empty((images, HEIGHT, WIDTH, 3), np.uint8)
     drafted = np.empty_like(full)
 
@@ -387,7 +373,7 @@ def benchmark(
 
     def pipe(key: str, n_jobs: int, backend: str, draft: bool) -> Callable[[], dict[str, float]]:
         def go() -> dict[str, float]:
-            timing, output = run_pipeline(photos, work, key, n_jobs, backend, draft)
+            timing, output = run_pipeline(photos, runs, key, n_jobs, backend, draft)
             outputs[key] = output
             return timing
 
@@ -409,8 +395,7 @@ def benchmark(
     results.settings["labels"] = {v.key: v.label for v in variants}
 
     log("warm-up: start the loky workers, import everything")
-    run_pipeline(photos, work, "warmup", 2, "loky", False)
-    shutil.rmtree(work / "out-warmup", ignore_errors=True)
+    shutil.rmtree(run_pipeline(photos, runs, "warmup", 2, "loky", False)[1])
     bare_loop(files[: min(20, images)], False)
 
     for round_ in range(repeats):
@@ -423,38 +408,63 @@ def benchmark(
             rate = timings[variant.key]["images"] / timings[variant.key]["seconds"]
             log(f"round {round_ + 1}/{repeats}  {variant.key:<12} {rate:7.1f} images/s")
             if variant.key in outputs and round_ > 0:
-                shutil.rmtree(outputs.pop(variant.key), ignore_errors=True)
+                shutil.rmtree(outputs.pop(variant.key))
         results.rounds.append(timings)
         if round_ == 0:  # now both bare arrays are filled: compare every output with them
             for key in list(outputs):
-                reference = drafted if "draft" in key else full
-                packed = read_packed(outputs[key], sources)
-                results.identical[key] = int(
-                    np.all(
-                        packed.reshape(images, -1) == reference.reshape(images, -1), axis=1
-                    ).sum()
-                )
-                shutil.rmtree(outputs.pop(key), ignore_errors=True)
+                reference = (drafted if "draft" in key else full).reshape(images, -1)
+                packed = read_packed(outputs[key], sources).reshape(images, -1)
+                results.identical[key] = int(np.all(packed == reference, axis=1).sum())
+                shutil.rmtree(outputs.pop(key))
 
-    diff = np.abs(full.astype(np.int16) - drafted.astype(np.int16)).reshape(images, -1)
-    per_image = diff.mean(axis=1)
+    per_image = np.abs(full.astype(np.int16) - drafted).reshape(images, -1).mean(axis=1)
     results.pixel_diff = {
         "mean": float(per_image.mean()),
         "p99_image": float(np.percentile(per_image, 99)),
         "max_image": float(per_image.max()),
-        "max_pixel": float(diff.max()),
     }
 
-    memory_runs: list[tuple[int, Path, int | None]] = [
-        (images, photos, SAMPLES_PER_SHARD),
-    ]
-    if memory_scale > 1:
-        memory_runs.append((images * memory_scale, big, SAMPLES_PER_SHARD))
-    if default_shards:
-        memory_runs.append((images, photos, None))
-    for n, folder, per_shard in memory_runs:
-        log(f"memory: cold `python -m etl run`, 2 jobs, {n} photos, {per_shard} a shard")
-        results.memory.append(measure_memory(folder, work, n, 2, per_shard))
+
+def benchmark(
+    images: int,
+    repeats: int,
+    memory_scale: int,
+    work: Path,
+    seed: int = 0,
+    default_shards: bool = True,
+) -> Results:
+    """Everything in the module docstring. Photos stay cached in `work`; configs and outputs go
+    to a temp folder inside it, removed at the end. `default_shards` adds a memory run with the
+    default 256MiB shards."""
+    if memory_scale < 1:
+        raise ValueError(f"memory_scale must be at least 1, got {memory_scale}")
+    work = work.resolve()  # the generated pipeline.yaml files hold absolute paths
+    work.mkdir(parents=True, exist_ok=True)
+    results = Results(
+        settings={
+            "images": images,
+            "repeats": repeats,
+            "memory_scale": memory_scale,
+            "size": [HEIGHT, WIDTH],
+            "samples_per_shard": SAMPLES_PER_SHARD,
+            "seed": seed,
+        },
+        machine=machine_info(),
+    )
+    photos, big = _photo_sets(work, images, memory_scale, seed, results)
+    runs = Path(tempfile.mkdtemp(prefix=".runs-", dir=work))
+    try:
+        _speed_rounds(photos, runs, repeats, results)
+        memory_runs: list[tuple[int, Path, int | None]] = [(images, photos, SAMPLES_PER_SHARD)]
+        if memory_scale > 1:
+            memory_runs.append((images * memory_scale, big, SAMPLES_PER_SHARD))
+        if default_shards:
+            memory_runs.append((images, photos, None))
+        for n, folder, per_shard in memory_runs:
+            log(f"memory: cold `python -m etl run`, 2 jobs, {n} photos, {per_shard} a shard")
+            results.memory.append(measure_memory(folder, runs, n, 2, per_shard))
+    finally:
+        shutil.rmtree(runs, ignore_errors=True)
     results.machine["load_after"] = os.getloadavg()[0]
     return results
 

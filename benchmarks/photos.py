@@ -3,7 +3,8 @@
 Why not synthetic shapes: flat colours and hard edges compress to a few KB and decode far faster
 than a camera picture, which flatters every decoder benchmark. These files look like an ImageNet
 folder instead: 300..640 px a side at a random aspect, baseline JPEG with 4:2:0 chroma at quality
-85..92, about 60..150 KB each, mostly colour with a few greyscale ones, no EXIF.
+86..92, 40..125 KB (5th..95th percentile, mean 75 KB), mostly colour with a few greyscale ones,
+no EXIF.
 
 Each photo is drawn from a generator seeded by `(seed, index)`, so a file's bytes depend only on
 those two values and the installed Pillow/libjpeg, not on `n` or on generation order: the first

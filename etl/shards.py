@@ -1,9 +1,9 @@
 """The shard format: plain `.npy` files of shape [rows, *sample_shape], dtype uint8.
 
-`np.load(path, mmap_mode="r")` opens a shard with no code of ours. The writer preallocates the
-file for the shard's capacity, writes rows in place through a memmap (no pixel data ever travels
-between processes), then shrinks the file to the rows actually written, fsyncs it and renames it
-into place: a shard name that exists is always a complete shard.
+`np.load(path, mmap_mode="r")` opens a shard with no code of ours. The writer appends rows to a
+temp file with plain writes (no pixel data ever travels between processes), then rewrites the
+header with the rows actually written, fsyncs the file and renames it into place: a shard name
+that exists is always a complete shard.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import BinaryIO
 
 import numpy as np
 from numpy.typing import NDArray
@@ -85,25 +86,21 @@ class ShardWriter:
         self.sample_bytes = int(np.prod(sample_shape))
         self.checksum = checksum
         self.rows = 0
-        self._array: np.memmap | None = None
+        self._file: BinaryIO | None = None
 
     def __enter__(self) -> ShardWriter:
         self.final_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.temp_path, "wb") as f:
-            f.write(_npy_header((self.capacity, *self.sample_shape)))
-            f.truncate(HEADER_BYTES + self.capacity * self.sample_bytes)
-        self._array = np.memmap(
-            self.temp_path,
-            dtype=np.uint8,
-            mode="r+",
-            offset=HEADER_BYTES,
-            shape=(self.capacity, *self.sample_shape),
-        )
+        # NOTE [ write, not memmap ]: rows arrive in order, so appending with write() is all a
+        # shard needs. Writing through a memmap of a fresh sparse file costs a page fault and a
+        # block allocation per 4 KiB page plus an msync before the fsync: 1.0 ms against 0.5 ms
+        # per 224x224x3 sample (benchmarks/bench_pack.py), ~10% of the time to pack a photo.
+        self._file = open(self.temp_path, "wb")  # closed in finish() or __exit__
+        self._file.write(_npy_header((self.capacity, *self.sample_shape)))
         return self
 
     def append(self, sample: NDArray[np.uint8]) -> tuple[int, str]:
         """Store one sample; returns (row, checksum of the stored bytes)."""
-        if self._array is None:
+        if self._file is None:
             raise RuntimeError("ShardWriter used outside its 'with' block")
         if sample.shape != self.sample_shape or sample.dtype != np.uint8:
             raise ValueError(
@@ -112,27 +109,28 @@ class ShardWriter:
             )
         if self.rows >= self.capacity:
             raise ValueError(f"shard {self.name} is full ({self.capacity} rows)")
+        sample = np.ascontiguousarray(sample)
+        self._file.write(sample.data)
         row = self.rows
-        self._array[row] = sample
         self.rows += 1
-        return row, digest(np.ascontiguousarray(sample), self.checksum)
+        return row, digest(sample, self.checksum)
 
     def finish(self) -> ShardInfo | None:
-        """Shrink to the rows written, fsync, rename into place. None if no row was written."""
-        if self._array is None:
+        """Rewrite the header for the rows written, fsync, rename into place. None if no row was
+        written."""
+        if self._file is None:
             raise RuntimeError("finish() called outside the 'with' block")
-        self._array.flush()
-        self._array._mmap.close()  # type: ignore[attr-defined]
-        self._array = None
-        if self.rows == 0:
-            self.temp_path.unlink(missing_ok=True)
-            return None
-        size = HEADER_BYTES + self.rows * self.sample_bytes
-        with open(self.temp_path, "r+b") as f:
+        f, self._file = self._file, None
+        with f:
+            if self.rows == 0:
+                f.close()
+                self.temp_path.unlink(missing_ok=True)
+                return None
+            f.seek(0)
             f.write(_npy_header((self.rows, *self.sample_shape)))
-            f.truncate(size)
             f.flush()
             os.fsync(f.fileno())
+        size = HEADER_BYTES + self.rows * self.sample_bytes
         checksum, tamper = file_digests(self.temp_path, (self.checksum, TAMPER_DIGEST))
         os.replace(self.temp_path, self.final_path)
         fsync_dir(self.final_path.parent)
@@ -144,9 +142,9 @@ class ShardWriter:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._array is not None:
-            self._array._mmap.close()  # type: ignore[attr-defined]
-            self._array = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
         self.temp_path.unlink(missing_ok=True)
 
 
