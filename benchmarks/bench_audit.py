@@ -34,6 +34,7 @@ import numpy as np
 import psutil
 import xxhash
 
+from benchmarks.common import cpu_model
 from etl.audit import AuditOptions, audit
 from etl.manifest import (
     REJECTS_SCHEMA,
@@ -125,14 +126,7 @@ def _checked_audit(root: Path, options: AuditOptions) -> None:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     sha = subprocess.run(["sha256sum", "--version"], capture_output=True, text=True, check=True)
     return (

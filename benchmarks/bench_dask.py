@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import statistics
 import time
 from datetime import date
 from pathlib import Path
 
+from benchmarks.common import cpu_model
 from benchmarks.photos import make_photos
 from etl import pipeline
 from etl.config import load_config
@@ -85,14 +85,7 @@ def main() -> None:
         client.close()
         cluster.close()
     loky, dask = statistics.median(rates["loky"]), statistics.median(rates["dask"])
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
+    cpu = cpu_model()
     print(
         f"\n{date.today()}, {os.cpu_count()} cores ({cpu}), {args.images} photos -> 128x128, "
         f"{args.jobs} worker processes each, median of {args.repeats} interleaved runs\n"

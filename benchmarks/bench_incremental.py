@@ -18,6 +18,7 @@ import time
 from datetime import date
 from pathlib import Path
 
+from benchmarks.common import cpu_model
 from benchmarks.photos import make_photos
 from etl import pipeline
 from etl.config import load_config
@@ -99,14 +100,7 @@ def main() -> None:
     for path in source.rglob("new_*.jpg"):
         path.unlink()
 
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
+    cpu = cpu_model()
     print(
         f"\n{date.today()}, {os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, "
         f"--jobs {args.jobs}\n"

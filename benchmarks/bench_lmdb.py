@@ -35,6 +35,7 @@ from numpy.typing import NDArray
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
+from benchmarks.common import cpu_model
 from etl import pipeline
 from etl.config import load_config
 from loaders import PackedDataset, make_loader
@@ -146,14 +147,7 @@ def samples_per_second(make: Callable[[], Iterable[Any]], seconds: float) -> flo
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return (
         f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM; Linux {platform.release()}; "

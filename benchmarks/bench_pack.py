@@ -44,6 +44,7 @@ import psutil
 from numpy.typing import NDArray
 from PIL import Image, ImageOps
 
+from benchmarks.common import cpu_model
 from benchmarks.photos import list_photos, make_photos
 from etl import pipeline
 from etl.config import load_config
@@ -294,12 +295,7 @@ class Results:
 
 
 def machine_info() -> dict[str, Any]:
-    model = "unknown"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+    model = cpu_model()
     return {
         "cores": len(os.sched_getaffinity(0))
         if hasattr(os, "sched_getaffinity")
