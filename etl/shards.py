@@ -169,8 +169,8 @@ def read_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
     return tuple(shape), dtype, offset
 
 
-def open_shard(path: Path, sample_shape: tuple[int, ...], rows: int) -> np.memmap:
-    """Open a shard read-only after checking that it is what the manifest says it is."""
+def check_shard(path: Path, sample_shape: tuple[int, ...], rows: int) -> int:
+    """The data offset of a shard, after checking that it is what the manifest says it is."""
     shape, dtype, offset = read_header(path)
     expected = (rows, *sample_shape)
     if dtype != np.uint8:
@@ -183,4 +183,10 @@ def open_shard(path: Path, sample_shape: tuple[int, ...], rows: int) -> np.memma
             f"{path}: {size} bytes on disk, expected {offset + int(np.prod(expected))} "
             "(truncated or padded)"
         )
-    return np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=expected)
+    return offset
+
+
+def open_shard(path: Path, sample_shape: tuple[int, ...], rows: int) -> np.memmap:
+    """Open a shard read-only after checking that it is what the manifest says it is."""
+    offset = check_shard(path, sample_shape, rows)
+    return np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(rows, *sample_shape))

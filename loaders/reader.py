@@ -1,4 +1,5 @@
-"""Shard access inside one process: memmaps opened lazily, checked on open, copied row by row.
+"""Shard access inside one process: files opened lazily, checked on open, batches gathered
+with one numpy call over a `ShardSpan` (row by row where a span cannot be made).
 
 Every shard is opened with `etl.shards.open_shard`, which refuses a file whose header or size
 does not match the shards table (`ShardError`, naming the path). Nothing here is shared between
@@ -15,8 +16,9 @@ from numpy.typing import NDArray
 
 from etl.checksums import file_digests
 from etl.errors import ShardError
-from etl.shards import open_shard
+from etl.shards import check_shard, open_shard
 from loaders.catalog import ShardSet
+from loaders.span import SUPPORTED, ShardSpan
 
 _VERIFIED: set[tuple[str, int, int, int, str, str]] = set()
 """Shards whose checksum this process (or the parent it forked from) has checked.
@@ -66,12 +68,15 @@ class ShardReader:
         self.sample_bytes = int(np.prod(shards.sample_shape))
         self._arrays: dict[int, NDArray[np.uint8]] = {}
         self._flat: dict[int, memoryview] = {}
+        self._span: ShardSpan | None = None
+        self.use_span = SUPPORTED
+        """Gather through a `ShardSpan`; False after a shard did not fit one (row by row then)."""
         self._read_since_release = 0
 
     def __getstate__(self) -> dict[str, Any]:
-        # NOTE: open memmaps stay behind; each worker reopens (and re-checks) what it reads.
+        # NOTE: open mappings stay behind; each worker reopens (and re-checks) what it reads.
         state = self.__dict__.copy()
-        state["_arrays"], state["_flat"] = {}, {}
+        state["_arrays"], state["_flat"], state["_span"] = {}, {}, None
         return state
 
     def array(self, shard: int) -> NDArray[np.uint8]:
@@ -81,10 +86,14 @@ class ShardReader:
             found = self._open(shard)
         return found
 
-    def _open(self, shard: int) -> NDArray[np.uint8]:
+    def _checked_path(self, shard: int) -> Any:
         path = self.shards.path(shard)
         if self.verify:
             verify_shard(path, self.shards.algorithm, self.shards.checksums[shard])
+        return path
+
+    def _open(self, shard: int) -> NDArray[np.uint8]:
+        path = self._checked_path(shard)
         mapped = open_shard(path, self.shards.sample_shape, int(self.shards.rows[shard]))
         # NOTE: a plain ndarray view of the memmap: indexing an np.memmap subclass runs Python
         # code (__array_finalize__) on every row, which costs more than copying the row.
@@ -108,6 +117,9 @@ class ShardReader:
         """Unmap every shard; the next read reopens (and re-checks) what it needs."""
         self._arrays.clear()
         self._flat.clear()
+        if self._span is not None:
+            self._span.close()
+            self._span = None
         self._read_since_release = 0
 
     def close(self, shard: int) -> None:
@@ -115,33 +127,67 @@ class ShardReader:
         them). The stream calls this after each shard so resident memory stays flat."""
         self._flat.pop(shard, None)
         self._arrays.pop(shard, None)
+        if self._span is not None:
+            self._span.unmap(shard)
+
+    def mapped(self) -> set[int]:
+        """The shards this reader holds mapped now."""
+        spanned = [] if self._span is None else np.flatnonzero(self._span.mapped).tolist()
+        return set(self._arrays).union(spanned)
+
+    def _spanned(self, shards: NDArray[np.int64]) -> ShardSpan | None:
+        """The span with every shard in `shards` mapped, or None (then copy row by row)."""
+        span = self._span
+        if span is not None and span.mapped[shards].all():
+            return span
+        for s in np.unique(shards).tolist():
+            if span is not None and span.mapped[s]:
+                continue
+            path = self._checked_path(s)
+            offset = check_shard(path, self.shards.sample_shape, int(self.shards.rows[s]))
+            if span is None:
+                span = self._span = ShardSpan(self.shards.rows, self.sample_bytes, offset)
+            if offset != span.offset:  # a header length this span cannot place: see ShardSpan
+                self.use_span = False
+                span.close()
+                self._span = None
+                return None
+            span.map(s, path)
+        return span
 
     def gather(
         self, shard_idx: NDArray[np.integer], rows: NDArray[np.integer], out: NDArray[np.uint8]
     ) -> None:
         """Copy samples (shard_idx[j], rows[j]) into out[j], for a C-contiguous `out`.
 
-        NOTE [ copy method ]: measured with benchmarks/bench_loaders.py (12 KiB samples, page
-        cache, random batches of 256, 2-core VM; share of a single-thread np.copyto of a large
-        buffer): a memoryview slice assignment per row, in the order asked, ~52-55%; np.copyto
-        per row ~40%; numpy fancy indexing per shard ~50%; ctypes.memmove, np.concatenate or
-        torch.cat of row views, os.preadv and pyarrow's take all lose. A C loop over random rows
-        (np.take(mode="clip") on one big array) reaches ~84%: the gap is Python's ~0.9 us per
-        row, which only a compiled gather across shard files would remove. np.take per shard is
-        C speed (~65-73%) but writes a shard's rows together, so the batch comes out in (shard,
-        row) order; restoring the order asked takes a second pass, which loses to the per-row
-        loop. Rows consecutive both in a shard and in `out` (sequential orders) are copied as
-        one run. Visiting rows sorted by (shard, row), as this did before, was ~15% slower on
-        random batches and gained nothing once pages are cached.
+        Out-of-range rows raise IndexError. NOTE [ copy method ]: one `np.take` over a
+        `ShardSpan` (see loaders/span.py for the measurements). Without a span, one memoryview
+        slice copy per row, or per run of rows consecutive both in a shard and in `out`.
         """
         if not out.flags.c_contiguous:
             raise ValueError("gather needs a C-contiguous output buffer")
         n = len(rows)
         if n == 0:
             return
-        size = self.sample_bytes
         shard = np.asarray(shard_idx, dtype=np.int64)
         row = np.asarray(rows, dtype=np.int64)
+        if n != len(shard) or out.nbytes != n * self.sample_bytes:
+            raise ValueError(f"gather of {n} rows into an output of shape {out.shape}")
+        if (row < 0).any() or (row >= self.shards.rows[shard]).any():
+            bad = int(np.flatnonzero((row < 0) | (row >= self.shards.rows[shard]))[0])
+            raise IndexError(f"row {row[bad]} is not in shard {self.shards.path(shard[bad])}")
+        span = self._spanned(shard) if self.use_span else None
+        if span is not None:
+            span.take(span.first[shard] + row, out)
+        else:
+            self._gather_rows(shard, row, out)
+        self._count(n * self.sample_bytes)
+
+    def _gather_rows(
+        self, shard: NDArray[np.int64], row: NDArray[np.int64], out: NDArray[np.uint8]
+    ) -> None:
+        """`gather` with one slice copy per row (or per run of consecutive rows)."""
+        n, size = len(row), self.sample_bytes
         shards = shard.tolist()
         for s in set(shards).difference(self._flat):
             self._open(s)
@@ -164,4 +210,3 @@ class ShardReader:
                 strict=True,
             ):
                 dest[offset : offset + length] = flat[s][start : start + length]
-        self._count(n * size)

@@ -157,12 +157,12 @@ def test_transform_runs_per_sample_in_both_paths(packed: Packed) -> None:
 
 def test_pickling_carries_no_open_shards(packed: Packed) -> None:
     ds = PackedDataset.open(packed.root)
-    ds[0], ds[len(ds) - 1]
-    assert ds.reader._arrays  # opened in this process
+    ds[0], ds[len(ds) - 1], ds.__getitems__([1, len(ds) - 2])
+    assert ds.reader._arrays and ds.reader._span is not None  # opened in this process
     blob = pickle.dumps(ds)
     assert len(blob) < 10_000
     twin = pickle.loads(blob)
-    assert twin.reader._arrays == {}
+    assert twin.reader.mapped() == set()
     np.testing.assert_array_equal(twin[4][0].numpy(), ds[4][0].numpy())
     assert twin.selection.shard_idx.dtype == np.int32 and twin.selection.rows.dtype == np.int32
 
@@ -171,11 +171,11 @@ def test_release_every_unmaps_and_still_reads_right(packed: Packed) -> None:
     ds = PackedDataset.open(packed.root, release_every=3 * int(np.prod(packed.sample_shape)))
     everything = list(range(len(ds)))
     images, _ = ds.__getitems__(everything)
-    assert ds.reader._arrays == {}, "a batch of more than 3 samples released every mapping"
+    assert ds.reader.mapped() == set(), "a batch of more than 3 samples released every mapping"
     np.testing.assert_array_equal(images.numpy(), packed.images[ds.selection.positions])
     ds[0], ds[1]
-    assert len(ds.reader._arrays) == 1
+    assert len(ds.reader.mapped()) == 1
     ds[2]
-    assert ds.reader._arrays == {}
+    assert ds.reader.mapped() == set()
     with pytest.raises(ValueError, match="positive byte count"):
         PackedDataset.open(packed.root, release_every=0)

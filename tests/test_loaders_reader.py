@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from packed import Packed, make_packed
@@ -22,42 +20,56 @@ def expected(packed: Packed, names: tuple[str, ...], shard: list[int], row: list
     return np.stack([opened[names[s]][r] for s, r in zip(shard, row, strict=True)])
 
 
-def check(packed: Packed, shard: list[int], row: list[int], release_every: int | None = None):
+@pytest.fixture(params=[True, False], ids=["span", "rows"])
+def use_span(request: pytest.FixtureRequest) -> bool:
+    """Gather through a ShardSpan, or with the row-by-row copy used where a span cannot be made."""
+    return bool(request.param)
+
+
+def check(
+    packed: Packed,
+    shard: list[int],
+    row: list[int],
+    use_span: bool,
+    release_every: int | None = None,
+):
     shards = open_catalog(packed.root).select().shards
     reader = ShardReader(shards, release_every=release_every)
+    reader.use_span = use_span
     out = np.full((len(shard), *packed.sample_shape), 7, dtype=np.uint8)
     reader.gather(np.asarray(shard, dtype=np.int32), np.asarray(row, dtype=np.int32), out)
     np.testing.assert_array_equal(out, expected(packed, shards.names, shard, row))
 
 
-def test_random_rows_across_shards_with_duplicates(packed: Packed) -> None:
+def test_random_rows_across_shards_with_duplicates(packed: Packed, use_span: bool) -> None:
     rng = np.random.default_rng(3)
     sizes = [13, 8, 21, 5, 17 + 1]  # the last shard also holds an orphan row
     shard = rng.integers(0, 5, 300).tolist()
     row = [int(rng.integers(0, sizes[s])) for s in shard]
     assert len(set(zip(shard, row, strict=True))) < len(shard), "duplicates"
-    check(packed, shard, row)
+    check(packed, shard, row, use_span)
 
 
-def test_runs_and_single_rows_mixed(packed: Packed) -> None:
+def test_runs_and_single_rows_mixed(packed: Packed, use_span: bool) -> None:
     # Sequential runs (copied as one), runs that cross a shard boundary, a run interrupted by a
     # repeat, descending rows, and a single row.
     shard = [0] * 13 + [1] * 8 + [2, 2, 2, 2, 2, 3, 3, 1, 1, 0, 4, 4, 4, 4]
     row = [*range(13), *range(8), 4, 5, 5, 6, 7, 4, 3, 0, 1, 12, 0, 1, 2, 17]
-    check(packed, shard, row)
-    check(packed, [2], [20])
-    check(packed, [4, 4, 4], [2, 1, 0])
+    check(packed, shard, row, use_span)
+    check(packed, [2], [20], use_span)
+    check(packed, [4, 4, 4], [2, 1, 0], use_span)
 
 
-def test_release_every_within_a_gather_still_reads_right(packed: Packed) -> None:
+def test_release_every_within_a_gather_still_reads_right(packed: Packed, use_span: bool) -> None:
     rng = np.random.default_rng(5)
     shard = rng.integers(0, 4, 50).tolist()
     row = [int(rng.integers(0, 5)) for _ in shard]
-    check(packed, shard, row, release_every=int(np.prod(packed.sample_shape)))
+    check(packed, shard, row, use_span, release_every=int(np.prod(packed.sample_shape)))
 
 
-def test_empty_and_wrong_outputs(packed: Packed, tmp_path: Path) -> None:
+def test_empty_and_wrong_outputs(packed: Packed, use_span: bool) -> None:
     reader = ShardReader(open_catalog(packed.root).select().shards)
+    reader.use_span = use_span
     none = np.zeros(0, dtype=np.int32)
     reader.gather(none, none, np.empty((0, *packed.sample_shape), dtype=np.uint8))
     strided = np.empty((4, *packed.sample_shape), dtype=np.uint8)[::2]
@@ -66,3 +78,7 @@ def test_empty_and_wrong_outputs(packed: Packed, tmp_path: Path) -> None:
     small = np.empty((1, *packed.sample_shape), dtype=np.uint8)
     with pytest.raises(ValueError):
         reader.gather(np.zeros(2, np.int32), np.array([0, 5], np.int32), small)
+    two = np.empty((2, *packed.sample_shape), dtype=np.uint8)
+    for shard, row in [(1, 8), (0, -1), (3, 5)]:  # shard 1 has 8 rows, shard 3 has 5
+        with pytest.raises(IndexError, match="is not in shard"):
+            reader.gather(np.array([0, shard]), np.array([0, row]), two)

@@ -119,8 +119,8 @@ def test_stream_maps_at_most_two_windows_of_shards(packed: Packed) -> None:
     stream = PackedStream(open_catalog(packed.root).select(), batch_size=16, window=2)
     mapped = []
     for _ in stream:
-        mapped.append(len(stream.reader._arrays))
-    assert max(mapped) <= 4 and len(stream.reader._arrays) == 0
+        mapped.append(len(stream.reader.mapped()))
+    assert max(mapped) <= 4 and not stream.reader.mapped()
     assert max(mapped) >= 2
 
 

@@ -1,0 +1,128 @@
+"""ShardSpan: the layout rules, and reads through it against np.load of each shard file."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from packed import Packed, make_packed
+
+from etl.shards import HEADER_BYTES
+from loaders import ShardReader, open_catalog
+from loaders.span import SUPPORTED, ShardSpan, layout
+
+pytestmark = pytest.mark.skipif(not SUPPORTED, reason="shard spans need Linux or macOS")
+PAGE = mmap.PAGESIZE
+
+
+@given(
+    rows=st.lists(st.integers(0, 50), min_size=1, max_size=8),
+    row_bytes=st.sampled_from([1, 7, 192, 1000, 4096, 12288, 150528, 3 * 224 * 224 + 1]),
+    offset=st.sampled_from([64, 128, 192, 4095]),
+)
+def test_layout_places_every_shard_on_a_page_in_its_own_pages(
+    rows: list[int], row_bytes: int, offset: int
+) -> None:
+    bounds = layout(np.array(rows, dtype=np.int64), row_bytes, offset)
+    starts = bounds[:-1] * row_bytes  # byte offset of each slot (its header) from the first
+    assert (starts % PAGE == 0).all(), "a file maps from offset 0 onto a page boundary"
+    ends = starts + offset + np.array(rows) * row_bytes  # one past each shard's last byte
+    next_pages = -(-ends // PAGE) * PAGE
+    assert (next_pages[:-1] <= starts[1:]).all(), "no two slots share a page"
+    assert ends[-1] <= bounds[-1] * row_bytes + PAGE, "the reservation holds the last slot"
+
+
+def copy_with_longer_header(src: Path, dst: Path) -> None:
+    """The same .npy array with a 192-byte header (valid .npy; np.load reads it)."""
+    with open(src, "rb") as f:
+        raw = f.read()
+    (length,) = struct.unpack("<H", raw[8:10])
+    body = raw[10 : 10 + length].decode("latin1").rstrip()
+    room = 192 - 10
+    header = raw[:8] + struct.pack("<H", room) + (body.ljust(room - 1) + "\n").encode("latin1")
+    dst.write_bytes(header + raw[10 + length :])
+
+
+@pytest.fixture
+def packed(tmp_path: Path) -> Packed:
+    return make_packed(tmp_path / "ds", shard_sizes=(11, 4, 9), sample_shape=(8, 8, 3))
+
+
+def expected(packed: Packed, shard: list[int], row: list[int]) -> np.ndarray:
+    shards = open_catalog(packed.root).select().shards
+    return np.stack([np.load(shards.path(s))[r] for s, r in zip(shard, row, strict=True)])
+
+
+def test_a_shard_with_another_header_length_falls_back_to_row_copies(packed: Packed) -> None:
+    shards = open_catalog(packed.root).select().shards
+    path = shards.path(1)
+    shutil.copy(path, path.with_suffix(".orig"))
+    copy_with_longer_header(path.with_suffix(".orig"), path)
+    np.testing.assert_array_equal(np.load(path), np.load(path.with_suffix(".orig")))
+    reader = ShardReader(shards)
+    shard, row = [0, 1, 2, 1, 0], [10, 3, 8, 0, 0]
+    out = np.empty((5, 8, 8, 3), dtype=np.uint8)
+    reader.gather(np.array(shard), np.array(row), out)
+    assert reader.use_span is False
+    np.testing.assert_array_equal(out, expected(packed, shard, row))
+
+
+def test_unmapped_shards_map_again_and_gaps_read_as_zeros(packed: Packed) -> None:
+    shards = open_catalog(packed.root).select().shards
+    reader = ShardReader(shards)
+    shard, row = np.array([2, 0, 1, 2]), np.array([8, 10, 3, 0])
+    out = np.empty((4, 8, 8, 3), dtype=np.uint8)
+    reader.gather(shard, row, out)
+    assert reader.mapped() == {0, 1, 2}
+    reader.close(2)
+    assert reader.mapped() == {0, 1}
+    out[:] = 7
+    reader.gather(shard, row, out)
+    np.testing.assert_array_equal(out, expected(packed, shard.tolist(), row.tolist()))
+    reader.release()
+    assert reader.mapped() == set()
+    reader.gather(shard, row, out)
+    np.testing.assert_array_equal(out, expected(packed, shard.tolist(), row.tolist()))
+
+
+def test_span_rows_are_the_file_rows_and_unmapped_slots_are_zero(packed: Packed) -> None:
+    shards = open_catalog(packed.root).select().shards
+    span = ShardSpan(shards.rows, 8 * 8 * 3, HEADER_BYTES)
+    span.map(0, shards.path(0))
+    out = np.empty((2, 8 * 8 * 3), dtype=np.uint8)
+    first = span.first
+    span.take(np.array([first[0] + 10, first[1] + 2]), out)  # shard 1 not mapped: zero pages
+    np.testing.assert_array_equal(out[0], np.load(shards.path(0))[10].reshape(-1))
+    assert not out[1].any()
+    span.close()
+    with pytest.raises(AssertionError, match="after close"):
+        span.take(np.array([0]), out[:1])
+
+
+def test_a_forked_child_reads_the_parents_span(packed: Packed) -> None:
+    shards = open_catalog(packed.root).select().shards
+    reader = ShardReader(shards)
+    shard, row = np.array([1, 2, 0]), np.array([1, 5, 9])
+    out = np.empty((3, 8, 8, 3), dtype=np.uint8)
+    reader.gather(shard, row, out)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child copies through the inherited mappings and reports the bytes
+        os.close(read)
+        child = np.zeros_like(out)
+        reader.gather(shard, row, child)
+        os.write(write, child.tobytes())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    got = np.frombuffer(data, dtype=np.uint8).reshape(out.shape)
+    np.testing.assert_array_equal(got, expected(packed, shard.tolist(), row.tolist()))
