@@ -45,6 +45,7 @@ from etl.shards import ShardWriter
 from loaders import (
     PackedDataset,
     PackedStream,
+    ShardReader,
     balanced_order,
     block_order,
     class_mix_distance,
@@ -103,6 +104,12 @@ def copy_methods(
     def loaders_gather(i: NDArray[np.int64]) -> None:
         ds.reader.gather(sel.shard_idx[i], sel.rows[i], out)
 
+    by_rows = ShardReader(sel.shards)
+    by_rows.use_span = False
+
+    def loaders_rows(i: NDArray[np.int64]) -> None:
+        by_rows.gather(sel.shard_idx[i], sel.rows[i], out)
+
     def loaders_getitems(i: NDArray[np.int64]) -> None:
         ds.__getitems__(i.tolist())  # a list of ints, as DataLoader passes it
 
@@ -144,7 +151,8 @@ def copy_methods(
         np.copyto(out, big[:BATCH])
 
     methods: dict[str, Callable[[NDArray[np.int64]], None]] = {
-        "loaders ShardReader.gather: memoryview slice per row, order kept": loaders_gather,
+        "loaders ShardReader.gather: one np.take over a ShardSpan, order kept": loaders_gather,
+        "loaders ShardReader.gather without a span: a slice copy per row": loaders_rows,
         "loaders __getitems__: gather + labels + reused batch buffer": loaders_getitems,
         "np.copyto per row, ndarray views": copyto_rows,
         "np.copyto per row, np.memmap objects": copyto_rows_memmap,
@@ -345,51 +353,34 @@ def report_copies(ds: PackedDataset, big: NDArray[np.uint8], memcpy: Memcpy, qui
     print(f"Median of {rounds} rounds; 'of memcpy' is the median of per-round ratios.\n")
     print(table(["method", "GB/s", "of memcpy"], rows))
     print(
-        "\n*needs the whole dataset in one array: not possible across shard files. "
+        "\n*one file holding the whole dataset, for comparison. "
         "**C speed, but a batch in the order asked needs a second pass.\n"
     )
 
 
-def report_throughput(
-    ds: PackedDataset, files: list[Path], big_path: Path, memcpy: Memcpy, quick: bool
-) -> None:
+Contenders = dict[tuple[str, int], Iterable[Any]]
+A_NAME = "(a) Pillow open + decode + resize per file"
+B_NAME = "(b) one big memmap, __getitem__ + collate"
+OURS = "loaders PackedDataset (shuffle=True)"
+
+
+def ours(ds: PackedDataset, w: int) -> Iterable[Any]:
+    return make_loader(ds, batch_size=BATCH, shuffle=True, num_workers=w, persistent_workers=w > 0)
+
+
+def torch_loader(dataset: Dataset[Any], w: int) -> Iterable[Any]:
+    sampler = RandomSampler(
+        range(len(dataset)),  # type: ignore[arg-type]
+        generator=torch.Generator().manual_seed(0),
+    )
+    return DataLoader(dataset, BATCH, sampler=sampler, num_workers=w, persistent_workers=w > 0)
+
+
+def measure_rounds(
+    contenders: Contenders, memcpy: Memcpy, quick: bool
+) -> dict[tuple[str, int], list[tuple[float, float, float, float]]]:
+    """(samples/s, main CPU s/batch, workers' CPU s/batch, memcpy GB/s) per round and contender."""
     min_seconds, rounds = (0.5, 3) if quick else (1.5, 5)
-    sample_bytes = int(np.prod(ds.sample_shape))
-    labels = ds.labels
-    generator = torch.Generator().manual_seed(0)
-    # (a) reads a random subset, whole epochs of it: an abandoned epoch would leave workers
-    # decoding in the background while the next contender is measured.
-    subset = np.random.default_rng(2).permutation(len(ds))[: (2 if quick else 6) * BATCH]
-    some_files = [files[i] for i in subset]
-    some_labels = labels[subset].tolist()
-
-    def ours(w: int) -> Iterable[Any]:
-        return make_loader(
-            ds, batch_size=BATCH, shuffle=True, num_workers=w, persistent_workers=w > 0
-        )
-
-    def stream(w: int) -> Iterable[Any]:
-        packed = PackedStream(ds.selection, batch_size=BATCH)
-        return stream_loader(packed, num_workers=w, persistent_workers=w > 0)
-
-    def torch_loader(dataset: Dataset[Any], w: int) -> Iterable[Any]:
-        sampler = RandomSampler(range(len(dataset)), generator=generator)  # type: ignore[arg-type]
-        return DataLoader(dataset, BATCH, sampler=sampler, num_workers=w, persistent_workers=w > 0)
-
-    def memmap(w: int) -> Iterable[Any]:
-        return torch_loader(BigMemmap(big_path, labels), w)
-
-    def pillow(w: int) -> Iterable[Any]:
-        return torch_loader(PillowFiles(some_files, some_labels, ds.sample_shape[:2]), w)
-
-    a, b = "(a) Pillow open + decode + resize per file", "(b) one big memmap, __getitem__ + collate"
-    kinds: dict[str, Callable[[int], Iterable[Any]]] = {
-        "loaders PackedDataset (shuffle=True)": ours,
-        "loaders PackedStream": stream,
-        b: memmap,
-        a: pillow,
-    }
-    contenders = {(name, w): make(w) for w in (0, 2) for name, make in kinds.items()}
     for loader in contenders.values():  # warm up: workers started, pages mapped
         for _ in loader:
             pass
@@ -400,33 +391,6 @@ def report_throughput(
         reference = memcpy.gbps()
         for key, loader in contenders.items():
             measured[key].append((*one_round(loader, min_seconds), reference))
-
-    def per_round(key: tuple[str, int], other: tuple[str, int]) -> float:
-        return median(x[0] / y[0] for x, y in zip(measured[key], measured[other], strict=True))
-
-    rows = []
-    for (name, w), values in measured.items():
-        rate = median(v[0] for v in values)
-        gbps = rate * sample_bytes / 1e9
-        of_memcpy = median(v[0] * sample_bytes / 1e9 / v[3] for v in values)
-        rows.append(
-            [
-                name,
-                str(w),
-                f"{rate:,.0f}",
-                f"{gbps:.2f}",
-                f"{per_round((name, w), (a, w)):,.0f}x",
-                f"{per_round((name, w), (b, w)):.1f}x",
-                f"{of_memcpy:.0%}",
-                f"{per_round((name, w), (name, 0)):.2f}x",
-                f"{median(v[1] for v in values) * 1e6:,.0f}",
-                f"{median(v[2] for v in values) * 1e6:,.0f}" if w else "-",
-            ]
-        )
-    reference = median(v[3] for v in next(iter(measured.values())))
-    memcpy_row = ["(c) np.copyto of one large buffer (memcpy)", "-", "-", f"{reference:.2f}"]
-    rows.append(memcpy_row + ["-"] * (len(rows[0]) - len(memcpy_row)))
-    print(f"## Random-order batches of {BATCH} from page-cached data\n")
     print(
         f"Median of {rounds} rounds of >= {min_seconds} s each, every contender and memcpy once "
         "per round; ratios are medians of per-round ratios. 'vs (a)' and 'vs (b)' compare at "
@@ -435,6 +399,38 @@ def report_throughput(
         "'workers' CPU' is theirs, all workers together. Workers beat 0 workers only when the "
         "cores can run main + workers' CPU per batch in less time than 0 workers take.\n"
     )
+    return measured
+
+
+def throughput_table(
+    measured: dict[tuple[str, int], list[tuple[float, float, float, float]]], sample_bytes: int
+) -> str:
+    def per_round(key: tuple[str, int], other: tuple[str, int]) -> str:
+        if other not in measured:
+            return "-"
+        ratio = median(x[0] / y[0] for x, y in zip(measured[key], measured[other], strict=True))
+        return f"{ratio:,.0f}x" if other[0] == A_NAME else f"{ratio:.2f}x"
+
+    rows = []
+    for (name, w), values in measured.items():
+        rate = median(v[0] for v in values)
+        rows.append(
+            [
+                name,
+                str(w),
+                f"{rate:,.0f}",
+                f"{rate * sample_bytes / 1e9:.2f}",
+                per_round((name, w), (A_NAME, w)),
+                per_round((name, w), (B_NAME, w)),
+                f"{median(v[0] * sample_bytes / 1e9 / v[3] for v in values):.0%}",
+                per_round((name, w), (name, 0)),
+                f"{median(v[1] for v in values) * 1e6:,.0f}",
+                f"{median(v[2] for v in values) * 1e6:,.0f}" if w else "-",
+            ]
+        )
+    reference = median(v[3] for v in next(iter(measured.values())))
+    memcpy_row = ["(c) np.copyto of one large buffer (memcpy)", "-", "-", f"{reference:.2f}"]
+    rows.append(memcpy_row + ["-"] * (len(rows[0]) - len(memcpy_row)))
     header = [
         "loader",
         "workers",
@@ -447,7 +443,53 @@ def report_throughput(
         "main CPU us/batch",
         "workers' CPU us/batch",
     ]
-    print(table(header, rows))
+    return table(header, rows)
+
+
+def report_throughput(
+    ds: PackedDataset, files: list[Path], big_path: Path, memcpy: Memcpy, quick: bool
+) -> None:
+    labels = ds.labels
+    # (a) reads a random subset, whole epochs of it: an abandoned epoch would leave workers
+    # decoding in the background while the next contender is measured.
+    subset = np.random.default_rng(2).permutation(len(ds))[: (2 if quick else 6) * BATCH]
+    some_files = [files[i] for i in subset]
+    some_labels = labels[subset].tolist()
+
+    def stream(w: int) -> Iterable[Any]:
+        packed = PackedStream(ds.selection, batch_size=BATCH)
+        return stream_loader(packed, num_workers=w, persistent_workers=w > 0)
+
+    kinds: dict[str, Callable[[int], Iterable[Any]]] = {
+        OURS: partial(ours, ds),
+        "loaders PackedStream": stream,
+        B_NAME: lambda w: torch_loader(BigMemmap(big_path, labels), w),
+        A_NAME: lambda w: torch_loader(
+            PillowFiles(some_files, some_labels, ds.sample_shape[:2]), w
+        ),
+    }
+    contenders = {(name, w): make(w) for w in (0, 2) for name, make in kinds.items()}
+    print(f"## Random-order batches of {BATCH} from page-cached data\n")
+    print(
+        throughput_table(measure_rounds(contenders, memcpy, quick), int(np.prod(ds.sample_shape)))
+    )
+
+
+def report_large_samples(workdir: Path, memcpy: Memcpy, quick: bool) -> None:
+    """The same measurement with ImageNet-sized samples (224x224x3, 147 KiB), synthetic."""
+    shape = (224, 224, 3)
+    root = workdir / "large"
+    n = write_synthetic(root, (150 if quick else 400) << 20, shape)
+    ds = PackedDataset.open(root)
+    big_path = workdir / "large.npy"
+    np.save(big_path, ds.__getitems__(list(range(len(ds)))).images.numpy())
+    labels = ds.labels
+    contenders: Contenders = {(OURS, w): ours(ds, w) for w in (0, 2)} | {
+        (B_NAME, w): torch_loader(BigMemmap(big_path, labels), w) for w in (0, 2)
+    }
+    print(f"\n## Larger samples: {n} synthetic samples of {shape} uint8, page-cached\n")
+    print(throughput_table(measure_rounds(contenders, memcpy, quick), int(np.prod(shape))))
+    big_path.unlink()
 
 
 def report_rss(workdir: Path, sample_shape: tuple[int, ...], quick: bool) -> None:
@@ -535,6 +577,7 @@ def main() -> None:
         sources = catalog.table.take(ds.selection.positions).column("source").to_pylist()
         files = [args.sources / s for s in sources]
         report_throughput(ds, files, big_path, memcpy, args.quick)
+        report_large_samples(workdir, memcpy, args.quick)
         print(f"\nLoad average (1 min) after these measurements: {os.getloadavg()[0]:.2f}")
         del memcpy, big  # their buffers would count in the resident memory measured next
         report_rss(workdir, ds.sample_shape, args.quick)

@@ -33,6 +33,7 @@ from loaders.reader import ShardReader, verify_shard
 from loaders.samplers import (
     BlockShuffleSampler,
     ClassBalancedSampler,
+    OrderBatches,
     OrderSampler,
     ShuffleSampler,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "Catalog",
     "ClassBalancedSampler",
     "DeviceLoader",
+    "OrderBatches",
     "OrderSampler",
     "PackedDataset",
     "PackedLoader",

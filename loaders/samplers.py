@@ -61,9 +61,15 @@ class OrderSampler(Sampler[int]):
         return self.rank_length() - self._resume_at
 
     def __iter__(self) -> Iterator[int]:
-        # NOTE: a resume point applies to the next iteration only; the one after starts afresh.
+        return iter(self.remaining().tolist())
+
+    def remaining(self) -> Order:
+        """What the next iteration yields: this epoch's order from the resume point on.
+
+        NOTE: a resume point applies to the next iteration only; the one after starts afresh.
+        """
         start, self._resume_at = self._resume_at, 0
-        return iter(self.order()[start:].tolist())
+        return self.order()[start:]
 
     def set_epoch(self, epoch: int) -> None:
         """Select the order of `epoch` (call before each epoch, as with DistributedSampler)."""
@@ -97,6 +103,35 @@ class OrderSampler(Sampler[int]):
             )
         self.seed = int(state["seed"])
         self.resume(int(state["epoch"]), int(state["position"]))
+
+
+class OrderBatches(Sampler[Order]):
+    """A batch sampler over an `OrderSampler`: batches are slices of its order array.
+
+    What `BatchSampler(sampler, batch_size, drop_last)` yields, as numpy arrays instead of
+    lists built one int at a time: `__getitems__` takes them as they are, and with workers each
+    travels to a worker as one small array.
+    """
+
+    def __init__(self, sampler: OrderSampler, batch_size: int, drop_last: bool = False) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+
+    def __iter__(self) -> Iterator[Order]:
+        # NOTE: a generator, so nothing happens until the first batch is asked for: DataLoader
+        # calls iter() on its batch sampler twice when it starts workers, and only the second
+        # is used; an eager first call would spend the sampler's resume point.
+        order, size = self.sampler.remaining(), self.batch_size
+        end = len(order) - len(order) % size if self.drop_last else len(order)
+        for start in range(0, end, size):
+            yield order[start : start + size]
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
 
 class ShuffleSampler(OrderSampler):

@@ -238,3 +238,25 @@ def test_with_cuda_batches_are_pinned_once(
     assert loader.dataloader.pin_memory is loader_pins
     unpinned = make_loader(PackedDataset.open(packed.root), pin_memory=False)
     assert not unpinned.dataset.pin_output and not unpinned.dataloader.pin_memory
+
+
+@pytest.mark.parametrize("shuffle", ["random", "blocks"])
+def test_in_process_batches_are_what_dataloader_yields(packed: Packed, shuffle: str) -> None:
+    """Without workers PackedLoader calls the dataset itself; DataLoader must agree with it."""
+    ds = PackedDataset.open(packed.root)
+    ours = make_loader(ds, batch_size=6, shuffle=shuffle, seed=4, drop_last=True)
+    theirs = make_loader(ds, batch_size=6, shuffle=shuffle, seed=4, drop_last=True)
+    for epoch in (0, 1):
+        ours.set_epoch(epoch)
+        theirs.set_epoch(epoch)
+        got, expected = list(ours), list(theirs.dataloader)
+        assert len(got) == len(expected) == len(ds) // 6
+        for a, b in zip(got, expected, strict=True):
+            assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)
+    sampler = torch.utils.data.RandomSampler(ds, generator=torch.Generator().manual_seed(5))
+    torch_loader = make_loader(ds, batch_size=6, sampler=sampler)
+    torch_loader.dataloader.sampler.generator.manual_seed(5)
+    first = positions_of(ds, packed, list(torch_loader))
+    torch_loader.dataloader.sampler.generator.manual_seed(5)
+    assert first == positions_of(ds, packed, list(torch_loader.dataloader))
+    assert sorted(first) == sorted(ds.selection.positions.tolist())

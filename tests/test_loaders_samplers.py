@@ -23,6 +23,7 @@ from torch.utils.data import (
 from loaders import (
     BlockShuffleSampler,
     ClassBalancedSampler,
+    OrderBatches,
     PackedDataset,
     ShuffleSampler,
     balanced_order,
@@ -267,3 +268,29 @@ def test_block_shuffle_mixes_class_sorted_shards_nearly_like_random() -> None:
     sequential = class_mix_distance(np.arange(3000), labels, 64)
     assert sequential > 0.8
     assert mine < 2 * random
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("batch_size", [1, 4, 7, 30, 31])
+def test_order_batches_are_what_batch_sampler_yields(
+    packed: Packed, batch_size: int, drop_last: bool
+) -> None:
+    n = len(packed.labels)
+    for make in (
+        lambda: ShuffleSampler(n, seed=3, rank=1, world_size=2),
+        lambda: BlockShuffleSampler(np.arange(n) // 5, block=3, window=9, seed=1),
+        lambda: ClassBalancedSampler(packed.labels, num_samples=23, seed=2),
+    ):
+        ours, theirs = make(), make()
+        ours.resume(2, 3)
+        theirs.resume(2, 3)
+        batches = OrderBatches(ours, batch_size, drop_last)
+        expected = list(BatchSampler(theirs, batch_size, drop_last))
+        assert len(batches) == len(expected)
+        got = list(batches)
+        assert all(isinstance(b, np.ndarray) and b.dtype == np.int64 for b in got)
+        assert [b.tolist() for b in got] == expected
+        # The resume point applied to that iteration only, as it does for the sampler.
+        assert [b.tolist() for b in batches] == list(BatchSampler(theirs, batch_size, drop_last))
+    with pytest.raises(ValueError, match="batch_size"):
+        OrderBatches(ShuffleSampler(n), 0)
