@@ -9,6 +9,7 @@ raises (a full disk, a bug) stops the run, re-raised with the shard and file it 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +21,9 @@ from etl import cluster, readers
 from etl.checksums import digest
 from etl.config import CallStage, PipelineConfig, RunConfig, SourceConfig
 from etl.errors import ExecutionError
+from etl.manifest import SHARDS_DIR
 from etl.plan import PackItem, PackTask
-from etl.shards import ShardInfo, ShardWriter
+from etl.shards import ShardInfo, ShardWriter, fsync_dir
 from etl.sources import SourceFile, SourceReject
 from etl.stages import Reject, load_function, process_image
 
@@ -178,8 +180,11 @@ def _pack_one(
     }
 
 
-def pack_shard(task: PackTask, config: PipelineConfig, root: str) -> PackResult:
-    """Worker: fill one shard from `task.items`, in order. Runs in a joblib worker process."""
+def pack_shard(
+    task: PackTask, config: PipelineConfig, root: str, durable: bool = True
+) -> PackResult:
+    """Worker: fill one shard from `task.items`, in order. Runs in a joblib worker process.
+    `durable=False` leaves the fsync to the caller (see `pack`)."""
     functions = {
         stage.function: load_function(stage.function)
         for stage in config.stages
@@ -188,7 +193,12 @@ def pack_shard(task: PackTask, config: PipelineConfig, root: str) -> PackResult:
     samples: list[dict[str, Any]] = []
     rejects: list[SourceReject] = []
     writer = ShardWriter(
-        Path(root), task.shard, len(task.items), config.sample_shape, config.output.checksum
+        Path(root),
+        task.shard,
+        len(task.items),
+        config.sample_shape,
+        config.output.checksum,
+        durable,
     )
     with writer:
         for item in task.items:
@@ -212,7 +222,29 @@ def pack(
     root: Path,
     on_progress: Callable[[int], None] = lambda n: None,
 ) -> Iterable[PackResult]:
-    """Run `pack_shard` over every task; yields results as shards finish."""
-    for result in parallel_map(pack_shard, tasks, config.run, config, str(root)):
-        on_progress(result.items)
-        yield result
+    """Run `pack_shard` over every task; yields results as shards finish. Every shard is on
+    disk (fsynced, and the rename of it) once the last result has been taken.
+
+    NOTE [ who fsyncs ]: an fsync waits for the disk (~6 ms per 9.6 MB shard here, 0.2 ms a
+    224x224 image, 3-4% of packing it), and a worker waiting on it packs nothing. On one machine
+    a thread here fsyncs each shard as its result arrives, while the workers go on packing. On a
+    Dask cluster only the worker that wrote a shard can flush it, so workers fsync there.
+    """
+    in_workers = config.run.backend == "dask"
+    results = parallel_map(pack_shard, tasks, config.run, config, str(root), in_workers)
+    if in_workers:
+        for result in results:
+            on_progress(result.items)
+            yield result
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsync") as syncer:
+        pending: list[Future[None]] = []
+        for result in results:
+            if result.shard is not None:
+                pending.append(syncer.submit(fsync_dir, root / result.shard.name))
+            on_progress(result.items)
+            yield result
+        for done in pending:
+            done.result()
+        if pending:
+            fsync_dir(root / SHARDS_DIR)

@@ -1,8 +1,9 @@
 """Orchestration only: config -> sources -> plan -> execute -> commit, returning a report.
 
-Order of durability: shards are fsynced and renamed into place by the workers, then the
-manifest version folder is renamed into place here. A run killed at any point leaves the
-previous version untouched; its leftovers are removed by the next run, under the lock.
+Order of durability: shards are renamed into place by the workers and fsynced before
+`execute.pack` returns its last result, then the manifest version folder is renamed into place
+here. A run killed at any point leaves the previous version untouched; its leftovers are
+removed by the next run, under the lock.
 """
 
 from __future__ import annotations

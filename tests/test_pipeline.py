@@ -321,3 +321,32 @@ def test_manifest_is_readable_by_pandas_and_duckdb(workdir: Path) -> None:
         "select class_name, count(*) n from manifest group by class_name order by class_name"
     ).fetchall()
     assert sum(n for _, n in per_class) == len(frame) == manifest.num_rows
+
+
+def test_every_new_shard_is_fsynced_before_the_commit(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers leave the fsync to the parent (etl.execute.pack); the manifest must still come
+    only after every shard it references, and the rename of each, is on disk."""
+    from etl import execute
+
+    events: list[tuple[str, Path | None]] = []
+    real_fsync, real_commit = execute.fsync_dir, pipeline.commit
+
+    def fsync(path: Path) -> None:
+        real_fsync(path)
+        events.append(("fsync", Path(path)))
+
+    def commit(*args: object, **kwargs: object) -> None:
+        events.append(("commit", None))
+        real_commit(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(execute, "fsync_dir", fsync)
+    monkeypatch.setattr(pipeline, "commit", commit)
+    report = pipeline.run(make_config(workdir, per_shard=5))  # loky workers
+    assert report.committed and report.shards_written > 3
+    root = workdir / "out"
+    shards = {root / s for s in read_manifest(root).shards.column("shard").to_pylist()}
+    assert events[-1] == ("commit", None) and len(events) == len(shards) + 2
+    assert {path for _, path in events[:-1]} == shards | {root / "shards"}
+    assert events[-2] == ("fsync", root / "shards"), "the folder after the last shard"

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 
+import blake3
 import numpy as np
 import pytest
 import xxhash
@@ -79,3 +82,34 @@ def test_open_shard_checks_shape_and_size(tmp_path: Path) -> None:
     np.save(tmp_path / "f.npy", np.zeros((2, *SHAPE), np.float32))
     with pytest.raises(ShardError, match="dtype"):
         open_shard(tmp_path / "f.npy", SHAPE, 2)
+
+
+@pytest.mark.parametrize("rows", [6, 4], ids=["full: digests while writing", "short: re-read"])
+@pytest.mark.parametrize("algorithm", ["xxh3_64", "sha256"])
+def test_shard_digests_are_those_of_the_file_on_disk(
+    tmp_path: Path, rows: int, algorithm: str
+) -> None:
+    data = samples(rows, seed=rows)
+    with ShardWriter(tmp_path, "shards/d.npy", 6, SHAPE, algorithm) as writer:
+        for x in data:
+            writer.append(x)
+        info = writer.finish()
+    assert info is not None
+    raw = (tmp_path / "shards/d.npy").read_bytes()
+    expected = hashlib.sha256(raw).hexdigest() if algorithm == "sha256" else None
+    assert info.checksum == (expected or xxhash.xxh3_64_hexdigest(raw))
+    assert info.blake3 == blake3.blake3(raw).hexdigest()
+    np.testing.assert_array_equal(np.load(tmp_path / "shards/d.npy"), data)
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_durable_false_leaves_every_fsync_to_the_caller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durable: bool
+) -> None:
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    with ShardWriter(tmp_path, "shards/e.npy", 2, SHAPE, "xxh3_64", durable) as writer:
+        writer.append(samples(1)[0])
+        assert writer.finish() is not None
+    assert len(synced) == (2 if durable else 0)  # the file, then the folder holding its name
