@@ -220,13 +220,13 @@ def make_loader(
     size come from torch.distributed when it is initialised, unless given. `seed` drives the
     sample order; `generator` only DataLoader's own randomness (worker base seeds).
 
-    NOTE [ num_workers ]: measured with benchmarks/bench_loaders.py (random batches of 256
-    x 12 KiB, 2-core VM shared with other jobs). 0 workers: ~1.0-1.4 ms of main-process CPU
-    per batch, mostly the per-row copy (`loaders.reader`). 2 workers: ~0.45 ms of main-process
-    CPU per batch (a ring slot arrives as a number, see `loaders.batches`) plus ~1.4-1.5 ms of
-    workers' CPU, so they beat 0 workers only when nearly two cores are free; with other jobs
-    on the machine they delivered ~0.7-0.8x of 0 workers (before the ring: ~0.25x). Workers
-    pay off by keeping the training process's share small, and for a per-sample `transform`.
+    NOTE [ num_workers ]: measured with benchmarks/bench_loaders.py (random batches of 256,
+    2-core VM). 12 KiB samples, 0 workers: ~1.0 ms of main-process CPU per batch, ~80% of it
+    in memmove itself (`loaders.span`). 2 workers: ~0.5 ms of main-process CPU per batch (a
+    ring slot arrives as a number, see `loaders.batches`) plus ~1.5 ms of workers' CPU, so on
+    two cores they deliver ~0.75-0.8x of 0 workers. With 147 KiB (224x224x3) samples the
+    per-batch costs are small next to the copy and 2 workers deliver ~1.5x. Workers also pay
+    off by keeping the training process's share small, and for a per-sample `transform`.
     """
     if sampler is not None and shuffle:
         raise ValueError("pass either sampler= or shuffle=, not both (as with DataLoader)")

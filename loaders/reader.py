@@ -9,6 +9,7 @@ processes: a pickled reader carries only the shard table and reopens what it nee
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import numpy as np
@@ -72,12 +73,19 @@ class ShardReader:
         self.use_span = SUPPORTED
         """Gather through a `ShardSpan`; False after a shard did not fit one (row by row then)."""
         self._read_since_release = 0
+        self._lock = threading.RLock()
+        """Held by gather, release and close: threads may share a reader (see ShardSpan)."""
 
     def __getstate__(self) -> dict[str, Any]:
         # NOTE: open mappings stay behind; each worker reopens (and re-checks) what it reads.
         state = self.__dict__.copy()
         state["_arrays"], state["_flat"], state["_span"] = {}, {}, None
+        del state["_lock"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     def array(self, shard: int) -> NDArray[np.uint8]:
         """Shard `shard` as a read-only [rows, *sample_shape] array backed by the page cache."""
@@ -115,20 +123,22 @@ class ShardReader:
 
     def release(self) -> None:
         """Unmap every shard; the next read reopens (and re-checks) what it needs."""
-        self._arrays.clear()
-        self._flat.clear()
-        if self._span is not None:
-            self._span.close()
-            self._span = None
-        self._read_since_release = 0
+        with self._lock:
+            self._arrays.clear()
+            self._flat.clear()
+            if self._span is not None:
+                self._span.close()
+                self._span = None
+            self._read_since_release = 0
 
     def close(self, shard: int) -> None:
         """Drop one shard's mapping (its pages leave this process's RSS; the page cache keeps
         them). The stream calls this after each shard so resident memory stays flat."""
-        self._flat.pop(shard, None)
-        self._arrays.pop(shard, None)
-        if self._span is not None:
-            self._span.unmap(shard)
+        with self._lock:
+            self._flat.pop(shard, None)
+            self._arrays.pop(shard, None)
+            if self._span is not None:
+                self._span.unmap(shard)
 
     def mapped(self) -> set[int]:
         """The shards this reader holds mapped now."""
@@ -176,12 +186,13 @@ class ShardReader:
         if (row < 0).any() or (row >= self.shards.rows[shard]).any():
             bad = int(np.flatnonzero((row < 0) | (row >= self.shards.rows[shard]))[0])
             raise IndexError(f"row {row[bad]} is not in shard {self.shards.path(shard[bad])}")
-        span = self._spanned(shard) if self.use_span else None
-        if span is not None:
-            span.take(span.first[shard] + row, out)
-        else:
-            self._gather_rows(shard, row, out)
-        self._count(n * self.sample_bytes)
+        with self._lock:
+            span = self._spanned(shard) if self.use_span else None
+            if span is not None:
+                span.take(span.first[shard] + row, out)
+            else:
+                self._gather_rows(shard, row, out)
+            self._count(n * self.sample_bytes)
 
     def _gather_rows(
         self, shard: NDArray[np.int64], row: NDArray[np.int64], out: NDArray[np.uint8]

@@ -107,8 +107,10 @@ class ShardSpan:
     """The rows of every shard as one read-only [rows, row_bytes] array; shards mapped lazily.
 
     Private to one process and to its `ShardReader`: the array is never handed out (after
-    `close` its memory is gone), only copied from by `take`. A forked child inherits the
-    mappings, which stay valid there.
+    `close` its memory is gone), only copied from by `take`. Not thread-safe: np.take lets go
+    of the GIL, so `unmap` or `close` during another thread's `take` would pull its memory away
+    (`ShardReader` holds a lock around all of them). A forked child inherits the mappings,
+    which stay valid there.
     """
 
     def __init__(self, rows: NDArray[np.int64], row_bytes: int, offset: int) -> None:

@@ -6,6 +6,7 @@ import mmap
 import os
 import shutil
 import struct
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -126,3 +127,41 @@ def test_a_forked_child_reads_the_parents_span(packed: Packed) -> None:
     os.waitpid(pid, 0)
     got = np.frombuffer(data, dtype=np.uint8).reshape(out.shape)
     np.testing.assert_array_equal(got, expected(packed, shard.tolist(), row.tolist()))
+
+
+def test_threads_gathering_while_another_releases_read_right(packed: Packed) -> None:
+    """np.take lets go of the GIL: unmapping must wait for a copy in flight, never crash it."""
+    shards = open_catalog(packed.root).select().shards
+    reader = ShardReader(shards)
+    rng = np.random.default_rng(8)
+    shard = rng.integers(0, 3, 400)
+    row = np.array([rng.integers(0, shards.rows[s]) for s in shard])
+    want = expected(packed, shard.tolist(), row.tolist())
+    stop = threading.Event()
+    failures: list[str] = []
+
+    def read() -> None:
+        out = np.empty_like(want)
+        try:
+            for _ in range(30):
+                reader.gather(shard, row, out)
+                if not np.array_equal(out, want):
+                    failures.append("wrong bytes")
+        except Exception as exc:  # a thread's exception would not fail the test by itself
+            failures.append(repr(exc))
+
+    def churn() -> None:
+        while not stop.is_set():
+            reader.release()
+            reader.close(1)
+
+    threads = [threading.Thread(target=read) for _ in range(2)]
+    churner = threading.Thread(target=churn)
+    churner.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    churner.join()
+    assert not failures
