@@ -40,7 +40,7 @@ unchanged file keeps them without being decoded again. The others are re-decided
 TRAIN = "train"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PackItem:
     """One source to decode and store; everything the worker needs, nothing large."""
 

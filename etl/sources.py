@@ -35,7 +35,7 @@ from etl.config import FolderSource, ListingSource, LmdbSource, PythonSource, So
 from etl.errors import SourceError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SourceFile:
     """One input image, identified by `source`: its path relative to the source root (POSIX)."""
 
@@ -52,7 +52,7 @@ class SourceFile:
     listing, and the plan takes this hash instead of hashing or trusting the stat."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SourceReject:
     source: str
     reason: str
