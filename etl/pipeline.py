@@ -268,7 +268,7 @@ def _run_locked(
     progress.stop()
 
     packed_new = sum(t.num_rows for t in new_tables)
-    samples = pa.concat_tables([plan.reused, *new_tables]).sort_by("source").combine_chunks()
+    samples = pa.concat_tables([plan.reused, *new_tables]).sort_by("source")  # one chunk
     reject_rows = [_reject_row(r) for r in sorted(rejects, key=lambda r: r.source)]
     if samples.num_rows + len(reject_rows) != listing.listed:
         raise RuntimeError(
