@@ -232,15 +232,10 @@ def pack(
     """
     in_workers = config.run.backend == "dask"
     results = parallel_map(pack_shard, tasks, config.run, config, str(root), in_workers)
-    if in_workers:
-        for result in results:
-            on_progress(result.items)
-            yield result
-        return
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsync") as syncer:
         pending: list[Future[None]] = []
         for result in results:
-            if result.shard is not None:
+            if not in_workers and result.shard is not None:
                 pending.append(syncer.submit(fsync_dir, root / result.shard.name))
             on_progress(result.items)
             yield result

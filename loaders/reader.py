@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -94,7 +95,8 @@ class ShardReader:
             found = self._open(shard)
         return found
 
-    def _checked_path(self, shard: int) -> Any:
+    def _checked_path(self, shard: int) -> Path:
+        """The path of shard `shard`, its checksum verified first when `verify` is on."""
         path = self.shards.path(shard)
         if self.verify:
             verify_shard(path, self.shards.algorithm, self.shards.checksums[shard])
