@@ -81,6 +81,9 @@ class _SourceBase(_Model):
         default_factory=lambda: {"val": 0.1}
     )
     """Fractions by a hash of the sample's source path; the remainder is 'train'."""
+    max_file_bytes: ByteSize = 512 << 20
+    """A file (or LMDB value) larger than this is rejected `file_too_large` before it is read:
+    a worker holds at most this many bytes of one source in memory."""
 
     @field_validator("split")
     @classmethod
@@ -178,6 +181,13 @@ SourceConfig = FolderSource | ListingSource | LmdbSource | PythonSource
 # --- stages ---------------------------------------------------------------------------------
 
 
+DEFAULT_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF")
+"""Pillow's names for the common photo formats. JPEG includes MPO (a JPEG with extra pictures,
+from phones), which Pillow opens through its JPEG plugin."""
+EXTERNAL_PROGRAM_FORMATS = ("EPS",)
+"""Pillow formats whose decoding runs another program (EPS: Ghostscript)."""
+
+
 class DecodeStage(_Model):
     kind: Literal["decode"] = "decode"
     mode: Literal["RGB", "L"] = "RGB"
@@ -186,6 +196,36 @@ class DecodeStage(_Model):
     max_pixels: int = Field(default=89_478_485, gt=0)
     """Decompression-bomb guard: width x height above this is rejected before decoding."""
     multi_frame: Literal["first", "reject"] = "first"
+    formats: tuple[str, ...] = DEFAULT_FORMATS
+    """Pillow formats decoded (its format names, e.g. JPEG, PNG); any other file is rejected
+    `format_not_allowed`, including text formats Pillow happens to parse (XBM, text PNM)."""
+    allow_external_programs: bool = False
+    """Formats whose Pillow plugin runs another program on the file (EPS runs Ghostscript) are
+    refused in `formats` unless this is true. Unsafe on files you did not make yourself."""
+
+    @field_validator("formats")
+    @classmethod
+    def _known_formats(cls, formats: tuple[str, ...]) -> tuple[str, ...]:
+        upper = tuple(f.upper() for f in formats)
+        if not upper:
+            raise ValueError("formats is empty; list at least one, e.g. [JPEG, PNG]")
+        from PIL import Image  # only when a config names formats: `import etl` stays cheap
+
+        Image.init()
+        unknown = sorted(set(upper) - set(Image.OPEN))
+        if unknown:
+            raise ValueError(f"unknown formats {unknown}; Pillow opens {sorted(Image.OPEN)}")
+        return upper
+
+    @model_validator(mode="after")
+    def _no_external_programs(self) -> DecodeStage:
+        risky = sorted(set(self.formats) & set(EXTERNAL_PROGRAM_FORMATS))
+        if risky and not self.allow_external_programs:
+            raise ValueError(
+                f"formats {risky} make Pillow run an external program on the file; set "
+                "allow_external_programs: true only for files you trust"
+            )
+        return self
 
 
 RESIZE_MODES = ("center_crop", "pad", "stretch")
@@ -294,6 +334,12 @@ class RunConfig(_Model):
         return self
 
 
+_NOT_OUTPUT_SHAPING: dict[str, set[str]] = {"decode": {"formats", "allow_external_programs"}}
+"""NOTE: stage keys that decide which files are accepted, never a stored byte: left out of the
+digest (so changing them needs no --rebuild, and datasets packed before they existed keep
+their digest). Their rejects are not remembered by content (see plan.CONTENT_REJECTS)."""
+
+
 class PipelineConfig(_Model):
     source: Source
     stages: tuple[Annotated[Stage, BeforeValidator(_single_key_stage)], ...]
@@ -354,7 +400,10 @@ class PipelineConfig(_Model):
     def output_shaping(self) -> dict[str, Any]:
         """Everything that changes stored bytes, labels or splits; `run` is not part of it."""
         return {
-            "stages": [stage.model_dump(mode="json") for stage in self.stages],
+            "stages": [
+                stage.model_dump(mode="json", exclude=_NOT_OUTPUT_SHAPING.get(stage.kind))
+                for stage in self.stages
+            ],
             "layout": self.output.layout,
             "checksum": self.output.checksum,
             "split": dict(sorted(self.source.split.items())),

@@ -98,17 +98,24 @@ def engine(
 
 def _hash_chunk(
     files: Sequence[tuple[str, str]], algorithm: str, source_config: SourceConfig
-) -> list[tuple[str, str | None, str]]:
-    """(source, digest or None, error message) for each (source, locator)."""
-    out: list[tuple[str, str | None, str]] = []
+) -> list[tuple[str, str | None, str, str]]:
+    """(source, digest or None, reject reason, message) for each (source, locator)."""
+    out: list[tuple[str, str | None, str, str]] = []
     for source, path in files:
         try:
-            data = readers.read(source_config, path)
+            value = readers.content_digest(source_config, path, algorithm)
         except OSError as exc:
-            out.append((source, None, f"cannot read: {exc.strerror or exc}"))
+            out.append((source, None, *_read_failure(exc)))
             continue
-        out.append((source, digest(data, algorithm), ""))
+        out.append((source, value, "", ""))
     return out
+
+
+def _read_failure(exc: OSError) -> tuple[str, str]:
+    """(reject reason, message) of a source that could not be read."""
+    if isinstance(exc, readers.Refused):
+        return exc.reason, str(exc)
+    return "io_error", f"cannot read: {exc.strerror or exc}"
 
 
 def hash_sources(
@@ -119,7 +126,8 @@ def hash_sources(
     *,
     source_config: SourceConfig,
 ) -> tuple[dict[str, str], list[SourceReject]]:
-    """Content hashes of `files` of `source_config`; unreadable ones become io_error rejects."""
+    """Content hashes of `files` of `source_config`; unreadable ones become rejects (io_error,
+    or the reason `readers.Refused` gives)."""
     chunks = [
         [(f.source, f.path) for f in files[i : i + HASH_CHUNK]]
         for i in range(0, len(files), HASH_CHUNK)
@@ -128,10 +136,10 @@ def hash_sources(
     hashes: dict[str, str] = {}
     rejects: list[SourceReject] = []
     for results in parallel_map(_hash_chunk, chunks, run, algorithm, source_config):
-        for source, value, error in results:
+        for source, value, reason, message in results:
             if value is None:
                 f = stat[source]
-                rejects.append(SourceReject(source, "io_error", error, f.size, f.mtime_ns))
+                rejects.append(SourceReject(source, reason, message, f.size, f.mtime_ns))
             else:
                 hashes[source] = value
         on_progress(len(results))
@@ -155,7 +163,7 @@ def _pack_one(
     try:
         data = readers.read(config.source, item.path)
     except OSError as exc:
-        return reject("io_error", f"cannot read: {exc.strerror or exc}")
+        return reject(*_read_failure(exc))
     if digest(data, config.output.checksum) != item.source_hash:
         return reject("changed", "file changed while the run was in progress; run again")
     try:

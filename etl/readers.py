@@ -1,11 +1,12 @@
 """How a worker gets a source's bytes from its locator (`SourceFile.path`), by source kind.
 
 `sources.py` lists what exists and writes locators; this module reads them back, in a worker
-process or a Dask worker. It also owns what both sides must agree on: the LMDB key <-> `source`
-string encoding, the pickle guard, and the spool file of a Python source.
+process or a Dask worker. It also owns what both sides must agree on: the pickle guard, the
+spool file of a Python source, and how a file is read safely (`read_regular_file`).
 
     folder, listing   locator = a file path                  -> the file's bytes
     lmdb              locator = the key as `source` spells it -> the value (or its image field)
+                      (see NOTE [names] in etl/names.py)
     python            locator = "<offset>+<length>@<spool>"   -> that slice of the spool file
 
 Reader errors are OSError: the executor turns them into `io_error` rejects.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import stat
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,40 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from etl import names
+from etl.checksums import digest, new_hasher
 from etl.config import LmdbSource, SourceConfig
 from etl.errors import SourceError
 from etl.manifest import SHARDS_DIR
-
-# --- LMDB keys ----------------------------------------------------------------------------------
-
-HEX_PREFIX = "hex:"
-"""NOTE [LMDB keys]: a key is bytes, `source` a readable string. A key that is UTF-8 text with
-only printable characters (no newline, tab or other control character) is its own `source`;
-any other key, and any key that itself starts with 'hex:', is spelt 'hex:' + its bytes in
-lowercase hex. The mapping is one-to-one and depends on the key alone, so a sample's `source`
-and `sample_id` are stable across runs and machines."""
-
-
-def key_to_source(key: bytes) -> str:
-    """An LMDB key -> its `source` string (see HEX_PREFIX)."""
-    try:
-        text = key.decode("utf-8")
-    except UnicodeDecodeError:
-        return HEX_PREFIX + key.hex()
-    if not text.isprintable() or text.startswith(HEX_PREFIX):
-        return HEX_PREFIX + key.hex()
-    return text
-
-
-def source_to_key(source: str) -> bytes:
-    """The inverse of `key_to_source`; also how a labels file or keys entry names a key."""
-    if source.startswith(HEX_PREFIX):
-        try:
-            return bytes.fromhex(source[len(HEX_PREFIX) :])
-        except ValueError:
-            raise ValueError(f"{source!r} starts with 'hex:' but is not hex digits") from None
-    return source.encode("utf-8")
-
 
 # --- pickles ------------------------------------------------------------------------------------
 
@@ -193,7 +166,7 @@ def _read_lmdb(config: LmdbSource, locator: str) -> bytes:
 
     try:
         with env.begin(buffers=True) as txn:
-            value = txn.get(source_to_key(locator))
+            value = txn.get(names.to_raw(locator))
             if value is None:
                 raise FileNotFoundError(f"key {locator!r} is no longer in {config.path}")
             return bytes(lmdb_record(value, config)[0])
@@ -270,8 +243,99 @@ def _read_spool(config: SourceConfig, locator: str) -> bytes:
 # --- the registry -------------------------------------------------------------------------------
 
 
+class Refused(OSError):
+    """A source refused before or while it is read, with its reject reason (`not_a_file`,
+    `file_too_large`). An OSError, so every caller that handles unreadable sources handles it."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reason, str(self)))  # crosses process boundaries intact
+
+
+FILE_KINDS = frozenset({"folder", "listing"})
+"""Source kinds whose locators are file paths."""
+
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+"""NOTE [safe open]: O_NONBLOCK so that opening a FIFO (or a device) that slipped past the
+listing's stat never blocks waiting for a writer; fstat then refuses anything but a regular
+file before a byte is read. On regular files O_NONBLOCK changes nothing."""
+
+FILE_TYPES = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFDIR: "a folder",
+    stat.S_IFLNK: "a symbolic link",
+}
+
+
+def not_a_file(st: os.stat_result) -> str | None:
+    """Why `st` is not a regular file ("a FIFO", ...), or None when it is one."""
+    if stat.S_ISREG(st.st_mode):
+        return None
+    return FILE_TYPES.get(stat.S_IFMT(st.st_mode), "not a regular file")
+
+
+def too_large(size: int, max_bytes: int) -> str:
+    return f"{size} bytes is above source.max_file_bytes ({max_bytes})"
+
+
+@contextmanager
+def _regular_file(path: str, max_bytes: int) -> Iterator[tuple[int, int]]:
+    """(fd, size) of the regular file at `path`, no larger than `max_bytes`; else `Refused`."""
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        st = os.fstat(fd)
+        kind = not_a_file(st)
+        if kind is not None:
+            raise Refused("not_a_file", f"{path} is {kind}")
+        if st.st_size > max_bytes:
+            raise Refused("file_too_large", too_large(st.st_size, max_bytes))
+        yield fd, st.st_size
+    finally:
+        os.close(fd)
+
+
+def read_regular_file(path: str, max_bytes: int) -> bytes:
+    """The bytes of the regular file at `path`: never blocks on a FIFO, never reads more than
+    `max_bytes` (a file that grows past it while read is refused too)."""
+    chunks: list[bytes] = []
+    total = 0
+    with _regular_file(path, max_bytes) as (fd, size):
+        want = size + 1  # one read for the whole file, then one that finds its end
+        while total <= max_bytes and (chunk := os.read(fd, min(want, max_bytes + 1 - total))):
+            chunks.append(chunk)
+            total += len(chunk)
+            want = HASH_CHUNK_BYTES
+    if total > max_bytes:
+        raise Refused("file_too_large", too_large(total, max_bytes))
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+HASH_CHUNK_BYTES = 4 << 20
+"""Bytes hashed at a time by `file_digest`: no source is ever held whole to be hashed."""
+
+
+def file_digest(path: str, algorithm: str, max_bytes: int) -> str:
+    """Content hash of the regular file at `path`, streamed in HASH_CHUNK_BYTES pieces."""
+    hasher = new_hasher(algorithm)
+    buffer = bytearray(min(HASH_CHUNK_BYTES, max_bytes + 1))
+    total = 0
+    with _regular_file(path, max_bytes) as (fd, _):
+        while n := os.readv(fd, [buffer]):
+            total += n
+            if total > max_bytes:
+                raise Refused("file_too_large", too_large(total, max_bytes))
+            hasher.update(memoryview(buffer)[:n])
+    return hasher.hexdigest()
+
+
 def _read_file(config: SourceConfig, locator: str) -> bytes:
-    return Path(locator).read_bytes()
+    return read_regular_file(locator, config.max_file_bytes)
 
 
 READERS: dict[str, Callable[[Any, str], bytes]] = {
@@ -290,3 +354,10 @@ def read(config: SourceConfig, locator: str) -> bytes:
     except KeyError:
         raise ValueError(f"no reader for source kind {config.kind!r}; add it to READERS") from None
     return reader(config, locator)
+
+
+def content_digest(config: SourceConfig, locator: str, algorithm: str) -> str:
+    """The content hash of one source, as `digest(read(...))` gives it; files are streamed."""
+    if config.kind in FILE_KINDS:
+        return file_digest(locator, algorithm, config.max_file_bytes)
+    return digest(read(config, locator), algorithm)

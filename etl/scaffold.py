@@ -245,6 +245,12 @@ def render(found: Survey, config_path: Path) -> str:
         _kv(2, "exclude", list(source.exclude), 'e.g. ["*/_drafts/*"]'),
         "  # classes fixes the label order (default: sorted folder names); uncomment to pin it:",
         *_wrapped_comment("  # classes: ", list(found.classes)),
+        _kv(
+            2,
+            "max_file_bytes",
+            _byte_size(source.max_file_bytes),
+            "larger files are rejected without being read",
+        ),
         "  split:                  # fractions by a hash of the path; the rest is train",
         *[_kv(4, k, v) for k, v in source.split.items()],
         "",
@@ -259,6 +265,13 @@ def render(found: Survey, config_path: Path) -> str:
         _kv(6, "background", list(decode.background), "alpha is composited onto this colour"),
         _kv(6, "max_pixels", decode.max_pixels, "decompression-bomb guard"),
         _kv(6, "multi_frame", decode.multi_frame, "or reject (animations, multi-page)"),
+        _kv(6, "formats", list(decode.formats), "Pillow formats decoded; others are rejected"),
+        _kv(
+            6,
+            "allow_external_programs",
+            decode.allow_external_programs,
+            "true lets formats: [EPS] run Ghostscript: unsafe",
+        ),
         "  - validate:",
         _kv(6, "min_size", validate.min_size, "e.g. [32, 32]: refuse smaller sources (HxW)"),
         _kv(6, "max_aspect", validate.max_aspect, "e.g. 4.0: refuse long thin sources"),
@@ -284,6 +297,14 @@ def render(found: Survey, config_path: Path) -> str:
         _kv(2, "address", run.address, "dask scheduler, e.g. tcp://10.0.0.5:8786"),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _byte_size(n: int) -> str | int:
+    """Bytes as the config writes them: '512MiB' where a binary unit divides them."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return n
 
 
 def _wrapped_comment(prefix: str, values: list[str], width: int = 100) -> list[str]:

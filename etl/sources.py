@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from etl import readers
+from etl import names, readers
 from etl.checksums import digest
 from etl.config import FolderSource, ListingSource, LmdbSource, PythonSource, SourceConfig
 from etl.errors import SourceError
@@ -100,23 +100,40 @@ def _pattern(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
     return re.compile("|".join(fnmatch.translate(p.lower()) for p in patterns))
 
 
-def _walk(root: str) -> Iterator[os.DirEntry[str]]:
-    """Files under root, depth first; dot-entries skipped, links to folders not followed."""
+def _walk(root: str, unlistable: list[tuple[str, OSError]]) -> Iterator[os.DirEntry[str]]:
+    """Entries under root that are not folders, depth first; dot-entries skipped, links to
+    folders not followed. A folder below root that cannot be listed (permission, a path over
+    the OS limit, an I/O error midway) goes to `unlistable` and the walk goes on."""
     stack = [root]
     while stack:
-        with os.scandir(stack.pop()) as entries:
-            for entry in entries:
-                if entry.name.startswith("."):
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                else:
-                    yield entry
+        folder = stack.pop()
+        try:
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    if entry.name.startswith("."):
+                        continue
+                    if _is_folder(entry):
+                        stack.append(entry.path)
+                    else:
+                        yield entry
+        except OSError as exc:
+            if folder == root:
+                raise SourceError(f"source.path: cannot list {root}: {exc.strerror}") from None
+            unlistable.append((folder, exc))
+
+
+def _is_folder(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False  # listed as a file; its stat names the problem
 
 
 def list_folder(config: FolderSource, context: ListContext | None = None) -> SourceListing:
     """Walk `config.path`: the first path component is the class. Dot-files are skipped; links to
-    folders are not followed, and a linked file that resolves outside the root is rejected.
+    folders are not followed; a linked file that resolves outside the root, anything that is not
+    a regular file (a FIFO, socket, device, a link to a folder) and a folder that cannot be
+    listed are rejects. Only `stat` is called here: no file is opened.
 
     NOTE: os.scandir and plain strings, not pathlib: a no-change rerun over 100k files spends
     most of its time here, and pathlib's object overhead tripled it.
@@ -130,43 +147,76 @@ def list_folder(config: FolderSource, context: ListContext | None = None) -> Sou
     include, exclude = _pattern(config.include), _pattern(config.exclude)
     files: list[SourceFile] = []
     rejects: list[SourceReject] = []
-    for entry in _walk(top):
-        relative = entry.path[prefix:].replace(os.sep, "/")
+    unlistable: list[tuple[str, OSError]] = []
+    for entry in _walk(top, unlistable):
+        relative = entry.path[prefix:]
         lowered = relative.lower()
         if include is None or not include.match(lowered):
             continue
         if exclude is not None and exclude.match(lowered):
             continue
+        source = names.path_to_source(relative)
         if entry.is_symlink() and not os.path.realpath(entry.path).startswith(real_root):
-            rejects.append(SourceReject(relative, "outside_root", "link leads outside the root"))
+            rejects.append(SourceReject(source, "outside_root", "link leads outside the root"))
             continue
-        try:
-            st = entry.stat()
-        except OSError as exc:
-            rejects.append(SourceReject(relative, "io_error", f"cannot stat: {exc.strerror}"))
+        outcome = _stat_file(source, entry.path, config.max_file_bytes)
+        if isinstance(outcome, SourceReject):
+            rejects.append(outcome)
             continue
         slash = relative.find("/")
         if slash < 0:
             rejects.append(
-                SourceReject(
-                    relative,
-                    "no_class",
-                    "file is not inside a class folder",
-                    st.st_size,
-                    st.st_mtime_ns,
-                )
+                SourceReject(source, "no_class", "file is not inside a class folder", *outcome[:2])
             )
             continue
-        files.append(
-            SourceFile(relative, entry.path, relative[:slash], None, st.st_size, st.st_mtime_ns)
+        class_name = names.path_to_source(relative[:slash])
+        files.append(SourceFile(source, entry.path, class_name, None, *outcome[:2]))
+    for folder, exc in unlistable:
+        rejects.append(
+            SourceReject(
+                names.path_to_source(folder[prefix:] + "/"),
+                "folder_unreadable",
+                f"cannot list this folder: {exc.strerror or exc}",
+            )
         )
     files.sort(key=lambda f: f.source)
     rejects.sort(key=lambda r: r.source)
     return SourceListing(tuple(files), tuple(rejects))
 
 
-def _read_listing_table(path: Path, text_columns: tuple[str, ...] = ()) -> pa.Table:
-    """`text_columns` are read from CSV as strings, never inferred as numbers ('007' stays)."""
+def _stat_file(source: str, path: str, max_bytes: int) -> tuple[int, int] | SourceReject:
+    """(size, mtime_ns) of the regular file at `path` (links followed), or why it is none."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        reason = "missing" if isinstance(exc, FileNotFoundError) else "io_error"
+        return SourceReject(source, reason, f"cannot stat: {exc.strerror}")
+    kind = readers.not_a_file(st)
+    if kind is not None:
+        return SourceReject(source, "not_a_file", f"{kind}, not a regular file (never opened)")
+    if st.st_size > max_bytes:
+        return SourceReject(
+            source,
+            "file_too_large",
+            readers.too_large(st.st_size, max_bytes),
+            st.st_size,
+            st.st_mtime_ns,
+        )
+    return st.st_size, st.st_mtime_ns
+
+
+def _read_listing_table(
+    path: Path, text_columns: tuple[str, ...] = (), bad_rows: list[tuple[int, str]] | None = None
+) -> pa.Table:
+    """`text_columns` are read from CSV as strings, never inferred as numbers ('007' stays).
+    With `bad_rows`, a CSV row with the wrong number of fields is skipped and recorded there as
+    (line number, text); without it, it is an error naming the line."""
+
+    def skip(row: Any) -> str:
+        assert bad_rows is not None
+        bad_rows.append((row.number or 0, row.text))
+        return "skip"
+
     suffix = path.suffix.lower()
     try:
         if suffix == ".parquet":
@@ -174,7 +224,12 @@ def _read_listing_table(path: Path, text_columns: tuple[str, ...] = ()) -> pa.Ta
         if suffix in (".csv", ".tsv"):
             return pacsv.read_csv(
                 path,
-                parse_options=pacsv.ParseOptions(delimiter="\t" if suffix == ".tsv" else ","),
+                # NOTE: one thread, so the handler sees every bad row with its line number
+                read_options=pacsv.ReadOptions(use_threads=bad_rows is None),
+                parse_options=pacsv.ParseOptions(
+                    delimiter="\t" if suffix == ".tsv" else ",",
+                    invalid_row_handler=skip if bad_rows is not None else None,
+                ),
                 convert_options=pacsv.ConvertOptions(
                     strings_can_be_null=True,
                     column_types={name: pa.string() for name in text_columns},
@@ -198,71 +253,83 @@ def _column(table: pa.Table, name: str, path: Path, required: bool) -> list[str 
     return [None if v is None else str(v) for v in table.column(name).to_pylist()]
 
 
+def _line_names(path: Path, rows: int, bad_rows: list[tuple[int, str]]) -> list[str]:
+    """How an error names each row of the table: 'row i' in Parquet; in CSV its line (the
+    header is line 1), counting the skipped bad rows' lines."""
+    if path.suffix.lower() == ".parquet":
+        return [f"row {i}" for i in range(rows)]
+    skipped = {number for number, _ in bad_rows}
+    lines = (n for n in range(2, 2 + rows + len(skipped)) if n not in skipped)
+    return [f"line {n}" for n in lines]
+
+
 def list_listing(config: ListingSource, context: ListContext | None = None) -> SourceListing:
-    """Read a listing; paths are relative to the listing file's folder. Errors name the line
-    (CSV: the header is line 1, so row i is line i + 2)."""
+    """Read a listing; paths are relative to the listing file's folder. A row that cannot be a
+    sample (malformed, empty, absolute, leading out of the folder, not a regular file) is a
+    reject naming its line; only a path listed twice stops the run, naming both lines."""
     listing = config.path
     if not listing.is_file():
         raise SourceError(f"source.path: {listing} is not a file")
-    table = _read_listing_table(listing)
+    bad_rows: list[tuple[int, str]] = []
+    table = _read_listing_table(listing, bad_rows=bad_rows)
     paths = _column(table, config.path_column, listing, required=True)
     labels = _column(table, config.label_column, listing, required=True)
     splits = _column(table, config.split_column, listing, required=False)
     assert paths is not None and labels is not None
     base = listing.parent
-    line_of = (
-        (lambda i: f"line {i + 2}")
-        if listing.suffix.lower() != ".parquet"
-        else (lambda i: f"row {i}")
-    )
+    real_base = os.path.realpath(base) + os.sep
+    line_of = _line_names(listing, len(paths), bad_rows)
+    rejects = [
+        SourceReject(
+            f"{listing.name} line {number}",
+            "bad_row",
+            f"{listing}:{number}: malformed row {text[:80]!r}",
+        )
+        for number, text in bad_rows
+    ]
     seen: dict[str, int] = {}
     files: list[SourceFile] = []
-    rejects: list[SourceReject] = []
     for i, (raw, label) in enumerate(zip(paths, labels, strict=True)):
+        where = f"{listing}:{line_of[i]}"
         if raw is None or not raw.strip():
-            raise SourceError(f"{listing}:{line_of(i)}: empty path")
+            rejects.append(
+                SourceReject(f"{listing.name} {line_of[i]}", "bad_row", f"{where}: empty path")
+            )
+            continue
         pure = PurePosixPath(raw.strip().replace("\\", "/"))
-        if pure.is_absolute():
-            raise SourceError(
-                f"{listing}:{line_of(i)}: path {raw!r} is absolute; make it "
-                "relative to the listing's folder"
-            )
         relative = os.path.normpath(pure.as_posix())
-        if relative in seen:
-            raise SourceError(
-                f"{listing}:{line_of(i)}: path {raw!r} is listed twice "
-                f"(also {line_of(seen[relative])})"
-            )
-        seen[relative] = i
-        full = base / relative
-        try:
-            st = full.stat()
-        except FileNotFoundError:
-            rejects.append(SourceReject(relative, "missing", f"{full} does not exist"))
-            continue
-        except OSError as exc:
-            rejects.append(SourceReject(relative, "io_error", f"cannot stat: {exc.strerror}"))
-            continue
-        if not full.is_file():
-            rejects.append(SourceReject(relative, "missing", f"{full} is not a file"))
-            continue
-        if label is None or not label.strip():
+        source = names.to_source(relative.encode("utf-8"))
+        if pure.is_absolute() or relative == ".." or relative.startswith("../"):
             rejects.append(
                 SourceReject(
-                    relative,
-                    "unknown_label",
-                    f"{line_of(i)} has no label",
-                    st.st_size,
-                    st.st_mtime_ns,
+                    source, "outside_root", f"{where}: path {raw!r} is outside the listing's folder"
                 )
             )
             continue
-        split = splits[i] if splits is not None else None
-        files.append(
-            SourceFile(
-                relative, str(full), label.strip(), split or None, st.st_size, st.st_mtime_ns
+        if relative in seen:
+            raise SourceError(
+                f"{where}: path {raw!r} is listed twice (also {line_of[seen[relative]]})"
             )
-        )
+        seen[relative] = i
+        full = os.path.join(base, relative)
+        if not os.path.realpath(full).startswith(real_base):
+            rejects.append(
+                SourceReject(
+                    source, "outside_root", f"{where}: a link leads outside the listing's folder"
+                )
+            )
+            continue
+        outcome = _stat_file(source, full, config.max_file_bytes)
+        if isinstance(outcome, SourceReject):
+            rejects.append(outcome)
+            continue
+        if label is None or not label.strip():
+            rejects.append(
+                SourceReject(source, "unknown_label", f"{line_of[i]} has no label", *outcome)
+            )
+            continue
+        split = splits[i] if splits is not None else None
+        files.append(SourceFile(source, full, label.strip(), split or None, *outcome))
     files.sort(key=lambda f: f.source)
     rejects.sort(key=lambda r: r.source)
     return SourceListing(tuple(files), tuple(rejects))
@@ -273,7 +340,7 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
 
 def list_lmdb(config: LmdbSource, context: ListContext) -> SourceListing:
     """One sample per key (from `keys_entry`, else a cursor scan minus `meta_keys`); `source`
-    is the key as `readers.key_to_source` spells it. Every value is read and hashed here
+    is the key as `names.to_source` spells it. Every value is read and hashed here
     (memory-mapped, no copy), so a value whose bytes changed is packed again even when its
     length did not change. A pickled value is a `pickle` reject unless allow_pickle."""
     labels = _key_labels(config.labels) if config.labels is not None else None
@@ -282,7 +349,7 @@ def list_lmdb(config: LmdbSource, context: ListContext) -> SourceListing:
     rejects: list[SourceReject] = []
     with env.begin(buffers=True) as txn:
         for key in _lmdb_keys(txn, config):
-            source = readers.key_to_source(key)
+            source = names.to_source(key)
             value = txn.get(key)
             if value is None:
                 rejects.append(
@@ -314,6 +381,10 @@ def _lmdb_sample(
     def reject(reason: str, message: str) -> SourceReject:
         return SourceReject(source, reason, message, len(value), 0, digest(value, checksum))
 
+    if len(value) > config.max_file_bytes:
+        return SourceReject(
+            source, "file_too_large", readers.too_large(len(value), config.max_file_bytes)
+        )
     if readers.is_pickle(value) and not config.allow_pickle:
         return reject(
             "pickle", f"the value is a Python pickle (protocol {value[1]}); {readers.PICKLE_ADVICE}"
@@ -359,22 +430,22 @@ def _label_text(value: Any) -> str | None:
 
 def _lmdb_keys(txn: Any, config: LmdbSource) -> list[bytes]:
     if config.keys_entry is None:
-        skip = {readers.source_to_key(k) for k in config.meta_keys}
+        skip = {names.to_raw(k) for k in config.meta_keys}
         cursor = txn.cursor()
         return [bytes(k) for k in cursor.iternext(keys=True, values=False) if bytes(k) not in skip]
     where = f"{config.path}: keys_entry {config.keys_entry!r}"
-    raw = txn.get(readers.source_to_key(config.keys_entry))
+    raw = txn.get(names.to_raw(config.keys_entry))
     if raw is None:
         raise SourceError(f"{where} is not a key of the environment; omit it to scan all keys")
-    names = _keys_entry_names(bytes(raw), config, where)
+    listed = _keys_entry_names(bytes(raw), config, where)
     keys: list[bytes] = []
-    for name in names:
+    for name in listed:
         try:
-            keys.append(name if isinstance(name, bytes) else readers.source_to_key(name))
+            keys.append(name if isinstance(name, bytes) else names.to_raw(name))
         except ValueError as exc:
             raise SourceError(f"{where}: {exc}") from None
     counts = Counter(keys)
-    dupes = sorted(readers.key_to_source(k) for k, n in counts.items() if n > 1)
+    dupes = sorted(names.to_source(k) for k, n in counts.items() if n > 1)
     if dupes:
         raise SourceError(f"{where} lists keys twice: {dupes[:5]}")
     return keys
@@ -408,7 +479,7 @@ def _keys_entry_names(raw: bytes, config: LmdbSource, where: str) -> list[str | 
 
 def _key_labels(path: Path) -> dict[str, tuple[str | None, str | None]]:
     """key -> (label or None, split or None) from a CSV/TSV/Parquet file with columns key,
-    label and optionally split. Keys are spelt as `source` (see readers.HEX_PREFIX)."""
+    label and optionally split. Keys are spelt as `source` (see etl/names.py)."""
     if not path.is_file():
         raise SourceError(f"source.labels: {path} is not a file")
     table = _read_listing_table(path, text_columns=("key", "label", "split"))

@@ -20,8 +20,9 @@ from typing import Any, TypeAlias
 
 import numpy as np
 from numpy.typing import NDArray
-from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageFile, ImageOps, UnidentifiedImageError
 
+from etl import formats
 from etl.config import CallStage, DecodeStage, PipelineConfig, ResizeStage, ValidateStage
 from etl.errors import ConfigError
 
@@ -30,8 +31,9 @@ from etl.errors import ConfigError
 REJECT_REASONS: dict[str, str] = {
     # decode
     "unreadable": "not an image Pillow can identify (empty, another file type, damaged header)",
-    "truncated": "the data ends before the last pixel (never padded with grey)",
-    "corrupt": "the decoder failed on damaged data (bad compressed stream or structure)",
+    "format_not_allowed": "an image format not in decode.formats (e.g. XBM, text PNM, EPS)",
+    "truncated": "the data ends before the last pixel (never padded with grey or black)",
+    "corrupt": "the decoder reported damaged data (bad compressed stream, code or structure)",
     "too_large": "width x height above decode.max_pixels or Pillow's decompression-bomb limit",
     "multi_frame": "an animation or multi-page file while decode.multi_frame is 'reject'",
     "unsupported_mode": "a pixel format with no faithful 8-bit conversion (float, 32-bit int)",
@@ -44,11 +46,15 @@ REJECT_REASONS: dict[str, str] = {
     "stage_error": "a call stage raised an exception",
     # executor and sources
     "io_error": "the source file could not be read",
+    "not_a_file": "a FIFO, socket, device or folder where a file was expected (never opened)",
+    "file_too_large": "a file larger than source.max_file_bytes (never read)",
+    "folder_unreadable": "a folder that cannot be listed (permission, path too long, I/O error)",
+    "bad_row": "a listing row that is malformed or has an empty path",
     "changed": "the source file changed between listing and reading it",
     "unknown_label": "the label is empty or not one of source.classes",
     "no_class": "the file is not inside a class folder",
     "missing": "a file the listing names does not exist or is not a regular file",
-    "outside_root": "a symbolic link leads outside the source root",
+    "outside_root": "a path or symbolic link that leads outside the source root",
     "pickle": "an LMDB value is a Python pickle and source.allow_pickle is not set",
 }
 """Every reason a single image can be dropped for; the one registry the rejects table uses."""
@@ -85,7 +91,7 @@ _ORIENTATION = ExifTags.Base.Orientation
 _SWAPS_AXES = frozenset({5, 6, 7, 8})
 """EXIF orientations that transpose the image: displayed width is the stored height."""
 _SIXTEEN_BIT = frozenset({"I;16", "I;16B", "I;16L", "I;16N"})
-_DRAFTABLE = frozenset({"JPEG", "MPO"})
+_JPEG_FORMATS = frozenset({"JPEG", "MPO"})
 _DECODER_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error, zlib.error)
 """What Pillow raises on damaged data (UnidentifiedImageError, an OSError, is caught first)."""
 
@@ -120,7 +126,7 @@ def decode(data: bytes, opts: DecodeStage, draft_for: ResizeStage | None = None)
 
 
 def _decode(data: bytes, opts: DecodeStage, draft_for: ResizeStage | None) -> Decoded:
-    image = Image.open(io.BytesIO(data))  # lazy: reads the header only
+    image = _open(data, opts.formats)  # lazy: reads the header only
     width, height = image.size
     if width * height > opts.max_pixels:
         raise Reject(
@@ -136,19 +142,78 @@ def _decode(data: bytes, opts: DecodeStage, draft_for: ResizeStage | None) -> De
     ):
         n_frames = getattr(image, "n_frames", "several")
         raise Reject("multi_frame", f"{image.format} with {n_frames} frames")
-
-    full_size: tuple[int, int] | None = None
-    if draft_for is not None and draft_for.draft and image.format in _DRAFTABLE:
-        swap = image.getexif().get(_ORIENTATION) in _SWAPS_AXES
-        if _draft(image, opts.mode, draft_for, swap):
-            full_size = (width, height) if swap else (height, width)
-    image.load()  # full decode here, inside the caller's try: short data raises, never pads
+    try:
+        if image.format in _JPEG_FORMATS:
+            return _decode_jpeg(data, image, opts, draft_for)
+        image.load()  # full decode here, inside the caller's try: short data raises
+        if image.format == "PNG":
+            formats.check_png(data)
+    except formats.ShortData as exc:
+        raise Reject("truncated", str(exc)) from None
+    except formats.Damaged as exc:
+        raise Reject("corrupt", str(exc)) from None
     ImageOps.exif_transpose(image, in_place=True)
-    # NOTE: without a draft the size is read after orientation, not derived from the header:
-    # Pillow 13 applies a TIFF's orientation in load() and reports the rotated size at open,
-    # while a JPEG reports its stored size.
-    source_size = full_size if full_size is not None else (image.height, image.width)
-    return Decoded(_to_mode(image, opts), source_size)
+    # NOTE: the size is read after orientation, not derived from the header: Pillow 13 applies
+    # a TIFF's orientation in load() and reports the rotated size at open.
+    return Decoded(_to_mode(image, opts), (image.height, image.width))
+
+
+def _open(data: bytes, allowed: tuple[str, ...]) -> ImageFile.ImageFile:
+    """Image.open restricted to `allowed` formats. A file it cannot identify is identified once
+    more among every format (headers only: no plugin's load() runs, so no external program) to
+    tell `format_not_allowed` from `unreadable`."""
+    try:
+        return Image.open(io.BytesIO(data), formats=allowed)
+    except UnidentifiedImageError:
+        try:
+            other = Image.open(io.BytesIO(data)).format
+        except _DECODER_ERRORS:
+            other = None  # UnidentifiedImageError is an OSError
+        if other is None:
+            raise
+        raise Reject(
+            "format_not_allowed",
+            f"{other} is not in decode.formats {list(allowed)}",
+        ) from None
+
+
+def _decode_jpeg(
+    data: bytes, header: ImageFile.ImageFile, opts: DecodeStage, draft_for: ResizeStage | None
+) -> Decoded:
+    """A JPEG through `formats` (libjpeg's warnings are errors), with Pillow's draft semantics:
+    with `draft_for.draft`, the DCT scale Pillow's draft picks, grey from libjpeg for mode L."""
+    stored_w, stored_h = header.size
+    orientation = header.getexif().get(_ORIENTATION, 1)
+    swap = orientation in _SWAPS_AXES
+    request: tuple[int, int] | None = None  # (width, height) as stored
+    if draft_for is not None and draft_for.draft:
+        want_w, want_h = _draft_request((stored_h, stored_w) if swap else header.size, draft_for)
+        request = (want_h, want_w) if swap else (want_w, want_h)
+    if formats.decodes_natively(header):
+        scale = formats.draft_scale(header.size, request) if request else 1
+        image = formats.decode_jpeg(data, header, request is not None and opts.mode == "L", scale)
+    else:  # CMYK, YCCK: Pillow converts them; libjpeg's warnings come from a second pass
+        if request is not None:
+            header.draft(opts.mode, request)
+        header.load()
+        formats.check_jpeg(data)
+        image = header
+    method = _TRANSPOSE.get(orientation)
+    if method is not None:
+        image = image.transpose(method)
+    return Decoded(_to_mode(image, opts), (stored_w, stored_h) if swap else (stored_h, stored_w))
+
+
+_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+"""EXIF orientation -> the transpose that shows the image upright (as ImageOps.exif_transpose)."""
 
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -213,20 +278,6 @@ def _identify_failure(data: bytes) -> str:
     if not data:
         return "empty file"
     return f"cannot identify an image format ({len(data)} bytes starting {data[:8]!r})"
-
-
-def _draft(image: Image.Image, mode: str, resize_opts: ResizeStage, swap: bool) -> bool:
-    """Ask libjpeg for the smallest DCT scale that still covers `resize_opts`; True if asked.
-
-    `swap`: EXIF orientation transposes the image, so the request computed in displayed
-    coordinates is swapped back to stored ones.
-    """
-    stored_w, stored_h = image.size
-    shown = (stored_h, stored_w) if swap else (stored_w, stored_h)
-    want_w, want_h = _draft_request(shown, resize_opts)
-    request = (want_h, want_w) if swap else (want_w, want_h)
-    # NOTE: mode "L" lets libjpeg return its luma plane, skipping the chroma upsampling.
-    return image.draft(mode, request) is not None
 
 
 def _draft_request(size: tuple[int, int], opts: ResizeStage) -> tuple[int, int]:

@@ -18,7 +18,8 @@ from etl.audit import audit
 from etl.config import PipelineConfig, load_config
 from etl.errors import ConfigError, SourceError
 from etl.manifest import read_manifest
-from etl.readers import key_to_source, source_to_key
+from etl.names import to_raw as source_to_key
+from etl.names import to_source as key_to_source
 
 lmdb = pytest.importorskip("lmdb")
 
