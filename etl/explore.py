@@ -20,7 +20,6 @@ from __future__ import annotations
 import io
 import math
 import os
-import stat
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 from PIL import Image, ImageDraw, ImageFont
 
+from etl import names, readers
 from etl.errors import EtlError
 from etl.manifest import Manifest, list_versions, read_manifest
 from etl.shards import open_shard
@@ -420,21 +420,23 @@ class _Outside(Exception):
 
 
 def _read_inside(root: Path, source: str) -> bytes:
-    """Bytes of `root/source`, refusing paths (or links) that lead outside `root`, anything but a
-    regular file (reading a FIFO would block) and files above MAX_REJECT_BYTES."""
-    pure = PurePosixPath(source)
-    if pure.is_absolute() or ".." in pure.parts:
-        raise _Outside("path outside the source root")
-    path = root.joinpath(*pure.parts)
+    """Bytes of the file `source` names under `root`, refusing paths (or links) that lead
+    outside `root`, anything but a regular file (never opened: reading a FIFO would block) and
+    files above MAX_REJECT_BYTES."""
+    try:
+        path = names.source_path(root, source)
+    except ValueError:
+        raise _Outside("path outside the source root") from None
     real_root = os.path.realpath(root)
     if os.path.commonpath([real_root, os.path.realpath(path)]) != real_root:
         raise _Outside("link leads outside the source root")
-    st = os.stat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise _Outside("not a regular file")
-    if st.st_size > MAX_REJECT_BYTES:
-        raise _Outside(f"{st.st_size} bytes, too large to show")
-    return path.read_bytes()
+    kind = readers.not_a_file(os.stat(path))
+    if kind is not None:
+        raise _Outside(f"{kind}, not a regular file")
+    try:
+        return readers.read_regular_file(path, MAX_REJECT_BYTES)
+    except readers.Refused as exc:
+        raise _Outside(str(exc)) from None
 
 
 # --- drawing: shared ----------------------------------------------------------------------------

@@ -96,6 +96,18 @@ def _strict(decode: Callable[[bool], Any]) -> np.ndarray:
         raise Damaged(f"JPEG: {message}") from None
 
 
+# --- containers that declare their length ----------------------------------------------------
+
+
+def check_declared_length(data: bytes) -> None:
+    """Raise ShortData for a RIFF file (WebP) whose header declares more bytes than it holds:
+    libwebp refuses such a file without saying why."""
+    if len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        declared = 8 + struct.unpack_from("<I", data, 4)[0]
+        if declared > len(data):
+            raise ShortData(f"WebP: the file holds {len(data)} of the {declared} bytes it declares")
+
+
 # --- PNG ----------------------------------------------------------------------------------------
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

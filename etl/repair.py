@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from etl import names, readers
 from etl.audit import SHARD_KINDS, AuditReport, row_digest, shard_records, source_root_of
 from etl.checksums import digest
 from etl.config import CallStage, PipelineConfig, RunConfig
@@ -288,9 +289,12 @@ def _decode(
     config: PipelineConfig,
     functions: Mapping[str, Callable[..., Any]],
 ) -> NDArray[np.uint8]:
-    path = source_root / item.source
     try:
-        data = path.read_bytes()
+        path = names.source_path(source_root, item.source)
+    except ValueError as exc:
+        raise _Unrepairable(str(exc)) from None
+    try:
+        data = readers.read_regular_file(path, config.source.max_file_bytes)
     except FileNotFoundError:
         raise _Unrepairable(f"source {path} no longer exists") from None
     except OSError as exc:

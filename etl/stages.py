@@ -126,6 +126,10 @@ def decode(data: bytes, opts: DecodeStage, draft_for: ResizeStage | None = None)
 
 
 def _decode(data: bytes, opts: DecodeStage, draft_for: ResizeStage | None) -> Decoded:
+    try:
+        formats.check_declared_length(data)
+    except formats.ShortData as exc:
+        raise Reject("truncated", str(exc)) from None
     image = _open(data, opts.formats)  # lazy: reads the header only
     width, height = image.size
     if width * height > opts.max_pixels:
