@@ -419,16 +419,45 @@ class PipelineConfig(_Model):
 # --- YAML loading ---------------------------------------------------------------------------
 
 
+MAX_DEPTH = 64
+"""Deeper YAML nesting is refused (a config needs 5 levels): no RecursionError, ever."""
+
+
 class _NoAliasLoader(yaml.SafeLoader):
-    """SafeLoader that refuses anchors/aliases: no object construction, no billion-laughs."""
+    """SafeLoader that refuses anchors/aliases (no object construction, no billion-laughs),
+    nesting deeper than MAX_DEPTH, and a key that appears twice in one mapping."""
+
+    _depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
         if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
             raise ConfigError(
                 f"{self.name}:{event.start_mark.line + 1}: YAML aliases (*name) are not allowed"
             )
-        return super().compose_node(parent, index)
+        if self._depth >= MAX_DEPTH:
+            raise ConfigError(
+                f"{self.name}:{event.start_mark.line + 1}: nested deeper than {MAX_DEPTH} levels"
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def compose_mapping_node(self, anchor: Any) -> Any:
+        node = super().compose_mapping_node(anchor)
+        first: dict[Any, int] = {}
+        for key, _ in node.value:
+            line = key.start_mark.line + 1
+            if isinstance(key, yaml.ScalarNode) and key.value in first:
+                raise ConfigError(
+                    f"{self.name}:{line}: key {key.value!r} appears twice in one mapping "
+                    f"(lines {first[key.value]} and {line}); keep one"
+                )
+            if isinstance(key, yaml.ScalarNode):
+                first[key.value] = line
+        return node
 
 
 def _line_index(node: yaml.Node, path: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], int]:
@@ -486,11 +515,8 @@ def load_config(path: Path | str, **overrides: Any) -> PipelineConfig:
             root = loader.get_single_node()
         finally:
             loader.dispose()
-    except yaml.MarkedYAMLError as exc:
-        line = exc.problem_mark.line + 1 if exc.problem_mark else 1
-        raise ConfigError(f"{path}:{line}: invalid YAML: {exc.problem}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+        raise ConfigError(_yaml_error(path, exc)) from None
     if root is None:
         raise ConfigError(f"{path}: the file is empty")
     data = _construct(root, path)
@@ -522,9 +548,21 @@ def _construct(root: yaml.Node, path: Path) -> Any:
     try:
         return loader.construct_document(root)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+        raise ConfigError(_yaml_error(path, exc)) from None
     finally:
         loader.dispose()
+
+
+def _yaml_error(path: Path, exc: yaml.YAMLError) -> str:
+    """One line naming the file and line; PyYAML's own text adds a snippet and a caret."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return f"{path}: invalid YAML: {' '.join(str(exc).split())}"
+    mark = exc.problem_mark or exc.context_mark
+    line = mark.line + 1 if mark is not None else 1
+    problem = " ".join(str(exc.problem or exc.context or "").split())
+    if "constructor for the tag" in problem:
+        problem += " (YAML tags are not allowed)"
+    return f"{path}:{line}: invalid YAML: {problem}"
 
 
 def _resolve_paths(config: PipelineConfig, base: Path) -> PipelineConfig:

@@ -37,7 +37,7 @@ from etl.manifest import (
     table_from_rows,
 )
 from etl.plan import Plan, files_to_hash, make_plan, settled_hashes
-from etl.sources import ListContext, SourceReject, list_sources
+from etl.sources import ListContext, SourceReject, check_exists, list_sources
 
 
 def tool_version() -> str:
@@ -161,6 +161,7 @@ def run(
     progress = progress or Progress()
     started = time.perf_counter()
     check_paths(config)
+    check_exists(config.source)
     root = config.output.dir
     if dry_run and not root.exists():
         with (

@@ -93,6 +93,18 @@ def list_sources(config: SourceConfig, context: ListContext) -> SourceListing:
     return lister(config, context)
 
 
+def check_exists(config: SourceConfig) -> None:
+    """SourceError naming source.path when it is not what its kind reads; called before a run
+    creates anything on disk, so a refused config leaves no output folder behind."""
+    path = config.path
+    if config.kind == "folder" and not path.is_dir():
+        raise SourceError(f"source.path: {path} is not a folder")
+    if config.kind == "listing" and not path.is_file():
+        raise SourceError(f"source.path: {path} is not a file")
+    if config.kind == "lmdb" and not path.exists():
+        raise SourceError(f"source.path: {path} does not exist (an LMDB folder or data file)")
+
+
 def _pattern(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
     """One compiled regex for a list of fnmatch patterns (case-insensitive)."""
     if not patterns:

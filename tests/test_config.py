@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,3 +145,47 @@ def test_checked_in_pipeline_yaml_is_valid() -> None:
     config = load_config(Path(__file__).parent.parent / "pipeline.yaml")
     assert isinstance(config, PipelineConfig)
     assert config.source.kind == "folder"
+
+
+# --- configs with traps, the way a user meets them: `etl run`, one line, exit 2, nothing made
+
+
+def run_etl(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "etl", "run", str(config)],
+        cwd=config.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            GOOD.replace("  path: data\n", "  path: data\n  kind: listing\n"),
+            r"pipeline\.yaml:4: key 'kind' appears twice in one mapping \(lines 2 and 4\)",
+        ),
+        (
+            GOOD.replace("  dir: out\n", "  dir: out\n  shard_size: 2MiB\n"),
+            r"pipeline\.yaml:12: key 'shard_size' appears twice .*lines 11 and 12",
+        ),
+        (
+            "source: !!python/object/apply:os.system [echo hi]\n",
+            r"pipeline\.yaml:1: invalid YAML: could not determine a constructor .*tags are not",
+        ),
+        ("a: " + "[" * 5000 + "]" * 5000 + "\n", r"pipeline\.yaml:1: nested deeper than 64"),
+        ("a: " + "{b: " * 3000 + "1" + "}" * 3000 + "\n", r"pipeline\.yaml:1: nested deeper"),
+        (GOOD.replace("path: data", "path: nowhere"), r"source\.path: .*nowhere is not a folder"),
+    ],
+)
+def test_config_traps_are_one_line_exit_2_and_create_nothing(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    done = run_etl(write(tmp_path, text))
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert re.search(expected, lines[0]), lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "pipeline.yaml"]
