@@ -102,7 +102,7 @@ def check_exists(config: SourceConfig) -> None:
     if config.kind == "listing" and not path.is_file():
         raise SourceError(f"source.path: {path} is not a file")
     if config.kind == "lmdb" and not path.exists():
-        raise SourceError(f"source.path: {path} does not exist (an LMDB folder or data file)")
+        raise SourceError(f"source.path: {path} is not an LMDB environment (no such file)")
 
 
 def _pattern(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
