@@ -62,6 +62,7 @@ from etl.manifest import (
     list_versions,
     read_manifest,
     resolve,
+    shard_version,
     version_dir,
 )
 from etl.pipeline import Progress
@@ -759,6 +760,7 @@ def _scan_folders(
 ) -> list[Finding]:
     """Orphan shards, leftovers of interrupted runs and files the format does not define."""
     found: list[Finding] = []
+    latest = max(list_versions(root), default=0)
     referenced = {name for shards in records.values() for name in shards}
     complete = len(records) == len(list_versions(root)) and not unreadable
     shards_dir = root / SHARDS_DIR
@@ -766,6 +768,14 @@ def _scan_folders(
         name = f"{SHARDS_DIR}/{entry.name}"
         if entry.name.startswith(".tmp-"):
             found.append(Finding("leftover", f"{name}: temp file of an interrupted run"))
+        elif entry.is_file() and (shard_version(entry.name) or 0) > latest:
+            found.append(
+                Finding(
+                    "leftover",
+                    f"{name}: a shard of version {shard_version(entry.name)}, never committed "
+                    "(an interrupted run); 'etl run' or 'etl compact' removes it",
+                )
+            )
         elif entry.is_file() and entry.name.endswith(".npy"):
             if name not in referenced and complete:
                 found.append(

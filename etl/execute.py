@@ -8,6 +8,7 @@ raises (a full disk, a bug) stops the run, re-raised with the shard and file it 
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from joblib import Parallel, delayed, parallel_config
+from joblib.parallel import LokyBackend
 
 from etl import cluster, readers
 from etl.checksums import digest
@@ -56,15 +58,26 @@ def parallel_map(
     if not tasks:
         return iter(())
     n_jobs = 1 if run.backend == "sequential" else run.n_jobs
-    parallel = Parallel(
-        n_jobs=-1 if run.backend == "dask" else n_jobs,
+    backend: Any = run.backend
+    if run.backend == "loky":
+        backend = LokyBackend(initializer=_ignore_sigint)
+    elif run.backend == "dask":
         # NOTE: joblib registers its Dask backend only through parallel_config, which engine()
         # enters; backend=None picks it up from there.
-        backend=None if run.backend == "dask" else run.backend,
+        backend = None
+    parallel = Parallel(
+        n_jobs=-1 if run.backend == "dask" else n_jobs,
+        backend=backend,
         return_as="generator_unordered",
         batch_size=1,
     )
     return iter(parallel(delayed(fn)(task, *args) for task in tasks))
+
+
+def _ignore_sigint() -> None:
+    """Loky workers leave Ctrl-C to the parent (see etl.interrupt): a terminal signals the
+    whole process group, and a worker's own KeyboardInterrupt would print its traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @contextmanager

@@ -8,7 +8,6 @@ after a kill finishes the job.
 
 from __future__ import annotations
 
-import re
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -30,12 +29,11 @@ from etl.manifest import (
     list_versions,
     read_manifest,
     resolve,
+    shard_version,
     table_from_rows,
     version_dir,
 )
 from etl.shards import ShardWriter, open_shard
-
-_SHARD_NAME = re.compile(r"^v(\d{6})-\d{5}\.npy$")
 
 
 def clean_leftovers(root: Path, latest: int) -> list[Path]:
@@ -46,8 +44,8 @@ def clean_leftovers(root: Path, latest: int) -> list[Path]:
         if not folder.is_dir():
             continue
         for entry in folder.iterdir():
-            match = _SHARD_NAME.match(entry.name) if folder.name == SHARDS_DIR else None
-            if entry.name.startswith(".tmp-") or (match and int(match.group(1)) > latest):
+            written_for = shard_version(entry.name) if folder.name == SHARDS_DIR else None
+            if entry.name.startswith(".tmp-") or (written_for or 0) > latest:
                 if entry.is_dir():
                     shutil.rmtree(entry, ignore_errors=True)
                 else:
@@ -214,7 +212,7 @@ def compact(
         # is collected too.
         for entry in sorted((root / SHARDS_DIR).glob("*.npy")):
             name = f"{SHARDS_DIR}/{entry.name}"
-            if name not in still_referenced and _SHARD_NAME.match(entry.name):
+            if name not in still_referenced and shard_version(entry.name) is not None:
                 report.deleted_shards.append(name)
                 report.freed_bytes += entry.stat().st_size
                 if not dry_run:

@@ -41,6 +41,15 @@ MANIFEST_FILE = "manifest.arrow"
 SHARDS_FILE = "shards.arrow"
 REJECTS_FILE = "rejects.arrow"
 _VERSION_DIR = re.compile(r"^v(\d{6})$")
+_SHARD_NAME = re.compile(r"^v(\d{6})-\d{5}\.npy$")
+
+
+def shard_version(file_name: str) -> int | None:
+    """The version a shard file was written for ('v000003-00012.npy' -> 3), None for a name
+    the format does not define."""
+    match = _SHARD_NAME.match(file_name)
+    return int(match.group(1)) if match else None
+
 
 SAMPLES_SCHEMA = pa.schema(
     [

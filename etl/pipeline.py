@@ -9,6 +9,7 @@ removed by the next run, under the lock.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -20,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from etl import execute, readers
+from etl import execute, interrupt, readers
 from etl.config import FolderSource, PipelineConfig
 from etl.errors import ConfigError
 from etl.housekeeping import clean_leftovers
@@ -171,12 +172,30 @@ def run(
             return _run_locked(config, root, dry_run, rebuild, progress, on_plan, started)
     root.mkdir(parents=True, exist_ok=True)
     spool = readers.spool_path(root)
-    with (
-        DatasetLock(root),
-        execute.engine(config.run, writable_root=root, readable=_worker_inputs(config)),
-        readers.released(spool),
-    ):
-        return _run_locked(config, root, dry_run, rebuild, progress, on_plan, started)
+    with DatasetLock(root):
+        before = max(list_versions(root), default=0)
+        try:
+            with (
+                execute.engine(config.run, writable_root=root, readable=_worker_inputs(config)),
+                readers.released(spool),
+            ):
+                return _run_locked(config, root, dry_run, rebuild, progress, on_plan, started)
+        except (interrupt.Interrupted, KeyboardInterrupt) as exc:
+            raise _stopped(root, before, exc) from None
+
+
+def _stopped(
+    root: Path, before: int, exc: interrupt.Interrupted | KeyboardInterrupt
+) -> interrupt.Interrupted:
+    """An interrupted run, after removing what it left (still under the lock), with one line
+    that says what is committed. A worker's KeyboardInterrupt counts as the terminal's SIGINT."""
+    signum = exc.signum if isinstance(exc, interrupt.Interrupted) else signal.SIGINT
+    latest = max(list_versions(root), default=0)
+    clean_leftovers(root, latest)
+    if latest == before:
+        intact = f"the previous version {before} is intact" if before else "no version existed"
+        return interrupt.Interrupted(signum, f"interrupted: nothing committed; {intact}")
+    return interrupt.Interrupted(signum, f"interrupted after version {latest} was committed")
 
 
 def _worker_inputs(config: PipelineConfig) -> list[Path]:
@@ -327,7 +346,8 @@ def _run_locked(
         config=config.output_shaping(),
         tool_version=tool_version(),
     )
-    commit(root, meta, samples, shards, rejects_table)
+    with interrupt.deferred():  # no commit after a signal; none cut short by one
+        commit(root, meta, samples, shards, rejects_table)
     return RunReport(
         version=plan.version,
         committed=True,

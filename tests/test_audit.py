@@ -203,11 +203,16 @@ def test_stray_shard_is_an_orphan_and_temp_files_are_notes(
     (ds / "shards" / ".tmp-v000002-00000.npy-123").write_bytes(b"partial")
     report = audit_json([str(ds)], capsys, expect=0)  # leftovers alone are not damage
     assert kinds(report) == {"leftover": 1}
+    # a shard of a version never committed: what a killed run leaves, a note too
     shutil.copy(ds / "shards/v000001-00000.npy", ds / "shards/v000007-00000.npy")
+    report = audit_json([str(ds)], capsys, expect=0)
+    assert kinds(report) == {"leftover": 2}
+    # a shard of a committed version that no version lists: damage
+    shutil.copy(ds / "shards/v000001-00000.npy", ds / "shards/v000001-00099.npy")
     report = audit_json([str(ds)], capsys, expect=1)
-    assert kinds(report) == {"leftover": 1, "orphan_shard": 1}
+    assert kinds(report) == {"leftover": 2, "orphan_shard": 1}
     orphan = next(f for f in report["findings"] if f["kind"] == "orphan_shard")
-    assert orphan["shard"] == "shards/v000007-00000.npy"
+    assert orphan["shard"] == "shards/v000001-00099.npy"
 
 
 def rewrite_arrow(path: Path, column: str, values: dict[str, str], key: str) -> None:

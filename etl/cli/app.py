@@ -12,6 +12,7 @@ import sys
 import typer
 from rich.console import Console
 
+from etl import interrupt
 from etl.errors import EtlError
 
 app = typer.Typer(
@@ -29,10 +30,15 @@ out = Console(markup=False, highlight=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point. Click handles usage errors, --help and Ctrl-C (exit 130); our errors
-    become one line on stderr and their exit code. Always ends in SystemExit."""
+    """Console entry point. Click handles usage errors and --help; our errors become one line on
+    stderr and their exit code; SIGINT and SIGTERM one line and 130 or 143 (see etl.interrupt).
+    Always ends in SystemExit."""
     try:
-        app(args=argv, prog_name="etl")
+        with interrupt.handled():
+            app(args=argv, prog_name="etl")
     except EtlError as exc:
         err.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except interrupt.Interrupted as exc:
+        err.print(exc.message, highlight=False, markup=False, soft_wrap=True)
         sys.exit(exc.exit_code)

@@ -1,0 +1,85 @@
+"""Stopping on SIGINT (Ctrl-C) or SIGTERM: one exception in the main thread, no commit after it.
+
+NOTE [signals]: a terminal sends SIGINT to the whole foreground process group, the workers
+included, and a library on the way may catch what a worker raised, so the main thread's
+exception alone cannot prove that no commit follows a signal. The handler therefore also
+records the signal, and `check` (called right before a version is published) raises again if
+one arrived. A second signal ends the process at once: nothing is ever half-written, because a
+version becomes visible by one rename, and the next run removes what an interrupted one left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+_received: int | None = None
+_deferring = False
+
+
+class Interrupted(BaseException):
+    """A SIGINT or SIGTERM arrived. A BaseException, like KeyboardInterrupt, so that no
+    `except Exception` on the way swallows it."""
+
+    def __init__(self, signum: int, message: str = "interrupted") -> None:
+        super().__init__(signum, message)
+        self.signum = signum
+        self.message = message
+
+    @property
+    def exit_code(self) -> int:
+        """130 for SIGINT, 143 for SIGTERM: the shell's 128 + signal number."""
+        return 128 + self.signum
+
+
+def _handle(signum: int, frame: FrameType | None) -> None:
+    global _received
+    if _received is not None:
+        os._exit(128 + signum)  # a second signal: stop now (see NOTE [signals])
+    _received = signum
+    if not _deferring:
+        raise Interrupted(signum)
+
+
+@contextmanager
+def handled() -> Iterator[None]:
+    """For the length of a command: SIGINT and SIGTERM raise `Interrupted` in the main thread."""
+    global _received
+    previous = {s: signal.signal(s, _handle) for s in SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        _received = None
+
+
+def check() -> None:
+    """Raise `Interrupted` if a signal arrived since `handled` began, even if the exception
+    its handler raised was caught on the way."""
+    if _received is not None:
+        raise Interrupted(_received)
+
+
+def received() -> int | None:
+    """The signal that arrived, if any."""
+    return _received
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """Publish a version without being cut short: raise first if a signal already arrived; a
+    signal that arrives while the body runs is only recorded, and raised once it is done."""
+    global _deferring
+    check()
+    _deferring = True
+    try:
+        yield
+    finally:
+        _deferring = False
+    check()

@@ -1,0 +1,148 @@
+"""SIGINT and SIGTERM during a real `etl run`, as a terminal or a scheduler sends them: one line,
+exit 130 or 143, no commit after the signal, no process of the run left, an audit that passes.
+
+The run packs through a slow `call` stage, and the signal goes out once a shard of the new
+version is on disk, so it always lands mid-pack (no sleeps tuned to this machine's speed).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.ipc as ipc
+import pytest
+from PIL import Image
+
+SLOW_STAGE = """\
+import time
+
+def slow(array):
+    time.sleep(0.05)
+    return array
+"""
+
+CONFIG = """\
+source: {kind: folder, path: src}
+stages:
+  - decode: {mode: RGB}
+  - resize: {size: [8, 8]}
+  - call: {function: "slowstage:slow"}
+output: {dir: out, samples_per_shard: 4}
+run: {n_jobs: 2}
+"""
+
+
+def make_source(base: Path, n: int) -> None:
+    for i in range(n):
+        folder = base / "src" / f"c{i % 3}"
+        folder.mkdir(parents=True, exist_ok=True)
+        buffer = io.BytesIO()
+        Image.fromarray(np.full((12, 12, 3), i % 256, np.uint8)).save(buffer, "PNG")
+        (folder / f"{i:03d}.png").write_bytes(buffer.getvalue())
+    (base / "slowstage.py").write_text(SLOW_STAGE)
+    (base / "pipeline.yaml").write_text(CONFIG)
+
+
+def etl(base: Path, *args: str, **popen: object) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(base)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "etl", *args],
+        cwd=base,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+        **popen,  # type: ignore[arg-type]
+    )
+
+
+def wait_for_shard(base: Path, version: int, process: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 60
+    while not list((base / "out" / "shards").glob(f"v{version:06d}-*.npy")):
+        assert process.poll() is None, "the run ended before it was interrupted"
+        assert time.monotonic() < deadline, "no shard appeared"
+        time.sleep(0.02)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def versions(base: Path) -> list[str]:
+    return sorted(p.name for p in (base / "out" / "versions").iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("signum", "to_group", "code"),
+    [
+        (signal.SIGINT, True, 130),  # Ctrl-C: the terminal signals the whole group
+        (signal.SIGTERM, True, 143),
+        (signal.SIGTERM, False, 143),  # `kill PID`: the workers get nothing themselves
+    ],
+)
+def test_signal_mid_pack_commits_nothing_and_leaves_nothing(
+    tmp_path: Path, signum: int, to_group: bool, code: int
+) -> None:
+    make_source(tmp_path, 60)
+    first = etl(tmp_path, "run", "pipeline.yaml", "-q")
+    assert first.wait(timeout=180) == 0, first.communicate()[1]
+    manifest_before = (tmp_path / "out" / "versions" / "v000001" / "manifest.arrow").read_bytes()
+
+    run = etl(tmp_path, "run", "pipeline.yaml", "-q", "--rebuild")
+    wait_for_shard(tmp_path, 2, run)
+    (os.killpg if to_group else os.kill)(run.pid, signum)
+    _, stderr = run.communicate(timeout=30)
+
+    assert run.returncode == code, stderr
+    assert stderr.strip() == "interrupted: nothing committed; the previous version 1 is intact"
+    deadline = time.monotonic() + 10
+    while group_alive(run.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not group_alive(run.pid), "a process of the interrupted run is still alive"
+
+    assert versions(tmp_path) == ["v000001"]
+    assert (tmp_path / "out" / "versions" / "v000001" / "manifest.arrow").read_bytes() == (
+        manifest_before
+    )
+    left = sorted(p.name for p in (tmp_path / "out" / "shards").iterdir())
+    assert all(name.startswith("v000001-") for name in left), left
+    with ipc.open_file(tmp_path / "out" / "versions" / "v000001" / "manifest.arrow") as f:
+        assert f.read_all().num_rows == 60
+
+    audit = etl(tmp_path, "audit", "out")
+    assert audit.wait(timeout=120) == 0, audit.communicate()
+
+
+@pytest.mark.slow
+def test_audit_after_kill_9_names_leftovers_as_notes(tmp_path: Path) -> None:
+    """Nothing can clean up after SIGKILL: the audit still passes on the committed version and
+    names the uncommitted shards as leftovers that the next run removes."""
+    make_source(tmp_path, 60)
+    assert etl(tmp_path, "run", "pipeline.yaml", "-q").wait(timeout=180) == 0
+    run = etl(tmp_path, "run", "pipeline.yaml", "-q", "--rebuild")
+    wait_for_shard(tmp_path, 2, run)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.communicate(timeout=30)
+
+    audit = etl(tmp_path, "audit", "out")
+    stdout, stderr = audit.communicate(timeout=120)
+    assert audit.returncode == 0, stdout + stderr
+    assert "leftover" in stdout and "v000002-" in stdout, stdout
+
+    rerun = etl(tmp_path, "run", "pipeline.yaml", "-q")
+    assert rerun.wait(timeout=180) == 0
+    left = sorted(p.name for p in (tmp_path / "out" / "shards").iterdir())
+    assert all(name.startswith("v000001-") for name in left), left
