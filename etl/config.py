@@ -449,14 +449,15 @@ class _NoAliasLoader(yaml.SafeLoader):
         node = super().compose_mapping_node(anchor)
         first: dict[Any, int] = {}
         for key, _ in node.value:
+            if not isinstance(key, yaml.ScalarNode):
+                continue
             line = key.start_mark.line + 1
-            if isinstance(key, yaml.ScalarNode) and key.value in first:
+            if key.value in first:
                 raise ConfigError(
                     f"{self.name}:{line}: key {key.value!r} appears twice in one mapping "
                     f"(lines {first[key.value]} and {line}); keep one"
                 )
-            if isinstance(key, yaml.ScalarNode):
-                first[key.value] = line
+            first[key.value] = line
         return node
 
 

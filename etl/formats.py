@@ -8,8 +8,8 @@ only warns), and a PNG whose zlib stream is complete but holds fewer rows than t
 declares (Pillow leaves the rest black). JPEGs are therefore decoded by libjpeg-turbo through
 simplejpeg, which turns libjpeg's warnings into errors; with the same library settings
 (accurate integer DCT, fancy upsampling) its pixels equal Pillow's (tests/test_formats.py
-compares them). For a PNG the rows' bytes are counted by inflating its IDAT stream. Neither
-check looks at pixel values.
+compares them with Pillow's own decode and draft). For a PNG the rows' bytes are counted by
+inflating its IDAT stream. Neither check looks at pixel values.
 """
 
 from __future__ import annotations
@@ -45,9 +45,10 @@ _DRAFT_SCALES = (8, 4, 2, 1)
 
 def draft_scale(size: tuple[int, int], request: tuple[int, int]) -> int:
     """The DCT scale 1/s Pillow's `JpegImageFile.draft` picks for `request` = (width, height):
-    the largest s in 8, 4, 2, 1 with size // request >= s on both axes."""
+    the largest s in 8, 4, 2, 1 with size // request >= s on both axes (1 when the request is
+    larger than the image)."""
     scale = min(size[0] // request[0], size[1] // request[1])
-    return next(s for s in _DRAFT_SCALES if scale >= s)
+    return next((s for s in _DRAFT_SCALES if scale >= s), 1)
 
 
 def decodes_natively(header: ImageFile.ImageFile) -> bool:

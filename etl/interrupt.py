@@ -66,11 +66,6 @@ def check() -> None:
         raise Interrupted(_received)
 
 
-def received() -> int | None:
-    """The signal that arrived, if any."""
-    return _received
-
-
 @contextmanager
 def deferred() -> Iterator[None]:
     """Publish a version without being cut short: raise first if a signal already arrived; a

@@ -9,7 +9,8 @@ spool file of a Python source, and how a file is read safely (`read_regular_file
                       (see NOTE [names] in etl/names.py)
     python            locator = "<offset>+<length>@<spool>"   -> that slice of the spool file
 
-Reader errors are OSError: the executor turns them into `io_error` rejects.
+Reader errors are OSError: the executor turns them into `io_error` rejects, or into the reason a
+`Refused` carries (`not_a_file`, `file_too_large`).
 """
 
 from __future__ import annotations
@@ -255,6 +256,10 @@ class Refused(OSError):
         return (type(self), (self.reason, str(self)))  # crosses process boundaries intact
 
 
+HASH_CHUNK_BYTES = 4 << 20
+"""Bytes hashed at a time by `file_digest`: no source is ever held whole to be hashed."""
+
+
 FILE_KINDS = frozenset({"folder", "listing"})
 """Source kinds whose locators are file paths."""
 
@@ -269,8 +274,8 @@ FILE_TYPES = {
     stat.S_IFCHR: "a character device",
     stat.S_IFBLK: "a block device",
     stat.S_IFDIR: "a folder",
-    stat.S_IFLNK: "a symbolic link",
 }
+"""What `stat` (links followed) can find where a file should be, in words."""
 
 
 def not_a_file(st: os.stat_result) -> str | None:
@@ -314,10 +319,6 @@ def read_regular_file(path: str, max_bytes: int) -> bytes:
     if total > max_bytes:
         raise Refused("file_too_large", too_large(total, max_bytes))
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-HASH_CHUNK_BYTES = 4 << 20
-"""Bytes hashed at a time by `file_digest`: no source is ever held whole to be hashed."""
 
 
 def file_digest(path: str, algorithm: str, max_bytes: int) -> str:

@@ -178,11 +178,11 @@ def list_folder(config: FolderSource, context: ListContext | None = None) -> Sou
         slash = relative.find("/")
         if slash < 0:
             rejects.append(
-                SourceReject(source, "no_class", "file is not inside a class folder", *outcome[:2])
+                SourceReject(source, "no_class", "file is not inside a class folder", *outcome)
             )
             continue
         class_name = names.path_to_source(relative[:slash])
-        files.append(SourceFile(source, entry.path, class_name, None, *outcome[:2]))
+        files.append(SourceFile(source, entry.path, class_name, None, *outcome))
     for folder, exc in unlistable:
         rejects.append(
             SourceReject(

@@ -15,6 +15,7 @@ from etl.cli.progress import BarProgress
 from etl.config import load_config
 from etl.errors import EtlError
 from etl.plan import Plan
+from etl.sources import check_exists
 
 ConfigArg = Annotated[Path, typer.Argument(help="Path to pipeline.yaml.", show_default=False)]
 
@@ -111,8 +112,7 @@ def validate(config_path: ConfigArg) -> None:
     """
     config = load_config(config_path)
     pipeline.check_paths(config)
-    if not config.source.path.exists():
-        raise EtlError(f"source.path: {config.source.path} does not exist")
+    check_exists(config.source)
     out.print(
         f"{config_path}: ok ({config.source.kind} source {config.source.path}, "
         f"samples {config.sample_shape} {config.output.layout}, "
