@@ -53,6 +53,7 @@ from etl.execute import WorkerError, engine, parallel_map
 from etl.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
+    RECORDS_SINCE,
     REJECTS_FILE,
     SHARDS_DIR,
     SHARDS_FILE,
@@ -61,11 +62,13 @@ from etl.manifest import (
     Manifest,
     list_versions,
     read_manifest,
+    record_problems,
     resolve,
     shard_version,
     version_dir,
 )
 from etl.pipeline import Progress
+from etl.record import RECORD_FILE
 from etl.shards import HEADER_BYTES, open_shard
 
 # --- findings -----------------------------------------------------------------------------------
@@ -200,7 +203,10 @@ class AuditReport:
     checksum: str | None
     """`etl.checksum` of the version (None if its manifest could not be read)."""
     manifest_ok: bool = False
-    """The audited version's manifest files read and passed every integrity check."""
+    """The audited version's manifest files match their commit record, read and passed every
+    integrity check."""
+    record_ok: bool = True
+    """The audited version's files match its commit record (see etl.record)."""
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     samples_total: int = 0
@@ -504,6 +510,7 @@ def audit(
         sample_rate=options.sample_rate,
         seed=seed,
     )
+    _check_record(root, number, report)
     try:
         manifest = _open_manifest(root, number)
     except ManifestError as exc:
@@ -533,7 +540,8 @@ def audit(
         if options.source_root is not None:
             _verify_sources(manifest, selected, options, progress, report)
     if options.mode == "sample":
-        report.notes.append(_sampling_note(report, seed))
+        drawn = manifest.samples.column("sample_id").take(pa.array(selected))
+        report.notes.append(_sampling_note(report, seed, drawn))
     report.seconds = time.perf_counter() - started
     return report
 
@@ -569,8 +577,22 @@ def _check_dataset(root: Path, number: int, manifest: Manifest | None, report: A
     report.findings += _scan_folders(root, records, unreadable_versions, report.notes)
     if manifest is not None:
         integrity = check_manifest(manifest)
-        report.manifest_ok = not integrity
+        report.manifest_ok = report.record_ok and not integrity
         report.findings += integrity + _record_conflicts(manifest, records)
+
+
+def _check_record(root: Path, number: int, report: AuditReport) -> None:
+    """Each file of the version whose bytes changed since its commit (see etl.record)."""
+    folder = version_dir(root, number)
+    problems = record_problems(folder, number)
+    report.record_ok = not problems
+    report.findings += [Finding("manifest", p) for p in problems]
+    if not (folder / RECORD_FILE).exists() and not problems:
+        report.notes.append(
+            f"version {number} was committed before commit records (etl-memmap < "
+            f"{'.'.join(map(str, RECORDS_SINCE))}): its Arrow files are checked for validity "
+            "and coherence, not byte for byte"
+        )
 
 
 def _run_config(options: AuditOptions, planned_bytes: int) -> RunConfig:
@@ -616,7 +638,7 @@ def _open_manifest(root: Path, number: int) -> Manifest:
     folder = version_dir(root, number)
     for name in (MANIFEST_FILE, SHARDS_FILE, REJECTS_FILE):
         _load_table(folder / name)
-    manifest = read_manifest(root, number)
+    manifest = read_manifest(root, number, verify=False)  # the record is _check_record's
     with ipc.open_file(folder / SHARDS_FILE) as reader:
         small = reader.schema.metadata or {}
     if small.get(b"etl.version", str(number).encode()) != str(number).encode():
@@ -843,8 +865,11 @@ def _select_samples(n: int, rate: float | None, seed: int | None) -> NDArray[np.
     return np.sort(chosen).astype(np.int64)
 
 
-def _sampling_note(report: AuditReport, seed: int | None) -> str:
-    k, bad = report.samples_verified, sum(f.kind == "sample_checksum" for f in report.findings)
+def _sampling_note(report: AuditReport, seed: int | None, drawn: pa.Array) -> str:
+    """The estimate over the `drawn` sample ids: hashed, or in a shard that cannot be read."""
+    bad_ids = pa.array([f.sample_id for f in report.bad_samples], pa.string())
+    k = len(drawn)
+    bad = int(pc.sum(pc.is_in(drawn, value_set=bad_ids)).as_py() or 0)
     if k == 0:
         return f"no sample drawn (seed {seed})"
     if bad:

@@ -6,6 +6,7 @@ Layout of a dataset directory (see docs/FORMAT.md):
     versions/v000001/manifest.arrow     one row per packed sample
     versions/v000001/shards.arrow       one row per shard this version references
     versions/v000001/rejects.arrow      one row per source file that was not packed
+    versions/v000001/commit.json        size and BLAKE3 of the three files above (etl.record)
 
 A version folder is written under a temp name and renamed into place, so it either exists whole
 or not at all; the latest version is the highest-numbered folder. This module imports neither
@@ -28,8 +29,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
+from numpy.typing import NDArray
 
 from etl.errors import ManifestError
+from etl.record import RECORD_FILE, check_record, write_record
 from etl.shards import fsync_dir
 
 FORMAT_VERSION = 1
@@ -40,6 +43,10 @@ VERSIONS_DIR = "versions"
 MANIFEST_FILE = "manifest.arrow"
 SHARDS_FILE = "shards.arrow"
 REJECTS_FILE = "rejects.arrow"
+RECORDED_FILES = (MANIFEST_FILE, SHARDS_FILE, REJECTS_FILE)
+RECORDS_SINCE = (0, 2)
+"""The first tool version whose commits write commit.json; an older version's manifest is read
+without one (audit notes it)."""
 _VERSION_DIR = re.compile(r"^v(\d{6})$")
 _SHARD_NAME = re.compile(r"^v(\d{6})-\d{5}\.npy$")
 
@@ -218,10 +225,19 @@ def _read_table(path: Path, schema: pa.Schema) -> pa.Table:
     missing = [f.name for f in schema if f.name not in table.schema.names]
     if missing:
         raise ManifestError(f"{path}: missing columns {missing}")
-    try:
-        return table.select(schema.names).cast(schema)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
-        raise ManifestError(f"{path}: columns of the wrong type ({exc})") from None
+    columns = []
+    for f in schema:
+        column = table.column(f.name)
+        try:
+            columns.append(column.cast(f.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
+            raise ManifestError(
+                f"{path}: column {f.name!r} is {column.type}, the format says {f.type}"
+            ) from None
+        if not f.nullable and column.null_count:
+            first = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+            raise ManifestError(f"{path}: column {f.name!r} is empty (null) at row {first}")
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def resolve(path: Path, version: int | None = None) -> tuple[Path, int]:
@@ -247,11 +263,39 @@ def resolve(path: Path, version: int | None = None) -> tuple[Path, int]:
     return path, version
 
 
-def read_manifest(path: Path | str, version: int | None = None) -> Manifest:
-    """Open a committed version (the latest unless `version` is given) and check it is coherent."""
+def record_problems(folder: Path, version: int) -> list[str]:
+    """What `commit.json` says changed in a version folder (see `etl.record`); nothing for a
+    version committed before records existed."""
+    if not (folder / RECORD_FILE).exists() and _written_before_records(folder / MANIFEST_FILE):
+        return []
+    return check_record(folder, version, RECORDED_FILES)
+
+
+def _written_before_records(manifest_path: Path) -> bool:
+    try:
+        with ipc.open_file(manifest_path) as reader:
+            found = json.loads((reader.schema.metadata or {})[b"etl.tool_version"])
+        release = tuple(int(part) for part in found.split(".")[:2])
+    except (OSError, pa.ArrowException, KeyError, ValueError, AttributeError):
+        return False
+    return release < RECORDS_SINCE
+
+
+def read_manifest(path: Path | str, version: int | None = None, verify: bool = True) -> Manifest:
+    """Open a committed version (the latest unless `version` is given) and check it is coherent.
+
+    `verify` (default) first checks the version's files against its commit record, so a byte
+    changed since the commit is refused before any value is trusted; False skips that check
+    (reading a damaged dataset on purpose; `etl audit` says what changed).
+    """
     root, number = resolve(Path(path), version)
     folder = version_dir(root, number)
     manifest_path = folder / MANIFEST_FILE
+    if verify and (problems := record_problems(folder, number)):
+        raise ManifestError(
+            f"{root / problems[0]}; run 'etl audit {root}' to see every damaged file "
+            "(in Python, verify_manifest=False reads the version anyway)"
+        )
     samples = _read_table(manifest_path, SAMPLES_SCHEMA)
     with ipc.open_file(manifest_path) as reader:
         meta = ManifestMeta.from_metadata(reader.schema.metadata, manifest_path)
@@ -272,14 +316,28 @@ def _check_coherent(where: Path, meta: ManifestMeta, samples: pa.Table, shards: 
     names = shards.column("shard")
     for name in names.to_pylist():
         check_shard_name(name, where)
+    unsealed = ~_hex_digits(shards.column("checksum"))
+    if unsealed.any():
+        name = names[int(np.argmax(unsealed))].as_py()
+        raise ManifestError(f"{where}: shards.arrow column 'checksum' of {name!r} is not a digest")
     if len(names.unique()) != len(names):
         raise ManifestError(f"{where}: shards.arrow lists a shard twice")
     ids = samples.column("sample_id")
     if len(ids.unique()) != len(ids):
         raise ManifestError(f"{where}: sample_id values are not unique")
     labels = samples.column("label").to_numpy()
-    if len(labels) and (labels.min() < 0 or labels.max() >= len(meta.classes)):
-        raise ManifestError(f"{where}: a label is outside the {len(meta.classes)} classes")
+    _refuse_first(
+        where,
+        samples,
+        (labels < 0) | (labels >= len(meta.classes)),
+        f"column 'label' is outside the {len(meta.classes)} classes",
+    )
+    _refuse_first(
+        where,
+        samples,
+        ~_hex_digits(samples.column("checksum")),
+        "column 'checksum' is not a hex digest",
+    )
     if not samples.num_rows:
         return
     index = pc.index_in(samples.column("shard"), value_set=names).to_numpy(zero_copy_only=False)
@@ -293,10 +351,26 @@ def _check_coherent(where: Path, meta: ManifestMeta, samples: pa.Table, shards: 
     bad = (rows < 0) | (rows >= limits)
     if bad.any():
         i = int(np.argmax(bad))
-        raise ManifestError(
-            f"{where}: row {rows[i]} is outside shard "
-            f"{samples.column('shard')[i].as_py()!r} ({limits[i]} rows)"
+        _refuse_first(
+            where,
+            samples,
+            bad,
+            f"column 'row' ({rows[i]}) is outside shard {samples.column('shard')[i].as_py()!r}, "
+            f"which has {limits[i]} rows",
         )
+
+
+def _hex_digits(column: pa.ChunkedArray) -> NDArray[np.bool_]:
+    ok = pc.match_substring_regex(column, "^[0-9a-f]{16,64}$")
+    return np.asarray(ok.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _refuse_first(where: Path, samples: pa.Table, bad: NDArray[np.bool_], what: str) -> None:
+    """One ManifestError naming the first row (and its source) where `bad` holds."""
+    if bad.any():
+        i = int(np.argmax(bad))
+        source = samples.column("source")[i].as_py()
+        raise ManifestError(f"{where}: {what} at row {i} (source {source!r})")
 
 
 def _write_table(path: Path, table: pa.Table) -> None:
@@ -337,6 +411,7 @@ def commit(
         }
         _write_table(temp / SHARDS_FILE, shards.cast(SHARDS_SCHEMA.with_metadata(small_meta)))
         _write_table(temp / REJECTS_FILE, rejects.cast(REJECTS_SCHEMA.with_metadata(small_meta)))
+        write_record(temp, meta.version, RECORDED_FILES)
         fsync_dir(temp)
         os.rename(temp, final)
     except BaseException:

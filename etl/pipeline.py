@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from etl import execute, interrupt, readers
 from etl.config import FolderSource, PipelineConfig
-from etl.errors import ConfigError
+from etl.errors import ConfigError, ManifestError
 from etl.housekeeping import clean_leftovers
 from etl.lock import DatasetLock
 from etl.manifest import (
@@ -204,6 +204,19 @@ def _worker_inputs(config: PipelineConfig) -> list[Path]:
     return [] if config.source.kind == "python" else [config.source.path]
 
 
+def _read_previous(root: Path, latest: int, rebuild: bool) -> Manifest | None:
+    """The version a run builds on. A damaged one stops an incremental run, which would carry
+    the damage forward; --rebuild packs from the sources past it (label numbers start afresh)."""
+    if not latest:
+        return None
+    try:
+        return read_manifest(root, latest)
+    except ManifestError as exc:
+        if rebuild:
+            return None
+        raise ManifestError(f"{exc}; or 'etl run --rebuild' packs a new version") from None
+
+
 def _run_locked(
     config: PipelineConfig,
     root: Path,
@@ -217,7 +230,7 @@ def _run_locked(
     latest = versions[-1] if versions else 0
     if not dry_run:
         clean_leftovers(root, latest)
-    previous = read_manifest(root, latest) if latest else None
+    previous = _read_previous(root, latest, rebuild)
     if previous is not None and previous.meta.config_digest != config.digest() and not rebuild:
         keys = changed_keys(previous.meta.config, config.output_shaping())
         raise ConfigError(

@@ -206,13 +206,17 @@ class Catalog:
         )
 
 
-def open_catalog(path: Path | str, version: int | None = None) -> Catalog:
+def open_catalog(
+    path: Path | str, version: int | None = None, verify_manifest: bool = True
+) -> Catalog:
     """Open a dataset directory, a version directory or a manifest.arrow file.
 
     The latest version unless `version` pins one. Raises `ManifestError` for an unknown format
-    version, a shard path outside the dataset, or rows past the end of a shard.
+    version, a file changed since its commit (unless `verify_manifest=False`), a missing or
+    mistyped column, a label outside the classes, a shard path outside the dataset, or rows past
+    the end of a shard.
     """
-    return Catalog(read_manifest(path, version))
+    return Catalog(read_manifest(path, version, verify=verify_manifest))
 
 
 def _codes(values: pa.ChunkedArray, names: pa.ChunkedArray) -> NDArray[np.int64]:

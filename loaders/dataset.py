@@ -69,9 +69,14 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         transform: Transform | None = None,
         verify: bool = False,
         release_every: int | None = None,
+        verify_manifest: bool = True,
     ) -> PackedDataset:
-        """Open a dataset directory or manifest and select samples (see `Catalog.select`)."""
-        selection = open_catalog(path, version).select(split, classes, where)
+        """Open a dataset directory or manifest and select samples (see `Catalog.select`).
+
+        `verify_manifest=False` opens a version whose files no longer match its commit record
+        (see `open_catalog`); `verify` is about shard bytes (see the class).
+        """
+        selection = open_catalog(path, version, verify_manifest).select(split, classes, where)
         return cls(selection, transform, verify, release_every)
 
     @property

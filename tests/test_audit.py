@@ -10,6 +10,8 @@ import hashlib
 import json
 import math
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 import xxhash
+from packed import rewrite_sealed
 
 from etl import pipeline
 from etl.audit import AuditOptions, audit
@@ -222,8 +225,7 @@ def rewrite_arrow(path: Path, column: str, values: dict[str, str], key: str) -> 
     keys, old = table[key].to_pylist(), table[column].to_pylist()
     new = [values.get(k, v) for k, v in zip(keys, old, strict=True)]
     table = table.set_column(table.schema.get_field_index(column), column, pa.array(new))
-    with ipc.new_file(str(path), table.schema) as writer:
-        writer.write_table(table)
+    rewrite_sealed(path, table)
 
 
 def test_only_deep_catches_changes_that_keep_the_xxh3_digests(
@@ -260,8 +262,9 @@ def test_changed_checksum_string_in_manifest_bytes(
     new = ("0" if old[:1] != b"0" else "1").encode() + old[1:]
     path.write_bytes(data.replace(old, new))
     report = audit_json([str(ds)], capsys, expect=1)
-    assert kinds(report) == {"sample_checksum": 1}
-    (finding,) = report["findings"]
+    assert kinds(report) == {"manifest": 1, "sample_checksum": 1}
+    record, finding = sorted(report["findings"], key=lambda f: f["kind"])
+    assert record["message"] == f"{V1}/manifest.arrow: bytes changed after the commit (blake3)"
     assert finding["sample_id"] == victim["sample_id"] and finding["expected"] == new.decode()
     assert finding["actual"] == victim["checksum"]
     assert "manifest's checksum" in finding["message"]  # the shard itself verified
@@ -275,8 +278,10 @@ def test_unreadable_manifest_is_a_finding(
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2] if damage == "truncate" else data[:-6] + b"XXXXXX")
     report = audit_json([str(ds)], capsys, expect=1)
-    assert kinds(report) == {"manifest": 1}
-    assert "manifest.arrow" in report["findings"][0]["message"]
+    assert kinds(report) == {"manifest": 2}
+    record, unreadable = (f["message"] for f in report["findings"])
+    assert record.startswith(f"{V1}/manifest.arrow: ")
+    assert "manifest.arrow" in unreadable and "Arrow" in unreadable
     assert any("not checked" in note for note in report["notes"])
 
 
@@ -377,15 +382,47 @@ def test_repair_restores_the_original_pixels(
 def test_repair_fixes_a_wrong_manifest_checksum(
     ds: Path, src: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A writer's bug, not damage: the record matches the wrong value. (Bytes changed after the
+    commit are refused: see test_repair_refuses_a_manifest_changed_after_its_commit.)"""
     victim = samples(ds)[4]
-    path = ds / V1 / "manifest.arrow"
-    old = victim["checksum"].encode()
-    path.write_bytes(path.read_bytes().replace(old, b"f" * 16 if old != b"f" * 16 else b"0" * 16))
+    wrong = "f" * 16 if victim["checksum"] != "f" * 16 else "0" * 16
+    rewrite_arrow(ds / V1 / "manifest.arrow", "checksum", {victim["sample_id"]: wrong}, "sample_id")
     config = write_config(tmp_path, src, ds)
     report = audit_json([str(ds), "--repair", "--config", str(config)], capsys, expect=0)
     assert [(r["sample_id"], r["how"]) for r in report["repair"]["repaired"]] == [
         (victim["sample_id"], "record_fixed")
     ]
+
+
+def test_repair_refuses_a_manifest_changed_after_its_commit(
+    ds: Path, src: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A height changed in place (the bytes of one int32) passes every value check; the commit
+    record alone tells, and repair must not seal it into a new version."""
+    victim = samples(ds)[4]
+    table = ipc.open_file(ds / V1 / "manifest.arrow").read_all()
+    heights = table.column("source_height").to_pylist()
+    assert heights.count(victim["source_height"]) >= 1
+    path = ds / V1 / "manifest.arrow"
+    data = bytearray(path.read_bytes())
+    column = np.frombuffer(np.array(heights, np.int32).tobytes(), np.uint8)
+    at = bytes(data).find(column.tobytes())
+    assert at > 0  # the column's buffer, found by its exact bytes
+    data[at + 4 * 4 + 1] ^= 0xFE  # second byte of row 4's height: 386 -> 65154-like
+    path.write_bytes(bytes(data))
+    changed = ipc.open_file(path).read_all().column("source_height")[4].as_py()
+    assert changed != victim["source_height"]  # still a valid table, one value off
+    config = write_config(tmp_path, src, ds)
+    code, _, err = run_cli(["audit", str(ds), "--repair", "--config", str(config)], capsys)
+    (error,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and "manifest is damaged" in error and "Traceback" not in err
+    assert list_versions(ds) == [1]
+    report = audit_json([str(ds)], capsys, expect=1)
+    assert [f["message"] for f in report["findings"]] == [
+        "versions/v000001/manifest.arrow: bytes changed after the commit (blake3)"
+    ]
+    code, _, err = run_cli(["show", str(ds)], capsys)
+    assert code == 2 and "bytes changed after the commit" in err
 
 
 def test_repair_says_which_samples_cannot_be_repaired(
@@ -517,3 +554,66 @@ def test_audit_never_writes_without_repair(
         code, _, _ = run_cli(["audit", str(ds), "-q", "-j", "1", *extra], capsys)
         assert code == 1
     assert tree_state(ds) == before
+
+
+# --- a byte flipped anywhere, met the way a user meets it -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("target", "at"),
+    [
+        (f"{V1}/manifest.arrow", 5),
+        (f"{V1}/manifest.arrow", 0.5),
+        (f"{V1}/shards.arrow", 5),
+        (f"{V1}/shards.arrow", 0.5),
+        (f"{V1}/rejects.arrow", 5),
+        (f"{V1}/rejects.arrow", 0.5),
+        (f"{V1}/commit.json", 0.5),
+        ("shards/v000001-00000.npy", 20),  # inside the .npy header's shape text
+        ("shards/v000001-00000.npy", 0.5),
+    ],
+)
+def test_etl_audit_names_any_committed_file_with_a_flipped_byte(
+    ds: Path, target: str, at: float
+) -> None:
+    path = ds / target
+    offset = int(at) if at >= 1 else int(path.stat().st_size * at)
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x41
+    path.write_bytes(bytes(data))
+    done = subprocess.run(
+        [sys.executable, "-m", "etl", "audit", str(ds), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    report = json.loads(done.stdout)
+    named = [f for f in report["findings"] if target in f["message"] or target == f["shard"]]
+    assert named, report["findings"]
+    if target.startswith("shards/"):  # a sampled audit counts the samples it cannot read
+        again = subprocess.run(
+            [sys.executable, "-m", "etl", "audit", str(ds), "--sample-rate", "1", "--seed", "1"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert again.returncode == 1 and "Traceback" not in again.stderr
+        assert "none of" not in again.stdout, again.stdout
+
+
+def test_a_version_from_before_commit_records_audits_clean_with_a_note(
+    ds: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = ds / V1 / "manifest.arrow"
+    table = ipc.open_file(path).read_all()
+    metadata = {**table.schema.metadata, b"etl.tool_version": b'"0.1.0"'}
+    with ipc.new_file(str(path), table.schema.with_metadata(metadata)) as writer:
+        writer.write_table(table.replace_schema_metadata(metadata))
+    (ds / V1 / "commit.json").unlink()
+    report = audit_json([str(ds)], capsys, expect=0)
+    assert any("before commit records" in note for note in report["notes"])
+    (ds / V1 / "commit.json").write_text("{}")  # a record that is there must be right
+    report = audit_json([str(ds)], capsys, expect=1)
+    assert report["findings"][0]["message"].startswith(f"{V1}/commit.json: unreadable")

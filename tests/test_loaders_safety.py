@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 from packed import Packed, make_packed
+from packed import rewrite_sealed as rewrite
 
 import loaders.reader
 from etl.errors import ManifestError, ShardError
@@ -22,12 +24,6 @@ SHARDS = Path("versions/v000001/shards.arrow")
 @pytest.fixture
 def packed(tmp_path: Path) -> Packed:
     return make_packed(tmp_path / "ds")
-
-
-def rewrite(path: Path, table: pa.Table) -> None:
-    os.unlink(path)
-    with ipc.new_file(str(path), table.schema) as writer:
-        writer.write_table(table)
 
 
 def replace_column(path: Path, name: str, values: list[object]) -> None:
@@ -141,3 +137,94 @@ def test_verify_hashes_each_shard_once_per_process(
     again = PackedDataset.open(packed.root, verify=True)
     again.__getitems__(list(range(len(ds))))
     assert sorted(calls) == sorted({packed.root / n for n in ds.selection.shards.names})
+
+
+# --- what the loader trusts on open (issue: faults a user will cause) -----------------------------
+
+
+def flip_at(path: Path, where: str) -> None:
+    size = path.stat().st_size
+    offset = {"head": 3, "middle": size // 2, "tail": size - 3}[where]
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        value = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([value ^ 0x20]))
+
+
+@pytest.mark.parametrize("where", ["head", "middle", "tail"])
+@pytest.mark.parametrize("name", ["manifest.arrow", "shards.arrow", "rejects.arrow", "commit.json"])
+def test_a_byte_flipped_in_any_committed_file_is_refused_on_open(
+    packed: Packed, name: str, where: str
+) -> None:
+    flip_at(packed.root / "versions/v000001" / name, where)
+    with pytest.raises(ManifestError) as info:
+        PackedDataset.open(packed.root)
+    message = str(info.value)
+    assert f"versions/v000001/{name}: " in message and "\n" not in message
+    assert "etl audit" in message and "verify_manifest=False" in message
+
+
+def test_verify_manifest_false_opens_a_version_whose_record_is_damaged(packed: Packed) -> None:
+    flip_at(packed.root / "versions/v000001/commit.json", "middle")
+    with pytest.raises(ManifestError, match=r"commit\.json"):
+        open_catalog(packed.root)
+    ds = PackedDataset.open(packed.root, verify_manifest=False)
+    images = np.stack([ds[i][0].numpy() for i in range(len(ds))])
+    order = ds.selection.positions
+    assert np.array_equal(images, packed.images[order])
+
+
+def set_column(path: Path, name: str, column: pa.Array) -> None:
+    table = ipc.open_file(path).read_all()
+    rewrite(path, table.set_column(table.schema.get_field_index(name), name, column))
+
+
+def test_tampered_values_are_refused_naming_the_column_and_first_row(packed: Packed) -> None:
+    """Rewritten and resealed, so the record cannot tell: the checks on open must."""
+    path = packed.root / MANIFEST
+    original = ipc.open_file(path).read_all()
+    n = original.num_rows
+    sources = original.column("source").to_pylist()
+
+    def refused(name: str, values: pa.Array) -> str:
+        set_column(path, name, values)
+        with pytest.raises(ManifestError) as info:
+            PackedDataset.open(packed.root)
+        rewrite(path, original)
+        message = str(info.value)
+        assert "\n" not in message and str(path) in message
+        return message
+
+    labels = original.column("label").to_pylist()
+    assert refused("label", pa.array([*labels[:5], 3, *labels[6:]], pa.int32())).endswith(
+        f"column 'label' is outside the 3 classes at row 5 (source {sources[5]!r})"
+    )
+    assert "column 'label' is string, the format says int32" in refused(
+        "label", pa.array(["ant"] * n)
+    )
+    assert "column 'checksum' is empty (null) at row 2" in refused(
+        "checksum", pa.array([*original.column("checksum").to_pylist()[:2], *[None] * (n - 2)])
+    )
+    assert "column 'checksum' is not a hex digest at row 0" in refused(
+        "checksum", pa.array([""] * n)
+    )
+    rows = original.column("row").to_pylist()
+    assert "column 'row' (99) is outside shard 'shards/v000001-00000.npy', which has 7 rows" in (
+        refused("row", pa.array([*rows[:1], 99, *rows[2:]], pa.int64()))
+    )
+    rewrite(path, original.drop_columns(["split"]))
+    with pytest.raises(ManifestError, match=r"missing columns \['split'\]"):
+        PackedDataset.open(packed.root)
+    rewrite(path, original)
+    assert len(PackedDataset.open(packed.root)) == len(packed.images)
+
+
+def test_an_emptied_shard_checksum_is_refused(packed: Packed) -> None:
+    table = ipc.open_file(packed.root / SHARDS).read_all()
+    set_column(packed.root / SHARDS, "checksum", pa.array([""] * table.num_rows))
+    with pytest.raises(
+        ManifestError,
+        match=re.escape("shards.arrow column 'checksum' of 'shards/v000001-00000.npy' is not a"),
+    ):
+        PackedDataset.open(packed.root)

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
-import os
+import dataclasses
+import json
 from pathlib import Path
 
+import blake3
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
+from packed import rewrite_sealed
 
 from etl.errors import ManifestError
 from etl.manifest import (
@@ -50,14 +53,15 @@ def sample_row(i: int, shard: str = "shards/v000001-00000.npy") -> dict[str, obj
         "split": "train",
         "shard": shard,
         "row": i,
-        "checksum": "c",
+        "checksum": f"{i:016x}",
     }
 
 
 def tables(n: int = 3, shard: str = "shards/v000001-00000.npy", rows: int = 3):
     samples = table_from_rows([sample_row(i, shard) for i in range(n)], SAMPLES_SCHEMA)
     shards = table_from_rows(
-        [{"shard": shard, "rows": rows, "bytes": 1, "checksum": "x", "blake3": "y"}], SHARDS_SCHEMA
+        [{"shard": shard, "rows": rows, "bytes": 1, "checksum": "0" * 16, "blake3": "0" * 64}],
+        SHARDS_SCHEMA,
     )
     rejects = table_from_rows(
         [
@@ -118,19 +122,13 @@ def test_temp_folders_are_not_versions(tmp_path: Path) -> None:
     assert list_versions(tmp_path) == [1]
 
 
-def _rewrite(path: Path, table: pa.Table) -> None:
-    os.unlink(path)
-    with ipc.new_file(str(path), table.schema) as writer:
-        writer.write_table(table)
-
-
 def test_unknown_format_version_is_refused(tmp_path: Path) -> None:
     commit(tmp_path, meta(1), *tables())
     path = version_dir(tmp_path, 1) / "manifest.arrow"
     table = ipc.open_file(path).read_all()
     metadata = dict(table.schema.metadata)
     metadata[b"etl.format_version"] = b"99"
-    _rewrite(path, table.replace_schema_metadata(metadata))
+    rewrite_sealed(path, table.replace_schema_metadata(metadata))
     with pytest.raises(ManifestError, match="format version 99"):
         read_manifest(tmp_path)
 
@@ -168,3 +166,41 @@ def test_missing_dataset(tmp_path: Path) -> None:
     commit(tmp_path, meta(1), *tables())
     with pytest.raises(ManifestError, match="no version 5"):
         read_manifest(tmp_path, 5)
+
+
+def _with_tool_version(tmp_path: Path, tool_version: str) -> None:
+    """Version 1 as a tool of `tool_version` would have left it: no commit record if older."""
+    commit(tmp_path, dataclasses.replace(meta(1), tool_version=tool_version), *tables())
+    (version_dir(tmp_path, 1) / "commit.json").unlink()
+
+
+def test_a_version_from_before_commit_records_still_opens(tmp_path: Path) -> None:
+    _with_tool_version(tmp_path, "0.1.0")
+    assert read_manifest(tmp_path).samples.num_rows == 3
+
+
+@pytest.mark.parametrize("tool_version", ["0.2.0", "1.0", "test"])
+def test_a_missing_commit_record_is_refused(tmp_path: Path, tool_version: str) -> None:
+    _with_tool_version(tmp_path, tool_version)
+    with pytest.raises(ManifestError, match=r"v000001/commit.json: missing"):
+        read_manifest(tmp_path)
+    assert read_manifest(tmp_path, verify=False).samples.num_rows == 3
+
+
+def test_the_record_names_sizes_and_digests_any_tool_can_check(tmp_path: Path) -> None:
+    """commit.json is plain JSON; its digests are BLAKE3 of the files, computed here without
+    our code; its own seal is BLAKE3 of its other keys as compact sorted JSON."""
+    commit(tmp_path, meta(1), *tables())
+    folder = version_dir(tmp_path, 1)
+    record = json.loads((folder / "commit.json").read_text())
+    assert set(record["files"]) == {"manifest.arrow", "shards.arrow", "rejects.arrow"}
+    for name, entry in record["files"].items():
+        data = (folder / name).read_bytes()
+        assert entry == {"bytes": len(data), "blake3": blake3.blake3(data).hexdigest()}
+    seal = record.pop("record")
+    assert (
+        seal
+        == blake3.blake3(
+            json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+        ).hexdigest()
+    )

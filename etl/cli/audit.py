@@ -272,7 +272,10 @@ def audit(
     final = report
     if repair:
         assert config is not None and options.source_root is not None
-        if report.bad_samples or any(f.kind in audit_lib.SHARD_KINDS for f in report.findings):
+        damaged = report.bad_samples or any(
+            f.kind in audit_lib.SHARD_KINDS for f in report.findings
+        )
+        if damaged or not report.manifest_ok:  # repair refuses a manifest it cannot trust
             fixed = repair_lib.repair(
                 report,
                 config,
