@@ -129,6 +129,9 @@ def main() -> None:
     if rank == 0:
         print(f"final validation accuracy: {accuracy:.3f} on {len(val)} samples", flush=True)
     if distributed:
+        # NOTE: rank 1 reaching destroy_process_group while rank 0 still evaluates aborted it
+        # now and then ("terminate called without an active exception", exit -6) under gloo.
+        dist.barrier()
         dist.destroy_process_group()
 
 

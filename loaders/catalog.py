@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
+from etl.errors import EtlError, ShardError
 from etl.manifest import Manifest, read_manifest
 
 Where: TypeAlias = "pc.Expression | Callable[[pa.Table], Any]"
@@ -41,9 +42,28 @@ class ShardSet:
     algorithm: str
     """The checksum algorithm of `checksums` (the manifest's `output.checksum`)."""
     sample_shape: tuple[int, ...]
+    version: int
+    """The manifest version these shards were selected from (for error messages)."""
 
     def path(self, shard: int) -> Path:
         return self.root / self.names[shard]
+
+    def unreadable(self, shard: int, cause: Exception) -> ShardError:
+        """The error for a shard that cannot be read: the cause, which samples of the version
+        live in it, and the command that repairs them (the manifest is read again only now)."""
+        name = self.names[shard]
+        reason = str(cause) if isinstance(cause, EtlError) else f"{self.path(shard)}: {cause}"
+        try:
+            samples = read_manifest(self.root, self.version, verify=False).samples
+            ids = samples.filter(pc.field("shard") == name).column("sample_id").to_pylist()
+        except EtlError:
+            ids = []
+        listed = ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+        held = f"; it holds {len(ids)} sample(s) of version {self.version} ({listed})"
+        return ShardError(
+            f"{reason}{held if ids else ''}; repair: etl audit {self.root} "
+            f"--version {self.version} --repair --config pipeline.yaml"
+        )
 
     def __len__(self) -> int:
         return len(self.names)
@@ -193,6 +213,7 @@ class Catalog:
             checksums=tuple(checksums[i] for i in used),
             algorithm=self.manifest.meta.checksum,
             sample_shape=self.sample_shape,
+            version=self.version,
         )
         return Selection(
             shards=shard_set,

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
+from etl.errors import EtlError
 from loaders.batches import Batch, BatchMemory, SharedRing
 from loaders.dataset import PackedDataset, collate_batch
 from loaders.samplers import (
@@ -33,6 +34,17 @@ from loaders.samplers import (
     ShuffleSampler,
 )
 from loaders.stream import PackedStream
+
+
+def _from_worker(exc: EtlError) -> EtlError:
+    """An error raised in a DataLoader worker, as it was raised there: DataLoader re-raises it
+    in this process as the same type, its message replaced by "Caught ... Original Traceback"
+    and the worker's whole traceback. Our messages are one line: the traceback's last."""
+    text = str(exc)
+    if not text.startswith("Caught "):
+        return exc
+    last = text.rstrip().splitlines()[-1]
+    return type(exc)(last.partition(f"{type(exc).__name__}: ")[2] or last)
 
 
 @dataclass(frozen=True)
@@ -115,13 +127,16 @@ class PackedLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         batches = self._in_process() if self.dataloader.num_workers == 0 else self.dataloader
-        if self.sampler is None:
-            yield from batches
-            return
-        self._position = self.sampler.state_dict()["position"]
-        for batch in batches:
-            self._position += len(batch[1])
-            yield batch
+        try:
+            if self.sampler is None:
+                yield from batches
+                return
+            self._position = self.sampler.state_dict()["position"]
+            for batch in batches:
+                self._position += len(batch[1])
+                yield batch
+        except EtlError as exc:
+            raise _from_worker(exc) from None
 
     def _in_process(self) -> Iterator[Any]:
         """What DataLoader yields with num_workers=0, without its per-batch bookkeeping.

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -102,9 +104,19 @@ class ShardReader:
             verify_shard(path, self.shards.algorithm, self.shards.checksums[shard])
         return path
 
+    @contextmanager
+    def _opening(self, shard: int) -> Iterator[None]:
+        """Turn any failure to open or check shard `shard` into one ShardError that names the
+        shard, its samples and the repair command (see `ShardSet.unreadable`)."""
+        try:
+            yield
+        except (ShardError, OSError) as exc:
+            raise self.shards.unreadable(shard, exc) from None
+
     def _open(self, shard: int) -> NDArray[np.uint8]:
-        path = self._checked_path(shard)
-        mapped = open_shard(path, self.shards.sample_shape, int(self.shards.rows[shard]))
+        with self._opening(shard):
+            path = self._checked_path(shard)
+            mapped = open_shard(path, self.shards.sample_shape, int(self.shards.rows[shard]))
         # NOTE: a plain ndarray view of the memmap: indexing an np.memmap subclass runs Python
         # code (__array_finalize__) on every row, which costs more than copying the row.
         array: NDArray[np.uint8] = np.asarray(mapped)
@@ -155,8 +167,9 @@ class ShardReader:
         for s in np.unique(shards).tolist():
             if span is not None and span.mapped[s]:
                 continue
-            path = self._checked_path(s)
-            offset = check_shard(path, self.shards.sample_shape, int(self.shards.rows[s]))
+            with self._opening(s):
+                path = self._checked_path(s)
+                offset = check_shard(path, self.shards.sample_shape, int(self.shards.rows[s]))
             if span is None:
                 span = self._span = ShardSpan(self.shards.rows, self.sample_bytes, offset)
             if offset != span.offset:  # a header length this span cannot place: see ShardSpan
@@ -164,7 +177,8 @@ class ShardReader:
                 span.close()
                 self._span = None
                 return None
-            span.map(s, path)
+            with self._opening(s):
+                span.map(s, path)
         return span
 
     def gather(

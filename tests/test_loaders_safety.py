@@ -228,3 +228,38 @@ def test_an_emptied_shard_checksum_is_refused(packed: Packed) -> None:
         match=re.escape("shards.arrow column 'checksum' of 'shards/v000001-00000.npy' is not a"),
     ):
         PackedDataset.open(packed.root)
+
+
+# --- a shard that turns unreadable during training ------------------------------------------------
+
+
+def _ids_in_shard(packed: Packed, shard: str) -> list[str]:
+    return [i for i, s in zip(packed.sample_ids, packed.shards, strict=True) if s == shard]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("damage", ["truncated", "folder", "flipped"])
+def test_an_unreadable_shard_mid_training_is_one_error_naming_samples_and_repair(
+    packed: Packed, workers: int, damage: str
+) -> None:
+    ds = PackedDataset.open(packed.root, verify=damage == "flipped")
+    name = ds.selection.shards.names[2]
+    path = packed.root / name
+    if damage == "truncated":
+        truncate(path, 7)
+    elif damage == "folder":  # an I/O error of another kind: open() itself fails
+        path.unlink()
+        path.mkdir()
+    else:
+        flip_a_byte(path)
+    loader = make_loader(ds, batch_size=4, num_workers=workers, pin_memory=False)
+    with pytest.raises(ShardError) as info:
+        list(loader)
+    message = str(info.value)
+    assert "\n" not in message and "Traceback" not in message, message
+    ids = _ids_in_shard(packed, name)
+    assert str(path) in message and f"it holds {len(ids)} sample(s) of version 1" in message
+    assert all(i in message for i in ids[:3])
+    assert message.endswith(
+        f"repair: etl audit {packed.root} --version 1 --repair --config pipeline.yaml"
+    )
