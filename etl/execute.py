@@ -152,7 +152,11 @@ def hash_sources(
         for source, value, reason, message in results:
             if value is None:
                 f = stat[source]
-                rejects.append(SourceReject(source, reason, message, f.size, f.mtime_ns))
+                rejects.append(
+                    SourceReject(
+                        source, reason, message, f.size, f.mtime_ns, None, f.ctime_ns, f.inode
+                    )
+                )
             else:
                 hashes[source] = value
         on_progress(len(results))
@@ -170,7 +174,14 @@ def _pack_one(
 ) -> dict[str, Any] | SourceReject:
     def reject(reason: str, message: str) -> SourceReject:
         return SourceReject(
-            item.source, reason, message, item.size, item.mtime_ns, item.source_hash
+            item.source,
+            reason,
+            message,
+            item.size,
+            item.mtime_ns,
+            item.source_hash,
+            item.ctime_ns,
+            item.inode,
         )
 
     try:
@@ -189,6 +200,8 @@ def _pack_one(
         "source": item.source,
         "source_size": item.size,
         "source_mtime_ns": item.mtime_ns,
+        "source_ctime_ns": item.ctime_ns,
+        "source_inode": item.inode,
         "source_hash": item.source_hash,
         "source_height": height,
         "source_width": width,

@@ -64,6 +64,8 @@ SAMPLES_SCHEMA = pa.schema(
         pa.field("source", pa.string(), nullable=False),
         pa.field("source_size", pa.int64(), nullable=False),
         pa.field("source_mtime_ns", pa.int64(), nullable=False),
+        pa.field("source_ctime_ns", pa.int64()),
+        pa.field("source_inode", pa.uint64()),
         pa.field("source_hash", pa.string(), nullable=False),
         pa.field("source_height", pa.int32(), nullable=False),
         pa.field("source_width", pa.int32(), nullable=False),
@@ -93,9 +95,15 @@ REJECTS_SCHEMA = pa.schema(
         pa.field("message", pa.string(), nullable=False),
         pa.field("source_size", pa.int64()),
         pa.field("source_mtime_ns", pa.int64()),
+        pa.field("source_ctime_ns", pa.int64()),
+        pa.field("source_inode", pa.uint64()),
         pa.field("source_hash", pa.string()),
     ]
 )
+
+ADDED_COLUMNS = frozenset({"source_ctime_ns", "source_inode"})
+"""Nullable columns added after format version 1 was defined (etl-memmap 0.2.0): a manifest
+without them reads them as nulls (its files are hashed once again on the next run)."""
 
 
 @dataclass(frozen=True)
@@ -223,10 +231,13 @@ def _read_table(path: Path, schema: pa.Schema) -> pa.Table:
     except (pa.ArrowInvalid, OSError) as exc:
         raise ManifestError(f"{path}: not a readable Arrow IPC file ({exc})") from None
     missing = [f.name for f in schema if f.name not in table.schema.names]
-    if missing:
+    if set(missing) - ADDED_COLUMNS:
         raise ManifestError(f"{path}: missing columns {missing}")
     columns = []
     for f in schema:
+        if f.name in missing:
+            columns.append(pa.nulls(table.num_rows, f.type))
+            continue
         column = table.column(f.name)
         try:
             columns.append(column.cast(f.type))

@@ -138,6 +138,8 @@ def _reject_row(r: SourceReject) -> dict[str, Any]:
         "message": r.message,
         "source_size": r.size,
         "source_mtime_ns": r.mtime_ns,
+        "source_ctime_ns": r.ctime_ns,
+        "source_inode": r.inode,
         "source_hash": r.source_hash,
     }
 

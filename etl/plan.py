@@ -49,6 +49,8 @@ class PackItem:
     source_hash: str
     size: int
     mtime_ns: int
+    ctime_ns: int
+    inode: int
     sample_id: str
     label: int
     class_name: str
@@ -102,8 +104,22 @@ def assign_split(source: str, fractions: Mapping[str, float]) -> str:
     return TRAIN
 
 
-def _stat_key(size: int, mtime_ns: int) -> tuple[int, int]:
-    return (size, mtime_ns)
+StatKey = tuple[int, int, int, int]
+
+
+def stat_key(size: int, mtime_ns: int, ctime_ns: int, inode: int) -> StatKey:
+    """What must all match the previous manifest for a file to count as unchanged unread.
+
+    NOTE: size and mtime alone miss a file rewritten in place with its old mtime put back
+    (`touch -r`, `cp -p`, rsync, some editors); ctime cannot be set back from user space and
+    a replaced file has a new inode, as git's index compares too. A chmod, a rename or a copy
+    elsewhere changes them as well: that costs a re-hash, never a re-pack (same content).
+    """
+    return (size, mtime_ns, ctime_ns, inode)
+
+
+def _key_of(f: SourceFile) -> StatKey:
+    return stat_key(f.size, f.mtime_ns, f.ctime_ns, f.inode)
 
 
 def _reused_rows(
@@ -125,6 +141,8 @@ def _reused_rows(
         "source": pa.array([f.source for f, _, _ in new_identity], pa.string()),
         "source_size": pa.array([f.size for f, _, _ in new_identity], pa.int64()),
         "source_mtime_ns": pa.array([f.mtime_ns for f, _, _ in new_identity], pa.int64()),
+        "source_ctime_ns": pa.array([f.ctime_ns for f, _, _ in new_identity], pa.int64()),
+        "source_inode": pa.array([f.inode for f, _, _ in new_identity], pa.uint64()),
         "label": pa.array([label for _, label, _ in new_identity], pa.int32()),
         "class_name": pa.array([classes[label] for _, label, _ in new_identity], pa.string()),
         "split": pa.array([split for _, _, split in new_identity], pa.string()),
@@ -139,9 +157,7 @@ def files_to_hash(listing: SourceListing, previous: Manifest | None) -> list[Sou
     previous manifest by path and stat."""
     known = _known_by_stat(previous)
     return [
-        f
-        for f in listing.files
-        if f.content_hash is None and (f.source, _stat_key(f.size, f.mtime_ns)) not in known
+        f for f in listing.files if f.content_hash is None and (f.source, _key_of(f)) not in known
     ]
 
 
@@ -158,16 +174,25 @@ def settled_hashes(previous: Manifest | None) -> frozenset[str]:
     return frozenset(stored)
 
 
-def _known_by_stat(previous: Manifest | None) -> dict[tuple[str, tuple[int, int]], str]:
+_STAT_COLUMNS = ["source_size", "source_mtime_ns", "source_ctime_ns", "source_inode"]
+
+
+def _known_by_stat(previous: Manifest | None) -> dict[tuple[str, StatKey], str]:
+    """{(source, stat key): content hash} of the previous version's rows with a whole stat key
+    (rows written before ctime and inode were recorded have none: hashed once again)."""
     if previous is None:
         return {}
-    known: dict[tuple[str, tuple[int, int]], str] = {}
+    known: dict[tuple[str, StatKey], str] = {}
     for table in (previous.samples, previous.rejects):
-        cols = table.select(["source", "source_size", "source_mtime_ns", "source_hash"])
-        for source, size, mtime, digest in zip(*(c.to_pylist() for c in cols.columns), strict=True):
-            if digest is not None and size is not None and mtime is not None:
-                known[(source, _stat_key(size, mtime))] = digest
+        cols = table.select(["source", "source_hash", *_STAT_COLUMNS]).to_pydict()
+        for source, digest, *key in zip(*cols.values(), strict=True):
+            if digest is not None and None not in key:
+                known[(source, stat_key(*key))] = digest
     return known
+
+
+def _reject(f: SourceFile, reason: str, message: str, digest: str) -> SourceReject:
+    return SourceReject(f.source, reason, message, f.size, f.mtime_ns, digest, f.ctime_ns, f.inode)
 
 
 def resolve_classes(
@@ -209,24 +234,12 @@ def make_plan(
             continue
         # NOTE: a hash from listing wins over the stat: those kinds have no stat that proves
         # a value unchanged (an LMDB value rewritten with the same length keeps size and mtime 0)
-        digest = (
-            f.content_hash
-            or known.get((f.source, _stat_key(f.size, f.mtime_ns)))
-            or hashes.get(f.source)
-        )
+        digest = f.content_hash or known.get((f.source, _key_of(f))) or hashes.get(f.source)
         if digest is None:
             raise ValueError(f"no content hash for {f.source}: files_to_hash was not honoured")
         if f.class_name not in label_of:
-            rejects.append(
-                SourceReject(
-                    f.source,
-                    "unknown_label",
-                    f"class {f.class_name!r} is not in source.classes",
-                    f.size,
-                    f.mtime_ns,
-                    digest,
-                )
-            )
+            message = f"class {f.class_name!r} is not in source.classes"
+            rejects.append(_reject(f, "unknown_label", message, digest))
             continue
         candidates.append((f, digest))
 
@@ -247,11 +260,7 @@ def make_plan(
         kept: list[tuple[SourceFile, str]] = []
         for f, digest in candidates:
             if f.source in losers:
-                rejects.append(
-                    SourceReject(
-                        f.source, "duplicate", losers[f.source], f.size, f.mtime_ns, digest
-                    )
-                )
+                rejects.append(_reject(f, "duplicate", losers[f.source], digest))
             else:
                 kept.append((f, digest))
         candidates = kept
@@ -288,7 +297,7 @@ def make_plan(
                 counts["moved"] += 1
         elif digest in remembered:
             reason, message = remembered[digest]
-            rejects.append(SourceReject(f.source, reason, message, f.size, f.mtime_ns, digest))
+            rejects.append(_reject(f, reason, message, digest))
         else:
             if f.source not in old_by_source:
                 counts["new"] += 1
@@ -299,6 +308,8 @@ def make_plan(
                     source_hash=digest,
                     size=f.size,
                     mtime_ns=f.mtime_ns,
+                    ctime_ns=f.ctime_ns,
+                    inode=f.inode,
                     sample_id=sample_id(f.source),
                     label=label,
                     class_name=f.class_name,

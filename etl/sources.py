@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -48,8 +48,12 @@ class SourceFile:
     mtime_ns: int
     """0 for kinds with no modification time (lmdb, python)."""
     content_hash: str | None = None
-    """Set by kinds whose (size, mtime) cannot prove a value unchanged: they hash while
-    listing, and the plan takes this hash instead of hashing or trusting the stat."""
+    """Set by kinds whose stat cannot prove a value unchanged: they hash while listing, and the
+    plan takes this hash instead of hashing or trusting the stat."""
+    ctime_ns: int = 0
+    inode: int = 0
+    """With size and mtime, the stat key that lets an unchanged file skip hashing (see
+    `plan.stat_key`); 0 for kinds with no file."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +64,40 @@ class SourceReject:
     size: int | None = None
     mtime_ns: int | None = None
     source_hash: str | None = None
+    ctime_ns: int | None = None
+    inode: int | None = None
+
+
+class FileStat(NamedTuple):
+    """What `os.stat` says of a source file, as far as deciding "unchanged" goes."""
+
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    inode: int
+
+    def file(self, source: str, path: str, class_name: str, split: str | None) -> SourceFile:
+        return SourceFile(
+            source,
+            path,
+            class_name,
+            split,
+            self.size,
+            self.mtime_ns,
+            ctime_ns=self.ctime_ns,
+            inode=self.inode,
+        )
+
+    def reject(self, source: str, reason: str, message: str) -> SourceReject:
+        return SourceReject(
+            source,
+            reason,
+            message,
+            self.size,
+            self.mtime_ns,
+            ctime_ns=self.ctime_ns,
+            inode=self.inode,
+        )
 
 
 @dataclass(frozen=True)
@@ -177,12 +215,10 @@ def list_folder(config: FolderSource, context: ListContext | None = None) -> Sou
             continue
         slash = relative.find("/")
         if slash < 0:
-            rejects.append(
-                SourceReject(source, "no_class", "file is not inside a class folder", *outcome)
-            )
+            rejects.append(outcome.reject(source, "no_class", "file is not inside a class folder"))
             continue
         class_name = names.path_to_source(relative[:slash])
-        files.append(SourceFile(source, entry.path, class_name, None, *outcome))
+        files.append(outcome.file(source, entry.path, class_name, None))
     for folder, exc in unlistable:
         rejects.append(
             SourceReject(
@@ -196,8 +232,8 @@ def list_folder(config: FolderSource, context: ListContext | None = None) -> Sou
     return SourceListing(tuple(files), tuple(rejects))
 
 
-def _stat_file(source: str, path: str, max_bytes: int) -> tuple[int, int] | SourceReject:
-    """(size, mtime_ns) of the regular file at `path` (links followed), or why it is none."""
+def _stat_file(source: str, path: str, max_bytes: int) -> FileStat | SourceReject:
+    """The stat of the regular file at `path` (links followed), or why it is none."""
     try:
         st = os.stat(path)
     except OSError as exc:
@@ -206,15 +242,10 @@ def _stat_file(source: str, path: str, max_bytes: int) -> tuple[int, int] | Sour
     kind = readers.not_a_file(st)
     if kind is not None:
         return SourceReject(source, "not_a_file", f"{kind}, not a regular file (never opened)")
+    found = FileStat(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
     if st.st_size > max_bytes:
-        return SourceReject(
-            source,
-            "file_too_large",
-            readers.too_large(st.st_size, max_bytes),
-            st.st_size,
-            st.st_mtime_ns,
-        )
-    return st.st_size, st.st_mtime_ns
+        return found.reject(source, "file_too_large", readers.too_large(st.st_size, max_bytes))
+    return found
 
 
 def _read_listing_table(
@@ -336,12 +367,10 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
             rejects.append(outcome)
             continue
         if label is None or not label.strip():
-            rejects.append(
-                SourceReject(source, "unknown_label", f"{line_of[i]} has no label", *outcome)
-            )
+            rejects.append(outcome.reject(source, "unknown_label", f"{line_of[i]} has no label"))
             continue
         split = splits[i] if splits is not None else None
-        files.append(SourceFile(source, full, label.strip(), split or None, *outcome))
+        files.append(outcome.file(source, full, label.strip(), split or None))
     files.sort(key=lambda f: f.source)
     rejects.sort(key=lambda r: r.source)
     return SourceListing(tuple(files), tuple(rejects))

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 from PIL import Image
 
 from etl import execute, pipeline
@@ -290,3 +293,52 @@ def test_config_change_names_keys_and_cli_exit_code(
     with pytest.raises(SystemExit) as info:
         main(["diff", str(out), "1", "2"])
     assert info.value.code == 0 and "changed" in capsys.readouterr().out
+
+
+def test_an_in_place_rewrite_with_its_old_mtime_is_packed_again(tmp_path: Path) -> None:
+    """`cp -p`, rsync and some editors put the old mtime back: size and mtime then match the
+    manifest although the bytes changed. ctime and inode tell; a chmod costs only a re-hash."""
+    source = tmp_path / "src"
+    rng = np.random.default_rng(3)
+    for name in ("a/x.bmp", "a/y.bmp", "b/z.bmp"):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(source / name)
+    out = tmp_path / "out"
+    config = tmp_path / "out.yaml"
+    config.write_text(CONFIG.format(source=source, out=out).replace("val: 0.25", "val: 0.0"))
+
+    def etl_run() -> dict[str, dict[str, Any]]:
+        done = subprocess.run(
+            [sys.executable, "-m", "etl", "run", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        return {s["source"]: s for s in read_manifest(out).samples.to_pylist()}
+
+    def stored(sample: dict[str, Any]) -> NDArray[np.uint8]:
+        return np.array(np.load(out / sample["shard"], mmap_mode="r")[sample["row"]])
+
+    before = etl_run()
+    victim = source / "a/x.bmp"
+    old = victim.stat()
+    Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(victim)
+    os.utime(victim, ns=(old.st_atime_ns, old.st_mtime_ns))
+    now = victim.stat()
+    assert (now.st_size, now.st_mtime_ns) == (old.st_size, old.st_mtime_ns)
+    after = etl_run()
+    expected = np.asarray(Image.open(victim).convert("RGB"))  # 16x16: the resize keeps it
+    assert np.array_equal(stored(after["a/x.bmp"]), expected)
+    assert after["a/x.bmp"]["checksum"] != before["a/x.bmp"]["checksum"]
+    assert list_versions(out) == [1, 2]
+
+    os.chmod(source / "a/y.bmp", 0o600)  # a new ctime, the same bytes
+    shards = sorted(p.name for p in (out / "shards").iterdir())
+    again = etl_run()
+    assert sorted(p.name for p in (out / "shards").iterdir()) == shards  # nothing re-packed
+    assert (again["a/y.bmp"]["shard"], again["a/y.bmp"]["row"]) == (
+        after["a/y.bmp"]["shard"],
+        after["a/y.bmp"]["row"],
+    )
+    assert again["a/y.bmp"]["source_ctime_ns"] == (source / "a/y.bmp").stat().st_ctime_ns

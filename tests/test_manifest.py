@@ -204,3 +204,13 @@ def test_the_record_names_sizes_and_digests_any_tool_can_check(tmp_path: Path) -
             json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
         ).hexdigest()
     )
+
+
+def test_a_manifest_without_the_later_stat_columns_reads_them_as_nulls(tmp_path: Path) -> None:
+    commit(tmp_path, meta(1), *tables())
+    path = version_dir(tmp_path, 1) / "manifest.arrow"
+    table = ipc.open_file(path).read_all()
+    rewrite_sealed(path, table.drop_columns(["source_ctime_ns", "source_inode"]))
+    samples = read_manifest(tmp_path).samples
+    assert samples.column("source_inode").null_count == samples.num_rows == 3
+    assert samples.schema == SAMPLES_SCHEMA.with_metadata(samples.schema.metadata)

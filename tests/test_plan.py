@@ -35,8 +35,17 @@ def config(**source: object) -> PipelineConfig:
     )
 
 
-def file(source: str, size: int = 10, mtime: int = 1) -> SourceFile:
-    return SourceFile(source, f"/data/{source}", source.split("/")[0], None, size, mtime)
+def file(source: str, size: int = 10, mtime: int = 1, ctime: int = 1, inode: int = 7) -> SourceFile:
+    return SourceFile(
+        source,
+        f"/data/{source}",
+        source.split("/")[0],
+        None,
+        size,
+        mtime,
+        ctime_ns=ctime,
+        inode=inode,
+    )
 
 
 def listing(*files: SourceFile) -> SourceListing:
@@ -102,6 +111,8 @@ def previous_manifest(
             "source": s,
             "source_size": 10,
             "source_mtime_ns": m,
+            "source_ctime_ns": 1,
+            "source_inode": 7,
             "source_hash": h,
             "source_height": 8,
             "source_width": 8,
@@ -130,6 +141,8 @@ def previous_manifest(
             "message": "m",
             "source_size": 10,
             "source_mtime_ns": 1,
+            "source_ctime_ns": 1,
+            "source_inode": 7,
             "source_hash": h,
         }
         for s, h, r in rejects
@@ -161,6 +174,8 @@ def test_incremental_plan_reads_only_what_changed() -> None:
             ("a/edited.jpg", "h3", 1),
             ("a/old-name.jpg", "h4", 1),
             ("a/gone.jpg", "h5", 1),
+            ("a/rewritten.jpg", "h8", 1),
+            ("a/replaced.jpg", "h9", 1),
         ],
         [("a/bad.jpg", "hb", "truncated")],
     )
@@ -172,9 +187,13 @@ def test_incremental_plan_reads_only_what_changed() -> None:
         file("a/bad.jpg"),
         file("a/fresh.jpg"),
         file("b/first.jpg"),
+        file("a/rewritten.jpg", ctime=2),  # edited in place, old mtime put back
+        file("a/replaced.jpg", inode=8),  # another file renamed over it, mtime kept
     )
     to_hash = {f.source for f in files_to_hash(src, prev)}
     assert to_hash == {
+        "a/rewritten.jpg",
+        "a/replaced.jpg",
         "a/touched.jpg",
         "a/edited.jpg",
         "a/new-name.jpg",
@@ -187,24 +206,28 @@ def test_incremental_plan_reads_only_what_changed() -> None:
         "a/new-name.jpg": "h4",
         "a/fresh.jpg": "h6",
         "b/first.jpg": "h7",
+        "a/rewritten.jpg": "h8-new",
+        "a/replaced.jpg": "h9",
     }
     plan = make_plan(config(), src, hashes, [], prev, 2, prev.meta.classes)
     packed = sorted(i.source for t in plan.tasks for i in t.items)
-    assert packed == ["a/edited.jpg", "a/fresh.jpg", "b/first.jpg"]
+    assert packed == ["a/edited.jpg", "a/fresh.jpg", "a/rewritten.jpg", "b/first.jpg"]
     assert all(t.shard.startswith("shards/v000002-") for t in plan.tasks)
     reused = {r["source"]: (r["shard"], r["row"]) for r in plan.reused.to_pylist()}
     assert reused == {
         "a/same.jpg": ("shards/v000001-00000.npy", 0),
         "a/touched.jpg": ("shards/v000001-00000.npy", 1),
         "a/new-name.jpg": ("shards/v000001-00000.npy", 3),
+        "a/replaced.jpg": ("shards/v000001-00000.npy", 6),
     }
-    rows = plan.reused.to_pylist()
-    assert [r["source_mtime_ns"] for r in rows if r["source"] == "a/touched.jpg"] == [2]
+    rows = {r["source"]: r for r in plan.reused.to_pylist()}
+    assert rows["a/touched.jpg"]["source_mtime_ns"] == 2
+    assert rows["a/replaced.jpg"]["source_inode"] == 8  # the stat key is brought up to date
     assert [(r.source, r.reason) for r in plan.rejects] == [("a/bad.jpg", "truncated")]
     assert plan.classes == ("a", "b"), "a new class is appended, existing labels keep their number"
     assert plan.counts == {
-        "unchanged": 2,
-        "changed": 1,
+        "unchanged": 3,
+        "changed": 2,
         "moved": 1,
         "new": 2,
         "deleted": 2,
