@@ -5,6 +5,9 @@ Anything that is not an `EtlError` is a bug in this project and keeps its traceb
 
 from __future__ import annotations
 
+import errno
+from pathlib import Path
+
 
 class EtlError(Exception):
     """Base of all user-facing errors. `exit_code` is what the CLI exits with."""
@@ -34,3 +37,33 @@ class LockError(EtlError):
 
 class ExecutionError(EtlError):
     """The parallel engine failed as a whole (not a single bad image: those become rejects)."""
+
+
+class OutputError(EtlError):
+    """The output folder cannot be written: read-only, not permitted, full, or failing."""
+
+
+OUTPUT_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
+)
+"""Failures of writing that the user fixes, not the code: they get one line, not a traceback."""
+
+
+def output_error(exc: OSError, root: Path) -> OutputError:
+    """One line for a failed write under the output folder `root`: what, where, and the fix."""
+    where = exc.filename or root
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        writing = f", writing {exc.filename}" if exc.filename else ""
+        what = f"{root}: no space left for the output ({exc.strerror}{writing})"
+        fix = "free some space or choose another output.dir"
+    elif exc.errno == errno.EROFS:
+        what, fix = (
+            f"{root}: the output is on a read-only file system",
+            "choose a writable output.dir",
+        )
+    elif exc.errno in (errno.EACCES, errno.EPERM):
+        what = f"{where}: permission denied writing the output"
+        fix = "make output.dir writable for this user or choose another"
+    else:
+        what, fix = f"{where}: {exc.strerror} writing the output", "check the disk"
+    return OutputError(f"{what}; {fix}")

@@ -8,7 +8,7 @@ raises (a full disk, a bug) stops the run, re-raised with the shard and file it 
 
 from __future__ import annotations
 
-import signal
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 from joblib import Parallel, delayed, parallel_config
 from joblib.parallel import LokyBackend
 
-from etl import cluster, readers
+from etl import cluster, interrupt, readers
 from etl.checksums import digest
 from etl.config import CallStage, PipelineConfig, RunConfig, SourceConfig
-from etl.errors import ExecutionError
+from etl.errors import OUTPUT_ERRNOS, ExecutionError, output_error
 from etl.manifest import SHARDS_DIR
 from etl.plan import PackItem, PackTask
 from etl.shards import ShardInfo, ShardWriter, fsync_dir
@@ -60,7 +60,7 @@ def parallel_map(
     n_jobs = 1 if run.backend == "sequential" else run.n_jobs
     backend: Any = run.backend
     if run.backend == "loky":
-        backend = LokyBackend(initializer=_ignore_sigint)
+        backend = LokyBackend(initializer=interrupt.worker_setup, initargs=(os.getpid(),))
     elif run.backend == "dask":
         # NOTE: joblib registers its Dask backend only through parallel_config, which engine()
         # enters; backend=None picks it up from there.
@@ -72,12 +72,6 @@ def parallel_map(
         batch_size=1,
     )
     return iter(parallel(delayed(fn)(task, *args) for task in tasks))
-
-
-def _ignore_sigint() -> None:
-    """Loky workers leave Ctrl-C to the parent (see etl.interrupt): a terminal signals the
-    whole process group, and a worker's own KeyboardInterrupt would print its traceback."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @contextmanager
@@ -234,19 +228,27 @@ def pack_shard(
         config.output.checksum,
         durable,
     )
-    with writer:
-        for item in task.items:
-            try:
-                outcome = _pack_one(item, writer, config, functions)
-            except Exception as exc:
-                raise WorkerError(
-                    f"while packing {item.source} into {task.shard}: {type(exc).__name__}: {exc}"
-                ) from exc
-            if isinstance(outcome, SourceReject):
-                rejects.append(outcome)
-            else:
-                samples.append(outcome)
-        info = writer.finish()
+    try:
+        with writer:
+            for item in task.items:
+                try:
+                    outcome = _pack_one(item, writer, config, functions)
+                except OSError:
+                    raise  # reading a source is a reject in _pack_one: this is the shard's write
+                except Exception as exc:
+                    raise WorkerError(
+                        f"while packing {item.source} into {task.shard}: "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
+                if isinstance(outcome, SourceReject):
+                    rejects.append(outcome)
+                else:
+                    samples.append(outcome)
+            info = writer.finish()
+    except OSError as exc:
+        if exc.errno in OUTPUT_ERRNOS:
+            raise output_error(exc, Path(root)) from None
+        raise
     return PackResult(info, tuple(samples), tuple(rejects), len(task.items))
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -78,3 +80,27 @@ def deferred() -> Iterator[None]:
     finally:
         _deferring = False
     check()
+
+
+def worker_setup(parent: int) -> None:
+    """In a worker process: leave Ctrl-C to the parent, and exit when the parent is gone.
+
+    A terminal signals the whole process group, and a worker's own KeyboardInterrupt would
+    print its traceback; the parent stops the workers itself (see NOTE [signals]). Killed with
+    SIGKILL (or by the OOM killer), the parent can stop nothing: loky workers and their resource
+    trackers were seen alive ten minutes later. A watchdog thread notices the new parent pid.
+
+    NOTE: not PR_SET_PDEATHSIG, which fires when the *thread* that spawned the worker ends:
+    loky spawns from whichever thread submits, and its workers outlive runs.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+
+
+PARENT_POLL_S = 0.5
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)

@@ -8,7 +8,9 @@ removed by the next run, under the lock.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import time
 from collections import Counter
@@ -20,10 +22,18 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from joblib.externals.loky.process_executor import TerminatedWorkerError
 
 from etl import execute, interrupt, readers
 from etl.config import FolderSource, PipelineConfig
-from etl.errors import ConfigError, ManifestError
+from etl.errors import (
+    OUTPUT_ERRNOS,
+    ConfigError,
+    ExecutionError,
+    ManifestError,
+    OutputError,
+    output_error,
+)
 from etl.housekeeping import clean_leftovers
 from etl.lock import DatasetLock
 from etl.manifest import (
@@ -172,9 +182,15 @@ def run(
             readers.released(None),
         ):
             return _run_locked(config, root, dry_run, rebuild, progress, on_plan, started)
-    root.mkdir(parents=True, exist_ok=True)
     spool = readers.spool_path(root)
-    with DatasetLock(root):
+    with contextlib.ExitStack() as locked:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            locked.enter_context(DatasetLock(root))
+        except OSError as exc:
+            if exc.errno in OUTPUT_ERRNOS:
+                raise output_error(exc, root) from None
+            raise
         before = max(list_versions(root), default=0)
         try:
             with (
@@ -183,21 +199,42 @@ def run(
             ):
                 return _run_locked(config, root, dry_run, rebuild, progress, on_plan, started)
         except (interrupt.Interrupted, KeyboardInterrupt) as exc:
-            raise _stopped(root, before, exc) from None
+            signum = exc.signum if isinstance(exc, interrupt.Interrupted) else signal.SIGINT
+            message = f"interrupted: {_cleaned_up(root, before)}"
+            raise interrupt.Interrupted(signum, message) from None
+        except OutputError as exc:
+            raise OutputError(f"{exc}; {_cleaned_up(root, before)}") from None
+        except TerminatedWorkerError as exc:
+            died = _DIED.search(str(exc))
+            what = f"a worker process died ({died.group(1) if died else 'killed'}): out of memory?"
+            fix = "lower run.n_jobs or output.shard_size"
+            raise ExecutionError(f"{what} {fix}; {_cleaned_up(root, before)}") from None
+        except OSError as exc:
+            if exc.errno not in OUTPUT_ERRNOS or not _under(exc.filename, root):
+                raise
+            raise OutputError(f"{output_error(exc, root)}; {_cleaned_up(root, before)}") from None
 
 
-def _stopped(
-    root: Path, before: int, exc: interrupt.Interrupted | KeyboardInterrupt
-) -> interrupt.Interrupted:
-    """An interrupted run, after removing what it left (still under the lock), with one line
-    that says what is committed. A worker's KeyboardInterrupt counts as the terminal's SIGINT."""
-    signum = exc.signum if isinstance(exc, interrupt.Interrupted) else signal.SIGINT
+_DIED = re.compile(r"exit codes of the workers are \{(.*?)\}")
+
+
+def _under(filename: object, root: Path) -> bool:
+    """Whether an OSError's file is in the output folder (no file: a write or an fsync)."""
+    if filename is None:
+        return True
+    return Path(os.fsdecode(filename)).resolve().is_relative_to(root.resolve())  # type: ignore[arg-type]
+
+
+def _cleaned_up(root: Path, before: int) -> str:
+    """After a run stopped: remove what it left (still under the lock) and say what is
+    committed, for the end of the one line that says why it stopped."""
     latest = max(list_versions(root), default=0)
-    clean_leftovers(root, latest)
+    with contextlib.suppress(OSError):  # a read-only or failing disk: the next run cleans up
+        clean_leftovers(root, latest)
     if latest == before:
         intact = f"the previous version {before} is intact" if before else "no version existed"
-        return interrupt.Interrupted(signum, f"interrupted: nothing committed; {intact}")
-    return interrupt.Interrupted(signum, f"interrupted after version {latest} was committed")
+        return f"nothing committed; {intact}"
+    return f"version {latest} was committed before that"
 
 
 def _worker_inputs(config: PipelineConfig) -> list[Path]:

@@ -16,12 +16,12 @@ ACCURACY = re.compile(r"^final validation accuracy: (\d\.\d{3}) on \d+ samples$"
 
 
 def run(command: list[str], data: Path) -> str:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}  # aborts say where
     args = ["--data", str(data), "--epochs", "2", "--batch-size", "8"]
     done = subprocess.run(
         [*command, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-6000:]
     return done.stdout
 
 

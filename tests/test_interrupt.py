@@ -146,3 +146,25 @@ def test_audit_after_kill_9_names_leftovers_as_notes(tmp_path: Path) -> None:
     assert rerun.wait(timeout=180) == 0
     left = sorted(p.name for p in (tmp_path / "out" / "shards").iterdir())
     assert all(name.startswith("v000001-") for name in left), left
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["loky", "dask"])
+def test_workers_exit_when_the_parent_is_killed(tmp_path: Path, backend: str) -> None:
+    """`kill -9 PID` (or the OOM killer) reaches the parent alone: its workers must notice and
+    exit within seconds, with the resource trackers they hold open."""
+    if backend == "dask":
+        pytest.importorskip("distributed")
+    make_source(tmp_path, 60)
+    config = (tmp_path / "pipeline.yaml").read_text()
+    (tmp_path / "pipeline.yaml").write_text(
+        config.replace("n_jobs: 2}", f"n_jobs: 2, backend: {backend}}}")
+    )
+    run = etl(tmp_path, "run", "pipeline.yaml", "-q")
+    wait_for_shard(tmp_path, 1, run)
+    os.kill(run.pid, signal.SIGKILL)
+    run.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while group_alive(run.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not group_alive(run.pid), "a worker of the killed run is still alive"
