@@ -234,7 +234,7 @@ def _cleaned_up(root: Path, before: int) -> str:
     if latest == before:
         intact = f"the previous version {before} is intact" if before else "no version existed"
         return f"nothing committed; {intact}"
-    return f"version {latest} was committed before that"
+    return f"version {latest} was committed"
 
 
 def _worker_inputs(config: PipelineConfig) -> list[Path]:

@@ -168,3 +168,93 @@ def test_workers_exit_when_the_parent_is_killed(tmp_path: Path, backend: str) ->
     while group_alive(run.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not group_alive(run.pid), "a worker of the killed run is still alive"
+
+
+PAUSING_ETL = """\
+import os, sys, time, pathlib
+
+import etl.execute, etl.manifest, etl.pipeline
+from etl.cli import main
+
+MARK = pathlib.Path(os.environ["PAUSE_MARK"])
+
+
+def pausing(fn):
+    def paused(*args, **kwargs):
+        MARK.touch()  # the test signals now, while this phase is under way
+        time.sleep(3)
+        return fn(*args, **kwargs)
+    return paused
+
+
+PHASES = {
+    "listing": (etl.pipeline, "list_sources"),
+    "hashing": (etl.execute, "hash_sources"),
+    "committing": (etl.manifest, "write_record"),
+}
+module, name = PHASES[os.environ["PAUSE_IN"]]
+setattr(module, name, pausing(getattr(module, name)))
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["listing", "hashing", "committing"])
+def test_ctrl_c_in_each_phase(tmp_path: Path, phase: str) -> None:
+    """A harness pauses the run inside one phase (no sleeps tuned to this machine) and the
+    terminal's SIGINT reaches the whole group there. Before the commit: nothing committed.
+    During it: the version is published whole, then the run stops and says so."""
+    make_source(tmp_path, 12)
+    assert etl(tmp_path, "run", "pipeline.yaml", "-q").wait(timeout=180) == 0
+    (tmp_path / "src" / "c0" / "999.png").write_bytes((tmp_path / "src/c0/000.png").read_bytes())
+    (tmp_path / "pausing_etl.py").write_text(PAUSING_ETL)
+    mark = tmp_path / "paused"
+    run = subprocess.Popen(
+        [sys.executable, str(tmp_path / "pausing_etl.py"), "run", "pipeline.yaml", "-q"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path), "PAUSE_IN": phase, "PAUSE_MARK": str(mark)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while not mark.exists():
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+        time.sleep(0.02)
+    os.killpg(run.pid, signal.SIGINT)
+    _, stderr = run.communicate(timeout=60)
+    assert run.returncode == 130, stderr
+    if phase == "committing":
+        assert stderr.strip() == "interrupted: version 2 was committed"
+        assert versions(tmp_path) == ["v000001", "v000002"]
+    else:
+        assert stderr.strip() == "interrupted: nothing committed; the previous version 1 is intact"
+        assert versions(tmp_path) == ["v000001"]
+    deadline = time.monotonic() + 10
+    while group_alive(run.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not group_alive(run.pid), "a process of the interrupted run is still alive"
+    audit = etl(tmp_path, "audit", "out")
+    stdout, _ = audit.communicate(timeout=120)
+    assert audit.returncode == 0 and "leftover" not in stdout, stdout
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_stops_at_once_without_damage(tmp_path: Path) -> None:
+    make_source(tmp_path, 60)
+    assert etl(tmp_path, "run", "pipeline.yaml", "-q").wait(timeout=180) == 0
+    run = etl(tmp_path, "run", "pipeline.yaml", "-q", "--rebuild")
+    wait_for_shard(tmp_path, 2, run)
+    os.killpg(run.pid, signal.SIGINT)
+    os.killpg(run.pid, signal.SIGINT)
+    _, stderr = run.communicate(timeout=30)
+    assert run.returncode == 130 and "Traceback" not in stderr, stderr
+    deadline = time.monotonic() + 10
+    while group_alive(run.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not group_alive(run.pid), "a process of the interrupted run is still alive"
+    assert versions(tmp_path) == ["v000001"]
+    audit = etl(tmp_path, "audit", "out")
+    stdout, _ = audit.communicate(timeout=120)
+    assert audit.returncode == 0, stdout
