@@ -84,6 +84,9 @@ class _SourceBase(_Model):
     max_file_bytes: ByteSize = 512 << 20
     """A file (or LMDB value) larger than this is rejected `file_too_large` before it is read:
     a worker holds at most this many bytes of one source in memory."""
+    io_timeout: Annotated[float, Field(gt=0)] | None = 60.0
+    """Seconds one file's read (or hash) may take; a read that stalls longer (a hung network
+    mount) is rejected `io_timeout` and the run goes on. None waits forever."""
 
     @field_validator("split")
     @classmethod

@@ -48,6 +48,7 @@ REJECT_REASONS: dict[str, str] = {
     "io_error": "the source file could not be read",
     "not_a_file": "a FIFO, socket, device or folder where a file was expected (never opened)",
     "file_too_large": "a file larger than source.max_file_bytes (never read)",
+    "io_timeout": "reading the file took longer than source.io_timeout (a hung mount?)",
     "folder_unreadable": "a folder that cannot be listed (permission, path too long, I/O error)",
     "bad_row": "a listing row that is malformed or has an empty path",
     "changed": "the source file changed between listing and reading it",
