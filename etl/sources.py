@@ -249,11 +249,15 @@ def _stat_file(source: str, path: str, max_bytes: int) -> FileStat | SourceRejec
 
 
 def _read_listing_table(
-    path: Path, text_columns: tuple[str, ...] = (), bad_rows: list[tuple[int, str]] | None = None
+    path: Path,
+    text_columns: tuple[str, ...] = (),
+    bad_rows: list[tuple[int, str]] | None = None,
+    byte_columns: tuple[str, ...] = (),
 ) -> pa.Table:
-    """`text_columns` are read from CSV as strings, never inferred as numbers ('007' stays).
-    With `bad_rows`, a CSV row with the wrong number of fields is skipped and recorded there as
-    (line number, text); without it, it is an error naming the line."""
+    """`text_columns` are read from CSV as strings, never inferred as numbers ('007' stays);
+    `byte_columns` as bytes, in any encoding (file names need not be UTF-8). With `bad_rows`, a
+    CSV row with the wrong number of fields is skipped and recorded there as (line number,
+    text); without it, it is an error naming the line."""
 
     def skip(row: Any) -> str:
         assert bad_rows is not None
@@ -275,7 +279,10 @@ def _read_listing_table(
                 ),
                 convert_options=pacsv.ConvertOptions(
                     strings_can_be_null=True,
-                    column_types={name: pa.string() for name in text_columns},
+                    column_types={
+                        **{name: pa.string() for name in text_columns},
+                        **{name: pa.binary() for name in byte_columns},
+                    },
                 ),
             )
     except (pa.ArrowInvalid, OSError) as exc:
@@ -293,7 +300,12 @@ def _column(table: pa.Table, name: str, path: Path, required: bool) -> list[str 
                 f"(set source.{'path' if name == 'path' else 'label'}_column to rename)"
             )
         return None
-    return [None if v is None else str(v) for v in table.column(name).to_pylist()]
+    # NOTE: bytes (a path column read as binary) decode as the OS decodes file names, so a name
+    # that is not UTF-8 keeps its bytes (surrogateescape) and reaches the file it names.
+    return [
+        None if v is None else os.fsdecode(v) if isinstance(v, bytes) else str(v)
+        for v in table.column(name).to_pylist()
+    ]
 
 
 def _line_names(path: Path, rows: int, bad_rows: list[tuple[int, str]]) -> list[str]:
@@ -314,7 +326,7 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
     if not listing.is_file():
         raise SourceError(f"source.path: {listing} is not a file")
     bad_rows: list[tuple[int, str]] = []
-    table = _read_listing_table(listing, bad_rows=bad_rows)
+    table = _read_listing_table(listing, bad_rows=bad_rows, byte_columns=(config.path_column,))
     paths = _column(table, config.path_column, listing, required=True)
     labels = _column(table, config.label_column, listing, required=True)
     splits = _column(table, config.split_column, listing, required=False)
@@ -341,7 +353,7 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
             continue
         pure = PurePosixPath(raw.strip().replace("\\", "/"))
         relative = os.path.normpath(pure.as_posix())
-        source = names.to_source(relative.encode("utf-8"))
+        source = names.to_source(os.fsencode(relative))
         if pure.is_absolute() or relative == ".." or relative.startswith("../"):
             rejects.append(
                 SourceReject(

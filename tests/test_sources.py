@@ -7,6 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from etl import names
 from etl.config import FolderSource, ListingSource
 from etl.errors import SourceError
 from etl.sources import list_folder, list_listing
@@ -72,6 +73,24 @@ def test_csv_listing(tmp_path: Path) -> None:
         ("img/b.jpg", "dog", "val"),
     ]
     assert [(r.source, r.reason) for r in listing.rejects] == [("img/missing.jpg", "missing")]
+
+
+def test_a_listing_names_files_in_any_encoding(tmp_path: Path) -> None:
+    """An old archive's listing in Latin-1: the names are not UTF-8, and neither is the CSV.
+    Each row reaches its file; the manifest spells the name by the hex: rule."""
+    latin = "café.jpg".encode("latin-1")
+    (tmp_path / "img").mkdir()
+    with open(os.fsencode(tmp_path / "img") + b"/" + latin, "wb") as f:
+        f.write(b"x")
+    touch(tmp_path / "img" / "plain.jpg")
+    (tmp_path / "list.csv").write_bytes(b"path,label\nimg/" + latin + b",cat\nimg/plain.jpg,dog\n")
+    listing = list_listing(ListingSource(path=tmp_path / "list.csv"))
+    assert not listing.rejects
+    by_source = {f.source: f for f in listing.files}
+    hexed = names.to_source(b"img/" + latin)
+    assert set(by_source) == {hexed, "img/plain.jpg"} and hexed.startswith("hex:")
+    assert os.fsencode(by_source[hexed].path).endswith(latin)  # the very file, readable
+    assert by_source[hexed].class_name == "cat"
 
 
 def test_parquet_listing_with_integer_labels(tmp_path: Path) -> None:
