@@ -59,6 +59,48 @@ def png_chunk(kind: bytes, body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
 
+def short_gif(width: int, height: int) -> bytes:
+    """A GIF whose complete LZW stream (end code and trailer included) holds `height` rows,
+    while both its screen and its image descriptor declare twice as many."""
+    rng = np.random.default_rng(height)
+    data = bytearray(
+        encode(Image.fromarray(rng.integers(1, 255, (height, width, 3), np.uint8)), "GIF")
+    )
+    declared = struct.pack("<H", 2 * height)
+    data[8:10] = declared
+    at = data.index(b"\x2c\x00\x00\x00\x00" + struct.pack("<HH", width, height))
+    data[at + 7 : at + 9] = declared
+    return bytes(data)
+
+
+def short_tiff(width: int, height: int, compression: str) -> bytes:
+    """A TIFF whose one strip is complete for `height` rows, while ImageLength and RowsPerStrip
+    declare twice as many."""
+    rng = np.random.default_rng(height)
+    image = Image.fromarray(rng.integers(1, 255, (height, width, 3), np.uint8))
+    data = bytearray(encode(image, "TIFF", compression=compression))
+    assert data[:2] == b"II"
+    ifd = struct.unpack("<I", data[4:8])[0]
+    for k in range(struct.unpack("<H", data[ifd : ifd + 2])[0]):
+        entry = ifd + 2 + 12 * k
+        tag, kind = struct.unpack("<HH", data[entry : entry + 4])
+        if tag in (257, 278):  # ImageLength, RowsPerStrip
+            size = "<H" if kind == 3 else "<I"
+            data[entry + 8 : entry + 8 + struct.calcsize(size)] = struct.pack(size, 2 * height)
+    return bytes(data)
+
+
+def short_webp(width: int, height: int, lossless: bool) -> bytes:
+    """A WebP cut at two thirds, its RIFF and chunk sizes rewritten to match what is left."""
+    rng = np.random.default_rng(height)
+    image = Image.fromarray(rng.integers(1, 255, (height, width, 3), np.uint8))
+    data = bytearray(encode(image, "WEBP", lossless=lossless, quality=90))
+    cut = data[: len(data) * 2 // 3]
+    cut[4:8] = struct.pack("<I", len(cut) - 8)
+    cut[16:20] = struct.pack("<I", len(cut) - 20)
+    return bytes(cut)
+
+
 def short_png(width: int, height: int, rows: int) -> bytes:
     """A well-formed RGB PNG that declares width x height but whose complete zlib stream holds
     only `rows` rows."""
@@ -152,6 +194,10 @@ def make_hostile_tree(base: Path) -> HostileTree:
     png = encode(_photo(19, (64, 48)), "PNG")
     add(b"bad/cut.png", png[: len(png) // 2], "truncated")
     add(b"bad/short-stream.png", short_png(900, 900, 3), "truncated")
+    add(b"bad/short-stream.gif", short_gif(60, 40), "truncated")
+    add(b"bad/short-stream.tif", short_tiff(60, 40, "raw"), "truncated")
+    add(b"bad/short-deflate.tif", short_tiff(60, 40, "tiff_deflate"), "corrupt")
+    add(b"bad/short-stream.webp", short_webp(60, 40, lossless=True), "corrupt")
     for fmt, suffix in (("GIF", b"gif"), ("TIFF", b"tif"), ("BMP", b"bmp"), ("WEBP", b"webp")):
         image = _photo(20, (64, 48))
         data = encode(image.convert("P") if fmt == "GIF" else image, fmt)

@@ -13,7 +13,14 @@ from PIL import Image, ImageOps
 from etl import formats
 from etl.config import DecodeStage, ResizeStage
 from etl.stages import Reject, decode
-from tests.hostile import encode, jpeg_claiming, short_png
+from tests.hostile import (
+    encode,
+    jpeg_claiming,
+    short_gif,
+    short_png,
+    short_tiff,
+    short_webp,
+)
 
 
 def photo(width: int, height: int, seed: int) -> Image.Image:
@@ -81,6 +88,29 @@ def test_short_data_is_truncated_for_jpeg_and_png() -> None:
     with pytest.raises(Reject) as caught:
         decode(short_png(300, 300, 3), DecodeStage())
     assert caught.value.reason == "truncated"
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "reasons"),
+    [
+        ("gif", short_gif(60, 40), {"truncated"}),
+        ("tiff raw", short_tiff(60, 40, "raw"), {"truncated"}),
+        # libtiff says "Not enough data" on stderr; Pillow passes on only "decoder error -2"
+        ("tiff deflate", short_tiff(60, 40, "tiff_deflate"), {"truncated", "corrupt"}),
+        ("tiff lzw", short_tiff(60, 40, "tiff_lzw"), {"truncated", "corrupt"}),
+        ("tiff packbits", short_tiff(60, 40, "packbits"), {"truncated", "corrupt"}),
+        ("webp lossy", short_webp(60, 40, lossless=False), {"truncated", "corrupt"}),
+        ("webp lossless", short_webp(60, 40, lossless=True), {"truncated", "corrupt"}),
+    ],
+)
+def test_short_but_well_formed_streams_are_never_padded(
+    name: str, data: bytes, reasons: set[str]
+) -> None:
+    """Each declares more rows than its data fills; Pillow would pad the rest with zeros if
+    it accepted it. Every one must be refused."""
+    with pytest.raises(Reject) as caught:
+        decode(data, DecodeStage())
+    assert caught.value.reason in reasons, (name, caught.value)
 
 
 @pytest.mark.parametrize("interlace", [0, 1])
