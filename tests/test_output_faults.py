@@ -2,9 +2,8 @@
 Each is a real `etl run` in a subprocess: one line, exit 2, nothing half-written, and the
 previous version still audits clean.
 
-Read-only and full disks are real tmpfs mounts (root can write through any permission bits, so
-a chmod proves nothing as root); without mount rights those tests are skipped, except the
-read-only case, which a non-root user meets as a folder without write permission.
+Read-only and full disks are real tmpfs mounts; without mount rights those tests are skipped.
+An output folder without write permission is in test_permissions.py.
 """
 
 from __future__ import annotations
@@ -116,15 +115,6 @@ def test_a_read_only_output_is_one_line_and_leaves_the_version_intact(
     done = etl(tmp_path, "audit", str(tmpfs / "out"))
     assert done.returncode == 0, done.stdout
     assert list_versions(tmpfs / "out") == [1]
-
-
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through permission bits")
-def test_an_output_folder_without_write_permission_is_one_line(tmp_path: Path) -> None:
-    make_source(tmp_path / "src", 4)
-    locked = tmp_path / "locked"
-    locked.mkdir(mode=0o555)
-    line = one_error_line(etl(tmp_path, "run", str(write_config(tmp_path, locked / "out"))))
-    assert "permission denied writing the output" in line and str(locked / "out") in line
 
 
 def test_a_full_disk_is_one_line_nothing_half_written(tmp_path: Path, tmpfs: Path) -> None:
