@@ -60,6 +60,7 @@ from etl.manifest import (
     SHARDS_SCHEMA,
     VERSIONS_DIR,
     Manifest,
+    is_hex,
     list_versions,
     read_manifest,
     record_problems,
@@ -682,7 +683,7 @@ def check_manifest(manifest: Manifest) -> list[Finding]:
     )
     for column in ("checksum", "source_hash"):
         check(
-            _is_hex(samples.column(column), width),
+            is_hex(samples.column(column), str(width)),
             MANIFEST_FILE,
             f"{column} is not {width} lowercase hex digits",
             sources,
@@ -709,16 +710,11 @@ def check_manifest(manifest: Manifest) -> list[Finding]:
     recorded = shards.column("bytes").to_numpy()
     computed = HEADER_BYTES + shards.column("rows").to_numpy() * sample_bytes
     check(recorded == computed, SHARDS_FILE, "bytes != 128 + rows * sample bytes", shard_names)
-    check(_is_hex(shards.column("checksum"), width), SHARDS_FILE, "bad checksum", shard_names)
-    check(_is_hex(shards.column("blake3"), 64), SHARDS_FILE, "bad blake3", shard_names)
+    check(is_hex(shards.column("checksum"), str(width)), SHARDS_FILE, "bad checksum", shard_names)
+    check(is_hex(shards.column("blake3"), "64"), SHARDS_FILE, "bad blake3", shard_names)
     if len(set(shard_names)) != len(shard_names):
         found.append(Finding("manifest", f"{where}/{SHARDS_FILE}: a shard is listed twice"))
     return found
-
-
-def _is_hex(column: pa.ChunkedArray, width: int) -> NDArray[np.bool_]:
-    ok = pc.match_substring_regex(column, f"^[0-9a-f]{{{width}}}$")
-    return np.asarray(ok.to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def _unsafe_path(column: pa.ChunkedArray) -> NDArray[np.bool_]:

@@ -9,6 +9,7 @@ raises (a full disk, a bug) stops the run, re-raised with the shard and file it 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -22,7 +23,7 @@ from joblib.parallel import LokyBackend
 from etl import cluster, interrupt, readers
 from etl.checksums import digest
 from etl.config import CallStage, PipelineConfig, RunConfig, SourceConfig
-from etl.errors import OUTPUT_ERRNOS, ExecutionError, output_error
+from etl.errors import ExecutionError
 from etl.manifest import SHARDS_DIR
 from etl.plan import PackItem, PackTask
 from etl.shards import ShardInfo, ShardWriter, fsync_dir
@@ -46,6 +47,17 @@ class PackResult:
     samples: tuple[dict[str, Any], ...]
     rejects: tuple[SourceReject, ...]
     items: int
+
+
+# NOTE: a run stopped by a signal or an error abandons the result generator with tasks still on
+# the workers, on purpose; joblib then warns from a thread of its own, after the one line the
+# CLI has printed ("4 tasks which were still being processed ... have been cancelled").
+warnings.filterwarnings(
+    "ignore",
+    message=r".*tasks which were still being processed by the workers have been cancelled",
+    category=UserWarning,
+    module="joblib.parallel",
+)
 
 
 def parallel_map(
@@ -228,27 +240,23 @@ def pack_shard(
         config.output.checksum,
         durable,
     )
-    try:
-        with writer:
-            for item in task.items:
-                try:
-                    outcome = _pack_one(item, writer, config, functions)
-                except OSError:
-                    raise  # reading a source is a reject in _pack_one: this is the shard's write
-                except Exception as exc:
-                    raise WorkerError(
-                        f"while packing {item.source} into {task.shard}: "
-                        f"{type(exc).__name__}: {exc}"
-                    ) from exc
-                if isinstance(outcome, SourceReject):
-                    rejects.append(outcome)
-                else:
-                    samples.append(outcome)
-            info = writer.finish()
-    except OSError as exc:
-        if exc.errno in OUTPUT_ERRNOS:
-            raise output_error(exc, Path(root)) from None
-        raise
+    with writer:
+        for item in task.items:
+            try:
+                outcome = _pack_one(item, writer, config, functions)
+            except OSError:
+                # NOTE: a source that cannot be read is a reject in _pack_one: this is the
+                # shard's write, re-raised as it is for the parent (etl.pipeline) to name
+                raise
+            except Exception as exc:
+                raise WorkerError(
+                    f"while packing {item.source} into {task.shard}: {type(exc).__name__}: {exc}"
+                ) from exc
+            if isinstance(outcome, SourceReject):
+                rejects.append(outcome)
+            else:
+                samples.append(outcome)
+        info = writer.finish()
     return PackResult(info, tuple(samples), tuple(rejects), len(task.items))
 
 

@@ -327,7 +327,7 @@ def _check_coherent(where: Path, meta: ManifestMeta, samples: pa.Table, shards: 
     names = shards.column("shard")
     for name in names.to_pylist():
         check_shard_name(name, where)
-    unsealed = ~_hex_digits(shards.column("checksum"))
+    unsealed = ~is_hex(shards.column("checksum"))
     if unsealed.any():
         name = names[int(np.argmax(unsealed))].as_py()
         raise ManifestError(f"{where}: shards.arrow column 'checksum' of {name!r} is not a digest")
@@ -346,7 +346,7 @@ def _check_coherent(where: Path, meta: ManifestMeta, samples: pa.Table, shards: 
     _refuse_first(
         where,
         samples,
-        ~_hex_digits(samples.column("checksum")),
+        ~is_hex(samples.column("checksum")),
         "column 'checksum' is not a hex digest",
     )
     if not samples.num_rows:
@@ -371,8 +371,9 @@ def _check_coherent(where: Path, meta: ManifestMeta, samples: pa.Table, shards: 
         )
 
 
-def _hex_digits(column: pa.ChunkedArray) -> NDArray[np.bool_]:
-    ok = pc.match_substring_regex(column, "^[0-9a-f]{16,64}$")
+def is_hex(column: pa.ChunkedArray, width: str = "16,64") -> NDArray[np.bool_]:
+    """Which values are lowercase hex digests of `width` digits (a regex count: "64", "16,64")."""
+    ok = pc.match_substring_regex(column, f"^[0-9a-f]{{{width}}}$")
     return np.asarray(ok.to_numpy(zero_copy_only=False), dtype=bool)
 
 

@@ -202,8 +202,6 @@ def run(
             signum = exc.signum if isinstance(exc, interrupt.Interrupted) else signal.SIGINT
             message = f"interrupted: {_cleaned_up(root, before)}"
             raise interrupt.Interrupted(signum, message) from None
-        except OutputError as exc:
-            raise OutputError(f"{exc}; {_cleaned_up(root, before)}") from None
         except TerminatedWorkerError as exc:
             died = _DIED.search(str(exc))
             what = f"a worker process died ({died.group(1) if died else 'killed'}): out of memory?"
