@@ -100,7 +100,7 @@ def write_pixels_env(path: Path, ds: PackedDataset) -> None:
     step = 4096
     with env.begin(write=True) as txn:
         for start in range(0, len(ds), step):
-            images = ds.__getitems__(list(range(start, min(start + step, len(ds))))).images
+            images = ds.gather(list(range(start, min(start + step, len(ds))))).images
             for offset, image in enumerate(images.numpy()):
                 txn.put(f"{start + offset:08d}".encode(), image.tobytes())
     env.close()

@@ -111,7 +111,7 @@ def copy_methods(
         by_rows.gather(sel.shard_idx[i], sel.rows[i], out)
 
     def loaders_getitems(i: NDArray[np.int64]) -> None:
-        ds.__getitems__(i.tolist())  # a list of ints, as DataLoader passes it
+        ds.gather(i.tolist())  # a list of ints, as DataLoader passes it
 
     def copyto_rows(i: NDArray[np.int64]) -> None:
         pairs = zip(sel.shard_idx[i].tolist(), sel.rows[i].tolist(), strict=True)
@@ -482,7 +482,7 @@ def report_large_samples(workdir: Path, memcpy: Memcpy, quick: bool) -> None:
     n = write_synthetic(root, (150 if quick else 400) << 20, shape)
     ds = PackedDataset.open(root)
     big_path = workdir / "large.npy"
-    np.save(big_path, ds.__getitems__(list(range(len(ds)))).images.numpy())
+    np.save(big_path, ds.gather(list(range(len(ds)))).images.numpy())
     labels = ds.labels
     contenders: Contenders = {(OURS, w): ours(ds, w) for w in (0, 2)} | {
         (B_NAME, w): torch_loader(BigMemmap(big_path, labels), w) for w in (0, 2)
@@ -570,7 +570,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-loaders-") as tmp:
         workdir = Path(tmp)
         big_path = workdir / "big.npy"
-        np.save(big_path, ds.__getitems__(list(range(len(ds)))).images.numpy())
+        np.save(big_path, ds.gather(list(range(len(ds)))).images.numpy())
         big = np.load(big_path, mmap_mode="r")
         memcpy = Memcpy((64 if args.quick else 512) << 20)
         report_copies(ds, big, memcpy, args.quick)

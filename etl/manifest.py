@@ -253,6 +253,10 @@ def _read_table(path: Path, schema: pa.Schema) -> pa.Table:
 
 def resolve(path: Path, version: int | None = None) -> tuple[Path, int]:
     """Accept a dataset dir, a version dir or a manifest.arrow file -> (dataset root, version)."""
+    if version is not None:
+        if isinstance(version, bool) or not isinstance(version, int | np.integer):
+            raise TypeError(f"version must be an int (e.g. version=1), got {version!r}")
+        version = int(version)
     path = Path(path)
     if path.is_file() and path.name == MANIFEST_FILE:
         path = path.parent

@@ -11,11 +11,12 @@
 Modules, in data-flow order: `catalog` (manifest -> selection), `reader` (shards -> memory),
 `batches` (the batch type; the memory batches are gathered into: reused buffers, pinned
 memory, the workers' shared ring), `dataset` and `stream` (torch datasets), `orders` (pure
-sample orders), `samplers` (torch wrappers), `quality` (shuffle quality), `loader` (DataLoader
-builders, resume), `device` (to the GPU).
+sample orders), `samplers` (torch wrappers), `quality` (shuffle quality), `resume` (the state a
+training job saves, and its checks), `loader` (DataLoader builders, resume), `device` (to the
+GPU).
 """
 
-from loaders.batches import Batch
+from loaders.batches import Batch, IndexedBatch, Samples
 from loaders.catalog import Catalog, Selection, ShardSet, open_catalog
 from loaders.dataset import PackedDataset, collate_batch
 from loaders.device import DeviceLoader, prepare_images
@@ -37,7 +38,7 @@ from loaders.samplers import (
     OrderSampler,
     ShuffleSampler,
 )
-from loaders.stream import PackedStream, assign_shards, stream_order
+from loaders.stream import PackedStream, deal_pieces, slot_share, stream_order
 
 __all__ = [
     "SHUFFLES",
@@ -46,20 +47,22 @@ __all__ = [
     "Catalog",
     "ClassBalancedSampler",
     "DeviceLoader",
+    "IndexedBatch",
     "OrderBatches",
     "OrderSampler",
     "PackedDataset",
     "PackedLoader",
     "PackedStream",
+    "Samples",
     "Selection",
     "ShardReader",
     "ShardSet",
     "ShuffleSampler",
-    "assign_shards",
     "balanced_order",
     "block_order",
     "class_mix_distance",
     "collate_batch",
+    "deal_pieces",
     "make_loader",
     "open_catalog",
     "partition",
@@ -68,6 +71,7 @@ __all__ = [
     "rank_and_world",
     "sequential_order",
     "shuffle_quality",
+    "slot_share",
     "stream_loader",
     "stream_order",
     "verify_shard",

@@ -24,8 +24,8 @@ import math
 import os
 import secrets
 import weakref
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, overload
 
 import numpy as np
 import torch
@@ -43,6 +43,53 @@ class Batch(NamedTuple):
     """uint8 [B, *sample_shape] in the stored layout (HWC or CHW), unless a transform changed it."""
     labels: torch.Tensor
     """int64 [B]."""
+
+
+class IndexedBatch(NamedTuple):
+    """A batch with the dataset index of each sample (`make_loader(..., with_indices=True)`):
+    `images, labels, indices = batch`; `dataset.manifest_rows(indices)` names the samples."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    indices: torch.Tensor
+    """int64 [B]: indices into the dataset the loader reads."""
+
+
+AnyBatch = Batch | IndexedBatch
+
+
+def make_batch(
+    images: torch.Tensor, labels: NDArray[np.int64], indices: NDArray[np.int64] | None
+) -> AnyBatch:
+    """A Batch, or an IndexedBatch when `indices` are given."""
+    if indices is None:
+        return Batch(images, torch.from_numpy(labels))
+    return IndexedBatch(images, torch.from_numpy(labels), torch.from_numpy(indices))
+
+
+class Samples(Sequence[tuple[Any, ...]]):
+    """A gathered batch as `Dataset.__getitems__` must return it: a sequence of samples.
+
+    `samples[i]` is `(image, label)` (with its index for an IndexedBatch), a view of the batch,
+    so DataLoader's default collate (or any collate_fn) works on it; `collate_batch` hands on
+    the batch itself, without a copy.
+    """
+
+    def __init__(self, batch: AnyBatch) -> None:
+        self.batch = batch
+
+    def __len__(self) -> int:
+        return len(self.batch.labels)
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[Any, ...]: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[tuple[Any, ...]]: ...
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        images, labels, *rest = self.batch
+        return (images[i], int(labels[i]), *(int(r[i]) for r in rest))
 
 
 class BufferPool:
@@ -154,9 +201,15 @@ class SharedRing:
             self.lock.release()
 
     def write(
-        self, slot: int, shape: tuple[int, ...], fill: Fill, labels: NDArray[np.int64]
+        self,
+        slot: int,
+        shape: tuple[int, ...],
+        fill: Fill,
+        labels: NDArray[np.int64],
+        indices: NDArray[np.int64] | None = None,
     ) -> Batch:
-        """Fill a claimed slot; the batch pickles as the slot number, not the bytes."""
+        """Fill a claimed slot; the batch pickles as the slot number, not the bytes (and
+        arrives as an IndexedBatch when `indices` are given)."""
         data, owner = self.arrays()
         try:
             images = data[slot, : math.prod(shape)].reshape(shape)
@@ -165,7 +218,7 @@ class SharedRing:
             owner[slot] = 0
             raise
         batch = _RingBatch(torch.from_numpy(images), torch.from_numpy(labels))
-        batch.slot = (self.token, slot, os.getpid(), shape, labels)
+        batch.slot = (self.token, slot, os.getpid(), shape, labels, indices)
         return batch
 
     def _free(self, slot: int, receiver: int) -> None:
@@ -176,15 +229,20 @@ class SharedRing:
 class _RingBatch(Batch):
     """A Batch in a ring slot, in a worker; unpickled in the main process as a plain Batch."""
 
-    slot: tuple[str, int, int, tuple[int, ...], NDArray[np.int64]]
+    slot: tuple[str, int, int, tuple[int, ...], NDArray[np.int64], NDArray[np.int64] | None]
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_receive, self.slot)
 
 
 def _receive(
-    token: str, slot: int, worker: int, shape: tuple[int, ...], labels: NDArray[np.int64]
-) -> Batch:
+    token: str,
+    slot: int,
+    worker: int,
+    shape: tuple[int, ...],
+    labels: NDArray[np.int64],
+    indices: NDArray[np.int64] | None,
+) -> AnyBatch:
     """The main process's side of a ring slot: a Batch viewing it, freeing it when dropped."""
     ring = _RINGS.get(token)
     if ring is None:
@@ -198,7 +256,7 @@ def _receive(
     owner[slot] = _MAIN
     view = data[slot, : math.prod(shape)].reshape(shape)  # the object the batch tensor wraps
     weakref.finalize(view, ring._free, slot, os.getpid()).atexit = False
-    return Batch(torch.from_numpy(view), torch.from_numpy(labels))
+    return make_batch(torch.from_numpy(view), labels, indices)
 
 
 def _alive(pid: int) -> bool:
@@ -228,20 +286,27 @@ class BatchMemory:
         state["_pool"] = BufferPool()  # idle buffers are process-local and not worth sending
         return state
 
-    def batch(self, shape: tuple[int, ...], labels: NDArray[np.int64], fill: Fill) -> Batch:
-        """A Batch of uint8 images of `shape` written by `fill`, with int64 `labels`."""
+    def batch(
+        self,
+        shape: tuple[int, ...],
+        labels: NDArray[np.int64],
+        fill: Fill,
+        indices: NDArray[np.int64] | None = None,
+    ) -> AnyBatch:
+        """A batch of uint8 images of `shape` written by `fill`, with int64 `labels` (and
+        the samples' dataset `indices`, which make it an IndexedBatch)."""
         nbytes = math.prod(shape)
         if get_worker_info() is not None:
             ring = self.ring
             slot = ring.claim(nbytes) if ring is not None else None
             if ring is not None and slot is not None:
-                return ring.write(slot, shape, fill, labels)
+                return ring.write(slot, shape, fill, labels, indices)
             images = _shared_bytes(nbytes).view(shape)
         elif self.pin:
             images = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
         else:
             lent = self._pool.lend(shape)
             fill(lent)
-            return Batch(torch.from_numpy(lent), torch.from_numpy(labels))
+            return make_batch(torch.from_numpy(lent), labels, indices)
         fill(images.numpy())
-        return Batch(images, torch.from_numpy(labels))
+        return make_batch(images, labels, indices)

@@ -7,8 +7,11 @@ label per sample) plus the shard table, small enough to pickle to every worker p
 
 from __future__ import annotations
 
+import hashlib
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -92,6 +95,38 @@ class Selection:
 
     def __len__(self) -> int:
         return len(self.positions)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """A digest of which manifest rows this selection holds, in which order (resume states
+        record it, so a state is never applied to another split or filter)."""
+        return hashlib.blake2b(self.positions.tobytes(), digest_size=8).hexdigest()
+
+    def manifest_rows(self, indices: Any) -> pa.Table:
+        """The manifest rows of indices into this selection, in their order: index, sample_id,
+        source, class_name, label, split, shard and row. Negative indices count from the end.
+
+        The version's manifest is read (and checked against its commit record) once per process
+        and selection, on the first call.
+        """
+        index = np.asarray(indices, dtype=np.int64).reshape(-1)
+        try:
+            positions = self.positions[index]
+        except IndexError:
+            raise IndexError(f"index out of range for a selection of {len(self)}") from None
+        table = _MANIFEST_ROWS.get(self)
+        if table is None:
+            samples = read_manifest(self.shards.root, self.version).samples
+            table = _MANIFEST_ROWS[self] = samples.select(list(MANIFEST_ROW_COLUMNS))
+        rows = table.take(pa.array(positions))
+        return rows.add_column(0, "index", pa.array(index % max(len(self), 1)))
+
+
+MANIFEST_ROW_COLUMNS = ("sample_id", "source", "class_name", "label", "split", "shard", "row")
+"""The manifest columns `Selection.manifest_rows` returns."""
+
+_MANIFEST_ROWS: weakref.WeakKeyDictionary[Selection, pa.Table] = weakref.WeakKeyDictionary()
+"""Manifest columns read for `manifest_rows`, per selection object (never pickled to workers)."""
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 from numpy.typing import NDArray
 from torch.utils.data import Dataset
 
-from loaders.batches import Batch, BatchMemory
+from loaders.batches import AnyBatch, BatchMemory, Samples, make_batch
 from loaders.catalog import Selection, Where, open_catalog
 from loaders.reader import ShardReader
 
@@ -29,11 +30,10 @@ Transform = Callable[[torch.Tensor], torch.Tensor]
 def collate_batch(batch: Any) -> Any:
     """The collate function for `PackedDataset`: `__getitems__` already made the batch.
 
-    NOTE: DataLoader applies collate_fn to what `__getitems__` returns, so the default collate
-    would try to stack (images, labels) as two samples. Pass this one to a DataLoader you build
-    yourself; `make_loader` does.
+    It hands on the batch `Samples` wraps, without a copy (and anything else as it is: a
+    stream's batches). DataLoader's default collate works too, stacking the samples again.
     """
-    return batch
+    return batch.batch if isinstance(batch, Samples) else batch
 
 
 class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
@@ -43,6 +43,10 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
     `__getitems__`, which then stacks the results (prefer `DeviceLoader`'s batched conversion).
     `verify` checks each opened shard's checksum against the manifest, once per process.
     `release_every` bounds resident memory per process (see `ShardReader`).
+
+    Under a plain `DataLoader(dataset, batch_size=B)` with the default collate, batches are
+    `[images, labels]` (uint8 [B, *sample_shape], int64 [B]); `make_loader` yields the same as
+    a `Batch` without copying the samples twice.
     """
 
     def __init__(
@@ -57,6 +61,8 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         self.reader = ShardReader(selection.shards, verify, release_every)
         self.memory = BatchMemory()
         """Where batches are gathered (`make_loader` sets pinning and the workers' ring)."""
+        self.with_indices = False
+        """Whether gathered batches carry each sample's index (an `IndexedBatch`)."""
 
     @classmethod
     def open(
@@ -109,11 +115,17 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         """Whether batches are gathered into pinned memory (num_workers=0 with CUDA)."""
         return self.memory.pin
 
-    def with_memory(self, memory: BatchMemory) -> PackedDataset:
-        """A shallow copy that gathers its batches into `memory` (see `loaders.batches`)."""
+    def with_memory(self, memory: BatchMemory, with_indices: bool = False) -> PackedDataset:
+        """A shallow copy that gathers its batches into `memory` (see `loaders.batches`), with
+        each sample's index when `with_indices`."""
         twin = copy.copy(self)
         twin.memory = memory
+        twin.with_indices = with_indices
         return twin
+
+    def manifest_rows(self, indices: Any) -> pa.Table:
+        """The manifest rows of dataset indices (see `Selection.manifest_rows`)."""
+        return self.selection.manifest_rows(indices)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         i = _check_index(index, len(self))
@@ -123,7 +135,12 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
             image = self.transform(image)
         return image, int(sel.labels[i])
 
-    def __getitems__(self, indices: Sequence[int]) -> Batch:
+    def __getitems__(self, indices: Sequence[int]) -> Samples:
+        """A whole batch gathered into one buffer, as the sequence of samples DataLoader
+        expects; `collate_batch` unwraps the batch (see `gather`)."""
+        return Samples(self.gather(indices))
+
+    def gather(self, indices: Sequence[int] | NDArray[np.integer]) -> AnyBatch:
         """A whole batch gathered into one contiguous buffer, in the order of `indices`."""
         index = np.asarray(indices, dtype=np.int64)
         sel = self.selection
@@ -132,13 +149,15 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         except IndexError:
             raise IndexError(f"index out of range for a dataset of {len(self)} samples") from None
         labels = sel.labels[index].astype(np.int64)
+        given = index % max(len(self), 1) if self.with_indices else None
         shape = (len(index), *sel.sample_shape)
         if self.transform is None:
-            return self.memory.batch(shape, labels, partial(self.reader.gather, shard_idx, rows))
+            fill = partial(self.reader.gather, shard_idx, rows)
+            return self.memory.batch(shape, labels, fill, given)
         raw = np.empty(shape, dtype=np.uint8)
         self.reader.gather(shard_idx, rows, raw)
         images = torch.stack([self.transform(torch.from_numpy(x)) for x in raw])
-        return Batch(images, torch.from_numpy(labels))
+        return make_batch(images, labels, given)
 
 
 def _check_index(index: int, length: int) -> int:

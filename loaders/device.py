@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from loaders.batches import Batch
+from loaders.batches import Batch, IndexedBatch
+from loaders.loader import PackedLoader
 
 
 def prepare_images(
@@ -60,7 +61,7 @@ class DeviceLoader:
 
     def __init__(
         self,
-        loader: Iterable[Batch],
+        loader: Iterable[Any],
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
         mean: Sequence[float] | None = None,
@@ -81,8 +82,12 @@ class DeviceLoader:
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.scale: torch.Tensor | None = None
         self.shift: torch.Tensor | None = None
+        self.channels = _channels(dataset, self.layout, mean, std)
+        """Channels every batch must have (None: not known here)."""
+        self._held = 0
+        """Batches pulled from `loader` and not yet handed out (0 or 1)."""
         if dtype is not None:
-            channels = _channels(dataset, self.layout, mean, std)
+            channels = self.channels or 1
             m = torch.tensor(mean if mean is not None else [0.0] * channels, dtype=torch.float64)
             s = torch.tensor(std if std is not None else [1.0] * channels, dtype=torch.float64)
             if len(m) != len(s):
@@ -95,16 +100,29 @@ class DeviceLoader:
         return len(self.loader)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:
-        # set_epoch, state_dict, load_state_dict, dataset: those of the wrapped loader.
-        if name in ("set_epoch", "state_dict", "load_state_dict", "dataset", "sampler"):
+        # set_epoch, dataset, sampler: those of the wrapped loader.
+        if name in ("set_epoch", "dataset", "sampler"):
             return getattr(self.loader, name)
         raise AttributeError(name)
 
-    def __iter__(self) -> Iterator[Batch]:
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped loader's state, without the batch this one has pulled ahead: saved
+        after k batches of the loop, it resumes at batch k + 1."""
+        if not isinstance(self.loader, PackedLoader):
+            raise TypeError("DeviceLoader resumes a PackedLoader (make_loader, stream_loader)")
+        return self.loader.state_dict(held_back=self._held)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(self.loader, PackedLoader):
+            raise TypeError("DeviceLoader resumes a PackedLoader (make_loader, stream_loader)")
+        self.loader.load_state_dict(state)
+
+    def __iter__(self) -> Iterator[Any]:
         if self.stream is not None:
             # The side stream must see what was queued before: scale/shift, the caller's work.
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
         batches = iter(self.loader)
+        self._held = 0
         ready = self._send(next(batches, None))
         while ready is not None:
             if self.stream is not None:
@@ -114,16 +132,19 @@ class DeviceLoader:
                 # their memory is not reused before that work is done.
                 current = torch.cuda.current_stream(self.device)
                 current.wait_stream(self.stream)
-                for tensor in ready:
+                for tensor in ready[:2]:
                     tensor.record_stream(current)
-            batch, ready = ready, self._send(next(batches, None))
-            yield batch
+            following = self._send(next(batches, None))
+            self._held = 0 if following is None else 1
+            yield ready
+            ready = following
+        self._held = 0
 
-    def _send(self, batch: Batch | None) -> Batch | None:
+    def _send(self, batch: Any) -> Any:
         """Issue the copy and conversion of one batch (on the side stream when there is one)."""
         if batch is None:
             return None
-        images, labels = batch
+        images, labels, indices = self._check(batch)
         context = torch.cuda.stream(self.stream) if self.stream else contextlib.nullcontext()
         with context:
             images = images.to(self.device, non_blocking=True)
@@ -131,16 +152,48 @@ class DeviceLoader:
             images = prepare_images(
                 images, self.layout, self.dtype, self.scale, self.shift, self.channels_last
             )
-        return Batch(images, labels)
+        if indices is None:
+            return Batch(images, labels)
+        return IndexedBatch(images, labels, indices)  # indices stay on the CPU, for lookups
+
+    def _check(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(images, labels, indices or None) of a batch, refused unless its images are what
+        the conversion asked for expects: 4-d, channels where `layout` puts them, uint8 when a
+        dtype is asked for (a float image's range is unknown: /255 may be wrong)."""
+        if not isinstance(batch, tuple | list) or len(batch) not in (2, 3):
+            raise TypeError(
+                f"DeviceLoader takes batches of (images, labels[, indices]), got "
+                f"{type(batch).__name__}; move what another collate_fn returns yourself"
+            )
+        images, labels = batch[0], batch[1]
+        indices = batch[2] if len(batch) == 3 else None
+        if not isinstance(images, torch.Tensor) or images.dim() != 4:
+            shape = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images)
+            raise ValueError(f"DeviceLoader takes images as one [B, ...] 4-d tensor, got {shape}")
+        channels = images.shape[-1] if self.layout == "HWC" else images.shape[1]
+        if self.channels is not None and channels != self.channels:
+            other = "CHW" if self.layout == "HWC" else "HWC"
+            raise ValueError(
+                f"batch images of shape {tuple(images.shape)} do not have {self.channels} "
+                f"channels where layout {self.layout!r} puts them; a transform that returns "
+                f"{other} needs DeviceLoader(..., layout={other!r})"
+            )
+        if self.dtype is not None and images.dtype != torch.uint8:
+            raise TypeError(
+                f"DeviceLoader(dtype=...) converts uint8 images (0-255) and got {images.dtype}; "
+                "leave the float conversion to it, or pass dtype=None and normalise yourself"
+            )
+        return images, labels, indices
 
 
 def _channels(
     dataset: Any, layout: str, mean: Sequence[float] | None, std: Sequence[float] | None
-) -> int:
+) -> int | None:
+    """Channels of the batches: as many as mean/std values, else the stored sample's."""
     for given in (mean, std):
         if given is not None:
             return len(given)
     shape = getattr(dataset, "sample_shape", None)
     if shape is None:
-        return 1  # broadcasts over any number of channels
-    return int(shape[-1] if layout == "HWC" else shape[0])
+        return None
+    return int(shape[-1] if getattr(dataset, "layout", layout) == "HWC" else shape[0])

@@ -24,8 +24,9 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from etl.errors import EtlError
-from loaders.batches import Batch, BatchMemory, SharedRing
+from loaders.batches import BatchMemory, SharedRing
 from loaders.dataset import PackedDataset, collate_batch
+from loaders.resume import State, check_state
 from loaders.samplers import (
     BlockShuffleSampler,
     ClassBalancedSampler,
@@ -103,40 +104,77 @@ def resolve_pin_memory(pin_memory: bool | None) -> bool:
     return False
 
 
+@dataclass
+class Progress:
+    """How far the iteration in progress (or the last one) got: what a state is made of."""
+
+    start: int
+    """Map-style: where the epoch's segment starts in the global order (see `loaders.resume`)."""
+    skip: int
+    """Samples (map-style) or batches (stream) of this rank a loaded state skipped."""
+    remaining: int
+    """Samples (map-style) the iteration had to deliver when it began."""
+    batches: int = 0
+    """Batches handed out by this iteration."""
+
+
 class PackedLoader:
-    """A DataLoader plus the count of samples it has delivered, for exact mid-epoch resume.
+    """A DataLoader plus how far its epoch got, for exact mid-epoch resume.
 
     NOTE [ resume position ]: with workers, DataLoader draws indices from the sampler ahead of
     the training loop (prefetch), so the sampler cannot know what was consumed. This wrapper
-    counts the samples of the batches it has handed out; batches arrive in sampler order, so
-    restarting the same order after that many samples yields exactly the remaining ones.
+    counts the batches it has handed out; batches arrive in sampler order (and a stream's in
+    the workers' round-robin, see `loaders.stream`), so restarting the same order after that
+    many yields exactly the remaining samples. A wrapper that pulls batches ahead of the loop
+    (`DeviceLoader`) asks for the state without the batches it holds (`held_back`).
     """
 
     def __init__(self, dataloader: DataLoader[Any], sampler: OrderSampler | None = None) -> None:
         self.dataloader = dataloader
         self.sampler = sampler
-        self._position = 0
+        self._progress: Progress | None = None
 
     @property
     def dataset(self) -> Any:
         return self.dataloader.dataset
 
+    @property
+    def stream(self) -> PackedStream | None:
+        dataset = self.dataloader.dataset
+        return dataset if isinstance(dataset, PackedStream) else None
+
     def __len__(self) -> int:
         """Batches left in this epoch's iteration (all of them unless resuming)."""
+        stream = self.stream
+        if stream is not None:
+            return len(stream) - (stream.pending_batches() or 0)
         return len(self.dataloader)
 
-    def __iter__(self) -> Iterator[Batch]:
-        batches = self._in_process() if self.dataloader.num_workers == 0 else self.dataloader
+    def __iter__(self) -> Iterator[Any]:
+        progress = self._progress = self._begin()
+        stream = self.stream
         try:
-            if self.sampler is None:
-                yield from batches
-                return
-            self._position = self.sampler.state_dict()["position"]
+            if self.dataloader.num_workers == 0 and self.dataloader.collate_fn is collate_batch:
+                batches = self._in_process()
+            else:
+                batches = iter(self.dataloader)
+                if stream is not None:
+                    stream.mark_started()  # the workers took the resume point
             for batch in batches:
-                self._position += len(batch[1])
+                if progress is not None:
+                    progress.batches += 1
                 yield batch
         except EtlError as exc:
             raise _from_worker(exc) from None
+
+    def _begin(self) -> Progress | None:
+        if self.sampler is not None:
+            pending = self.sampler.state_dict()
+            return Progress(int(pending["start"]), int(pending["position"]), len(self.sampler))
+        stream = self.stream
+        if stream is not None:
+            return Progress(0, stream.pending_batches() or 0, 0)
+        return None
 
     def _in_process(self) -> Iterator[Any]:
         """What DataLoader yields with num_workers=0, without its per-batch bookkeeping.
@@ -157,29 +195,70 @@ class PackedLoader:
             yield collate(loader.dataset.__getitems__(indices))  # type: ignore[attr-defined]
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the order of `epoch` in the sampler (or the stream); call before each epoch."""
-        self._position = 0
-        target = self.sampler if self.sampler is not None else self.dataset
-        if hasattr(target, "set_epoch"):
+        """Select the order of `epoch`; call before each epoch. After `load_state_dict`,
+        `set_epoch` of the saved epoch keeps the resume point (either order works)."""
+        target = self.sampler if self.sampler is not None else self.stream
+        if target is not None:
             target.set_epoch(epoch)
+        self._progress = None
 
-    def state_dict(self) -> dict[str, int]:
-        """{seed, epoch, position, rank, world_size}: plain ints, no pickle needed."""
-        sampler = self._resumable()
-        return {**sampler.state_dict(), "position": self._position}
+    def state_dict(self, held_back: int = 0) -> State:
+        """Plain ints and strings: what the state belongs to (dataset version, a fingerprint
+        of the selection, order, seed, batch size, drop_last; a stream's workers and world
+        size) and where the epoch stands. `held_back`: batches handed out but not consumed."""
+        identity = self._identity()
+        progress = self._progress
+        stream = self.stream
+        if self.sampler is not None:
+            state = {**identity, **self.sampler.state_dict()}
+            if progress is not None:
+                size = self._batch_size()
+                done = min((progress.batches - held_back) * size, progress.remaining)
+                state.update(start=progress.start, position=progress.skip + done)
+            return state
+        assert stream is not None, "_identity refuses loaders that cannot resume"
+        batches = (
+            progress.skip + progress.batches - held_back
+            if progress is not None
+            else stream.pending_batches() or 0
+        )
+        return {**identity, "epoch": stream.epoch, "batches": batches, "rank": stream.rank}
 
-    def load_state_dict(self, state: Mapping[str, int]) -> None:
-        """Continue `state`'s epoch with exactly the samples not yet delivered when it was saved."""
-        self._resumable().load_state_dict(state)
-        self._position = int(state["position"])
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue `state`'s epoch with exactly the samples not yet delivered when it was
+        saved. Refuses (ValueError naming the field) a state of another dataset version,
+        selection, order, seed or batch size; a map-style state resumes with any world size
+        (see NOTE [ elastic resume ] in `loaders.resume`), a stream's with its own."""
+        identity = self._identity()
+        stream = self.stream
+        if self.sampler is not None:
+            check_state(state, identity, ())
+            self.sampler.load_state_dict(state)
+        else:
+            assert stream is not None, "_identity refuses loaders that cannot resume"
+            check_state(state, identity, ("epoch", "batches", "rank"))
+            stream.resume(state["epoch"], state["batches"])
+        self._progress = None
 
-    def _resumable(self) -> OrderSampler:
-        if self.sampler is None:
+    def _identity(self) -> dict[str, int | str]:
+        selection = getattr(self.dataset, "selection", None)
+        stream = self.stream
+        if selection is None or (self.sampler is None and stream is None):
             raise TypeError(
                 "resuming needs one of the loaders samplers (make_loader's shuffle=, or an "
-                "OrderSampler passed as sampler=); torch samplers and streams keep no position"
+                "OrderSampler passed as sampler=) or a PackedStream; torch samplers keep no "
+                "position"
             )
-        return self.sampler
+        identity: dict[str, int | str] = {
+            "dataset_version": selection.version,
+            "selection": selection.fingerprint,
+        }
+        if stream is not None:
+            return {**identity, **stream.identity()}
+        return {**identity, "batch_size": self._batch_size()}
+
+    def _batch_size(self) -> int:
+        return int(getattr(self.dataloader.batch_sampler, "batch_size", 1))
 
 
 def batch_memory(
@@ -215,6 +294,7 @@ def make_loader(
     shuffle: bool | str = False,
     sampler: Sampler[int] | None = None,
     num_workers: int = 0,
+    collate_fn: Callable[[Any], Any] | None = None,
     pin_memory: bool | None = None,
     drop_last: bool = False,
     prefetch_factor: int | None = None,
@@ -222,18 +302,26 @@ def make_loader(
     worker_init_fn: Callable[[int], None] | None = None,
     timeout: float = 0.0,
     generator: torch.Generator | None = None,
-    seed: int = 0,
+    seed: int | None = None,
     rank: int | None = None,
     world_size: int | None = None,
     multiprocessing_context: Any = None,
+    with_indices: bool = False,
 ) -> PackedLoader:
     """A DataLoader over `dataset`, batched by `__getitems__`, wrapped for resume.
 
     `shuffle` is a `SHUFFLES` name or a bool; `sampler` (any torch sampler of indices) replaces
     it. `drop_last` drops the short last batch and, across ranks, the tail that does not split
     evenly (otherwise ranks are padded by repetition, like DistributedSampler). Rank and world
-    size come from torch.distributed when it is initialised, unless given. `seed` drives the
-    sample order; `generator` only DataLoader's own randomness (worker base seeds).
+    size come from torch.distributed when it is initialised, unless given.
+
+    The order is a pure function of `seed` (default 0: every run sees the same orders) and the
+    epoch; `torch.manual_seed` does not change it. `generator`, as with DataLoader, makes it
+    random instead: the seed is drawn from it once, here (pass one or the other). `collate_fn`
+    has DataLoader's meaning: it gets the batch's samples, `(image, label)` tuples (with the
+    index when `with_indices`), and its result is what the loader yields; without it batches
+    are `Batch(images, labels)` made with no copy beyond the gather (an `IndexedBatch` with
+    `with_indices`, whose indices `dataset.manifest_rows` maps to sample ids and sources).
 
     NOTE [ num_workers ]: measured with benchmarks/bench_loaders.py (random batches of 256,
     2-core VM). 12 KiB samples, 0 workers: ~1.0 ms of main-process CPU per batch, ~80% of it
@@ -252,22 +340,29 @@ def make_loader(
             raise ValueError(
                 f"unknown shuffle {shuffle!r}; expected a bool or one of {list(SHUFFLES)}"
             )
-        options = OrderOptions(batch_size, seed, rank, world_size, drop_last)
+        options = OrderOptions(batch_size, order_seed(seed, generator), rank, world_size, drop_last)
         sampler = factory(dataset, options)
     pin = resolve_pin_memory(pin_memory)
-    batch_bytes = batch_size * math.prod(dataset.sample_shape)
-    memory = batch_memory(pin, num_workers, prefetch_factor, batch_bytes, multiprocessing_context)
+    if collate_fn is None:
+        batch_bytes = batch_size * math.prod(dataset.sample_shape)
+        memory = batch_memory(
+            pin, num_workers, prefetch_factor, batch_bytes, multiprocessing_context
+        )
+    else:
+        # Another collate makes new tensors: gather into plain (or fresh shared) memory and
+        # let DataLoader pin what the collate returns.
+        memory = BatchMemory()
     batching: dict[str, Any] = (
         {"batch_sampler": OrderBatches(sampler, batch_size, drop_last)}
         if isinstance(sampler, OrderSampler)
         else {"batch_size": batch_size, "sampler": sampler, "drop_last": drop_last}
     )
     loader = DataLoader(
-        dataset.with_memory(memory),
+        dataset.with_memory(memory, with_indices),
         **batching,
         num_workers=num_workers,
-        collate_fn=collate_batch,
-        pin_memory=pin and num_workers > 0,
+        collate_fn=collate_batch if collate_fn is None else collate_fn,
+        pin_memory=pin and (num_workers > 0 or collate_fn is not None),
         timeout=timeout,
         worker_init_fn=worker_init_fn,
         multiprocessing_context=multiprocessing_context,
@@ -278,6 +373,17 @@ def make_loader(
     return PackedLoader(loader, sampler if isinstance(sampler, OrderSampler) else None)
 
 
+def order_seed(seed: int | None, generator: torch.Generator | None) -> int:
+    """The seed of a loader's order: `seed`, else one drawn from `generator`, else 0."""
+    if generator is None:
+        return 0 if seed is None else int(seed)
+    if seed is not None:
+        raise ValueError(
+            "pass seed= or generator=, not both: the sample order comes from one of them"
+        )
+    return int(torch.randint(0, 2**62, (), generator=generator))
+
+
 def stream_loader(
     stream: PackedStream,
     num_workers: int = 0,
@@ -286,16 +392,23 @@ def stream_loader(
     persistent_workers: bool = False,
     worker_init_fn: Callable[[int], None] | None = None,
     timeout: float = 0.0,
-    generator: torch.Generator | None = None,
     multiprocessing_context: Any = None,
+    with_indices: bool = False,
+    generator: torch.Generator | None = None,
 ) -> PackedLoader:
-    """A DataLoader over a `PackedStream`; batch size, order and drop_last are the stream's."""
+    """A DataLoader over a `PackedStream`; batch size, order, seed and drop_last are the
+    stream's. `len()` is the batches this rank yields (equal on every rank); the state
+    resumes with the same number of workers and ranks."""
+    if generator is not None:
+        raise ValueError(
+            "a stream's order comes from PackedStream(seed=...); generator= would not change it"
+        )
     pin = resolve_pin_memory(pin_memory)
     size = stream.batch_size
     batch_bytes = None if size is None else size * math.prod(stream.selection.sample_shape)
     memory = batch_memory(pin, num_workers, prefetch_factor, batch_bytes, multiprocessing_context)
     loader = DataLoader(
-        stream.with_memory(memory),
+        stream.with_memory(memory, num_workers, with_indices),
         batch_size=None,
         num_workers=num_workers,
         collate_fn=collate_batch,
@@ -303,7 +416,6 @@ def stream_loader(
         timeout=timeout,
         worker_init_fn=worker_init_fn,
         multiprocessing_context=multiprocessing_context,
-        generator=generator,
         prefetch_factor=prefetch_factor,
         persistent_workers=persistent_workers,
     )

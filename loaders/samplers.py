@@ -3,12 +3,13 @@
 Each sampler yields this rank's part of a global order computed from (seed, epoch); the part is
 `partition(order, rank, world_size, drop_last)`, so ranks never overlap and all have the same
 length (padding by repetition unless `drop_last`). Rank and world size come from an initialised
-torch.distributed unless given. State is plain ints: {seed, epoch, position, rank, world_size}.
+torch.distributed unless given. State is plain ints and strings (see `loaders.resume`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -23,10 +24,12 @@ from loaders.orders import (
     random_order,
     sequential_order,
 )
+from loaders.resume import State, check_state, resume_point
 
 
 class OrderSampler(Sampler[int]):
-    """Base class: subclasses say how long the global order is and how to compute it."""
+    """Base class: subclasses say how long the global order is, how to compute it, and what it
+    is (`describe`, checked when a state is loaded)."""
 
     def __init__(
         self,
@@ -39,7 +42,11 @@ class OrderSampler(Sampler[int]):
         self.epoch = 0
         self.rank, self.world_size = rank_and_world(rank, world_size)
         self.drop_last = drop_last
+        self._start = 0
+        """Where the epoch's segment begins in the global order (after an elastic resume)."""
         self._resume_at = 0
+        self._pending = False
+        """Whether a loaded state waits for the next iteration."""
 
     def global_length(self) -> int:
         raise NotImplementedError
@@ -48,13 +55,18 @@ class OrderSampler(Sampler[int]):
         """The order of all ranks together for `epoch` (a pure function of seed and epoch)."""
         raise NotImplementedError
 
+    def describe(self) -> str:
+        """The order and its parameters, e.g. "random(n=1000)": a state must match it."""
+        return f"{type(self).__name__}(n={self.global_length()})"
+
     def order(self) -> Order:
-        """This rank's indices for the current epoch, from the start."""
-        return partition(self.global_order(self.epoch), self.rank, self.world_size, self.drop_last)
+        """This rank's indices for the current epoch's segment, from its start."""
+        segment = self.global_order(self.epoch)[self._start :]
+        return partition(segment, self.rank, self.world_size, self.drop_last)
 
     def rank_length(self) -> int:
-        """Samples per rank in a whole epoch."""
-        n, w = self.global_length(), self.world_size
+        """Samples per rank in the current epoch's segment (the whole epoch unless resumed)."""
+        n, w = max(self.global_length() - self._start, 0), self.world_size
         return n // w if self.drop_last else -(-n // w)
 
     def __len__(self) -> int:
@@ -68,41 +80,79 @@ class OrderSampler(Sampler[int]):
 
         NOTE: a resume point applies to the next iteration only; the one after starts afresh.
         """
-        start, self._resume_at = self._resume_at, 0
-        return self.order()[start:]
+        order = self.order()[self._resume_at :]
+        self._start = self._resume_at = 0
+        self._pending = False
+        return order
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the order of `epoch` (call before each epoch, as with DistributedSampler)."""
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        self.epoch = int(epoch)
-        self._resume_at = 0
+        """Select the order of `epoch` (call before each epoch, as with DistributedSampler).
 
-    def resume(self, epoch: int, position: int) -> None:
-        """Make the next iteration yield this rank's order for `epoch` from `position` on."""
+        A loaded state's epoch keeps its resume point, so `load_state_dict` then `set_epoch`
+        (the usual loop) and the reverse order both resume; another epoch while a state waits
+        mid-epoch is refused, since it would silently drop the resume point.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int | np.integer) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        if self._pending:
+            if epoch == self.epoch:
+                return
+            if (self._resume_at or self._start) and len(self):
+                raise ValueError(
+                    f"a loaded state resumes epoch {self.epoch} at position {self._resume_at}; "
+                    f"call set_epoch({self.epoch}) before iterating, or load no state to start "
+                    f"epoch {epoch} afresh"
+                )
+        self.epoch = int(epoch)
+        self._start = self._resume_at = 0
+        self._pending = False
+
+    def resume(self, epoch: int, position: int, start: int = 0) -> None:
+        """Make the next iteration yield this rank's order for `epoch` from `position` on, in
+        the segment of the global order that begins at `start`."""
+        self._pending = False
         self.set_epoch(epoch)
+        if not 0 <= start <= self.global_length():
+            raise ValueError(f"start {start} is outside 0..{self.global_length()}")
+        self._start = int(start)
         if not 0 <= position <= self.rank_length():
+            self._start = 0
             raise ValueError(f"position {position} is outside 0..{self.rank_length()}")
         self._resume_at = int(position)
+        self._pending = True
 
-    def state_dict(self) -> dict[str, int]:
-        """Plain ints; `position` is where the next iteration starts (see `PackedLoader`)."""
+    def identity(self) -> dict[str, int | str]:
+        """The fields a state must match to be loaded here (see `loaders.resume`)."""
+        return {"order": self.describe(), "seed": self.seed, "drop_last": int(self.drop_last)}
+
+    def state_dict(self) -> State:
+        """Plain ints and strings; `position` is where the next iteration starts in this rank's
+        part (see `PackedLoader` for the samples delivered so far)."""
         return {
-            "seed": self.seed,
+            **self.identity(),
             "epoch": self.epoch,
+            "start": self._start,
             "position": self._resume_at,
             "rank": self.rank,
             "world_size": self.world_size,
         }
 
-    def load_state_dict(self, state: Mapping[str, int]) -> None:
-        if (state["rank"], state["world_size"]) != (self.rank, self.world_size):
-            raise ValueError(
-                f"state is for rank {state['rank']} of {state['world_size']}, this sampler is "
-                f"rank {self.rank} of {self.world_size}; resume with the same world size"
-            )
-        self.seed = int(state["seed"])
-        self.resume(int(state["epoch"]), int(state["position"]))
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume `state`'s epoch where it stopped; from any rank's state, with any world size
+        (see NOTE [ elastic resume ] in `loaders.resume`)."""
+        check_state(state, self.identity(), PROGRESS)
+        start, position = resume_point(
+            state["start"],
+            state["position"],
+            state["world_size"],
+            self.world_size,
+            self.global_length(),
+        )
+        self.resume(state["epoch"], position, start)
+
+
+PROGRESS = ("epoch", "start", "position", "rank", "world_size")
+"""The progress fields of a sampler's state."""
 
 
 class OrderBatches(Sampler[Order]):
@@ -156,6 +206,9 @@ class ShuffleSampler(OrderSampler):
     def global_order(self, epoch: int) -> Order:
         return random_order(self.n, self.seed, epoch) if self.shuffle else sequential_order(self.n)
 
+    def describe(self) -> str:
+        return f"{'random' if self.shuffle else 'sequential'}(n={self.n})"
+
 
 class BlockShuffleSampler(OrderSampler):
     """Quasi-random order that reads `block` neighbouring rows at a time (see `block_order`).
@@ -185,6 +238,9 @@ class BlockShuffleSampler(OrderSampler):
     def global_order(self, epoch: int) -> Order:
         return block_order(self.shard_idx, self.seed, epoch, self.block, self.window)
 
+    def describe(self) -> str:
+        return f"blocks(n={len(self.shard_idx)}, block={self.block}, window={self.window})"
+
 
 class ClassBalancedSampler(OrderSampler):
     """Every class equally often per epoch, from manifest labels (see `balanced_order`).
@@ -210,3 +266,6 @@ class ClassBalancedSampler(OrderSampler):
 
     def global_order(self, epoch: int) -> Order:
         return balanced_order(self.labels, self.seed, epoch, self.num_samples)
+
+    def describe(self) -> str:
+        return f"balanced(n={len(self.labels)}, num_samples={self.num_samples})"

@@ -1,55 +1,82 @@
 """The iterable dataset: whole shards streamed in a seeded order, for data much larger than RAM.
 
-Each (rank, worker) pair is a "slot"; an epoch's shards are dealt to slots by a pure function of
-(seed, epoch), balanced by sample count, so every selected sample is read exactly once per epoch
-across all slots. A slot takes `window` shards at a time, has the kernel read the next window's
+Each (rank, worker) pair is a "slot"; an epoch's shards are laid end to end in an order that is a
+pure function of (seed, epoch) and cut into one equal stretch per slot (`deal_pieces`), so every
+selected sample is read exactly once per epoch across all slots and every rank yields the same
+number of batches. A slot takes `window` shards at a time, has the kernel read the next window's
 files ahead (sequentially), and yields batches in a shuffled order of the current window; each
 shard is unmapped once its window is done, so resident memory stays at about two windows.
+
+NOTE [ stream resume ]: DataLoader asks its workers for batches round-robin from worker 0, and
+every slot yields the same number of batches, so after B batches of an epoch worker w has
+delivered B // k batches, one more if w < B % k (k workers). A resumed epoch starts again at
+worker 0; worker w then plays the slot that would have delivered the next batch, slot
+(w + B) % k of its rank, skipping what that slot delivered: the rest of the epoch comes in the
+order of an uninterrupted one.
 """
 
 from __future__ import annotations
 
 import copy
-import heapq
 import os
 from collections.abc import Iterator
 from functools import partial
+from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 from numpy.typing import NDArray
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loaders.batches import Batch, BatchMemory
+from loaders.batches import AnyBatch, BatchMemory
 from loaders.catalog import Selection
 from loaders.dist import rank_and_world
 from loaders.orders import Order, seeded_rng
 from loaders.reader import ShardReader
 
 
-def assign_shards(
-    sizes: NDArray[np.integer], n_slots: int, seed: int, epoch: int, shuffle: bool = True
-) -> list[NDArray[np.int64]]:
-    """Deal shards to `n_slots` slots: a list of shard numbers per slot, every shard once.
+def slot_share(n: int, n_slots: int, drop_last: bool = False) -> int:
+    """Samples every slot yields in an epoch: n / n_slots, rounded up (padded) or down (dropped)."""
+    if n_slots < 1:
+        raise ValueError(f"n_slots must be >= 1, got {n_slots}")
+    return n // n_slots if drop_last else -(-n // n_slots)
 
-    Largest shards first to the least loaded slot (ties: lowest slot), in a seeded random order
-    of shards when `shuffle`; slot totals then differ by at most one shard. A slot may get no
-    shard when there are fewer shards than slots.
+
+def deal_pieces(
+    sizes: NDArray[np.integer],
+    n_slots: int,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+    drop_last: bool = False,
+) -> list[NDArray[np.int64]]:
+    """Deal samples to `n_slots` slots as pieces of shards: per slot, rows (shard, first, end).
+
+    The shards are laid end to end (in a seeded random order when `shuffle`) and the sequence
+    is cut into `n_slots` contiguous stretches whose lengths differ by at most one, so a slot
+    reads consecutive shards whole, but for the first and last, which it may share with its
+    neighbours. With `drop_last` the n % n_slots samples at the end are dealt to nobody, and
+    every stretch has the same length.
     """
     if n_slots < 1:
         raise ValueError(f"n_slots must be >= 1, got {n_slots}")
     sizes = np.asarray(sizes, dtype=np.int64)
     ranked = seeded_rng(seed, epoch).permutation(len(sizes)) if shuffle else np.arange(len(sizes))
-    by_size = ranked[np.argsort(-sizes[ranked], kind="stable")]
-    loads = [(0, slot) for slot in range(n_slots)]
-    dealt: list[list[int]] = [[] for _ in range(n_slots)]
-    for shard in by_size.tolist():
-        load, slot = heapq.heappop(loads)
-        dealt[slot].append(shard)
-        heapq.heappush(loads, (load + int(sizes[shard]), slot))
-    position = np.empty(len(sizes), dtype=np.int64)
-    position[ranked] = np.arange(len(sizes))
-    return [np.asarray(sorted(d, key=lambda s: position[s]), dtype=np.int64) for d in dealt]
+    ends = np.cumsum(sizes[ranked])
+    starts = ends - sizes[ranked]
+    n = int(ends[-1]) if len(ends) else 0
+    share, extra = divmod(n, n_slots)
+    pieces = []
+    for slot in range(n_slots):
+        lo = slot * share + (0 if drop_last else min(slot, extra))
+        hi = lo + share + (0 if drop_last or slot >= extra else 1)
+        touched = np.arange(np.searchsorted(ends, lo, "right"), np.searchsorted(starts, hi))
+        first = np.maximum(lo - starts[touched], 0)
+        end = np.minimum(hi, ends[touched]) - starts[touched]
+        keep = end > first
+        pieces.append(np.stack([ranked[touched], first, end], axis=1)[keep].astype(np.int64))
+    return pieces
 
 
 def stream_order(
@@ -60,11 +87,14 @@ def stream_order(
     epoch: int,
     window: int = 8,
     shuffle: bool = True,
+    drop_last: bool = False,
 ) -> list[Order]:
     """The dataset indices one slot yields in an epoch, as one array per group of `window` shards.
 
     `shard_idx` is in (shard, row) order, as a `Selection` is. Within a group indices are
-    shuffled (seeded by seed, epoch and slot) when `shuffle`, else in (shard, row) order.
+    shuffled (seeded by seed, epoch and slot) when `shuffle`, else in (shard, row) order. Every
+    slot yields `slot_share` indices: a slot dealt one sample less repeats the first index of
+    its last group (or of the dataset), as `partition` pads ranks.
     """
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
@@ -72,27 +102,33 @@ def stream_order(
     n_shards = int(shard_idx.max()) + 1 if len(shard_idx) else 0
     sizes = np.bincount(shard_idx, minlength=n_shards)
     first = np.cumsum(sizes) - sizes
-    mine = assign_shards(sizes, n_slots, seed, epoch, shuffle)[slot]
+    mine = deal_pieces(sizes, n_slots, seed, epoch, shuffle, drop_last)[slot]
     rng = np.random.default_rng([seed, epoch, n_slots, slot])
     groups = []
     for start in range(0, len(mine), window):
-        shards = mine[start : start + window]
-        idx = np.concatenate([np.arange(first[s], first[s] + sizes[s]) for s in shards])
+        pieces = mine[start : start + window]
+        idx = np.concatenate([np.arange(first[s] + a, first[s] + b) for s, a, b in pieces])
         groups.append(rng.permutation(idx) if shuffle else idx)
+    short = slot_share(len(shard_idx), n_slots, drop_last) - sum(len(g) for g in groups)
+    if short:
+        if groups:
+            groups[-1] = np.concatenate([groups[-1], groups[-1][:short]])
+        else:
+            groups.append(np.zeros(short, dtype=np.int64))
     return groups
 
 
-class PackedStream(IterableDataset[Batch | tuple[torch.Tensor, int]]):
+class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
     """Batches (or single samples with `batch_size=None`) streamed shard by shard.
 
-    Use with `DataLoader(stream, batch_size=None, collate_fn=collate_batch)` or `stream_loader`.
-    A batch mixes only the `window` shards its worker holds: with shards packed class by
-    class, as `etl run` packs them, batches of a worker that got few shards are far from the
-    dataset's class mix (`loaders.quality`); the map-style dataset with "blocks" is not.
-    Every (rank, worker) reads its own shards; the last batch of each worker may be short
-    (dropped with `drop_last`). Ranks get whole shards, so their sample counts differ by up to
-    about one shard: for DDP with collectives every step, prefer `PackedDataset` with a sampler,
-    whose ranks have equal lengths.
+    Use with `stream_loader`, or `DataLoader(stream, batch_size=None, collate_fn=collate_batch)`.
+    A batch mixes only the `window` shards its worker holds: with shards packed in hash order,
+    as `etl run` packs them, that is close to random, but a worker's window is a small part of
+    the dataset (`loaders.quality`); the map-style dataset with "blocks" mixes across all of it.
+    Every (rank, worker) slot yields the same number of samples, `slot_share`: padded by
+    repeating one sample of its own, or cut with `drop_last`, like `partition` does for ranks;
+    so ranks yield equal numbers of batches, as DDP needs. The last batch of each worker may be
+    short (dropped with `drop_last`).
     """
 
     def __init__(
@@ -119,47 +155,125 @@ class PackedStream(IterableDataset[Batch | tuple[torch.Tensor, int]]):
         self.reader = ShardReader(selection.shards, verify=verify)
         self.memory = BatchMemory()
         """Where batches are gathered (`stream_loader` sets pinning and the workers' ring)."""
+        self.workers = 0
+        """DataLoader workers reading this stream (`stream_loader` sets it): slots per rank."""
+        self.with_indices = False
+        """Whether batches carry each sample's index (an `IndexedBatch`)."""
         # NOTE [ epoch in shared memory ]: persistent workers keep their own copy of this
         # object, so a plain attribute set by set_epoch() would never reach them. A tensor in
-        # shared memory is seen by forked and spawned workers alike.
+        # shared memory is seen by forked and spawned workers alike. `_resume` holds
+        # (generation, batches): a loaded state's batches delivered, applied by each copy of
+        # the stream once per generation (`_applied` is that copy's own).
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+        self._resume = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self._applied = 0
 
     @property
     def epoch(self) -> int:
         return int(self._epoch.item())
 
     def set_epoch(self, epoch: int) -> None:
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        """Select the order of `epoch`; a loaded state's epoch keeps its resume point (as
+        `OrderSampler.set_epoch` does), another epoch while one waits mid-epoch is refused."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int | np.integer) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        waiting = self.pending_batches()
+        if waiting and epoch != self.epoch:
+            if waiting < len(self):
+                raise ValueError(
+                    f"a loaded state resumes epoch {self.epoch} after {waiting} batches; call "
+                    f"set_epoch({self.epoch}) before iterating, or load no state to start "
+                    f"epoch {epoch} afresh"
+                )
+            self._resume[1] = 0
         self._epoch.fill_(int(epoch))
+
+    def __len__(self) -> int:
+        """Batches (samples with batch_size=None) this rank yields in an epoch, all workers."""
+        slots = max(self.workers, 1)
+        share = slot_share(len(self.selection), self.world_size * slots, self.drop_last)
+        size = self.batch_size or 1
+        per_slot = share // size if self.drop_last else -(-share // size)
+        return slots * per_slot
+
+    def identity(self) -> dict[str, int | str]:
+        """The fields a state must match to be loaded here (see `loaders.resume`)."""
+        order = f"stream(n={len(self.selection)}, window={self.window}, shuffle={self.shuffle})"
+        return {
+            "order": order,
+            "seed": self.seed,
+            "drop_last": int(self.drop_last),
+            "batch_size": self.batch_size or 0,
+            "workers": self.workers,
+            "world_size": self.world_size,
+        }
+
+    def resume(self, epoch: int, batches: int) -> None:
+        """Make the next iteration of `epoch` skip the first `batches` batches this rank's
+        loader delivered (see NOTE [ stream resume ])."""
+        if not 0 <= batches <= len(self):
+            raise ValueError(f"batches {batches} is outside 0..{len(self)}")
+        self._resume[1] = 0  # no longer waits mid-epoch: any epoch may be set
+        self.set_epoch(epoch)
+        self._resume.copy_(torch.tensor([int(self._resume[0]) + 1, batches]))
+
+    def pending_batches(self) -> int | None:
+        """The batches a loaded state will skip in the next iteration, None if none waits."""
+        generation, batches = self._resume.tolist()
+        return batches if generation > self._applied else None
+
+    def mark_started(self) -> None:
+        """Note that an iteration began in worker processes, which took the resume point."""
+        self._applied = int(self._resume[0])
 
     @property
     def pin_output(self) -> bool:
         """Whether batches are gathered into pinned memory (num_workers=0 with CUDA)."""
         return self.memory.pin
 
-    def with_memory(self, memory: BatchMemory) -> PackedStream:
-        """A shallow copy that gathers its batches into `memory` (see `loaders.batches`)."""
+    def with_memory(
+        self, memory: BatchMemory, workers: int = 0, with_indices: bool = False
+    ) -> PackedStream:
+        """A shallow copy that gathers its batches into `memory` (see `loaders.batches`), read
+        by `workers` DataLoader workers, with each sample's index when `with_indices`."""
         twin = copy.copy(self)
         twin.memory = memory
+        twin.workers = workers
+        twin.with_indices = with_indices
         return twin
 
-    def slot(self) -> tuple[int, int]:
-        """(slot, n_slots) of the calling process: rank-major over DataLoader workers."""
+    def manifest_rows(self, indices: Any) -> pa.Table:
+        """The manifest rows of indices of this stream (see `Selection.manifest_rows`)."""
+        return self.selection.manifest_rows(indices)
+
+    def slot(self, delivered: int = 0) -> tuple[int, int]:
+        """(slot, n_slots) of the calling process: rank-major over DataLoader workers, the
+        workers' roles turned by `delivered` batches (see NOTE [ stream resume ])."""
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        return self.rank * workers + worker, self.world_size * workers
+        return self.rank * workers + (worker + delivered) % workers, self.world_size * workers
 
-    def groups(self) -> list[Order]:
-        slot, n_slots = self.slot()
+    def groups(self, delivered: int = 0) -> list[Order]:
+        slot, n_slots = self.slot(delivered)
         sel = self.selection
         return stream_order(
-            sel.shard_idx, slot, n_slots, self.seed, self.epoch, self.window, self.shuffle
+            sel.shard_idx,
+            slot,
+            n_slots,
+            self.seed,
+            self.epoch,
+            self.window,
+            self.shuffle,
+            self.drop_last,
         )
 
-    def __iter__(self) -> Iterator[Batch | tuple[torch.Tensor, int]]:
+    def __iter__(self) -> Iterator[AnyBatch | tuple[torch.Tensor, int]]:
         sel = self.selection
-        groups = self.groups()
+        delivered = self.pending_batches() or 0
+        self._applied = int(self._resume[0])
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        groups = self.groups(delivered)
         if not groups:
             return
         order = np.concatenate(groups)
@@ -167,8 +281,10 @@ class PackedStream(IterableDataset[Batch | tuple[torch.Tensor, int]]):
         ends = np.cumsum([len(g) for g in groups])
         shards = [np.unique(sel.shard_idx[g]).tolist() for g in groups]
         step = self.batch_size or 1
+        role = (worker + delivered) % workers  # the slot of this rank this worker plays
+        skipped = delivered // workers + (1 if role < delivered % workers else 0)
         current = -1
-        for start in range(0, len(order), step):
+        for start in range(skipped * step, len(order), step):
             chunk = order[start : start + step]
             if self.batch_size is not None and self.drop_last and len(chunk) < step:
                 break
@@ -184,6 +300,7 @@ class PackedStream(IterableDataset[Batch | tuple[torch.Tensor, int]]):
                     (len(chunk), *sel.sample_shape),
                     sel.labels[chunk].astype(np.int64),
                     partial(self.reader.gather, sel.shard_idx[chunk], sel.rows[chunk]),
+                    chunk if self.with_indices else None,
                 )
             done = int(np.searchsorted(ends, start + len(chunk), side="right"))
             for finished in range(done):

@@ -51,13 +51,13 @@ def test_kept_batches_are_never_overwritten(packed: Packed) -> None:
     picks = [rng.integers(0, len(ds), 9).tolist() for _ in range(12)]
     kept = []
     for i, pick in enumerate(picks):
-        images, _ = ds.__getitems__(pick)
+        images, _ = ds.gather(pick)
         if i % 3 == 0:
             kept.append((pick, images.numpy()))  # only a numpy view of the tensor survives
         del images
     for pick, array in kept:
         np.testing.assert_array_equal(array, images_of(ds, packed, pick))
-    addresses = {ds.__getitems__(picks[0]).images.data_ptr() for _ in range(5)}
+    addresses = {ds.gather(picks[0]).images.data_ptr() for _ in range(5)}
     assert len(addresses) == 1, "a dropped batch's buffer is reused"
 
 

@@ -60,7 +60,7 @@ def test_indices_follow_shard_and_row(packed: Packed) -> None:
 def test_batched_fetch_equals_single_fetch(packed: Packed) -> None:
     ds = PackedDataset.open(packed.root)
     indices = [5, 0, 29, 5, -1, 17, 3, 12]
-    images, labels = ds.__getitems__(indices)
+    images, labels = ds.gather(indices)
     assert images.shape == (len(indices), *packed.sample_shape) and images.is_contiguous()
     assert labels.dtype == torch.int64
     for j, i in enumerate(indices):
@@ -68,10 +68,10 @@ def test_batched_fetch_equals_single_fetch(packed: Packed) -> None:
         np.testing.assert_array_equal(images[j].numpy(), packed.images[p])
         assert labels[j].item() == packed.labels[p]
     negative = np.array([-1, -2], dtype=np.int64)
-    ds.__getitems__(negative)
+    ds.gather(negative)
     assert negative.tolist() == [-1, -2], "the caller's index array is left alone"
     with pytest.raises(IndexError):
-        ds.__getitems__([len(ds)])
+        ds.gather([len(ds)])
     with pytest.raises(IndexError):
         ds[len(ds)]
 
@@ -80,7 +80,7 @@ def test_sample_checksums_match_the_manifest(packed: Packed) -> None:
     catalog = open_catalog(packed.root)
     ds = PackedDataset(catalog.select())
     rows = catalog.table.take(ds.selection.positions)
-    images, _ = ds.__getitems__(list(range(len(ds))))
+    images, _ = ds.gather(list(range(len(ds))))
     for image, checksum in zip(images, rows.column("checksum").to_pylist(), strict=True):
         assert digest(image.numpy(), catalog.manifest.meta.checksum) == checksum
 
@@ -121,7 +121,7 @@ def test_bad_filters_say_what_is_valid(packed: Packed) -> None:
 def test_empty_selection_is_an_empty_dataset(packed: Packed) -> None:
     ds = PackedDataset(open_catalog(packed.root).select(where=pc.field("label") > 99))
     assert len(ds) == 0
-    images, labels = ds.__getitems__([])
+    images, labels = ds.gather([])
     assert images.shape == (0, *packed.sample_shape) and labels.shape == (0,)
 
 
@@ -141,7 +141,7 @@ def test_chw_layout(tmp_path: Path) -> None:
     packed = make_packed(tmp_path, sample_shape=(3, 4, 5), layout="CHW")
     ds = PackedDataset.open(tmp_path)
     assert ds.layout == "CHW" and ds.sample_shape == (3, 4, 5)
-    images, _ = ds.__getitems__([0, 1])
+    images, _ = ds.gather([0, 1])
     np.testing.assert_array_equal(images.numpy(), packed.images[ds.selection.positions[:2]])
 
 
@@ -150,14 +150,14 @@ def test_transform_runs_per_sample_in_both_paths(packed: Packed) -> None:
     image, _ = ds[3]
     p = int(ds.selection.positions[3])
     np.testing.assert_allclose(image.numpy(), packed.images[p].astype(np.float32).mean(-1))
-    images, _ = ds.__getitems__([3, 4])
+    images, _ = ds.gather([3, 4])
     assert images.shape == (2, *packed.sample_shape[:2]) and images.dtype == torch.float32
     np.testing.assert_allclose(images[0].numpy(), image.numpy())
 
 
 def test_pickling_carries_no_open_shards(packed: Packed) -> None:
     ds = PackedDataset.open(packed.root)
-    ds[0], ds[len(ds) - 1], ds.__getitems__([1, len(ds) - 2])
+    ds[0], ds[len(ds) - 1], ds.gather([1, len(ds) - 2])
     assert ds.reader._arrays and ds.reader._span is not None  # opened in this process
     blob = pickle.dumps(ds)
     assert len(blob) < 10_000
@@ -170,7 +170,7 @@ def test_pickling_carries_no_open_shards(packed: Packed) -> None:
 def test_release_every_unmaps_and_still_reads_right(packed: Packed) -> None:
     ds = PackedDataset.open(packed.root, release_every=3 * int(np.prod(packed.sample_shape)))
     everything = list(range(len(ds)))
-    images, _ = ds.__getitems__(everything)
+    images, _ = ds.gather(everything)
     assert ds.reader.mapped() == set(), "a batch of more than 3 samples released every mapping"
     np.testing.assert_array_equal(images.numpy(), packed.images[ds.selection.positions])
     ds[0], ds[1]

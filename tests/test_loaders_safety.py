@@ -79,7 +79,7 @@ def test_truncated_shard_raises_shard_error_naming_it(packed: Packed) -> None:
     with pytest.raises(ShardError, match=rf"{victim}.*bytes on disk"):
         ds[first]
     with pytest.raises(ShardError, match=str(victim)):
-        ds.__getitems__(list(range(len(ds))))
+        ds.gather(list(range(len(ds))))
 
 
 def test_shard_with_a_different_shape_is_refused(packed: Packed) -> None:
@@ -133,9 +133,9 @@ def test_verify_hashes_each_shard_once_per_process(
 
     monkeypatch.setattr(loaders.reader, "file_digests", counting)
     ds = PackedDataset.open(packed.root, verify=True)
-    ds.__getitems__(list(range(len(ds))))
+    ds.gather(list(range(len(ds))))
     again = PackedDataset.open(packed.root, verify=True)
-    again.__getitems__(list(range(len(ds))))
+    again.gather(list(range(len(ds))))
     assert sorted(calls) == sorted({packed.root / n for n in ds.selection.shards.names})
 
 

@@ -159,14 +159,25 @@ def test_sampler_resume_and_state_is_plain_ints() -> None:
     full = list(sampler)
     sampler.resume(epoch=2, position=10)
     state = json.loads(json.dumps(sampler.state_dict()))
-    assert state == {"seed": 5, "epoch": 2, "position": 10, "rank": 0, "world_size": 1}
-    other = BlockShuffleSampler(shard_runs([9, 4, 12]), block=3, window=6, seed=0)
+    assert state == {
+        "order": "blocks(n=25, block=3, window=6)",
+        "seed": 5,
+        "drop_last": 0,
+        "epoch": 2,
+        "start": 0,
+        "position": 10,
+        "rank": 0,
+        "world_size": 1,
+    }
+    other = BlockShuffleSampler(shard_runs([9, 4, 12]), block=3, window=6, seed=5)
     other.load_state_dict(state)
     assert len(other) == len(full) - 10
     assert list(other) == full[10:]
     assert list(other) == full, "a resume point applies to one iteration"
-    with pytest.raises(ValueError, match="same world size"):
-        ShuffleSampler(25, rank=1, world_size=2).load_state_dict(state)
+    with pytest.raises(ValueError, match="loader state is for seed 5, this loader has 0"):
+        BlockShuffleSampler(shard_runs([9, 4, 12]), block=3, window=6).load_state_dict(state)
+    with pytest.raises(ValueError, match="loader state is for order 'blocks"):
+        ShuffleSampler(25, seed=5, rank=1, world_size=2).load_state_dict(state)
 
 
 def test_class_balanced_sampler(packed: Packed) -> None:

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 from packed import Packed, make_packed
 
-from loaders import PackedStream, assign_shards, open_catalog, stream_loader, stream_order
+from loaders import (
+    PackedStream,
+    deal_pieces,
+    open_catalog,
+    slot_share,
+    stream_loader,
+    stream_order,
+)
 
 
 @pytest.fixture(scope="module")
@@ -22,15 +29,22 @@ def _quiet_cpu_note() -> None:
     warnings.filterwarnings("ignore", "CUDA is not available", RuntimeWarning)
 
 
-@pytest.mark.parametrize("n_slots", [1, 2, 3, 4, 7, 10])
-def test_assign_shards_deals_each_shard_once_and_balances(n_slots: int) -> None:
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("n_slots", [1, 2, 3, 4, 7, 10, 90])
+def test_deal_pieces_cuts_shards_into_equal_stretches(n_slots: int, drop_last: bool) -> None:
     sizes = np.array([13, 8, 21, 5, 17, 9, 11])
-    dealt = assign_shards(sizes, n_slots, seed=1, epoch=0)
+    dealt = deal_pieces(sizes, n_slots, seed=1, epoch=0, drop_last=drop_last)
     assert len(dealt) == n_slots
-    assert sorted(np.concatenate(dealt).tolist()) == list(range(len(sizes)))
-    loads = [int(sizes[d].sum()) for d in dealt]
-    assert max(loads) - min(loads) <= sizes.max()
-    again = assign_shards(sizes, n_slots, seed=1, epoch=0)
+    rows = [(s, r) for pieces in dealt for s, a, b in pieces.tolist() for r in range(a, b)]
+    assert len(rows) == len(set(rows)), "no sample dealt twice"
+    loads = [int((d[:, 2] - d[:, 1]).sum()) for d in dealt]
+    if drop_last:
+        assert set(loads) == {sizes.sum() // n_slots}
+    else:
+        assert len(rows) == sizes.sum() and max(loads) - min(loads) <= 1
+    for pieces in dealt:  # a slot reads whole shards but for its first and last
+        assert all((b - a) == sizes[s] for s, a, b in pieces[1:-1].tolist())
+    again = deal_pieces(sizes, n_slots, seed=1, epoch=0, drop_last=drop_last)
     assert all(np.array_equal(a, b) for a, b in zip(dealt, again, strict=True))
 
 
@@ -42,15 +56,19 @@ def test_stream_order_covers_each_sample_once_per_epoch(
     world: int, workers: int, window: int, shuffle: bool
 ) -> None:
     shard_idx = np.repeat(np.arange(7), [13, 8, 21, 5, 17, 9, 11])
+    n, slots = len(shard_idx), world * workers
     for epoch in (0, 1):
         everything = []
         for rank, worker in itertools.product(range(world), range(workers)):
             slot = rank * workers + worker
-            groups = stream_order(shard_idx, slot, world * workers, 5, epoch, window, shuffle)
+            groups = stream_order(shard_idx, slot, slots, 5, epoch, window, shuffle)
             for group in groups:
                 assert len(set(shard_idx[group].tolist())) <= window
-            everything.extend(np.concatenate(groups).tolist() if groups else [])
-        assert sorted(everything) == list(range(len(shard_idx)))
+            mine = np.concatenate(groups).tolist() if groups else []
+            assert len(mine) == slot_share(n, slots) == -(-n // slots), "equal shares"
+            everything.extend(mine)
+        assert set(everything) == set(range(n))
+        assert len(everything) - n == -n % slots, "padding only to equal shares"
 
 
 def stream_positions(packed: Packed, stream: PackedStream, batches: list) -> list[int]:
@@ -69,18 +87,24 @@ def test_ranks_and_workers_together_read_every_sample_once(
     packed: Packed, num_workers: int
 ) -> None:
     selection = open_catalog(packed.root).select(split="train")
+    slots = 2 * max(num_workers, 1)
     for epoch in (0, 1):
-        found = []
+        found, lengths = [], []
         for rank in range(2):
             stream = PackedStream(
                 selection, batch_size=4, seed=3, window=2, rank=rank, world_size=2
             )
             stream.set_epoch(epoch)
-            batches = list(stream_loader(stream, num_workers=num_workers))
+            loader = stream_loader(stream, num_workers=num_workers)
+            batches = list(loader)
+            assert len(batches) == len(loader), "len() is what an epoch yields"
+            lengths.append(len(batches))
             short = [b for b in batches if len(b.labels) < 4]
             assert len(short) <= max(num_workers, 1), "only each worker's last batch is short"
             found += stream_positions(packed, stream, batches)
-        assert Counter(found) == Counter(selection.positions.tolist())
+        assert lengths[0] == lengths[1], "ranks yield equal numbers of batches, as DDP needs"
+        assert set(found) == set(selection.positions.tolist())
+        assert len(found) == slots * -(-len(selection) // slots), "equal shares, padded"
 
 
 def test_persistent_workers_see_the_new_epoch(packed: Packed) -> None:
