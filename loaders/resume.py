@@ -38,26 +38,25 @@ HINTS = {
 
 
 def check_state(state: Any, expected: Mapping[str, int | str], progress: tuple[str, ...]) -> None:
-    """Refuse `state` unless it has every field and its identity fields equal `expected`.
+    """Refuse `state` unless its identity fields equal `expected` and it has every field.
 
     `progress` fields must be ints >= 0. Raises TypeError for a state that is not a mapping,
     ValueError naming the first missing, mistyped or mismatched field.
     """
     if not isinstance(state, Mapping):
         raise TypeError(f"a loader state is a dict (from state_dict()), got {type(state).__name__}")
-    wanted = (*expected, *progress)
-    missing = [key for key in wanted if key not in state]
+    for key, value in expected.items():
+        if key in state and state[key] != value:
+            raise ValueError(
+                f"loader state is for {key} {state[key]!r}, this loader has {value!r}: "
+                f"{HINTS.get(key, 'build the loader as the saved one was built')}"
+            )
+    missing = [key for key in (*expected, *progress) if key not in state]
     if missing:
         raise ValueError(
             f"loader state has no {missing[0]!r} (it has {sorted(state)}); save it with "
             "loader.state_dict() of this version of loaders"
         )
-    for key, value in expected.items():
-        if state[key] != value:
-            raise ValueError(
-                f"loader state is for {key} {state[key]!r}, this loader has {value!r}: "
-                f"{HINTS.get(key, 'build the loader as the saved one was built')}"
-            )
     for key in progress:
         value = state[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:

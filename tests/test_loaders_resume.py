@@ -1,0 +1,244 @@
+"""The training job's contract: exact resume through every wrapper, in either loop order, and
+states that refuse to be applied to anything but the loader they came from.
+
+Samples are identified by content against `packed.images` (what was written), independent of
+the loaders' own bookkeeping.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from packed import Packed, commit_subset, make_packed
+
+from loaders import (
+    DeviceLoader,
+    PackedDataset,
+    PackedLoader,
+    PackedStream,
+    make_loader,
+    open_catalog,
+    stream_loader,
+)
+
+EPOCH = 3
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Packed:
+    return make_packed(tmp_path_factory.mktemp("ds"), shard_sizes=(30, 25, 41, 19))
+
+
+@pytest.fixture(autouse=True)
+def _quiet_cpu_note() -> None:
+    warnings.filterwarnings("ignore", "CUDA is not available", RuntimeWarning)
+
+
+def identify(packed: Packed, candidates: Iterable[int], batches: Iterable[Any]) -> list[int]:
+    """Manifest position of every image delivered (HWC or CHW on the device), by content."""
+    by_bytes = {packed.images[p].tobytes(): p for p in candidates}
+    found = []
+    for batch in batches:
+        images, labels = batch[0], batch[1]
+        if images.shape[1:] != packed.images.shape[1:]:
+            images = images.permute(0, 2, 3, 1)  # DeviceLoader's NCHW back to the stored HWC
+        for image, label in zip(images, labels, strict=True):
+            p = by_bytes[image.contiguous().numpy().tobytes()]
+            assert packed.labels[p] == label.item()
+            found.append(p)
+    return found
+
+
+def first_batches(loader: Iterable[Any], k: int) -> list[Any]:
+    """The first k batches of an epoch, the loop then left as a training job that stops is."""
+    taken = []
+    for batch in loader:
+        taken.append([t.clone() for t in batch])
+        if len(taken) == k:
+            break
+    return taken
+
+
+def roundtrip(state: dict[str, Any]) -> dict[str, Any]:
+    return dict(json.loads(json.dumps(state)))
+
+
+Wrap = Callable[[PackedLoader], Any]
+WRAPPERS: dict[str, Wrap] = {
+    "PackedLoader": lambda loader: loader,
+    "DeviceLoader": lambda loader: DeviceLoader(loader, device="cpu"),
+}
+
+
+@pytest.mark.parametrize("wrap", list(WRAPPERS))
+@pytest.mark.parametrize("load_first", [True, False], ids=["load-then-set_epoch", "set-then-load"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("k", [1, 17])
+def test_map_style_resume_is_exact_through_every_wrapper(
+    packed: Packed, wrap: str, load_first: bool, num_workers: int, k: int
+) -> None:
+    ds = PackedDataset.open(packed.root)
+    positions = ds.selection.positions.tolist()
+
+    def build() -> Any:
+        loader = make_loader(ds, batch_size=4, shuffle="blocks", seed=5, num_workers=num_workers)
+        return WRAPPERS[wrap](loader)
+
+    reference = build()
+    reference.set_epoch(EPOCH)
+    whole = identify(packed, positions, reference)
+
+    first = build()
+    first.set_epoch(EPOCH)
+    seen = identify(packed, positions, first_batches(first, k))
+    state = roundtrip(first.state_dict())
+    assert state["position"] == 4 * k, "the batch a DeviceLoader holds ahead is not counted"
+
+    second = build()
+    if load_first:  # the usual loop: restore, then `for epoch in range(start, n)`
+        second.load_state_dict(state)
+        second.set_epoch(EPOCH)
+    else:
+        second.set_epoch(EPOCH)
+        second.load_state_dict(state)
+    assert len(second) == len(reference) - k
+    assert seen + identify(packed, positions, second) == whole
+    second.set_epoch(EPOCH + 1)
+    assert sorted(identify(packed, positions, second)) == sorted(whole), "then whole epochs"
+
+
+@pytest.mark.parametrize("wrap", list(WRAPPERS))
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("k", [1, 5])
+def test_stream_resume_is_exact_through_every_wrapper(
+    packed: Packed, wrap: str, num_workers: int, k: int
+) -> None:
+    selection = open_catalog(packed.root).select()
+    positions = selection.positions.tolist()
+
+    def build() -> Any:
+        stream = PackedStream(selection, batch_size=4, seed=2, window=2)
+        return WRAPPERS[wrap](stream_loader(stream, num_workers=num_workers))
+
+    reference = build()
+    reference.set_epoch(EPOCH)
+    whole = identify(packed, positions, reference)
+    assert set(whole) == set(positions)
+
+    first = build()
+    first.set_epoch(EPOCH)
+    seen = identify(packed, positions, first_batches(first, k))
+    state = roundtrip(first.state_dict())
+    assert state["batches"] == k
+
+    second = build()
+    second.load_state_dict(state)
+    second.set_epoch(EPOCH)
+    assert len(second) == len(reference) - k
+    assert seen + identify(packed, positions, second) == whole, "the same order, resumed"
+    assert sorted(identify(packed, positions, second)) == sorted(whole), "then from the start"
+
+
+def test_stream_resume_reaches_persistent_workers(packed: Packed) -> None:
+    selection = open_catalog(packed.root).select()
+    positions = selection.positions.tolist()
+    stream = PackedStream(selection, batch_size=4, seed=2, window=2)
+    loader = stream_loader(stream, num_workers=2, persistent_workers=True)
+    loader.set_epoch(1)
+    whole = identify(packed, positions, loader)  # the workers exist from here on
+    loader.set_epoch(1)
+    seen = identify(packed, positions, first_batches(loader, 3))
+    state = loader.state_dict()
+    loader.load_state_dict(state)
+    assert seen + identify(packed, positions, loader) == whole
+    assert identify(packed, positions, loader) == whole, "the resume point is spent"
+
+
+def test_a_resumed_epoch_refuses_another_epoch_until_it_is_done(packed: Packed) -> None:
+    ds = PackedDataset.open(packed.root)
+    loader = make_loader(ds, batch_size=4, shuffle=True)
+    loader.set_epoch(2)
+    first_batches(loader, 3)
+    mid = loader.state_dict()
+    for _ in loader:
+        pass
+    done = loader.state_dict()
+    assert done["position"] == len(ds)
+
+    again = make_loader(ds, batch_size=4, shuffle=True)
+    again.load_state_dict(mid)
+    with pytest.raises(ValueError, match=r"resumes epoch 2 at position 12; call set_epoch\(2\)"):
+        again.set_epoch(3)
+    again.load_state_dict(done)  # an epoch saved when finished: the next one starts afresh
+    again.set_epoch(3)
+    assert sum(len(b[1]) for b in again) == len(ds)
+
+
+def test_mismatched_states_are_refused_naming_the_field(packed: Packed, tmp_path: Path) -> None:
+    ds = PackedDataset.open(packed.root)
+    state = make_loader(ds, batch_size=4, shuffle=True, seed=1).state_dict()
+
+    def refused(loader: PackedLoader, given: dict[str, Any], pattern: str) -> None:
+        with pytest.raises(ValueError, match=pattern):
+            loader.load_state_dict(given)
+
+    refused(make_loader(ds, batch_size=4, shuffle=True, seed=2), state, "seed 1, this loader has 2")
+    refused(make_loader(ds, batch_size=8, shuffle=True, seed=1), state, "batch_size 4")
+    refused(make_loader(ds, batch_size=4, shuffle="blocks", seed=1), state, "order 'random")
+    refused(make_loader(ds, batch_size=4, shuffle=True, seed=1, drop_last=True), state, "drop_l")
+    val = PackedDataset.open(packed.root, split="val")
+    refused(make_loader(val, batch_size=4, shuffle=True, seed=1), state, "for selection")
+    for key in ("rank", "position", "dataset_version"):
+        partial = {k: v for k, v in state.items() if k != key}
+        refused(make_loader(ds, batch_size=4, shuffle=True, seed=1), partial, f"no '{key}'")
+    bad = {**state, "position": -4}
+    refused(make_loader(ds, batch_size=4, shuffle=True, seed=1), bad, "'position' must be an int")
+    with pytest.raises(TypeError, match="a loader state is a dict"):
+        make_loader(ds).load_state_dict([1, 2])  # type: ignore[arg-type]
+
+    copy = make_packed(tmp_path / "copy", shard_sizes=(30, 25, 41, 19))
+    commit_subset(copy, list(range(len(copy.labels))), version=2)
+    newer = PackedDataset.open(copy.root)  # the same samples, version 2
+    refused(make_loader(newer, batch_size=4, shuffle=True, seed=1), state, "dataset_version 1")
+    with pytest.raises(TypeError, match="version must be an int"):
+        PackedDataset.open(copy.root, version="1")  # type: ignore[arg-type]
+
+    selection = open_catalog(packed.root).select()
+    streamed = stream_loader(PackedStream(selection, batch_size=4), num_workers=0)
+    saved = streamed.state_dict()
+    other = stream_loader(PackedStream(selection, batch_size=4), num_workers=2)
+    refused(other, saved, "for workers 0, this loader has 2")
+    refused(streamed, state, "for order")
+
+
+def test_state_survives_torch_save_without_pickle(packed: Packed, tmp_path: Path) -> None:
+    ds = PackedDataset.open(packed.root)
+    loader = make_loader(ds, batch_size=4, shuffle=True)
+    first_batches(loader, 2)
+    torch.save(loader.state_dict(), tmp_path / "state.pt")
+    state = torch.load(tmp_path / "state.pt", weights_only=True)
+    assert all(isinstance(v, int | str) for v in state.values())
+    make_loader(ds, batch_size=4, shuffle=True).load_state_dict(state)
+
+
+def test_torchrun_before_init_process_group_is_an_error(
+    packed: Packed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    ds = PackedDataset.open(packed.root)
+    with pytest.raises(RuntimeError, match="rank 1 of 2 .* init_process_group"):
+        make_loader(ds, shuffle=True)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        PackedStream(ds.selection)
+    explicit = make_loader(ds, batch_size=4, rank=1, world_size=2)
+    assert len(explicit) == -(-len(ds) // 2 // 4)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert len(make_loader(ds, batch_size=4)) == -(-len(ds) // 4)
