@@ -234,7 +234,7 @@ def test_torchrun_before_init_process_group_is_an_error(
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     ds = PackedDataset.open(packed.root)
-    with pytest.raises(RuntimeError, match="rank 1 of 2 .* init_process_group"):
+    with pytest.raises(RuntimeError, match=r"rank 1 of 2 .* init_process_group"):
         make_loader(ds, shuffle=True)
     with pytest.raises(RuntimeError, match="init_process_group"):
         PackedStream(ds.selection)
@@ -242,3 +242,213 @@ def test_torchrun_before_init_process_group_is_an_error(
     assert len(explicit) == -(-len(ds) // 2 // 4)
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert len(make_loader(ds, batch_size=4)) == -(-len(ds) // 4)
+
+
+# --- Elastic resume: real gloo processes -------------------------------------------------
+
+ELASTIC_STEPS = 3
+
+
+def run_elastic_rank(rank: int, world: int, root: str, port: int, state: str, out: str) -> None:
+    """One gloo rank: resume `state` (if any) or start epoch 1, read ELASTIC_STEPS batches (all
+    of the rest when resuming), save rank 0's state, gather what each rank read."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    try:
+        ds = PackedDataset.open(root)
+        loader = make_loader(ds, batch_size=4, shuffle=True, seed=11, with_indices=True)
+        if state:
+            loader.load_state_dict(json.loads(Path(state).read_text()))
+            loader.set_epoch(1)
+            read = [p for b in loader for p in ds.selection.positions[b.indices].tolist()]
+        else:
+            loader.set_epoch(1)
+            read = []
+            for batch in loader:
+                read += ds.selection.positions[batch.indices].tolist()
+                if len(read) == 4 * ELASTIC_STEPS:
+                    break
+            if rank == 0:
+                Path(out + ".state").write_text(json.dumps(loader.state_dict()))
+        gathered: list[object] = [None] * world
+        dist.all_gather_object(gathered, read)
+        if rank == 0:
+            Path(out).write_text(json.dumps(gathered))
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def read_in_ranks(world: int, root: Path, state: str, out: Path) -> list[list[int]]:
+    import torch.multiprocessing as mp
+    from test_loaders_distributed import free_port
+
+    args = (world, str(root), free_port(), state, str(out))
+    mp.spawn(run_elastic_rank, args=args, nprocs=world)
+    return [list(r) for r in json.loads(out.read_text())]
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
+def test_elastic_resume_sees_every_sample_once(
+    packed: Packed, tmp_path: Path, before: int, after: int
+) -> None:
+    out = tmp_path / "read.json"
+    first = read_in_ranks(before, packed.root, "", out)
+    assert all(len(r) == 4 * ELASTIC_STEPS for r in first)
+    rest = read_in_ranks(after, packed.root, str(out) + ".state", tmp_path / "rest.json")
+    n = len(packed.labels)
+    seen = [p for r in first + rest for p in r]
+    assert sorted(set(seen)) == list(range(n)), "every sample of the epoch"
+    remaining = n - 4 * ELASTIC_STEPS * before
+    assert len(seen) - n == -remaining % after, "repeated only to pad the last ranks equal"
+    assert len({len(r) for r in rest}) == 1, "the new ranks have equal parts"
+
+
+# --- Torch's conventions --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_plain_dataloader_with_default_collate(packed: Packed, num_workers: int) -> None:
+    ds = PackedDataset.open(packed.root, split="train")
+    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=num_workers)
+    images, labels = [], []
+    for batch in loader:  # default_collate: [images, labels]
+        assert isinstance(batch, list) and batch[0].dtype == torch.uint8
+        images.append(batch[0].numpy())
+        labels.append(batch[1].numpy())
+    positions = ds.selection.positions
+    np.testing.assert_array_equal(np.concatenate(images), packed.images[positions])
+    np.testing.assert_array_equal(np.concatenate(labels), packed.labels[positions])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_make_loader_takes_a_collate_fn(packed: Packed, num_workers: int) -> None:
+    ds = PackedDataset.open(packed.root)
+
+    def as_dict(samples: Any) -> dict[str, Any]:
+        images = torch.stack([image for image, _ in samples]).float() / 255
+        return {"pixels": images, "labels": torch.tensor([label for _, label in samples])}
+
+    loader = make_loader(ds, batch_size=8, shuffle=True, seed=4, num_workers=num_workers)
+    custom = make_loader(
+        ds, batch_size=8, shuffle=True, seed=4, num_workers=num_workers, collate_fn=as_dict
+    )
+    pairs = list(zip(loader, custom, strict=True))
+    assert len(pairs) == len(custom)
+    for plain, mine in pairs:
+        assert torch.equal(mine["pixels"], plain.images.float() / 255)
+        assert torch.equal(mine["labels"], plain.labels)
+    custom.set_epoch(1)
+    iterator = iter(custom)
+    next(iterator)
+    assert custom.state_dict()["position"] == 8, "counted without looking into the batches"
+
+
+def test_generator_drives_the_order_and_seed_is_the_default(packed: Packed) -> None:
+    ds = PackedDataset.open(packed.root)
+
+    def order(**kwargs: Any) -> list[int]:
+        loader = make_loader(ds, batch_size=8, shuffle=True, with_indices=True, **kwargs)
+        return [i for b in loader for i in b.indices.tolist()]
+
+    g = torch.Generator()
+    assert order(generator=g.manual_seed(1)) == order(generator=g.manual_seed(1))
+    assert order(generator=g.manual_seed(1)) != order(generator=g.manual_seed(2))
+    torch.manual_seed(1)
+    default = order()
+    torch.manual_seed(2)
+    assert order() == default == order(seed=0), "the order is seed's, never torch's global RNG"
+    with pytest.raises(ValueError, match="seed= or generator=, not both"):
+        make_loader(ds, shuffle=True, seed=3, generator=g)
+    stream = PackedStream(ds.selection)
+    with pytest.raises(ValueError, match=r"PackedStream\(seed=...\)"):
+        stream_loader(stream, generator=g)
+
+
+# --- What a batch is: sample ids, and DeviceLoader's checks ---------------------------------
+
+
+def manifest_lookup(root: Path) -> dict[str, tuple[str, int]]:
+    """sample_id -> (shard, row), read with plain pyarrow."""
+    import pyarrow.ipc as ipc
+
+    (manifest,) = sorted(root.glob("versions/v*/manifest.arrow"))[-1:]
+    table = ipc.open_file(manifest).read_all()
+    return {
+        s: (shard, row)
+        for s, shard, row in zip(
+            table.column("sample_id").to_pylist(),
+            table.column("shard").to_pylist(),
+            table.column("row").to_pylist(),
+            strict=True,
+        )
+    }
+
+
+@pytest.mark.parametrize("kind", ["map", "stream", "device"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_batches_carry_indices_that_name_their_samples(
+    packed: Packed, kind: str, num_workers: int
+) -> None:
+    ds = PackedDataset.open(packed.root, split="train")
+    if kind == "stream":
+        stream = PackedStream(ds.selection, batch_size=8, seed=1)
+        loader: Any = stream_loader(stream, num_workers=num_workers, with_indices=True)
+    else:
+        loader = make_loader(
+            ds, batch_size=8, shuffle=True, num_workers=num_workers, with_indices=True
+        )
+    if kind == "device":
+        loader = DeviceLoader(loader, device="cpu")
+    where = manifest_lookup(packed.root)
+    checked = 0
+    for images, labels, indices in loader:
+        rows = ds.manifest_rows(indices)
+        assert rows.column("index").to_pylist() == indices.tolist()
+        assert rows.column("label").to_pylist() == labels.tolist()
+        for image, sample_id in zip(images, rows.column("sample_id").to_pylist(), strict=True):
+            shard, row = where[sample_id]
+            stored = np.load(packed.root / shard, mmap_mode="r")[row]
+            if kind == "device":
+                image = image.permute(1, 2, 0)
+            np.testing.assert_array_equal(image.numpy(), stored)
+            checked += 1
+    assert checked >= len(ds)
+    rows = ds.manifest_rows([0, -1])
+    assert rows.column("source").to_pylist() == [
+        packed_source(packed, int(ds.selection.positions[i])) for i in (0, -1)
+    ]
+    assert set(rows.column("split").to_pylist()) == {"train"}
+
+
+def packed_source(packed: Packed, position: int) -> str:
+    import pyarrow.ipc as ipc
+
+    (manifest,) = sorted(packed.root.glob("versions/v*/manifest.arrow"))[-1:]
+    return str(ipc.open_file(manifest).read_all().column("source")[position].as_py())
+
+
+def test_device_loader_refuses_what_it_would_convert_wrongly(packed: Packed) -> None:
+    chw = PackedDataset.open(packed.root, transform=lambda x: x.permute(2, 0, 1).contiguous())
+    with pytest.raises(ValueError, match=r"shape \(4, 3, 6, 5\).*layout='CHW'"):
+        next(iter(DeviceLoader(make_loader(chw, batch_size=4), device="cpu")))
+    images, _ = next(iter(DeviceLoader(make_loader(chw, batch_size=4), "cpu", layout="CHW")))
+    assert images.shape == (4, 3, 6, 5)
+    stored = torch.from_numpy(
+        packed.images[PackedDataset.open(packed.root).selection.positions[:4]]
+    )
+    assert torch.equal(images, stored.permute(0, 3, 1, 2))
+
+    floats = PackedDataset.open(packed.root, transform=lambda x: x.float() / 255)
+    with pytest.raises(TypeError, match=r"converts uint8 images .* got torch.float32"):
+        next(iter(DeviceLoader(make_loader(floats, batch_size=4), "cpu", dtype=torch.float32)))
+    passed, _ = next(iter(DeviceLoader(make_loader(floats, batch_size=4), "cpu")))
+    assert passed.dtype == torch.float32 and float(passed.max()) <= 1.0
+
+    ds = PackedDataset.open(packed.root)
+    as_dicts = make_loader(ds, batch_size=4, collate_fn=lambda s: {"n": len(s)})
+    with pytest.raises(TypeError, match="batches of \\(images, labels"):
+        next(iter(DeviceLoader(as_dicts, "cpu")))
