@@ -3,10 +3,15 @@
     etl sample-data data/sample && etl run pipeline.yaml     # -> artifacts/
     python examples/train.py --data artifacts --epochs 12
     torchrun --nproc_per_node=2 examples/train.py --data artifacts --epochs 12
+    python examples/train.py --checkpoint run.pt --checkpoint-every 20   # kill it, run it again
 
 Under torchrun (WORLD_SIZE set) the process group is initialised from the environment with
 gloo; `make_loader` then gives each rank its own equal part of the training split (padded by
 repetition, like DistributedSampler), and only rank 0 evaluates and prints.
+
+With `--checkpoint`, rank 0 saves the model, optimiser, schedule and loader state every
+`--checkpoint-every` steps and after each epoch; a run that finds the file resumes mid-epoch
+with exactly the batches not yet trained on (also with another number of ranks).
 """
 
 from __future__ import annotations
@@ -56,6 +61,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint", help="file to save to, and to resume from if it exists")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="steps (0: epochs only)")
+    parser.add_argument("--stop-after", type=int, default=0, help="stop after N steps (a test)")
     return parser.parse_args()
 
 
@@ -107,11 +115,31 @@ def main() -> None:
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, args.lr * 10, total_steps=steps)
     loss_fn = nn.CrossEntropyLoss()
 
+    start_epoch = 0
+    if args.checkpoint and os.path.exists(args.checkpoint):
+        saved = torch.load(args.checkpoint, weights_only=True)  # plain tensors and ints: no pickle
+        net.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        schedule.load_state_dict(saved["schedule"])
+        train_loader.load_state_dict(saved["loader"])  # refuses another dataset, order or seed
+        start_epoch = saved["loader"]["epoch"]
+        if rank == 0:
+            position = saved["loader"]["position"]
+            print(f"resumed epoch {start_epoch + 1} after {position} samples", flush=True)
+
+    def save(state: dict[str, object]) -> None:
+        if args.checkpoint and rank == 0:
+            torch.save(state, args.checkpoint + ".tmp")
+            os.replace(args.checkpoint + ".tmp", args.checkpoint)
+
     started = time.perf_counter()
-    for epoch in range(args.epochs):
-        train_loader.set_epoch(epoch)
+    steps_run = 0
+    accuracy = 0.0
+    for epoch in range(start_epoch, args.epochs):
+        train_loader.set_epoch(epoch)  # after load_state_dict: keeps the resume point
         seen, loss_sum = 0, 0.0
-        for images, labels in on_device(train_loader):
+        batches = on_device(train_loader)
+        for images, labels in batches:
             loss = loss_fn(model(images), labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -119,6 +147,15 @@ def main() -> None:
             schedule.step()
             seen += len(labels)
             loss_sum += loss.item() * len(labels)
+            steps_run += 1
+            if args.checkpoint_every and steps_run % args.checkpoint_every == 0:
+                save(checkpoint(net, optimizer, schedule, batches.state_dict()))
+            if steps_run == args.stop_after:
+                break
+        if steps_run == args.stop_after:
+            print(f"stopped after {steps_run} steps", flush=True)
+            break
+        save(checkpoint(net, optimizer, schedule, batches.state_dict()))
         if rank == 0:
             accuracy = evaluate(net, on_device(val_loader))  # the module itself: no DDP sync
             print(
@@ -126,13 +163,28 @@ def main() -> None:
                 f"val accuracy {accuracy:.3f}  ({time.perf_counter() - started:.0f} s)",
                 flush=True,
             )
-    if rank == 0:
+    if rank == 0 and steps_run != args.stop_after:
         print(f"final validation accuracy: {accuracy:.3f} on {len(val)} samples", flush=True)
     if distributed:
         # NOTE: rank 1 reaching destroy_process_group while rank 0 still evaluates aborted it
         # now and then ("terminate called without an active exception", exit -6) under gloo.
         dist.barrier()
         dist.destroy_process_group()
+
+
+def checkpoint(
+    net: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    loader_state: dict[str, object],
+) -> dict[str, object]:
+    """What a resumed run needs; the loader's state says which batches were trained on."""
+    return {
+        "model": net.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "schedule": schedule.state_dict(),
+        "loader": loader_state,
+    }
 
 
 if __name__ == "__main__":

@@ -228,11 +228,14 @@ class PackedLoader:
         """Continue `state`'s epoch with exactly the samples not yet delivered when it was
         saved. Refuses (ValueError naming the field) a state of another dataset version,
         selection, order, seed or batch size; a map-style state resumes with any world size
-        (see NOTE [ elastic resume ] in `loaders.resume`), a stream's with its own."""
+        (see NOTE [ elastic resume ] in `loaders.resume`) and the same global batch (batch
+        size times world size), a stream's with its own world size."""
         identity = self._identity()
         stream = self.stream
         if self.sampler is not None:
-            check_state(state, identity, ())
+            size = identity.pop("batch_size")
+            check_state(state, identity, ("batch_size", "world_size"))
+            _check_global_batch(state, int(size), self.sampler.world_size)
             self.sampler.load_state_dict(state)
         else:
             assert stream is not None, "_identity refuses loaders that cannot resume"
@@ -259,6 +262,18 @@ class PackedLoader:
 
     def _batch_size(self) -> int:
         return int(getattr(self.dataloader.batch_sampler, "batch_size", 1))
+
+
+def _check_global_batch(state: Mapping[str, Any], batch_size: int, world_size: int) -> None:
+    """Refuse a state of another global batch: with the same world size, another batch size;
+    with another, a per-rank batch size that does not keep batch size x world size."""
+    saved, ranks = state["batch_size"], state["world_size"]
+    if saved * ranks != batch_size * world_size:
+        raise ValueError(
+            f"loader state is for batch_size {saved} on {ranks} rank(s) (a global batch of "
+            f"{saved * ranks}), this loader has {batch_size} on {world_size} "
+            f"({batch_size * world_size}): use batch_size={saved * ranks // world_size} per rank"
+        )
 
 
 def batch_memory(

@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 ACCURACY = re.compile(r"^final validation accuracy: (\d\.\d{3}) on \d+ samples$", re.MULTILINE)
 
 
-def run(command: list[str], data: Path) -> str:
+def run(command: list[str], data: Path, *extra: str) -> str:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}  # aborts say where
-    args = ["--data", str(data), "--epochs", "2", "--batch-size", "8"]
+    args = ["--data", str(data), "--epochs", "2", "--batch-size", "8", *extra]
     done = subprocess.run(
         [*command, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
     )
@@ -44,3 +44,14 @@ def test_train_example_under_torchrun_prints_once(tiny: Path) -> None:
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     out = run([*torchrun, "--nproc_per_node=2", "examples/train.py"], tiny)
     assert len(ACCURACY.findall(out)) == 1, "only rank 0 prints"
+
+
+@pytest.mark.slow
+def test_train_example_resumes_from_its_checkpoint(tiny: Path, tmp_path: Path) -> None:
+    saved = str(tmp_path / "run.pt")
+    command = [sys.executable, "examples/train.py", "--workers", "1", "--checkpoint", saved]
+    out = run(command, tiny, "--checkpoint-every", "3", "--stop-after", "5")
+    assert "stopped after 5 steps" in out and not ACCURACY.findall(out)
+    out = run(command, tiny)
+    assert "resumed epoch 1 after 24 samples" in out, "3 steps of 8 were saved, not 4"
+    assert len(ACCURACY.findall(out)) == 1 and out.count("val accuracy") == 2

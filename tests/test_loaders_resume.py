@@ -190,7 +190,9 @@ def test_mismatched_states_are_refused_naming_the_field(packed: Packed, tmp_path
             loader.load_state_dict(given)
 
     refused(make_loader(ds, batch_size=4, shuffle=True, seed=2), state, "seed 1, this loader has 2")
-    refused(make_loader(ds, batch_size=8, shuffle=True, seed=1), state, "batch_size 4")
+    refused(make_loader(ds, batch_size=8, shuffle=True, seed=1), state, "batch_size 4 on 1")
+    halves = make_loader(ds, batch_size=2, shuffle=True, seed=1, rank=0, world_size=2)
+    halves.load_state_dict(state)  # the same global batch on two ranks: elastic resume
     refused(make_loader(ds, batch_size=4, shuffle="blocks", seed=1), state, "order 'random")
     refused(make_loader(ds, batch_size=4, shuffle=True, seed=1, drop_last=True), state, "drop_l")
     val = PackedDataset.open(packed.root, split="val")
@@ -247,6 +249,7 @@ def test_torchrun_before_init_process_group_is_an_error(
 # --- Elastic resume: real gloo processes -------------------------------------------------
 
 ELASTIC_STEPS = 3
+GLOBAL_BATCH = 8
 
 
 def run_elastic_rank(rank: int, world: int, root: str, port: int, state: str, out: str) -> None:
@@ -259,7 +262,8 @@ def run_elastic_rank(rank: int, world: int, root: str, port: int, state: str, ou
     )
     try:
         ds = PackedDataset.open(root)
-        loader = make_loader(ds, batch_size=4, shuffle=True, seed=11, with_indices=True)
+        size = GLOBAL_BATCH // world  # the same global batch on any number of ranks
+        loader = make_loader(ds, batch_size=size, shuffle=True, seed=11, with_indices=True)
         if state:
             loader.load_state_dict(json.loads(Path(state).read_text()))
             loader.set_epoch(1)
@@ -269,7 +273,7 @@ def run_elastic_rank(rank: int, world: int, root: str, port: int, state: str, ou
             read = []
             for batch in loader:
                 read += ds.selection.positions[batch.indices].tolist()
-                if len(read) == 4 * ELASTIC_STEPS:
+                if len(read) == size * ELASTIC_STEPS:
                     break
             if rank == 0:
                 Path(out + ".state").write_text(json.dumps(loader.state_dict()))
@@ -297,12 +301,12 @@ def test_elastic_resume_sees_every_sample_once(
 ) -> None:
     out = tmp_path / "read.json"
     first = read_in_ranks(before, packed.root, "", out)
-    assert all(len(r) == 4 * ELASTIC_STEPS for r in first)
+    assert all(len(r) == GLOBAL_BATCH // before * ELASTIC_STEPS for r in first)
     rest = read_in_ranks(after, packed.root, str(out) + ".state", tmp_path / "rest.json")
     n = len(packed.labels)
     seen = [p for r in first + rest for p in r]
     assert sorted(set(seen)) == list(range(n)), "every sample of the epoch"
-    remaining = n - 4 * ELASTIC_STEPS * before
+    remaining = n - GLOBAL_BATCH * ELASTIC_STEPS
     assert len(seen) - n == -remaining % after, "repeated only to pad the last ranks equal"
     assert len({len(r) for r in rest}) == 1, "the new ranks have equal parts"
 
