@@ -49,6 +49,7 @@ from loaders import (
     balanced_order,
     block_order,
     class_mix_distance,
+    collate_batch,
     make_loader,
     open_catalog,
     random_order,
@@ -111,7 +112,7 @@ def copy_methods(
         by_rows.gather(sel.shard_idx[i], sel.rows[i], out)
 
     def loaders_getitems(i: NDArray[np.int64]) -> None:
-        ds.gather(i.tolist())  # a list of ints, as DataLoader passes it
+        collate_batch(ds.__getitems__(i.tolist()))  # a list of ints, as DataLoader passes it
 
     def copyto_rows(i: NDArray[np.int64]) -> None:
         pairs = zip(sel.shard_idx[i].tolist(), sel.rows[i].tolist(), strict=True)
