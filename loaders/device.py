@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from loaders.augment import Augment
 from loaders.batches import Batch, IndexedBatch
 from loaders.loader import PackedLoader
 
@@ -68,12 +69,16 @@ class DeviceLoader:
         std: Sequence[float] | None = None,
         channels_last: bool = False,
         layout: str | None = None,
+        augment: Augment | None = None,
     ) -> None:
+        if augment is not None and dtype is None:
+            dtype = torch.float32  # augmentation resamples in floating point
         if (mean is not None or std is not None) and dtype is None:
             raise ValueError("mean/std normalisation needs a float dtype, e.g. torch.float32")
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.loader = loader
+        self.augment = augment
         self.device = torch.device(device)
         self.dtype = dtype
         self.channels_last = channels_last
@@ -149,12 +154,29 @@ class DeviceLoader:
         with context:
             images = images.to(self.device, non_blocking=True)
             labels = labels.to(self.device, non_blocking=True)
-            images = prepare_images(
-                images, self.layout, self.dtype, self.scale, self.shift, self.channels_last
-            )
+            if self.augment is None:
+                images = prepare_images(
+                    images, self.layout, self.dtype, self.scale, self.shift, self.channels_last
+                )
+            else:
+                images = self._augmented(images, indices)
         if indices is None:
             return Batch(images, labels)
         return IndexedBatch(images, labels, indices)  # indices stay on the CPU, for lookups
+
+    def _augmented(self, images: torch.Tensor, indices: torch.Tensor | None) -> torch.Tensor:
+        """Augment NCHW uint8 images on the device, then convert and normalise in place."""
+        assert self.augment is not None and self.dtype is not None
+        nchw = images.permute(0, 3, 1, 2) if self.layout == "HWC" else images
+        epoch = int(getattr(self.loader, "epoch", 0))
+        out = self.augment(nchw, indices, epoch).to(self.dtype)
+        if self.scale is not None:
+            out.mul_(self.scale)
+        if self.shift is not None:
+            out.sub_(self.shift)
+        if self.channels_last:
+            out = out.contiguous(memory_format=torch.channels_last)
+        return out
 
     def _check(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(images, labels, indices or None) of a batch, refused unless its images are what

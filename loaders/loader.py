@@ -139,6 +139,12 @@ class PackedLoader:
         return self.dataloader.dataset
 
     @property
+    def epoch(self) -> int:
+        """The epoch `set_epoch` selected (what per-epoch augmentation is drawn from)."""
+        target = self.sampler if self.sampler is not None else self.stream
+        return int(getattr(target, "epoch", 0))
+
+    @property
     def stream(self) -> PackedStream | None:
         dataset = self.dataloader.dataset
         return dataset if isinstance(dataset, PackedStream) else None

@@ -1,0 +1,207 @@
+"""Batched augmentation on the device: random resized crop + horizontal flip for training, resize
++ centre crop for evaluation, each a few tensor ops per batch (one `grid_sample`), never a Python
+loop over samples.
+
+Random parameters follow torchvision's `RandomResizedCrop.get_params` and `RandomHorizontalFlip`
+but are a pure function of (seed, epoch, dataset index) through a counter-based hash: the same
+sample gets the same crop in an epoch whichever worker, rank or batch reads it, and a resumed run
+replays it exactly. Parameters are drawn with numpy on the CPU (a few numbers per sample); only
+the resampling runs on the device.
+
+NOTE [ resampling ]: output pixel i of a crop (top, h) resized to `size` samples the source at
+top + (i + 0.5) * h / size - 0.5, clamped to the crop, with bilinear weights: exactly what
+`F.interpolate(crop, size, mode="bilinear", align_corners=False)` computes (torchvision's
+`resized_crop(..., antialias=False)`), checked per sample by the tests. torchvision's default
+for tensors is antialias=True, which low-pass filters before downscaling; the difference is
+measured and reported by benchmarks/bench_augment.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from numpy.typing import NDArray
+
+Augment = Callable[[torch.Tensor, "torch.Tensor | None", int], torch.Tensor]
+"""(NCHW uint8 images on the device, their dataset indices or None, epoch) -> float NCHW in the
+images' 0-255 range: what `DeviceLoader(augment=...)` calls for each batch."""
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(x: NDArray[np.uint64]) -> NDArray[np.uint64]:
+    """splitmix64's finaliser: a bijection of uint64 that scatters neighbouring inputs."""
+    x = x + _GOLDEN
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def uniforms(seed: int, epoch: int, index: NDArray[np.integer], draws: int) -> NDArray[np.float64]:
+    """[len(index), draws] floats in [0, 1): a pure function of (seed, epoch, index, draw)."""
+    if seed < 0 or epoch < 0:
+        raise ValueError(f"seed and epoch must be >= 0, got seed={seed} epoch={epoch}")
+    with np.errstate(over="ignore"):
+        key = _mix(_mix(np.asarray([seed], dtype=np.uint64)) ^ np.uint64(epoch))
+        per_sample = _mix(key ^ np.asarray(index, dtype=np.int64).astype(np.uint64))
+        counters = np.arange(draws, dtype=np.uint64)
+        bits = _mix(per_sample[:, None] ^ _mix(counters)[None, :])
+    return (bits >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def crop_boxes(
+    seed: int,
+    epoch: int,
+    index: NDArray[np.integer],
+    height: int,
+    width: int,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    attempts: int = 10,
+) -> NDArray[np.int64]:
+    """[n, 4] crop boxes (top, left, h, w), torchvision's RandomResizedCrop.get_params per sample.
+
+    Up to `attempts` draws of an area fraction in `scale` and a log-uniform aspect ratio in
+    `ratio`; the first box that fits is placed uniformly. Where none fits, the centre crop of
+    the whole image with the ratio clamped to `ratio`.
+    """
+    if not 0 < scale[0] <= scale[1] or not 0 < ratio[0] <= ratio[1]:
+        raise ValueError(f"scale and ratio must be increasing positive pairs: {scale}, {ratio}")
+    n = len(index)
+    u = uniforms(seed, epoch, np.asarray(index), 4 * attempts).reshape(n, 4, attempts)
+    area = height * width * (scale[0] + (scale[1] - scale[0]) * u[:, 0])
+    low, high = math.log(ratio[0]), math.log(ratio[1])
+    aspect = np.exp(low + (high - low) * u[:, 1])
+    w = np.round(np.sqrt(area * aspect)).astype(np.int64)  # round half to even, as round()
+    h = np.round(np.sqrt(area / aspect)).astype(np.int64)
+    fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
+    first = fits.argmax(axis=1)
+    rows = np.arange(n)
+    h, w = h[rows, first], w[rows, first]
+    top = np.floor(u[rows, 2, first] * (height - h + 1)).astype(np.int64)
+    left = np.floor(u[rows, 3, first] * (width - w + 1)).astype(np.int64)
+    boxes = np.stack([top, left, h, w], axis=1)
+    boxes[~fits.any(axis=1)] = _fallback_box(height, width, ratio)
+    return boxes
+
+
+def _fallback_box(height: int, width: int, ratio: tuple[float, float]) -> NDArray[np.int64]:
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        w, h = width, round(width / ratio[0])
+    elif in_ratio > ratio[1]:
+        h, w = height, round(height * ratio[1])
+    else:
+        w, h = width, height
+    return np.array([(height - h) // 2, (width - w) // 2, h, w], dtype=np.int64)
+
+
+def flips(seed: int, epoch: int, index: NDArray[np.integer], p: float = 0.5) -> NDArray[np.bool_]:
+    """Whether each sample is flipped horizontally (probability `p`), independent of its box."""
+    return uniforms(seed + 1, epoch, np.asarray(index), 1)[:, 0] < p
+
+
+def _sample(images: torch.Tensor, ys: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
+    """Bilinear samples of NCHW `images` at source pixel coordinates: ys [B, oh], xs [B, ow]
+    (already clamped to where each sample may read) -> float [B, C, oh, ow]."""
+    _, _, height, width = images.shape
+    gy = (2 * ys + 1) / height - 1  # grid_sample's align_corners=False pixel convention
+    gx = (2 * xs + 1) / width - 1
+    grid = torch.stack(torch.broadcast_tensors(gx[:, None, :], gy[:, :, None]), dim=-1)
+    source = images if images.is_floating_point() else images.float()
+    return F.grid_sample(source, grid, "bilinear", padding_mode="border", align_corners=False)
+
+
+def resized_crop(
+    images: torch.Tensor, boxes: torch.Tensor, flip: torch.Tensor, size: tuple[int, int]
+) -> torch.Tensor:
+    """Crop boxes (top, left, h, w) of NCHW `images`, resized to `size`, mirrored where `flip`:
+    float32 [B, C, *size] in the input's value range (see NOTE [ resampling ])."""
+    oh, ow = size
+    box = boxes.to(images.device, torch.float32)
+    top, left, h, w = box.unbind(dim=1)
+    i = torch.arange(oh, device=images.device, dtype=torch.float32)
+    j = torch.arange(ow, device=images.device, dtype=torch.float32)
+    ys = top[:, None] + (i[None, :] + 0.5) * (h / oh)[:, None] - 0.5
+    xs = left[:, None] + (j[None, :] + 0.5) * (w / ow)[:, None] - 0.5
+    ys = torch.minimum(torch.maximum(ys, top[:, None]), (top + h - 1)[:, None])
+    xs = torch.minimum(torch.maximum(xs, left[:, None]), (left + w - 1)[:, None])
+    xs = torch.where(flip.to(images.device)[:, None], xs.flip(1), xs)
+    return _sample(images, ys, xs)
+
+
+def resize_center_crop(images: torch.Tensor, resize: int, size: tuple[int, int]) -> torch.Tensor:
+    """torchvision's `Resize(resize)` (shorter side, antialias=False) then `CenterCrop(size)`,
+    in one resampling: float32 [B, C, *size]."""
+    _, _, height, width = images.shape
+    if height <= width:
+        rh, rw = resize, int(resize * width / height)
+    else:
+        rh, rw = int(resize * height / width), resize
+    oh, ow = size
+    if oh > rh or ow > rw:
+        raise ValueError(f"a centre crop of {size} does not fit in a resize to {(rh, rw)}")
+    top, left = round((rh - oh) / 2.0), round((rw - ow) / 2.0)
+    device = images.device
+    i = torch.arange(top, top + oh, device=device, dtype=torch.float32)
+    j = torch.arange(left, left + ow, device=device, dtype=torch.float32)
+    ys = ((i + 0.5) * (height / rh) - 0.5).clamp(0, height - 1)
+    xs = ((j + 0.5) * (width / rw) - 0.5).clamp(0, width - 1)
+    batch = images.shape[0]
+    return _sample(images, ys.expand(batch, oh), xs.expand(batch, ow))
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop:
+    """Training augmentation for `DeviceLoader(augment=...)`: torchvision's RandomResizedCrop
+    (bilinear) and RandomHorizontalFlip(p=flip), one batch at a time, parameters a pure function
+    of (seed, epoch, dataset index)."""
+
+    size: int | tuple[int, int]
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip: float = 0.5
+    seed: int = 0
+
+    def __call__(
+        self, images: torch.Tensor, index: torch.Tensor | None, epoch: int
+    ) -> torch.Tensor:
+        if index is None:
+            raise TypeError(
+                "RandomResizedCrop draws each sample's crop from its dataset index: build the "
+                "loader with with_indices=True"
+            )
+        _, _, height, width = images.shape
+        where = index.cpu().numpy()
+        boxes = crop_boxes(self.seed, epoch, where, height, width, self.scale, self.ratio)
+        mirrored = flips(self.seed, epoch, where, self.flip)
+        return resized_crop(
+            images, torch.from_numpy(boxes), torch.from_numpy(mirrored), _pair(self.size)
+        )
+
+
+@dataclass(frozen=True)
+class CenterCrop:
+    """Evaluation counterpart: resize the shorter side to `resize`, take the centre `size`."""
+
+    size: int | tuple[int, int]
+    resize: int | None = None
+    """Shorter side before cropping; default: the crop's shorter side (a plain resize)."""
+
+    def __call__(
+        self, images: torch.Tensor, index: torch.Tensor | None, epoch: int
+    ) -> torch.Tensor:
+        size = _pair(self.size)
+        return resize_center_crop(images, self.resize or min(size), size)
+
+
+def _pair(size: int | Sequence[int]) -> tuple[int, int]:
+    if isinstance(size, int):
+        return size, size
+    height, width = size
+    return int(height), int(width)
