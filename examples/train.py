@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from loaders import DeviceLoader, PackedDataset, PackedLoader, make_loader
+from loaders.augment import Augment, CenterCrop, RandomResizedCrop
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 """Rough per-channel statistics in [0, 1] units; exact values matter little for this task."""
@@ -67,9 +68,12 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def on_device(loader: PackedLoader) -> DeviceLoader:
-    """Batches as normalised float32 NCHW tensors (on the GPU, this is where they would move)."""
-    return DeviceLoader(loader, device="cpu", dtype=torch.float32, mean=MEAN, std=STD)
+def on_device(loader: PackedLoader, augment: Augment) -> DeviceLoader:
+    """Batches as augmented, normalised float32 NCHW tensors (on the GPU this is where they
+    would move: the crops are computed there, a whole batch at a time)."""
+    return DeviceLoader(
+        loader, device="cpu", dtype=torch.float32, mean=MEAN, std=STD, augment=augment
+    )
 
 
 def evaluate(model: nn.Module, loader: DeviceLoader) -> float:
@@ -103,10 +107,15 @@ def main() -> None:
         num_workers=args.workers,
         persistent_workers=args.workers > 0,
         pin_memory=False,
+        with_indices=True,  # each sample's crop is drawn from its index: resumable, rank-free
     )
     # Evaluation runs on rank 0 alone, over the whole split: explicit rank/world override.
     val_loader = make_loader(val, batch_size=256, rank=0, world_size=1, pin_memory=False)
 
+    stored = min(train.sample_shape[:2] if train.layout == "HWC" else train.sample_shape[1:])
+    crop = max(16, round(stored * 7 / 8))  # 224 of 256, ImageNet's ratio
+    train_augment = RandomResizedCrop(crop, scale=(0.35, 1.0), seed=args.seed)
+    eval_augment = CenterCrop(crop, resize=stored)
     channels = train.sample_shape[-1] if train.layout == "HWC" else train.sample_shape[0]
     net = small_cnn(channels, len(train.classes))
     model = nn.parallel.DistributedDataParallel(net) if distributed else net
@@ -138,8 +147,8 @@ def main() -> None:
     for epoch in range(start_epoch, args.epochs):
         train_loader.set_epoch(epoch)  # after load_state_dict: keeps the resume point
         seen, loss_sum = 0, 0.0
-        batches = on_device(train_loader)
-        for images, labels in batches:
+        batches = on_device(train_loader, train_augment)
+        for images, labels, _ in batches:  # with_indices: (images, labels, indices)
             loss = loss_fn(model(images), labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -157,7 +166,9 @@ def main() -> None:
             break
         save(checkpoint(net, optimizer, schedule, batches.state_dict()))
         if rank == 0:
-            accuracy = evaluate(net, on_device(val_loader))  # the module itself: no DDP sync
+            accuracy = evaluate(
+                net, on_device(val_loader, eval_augment)
+            )  # the module itself: no DDP sync
             print(
                 f"epoch {epoch + 1}/{args.epochs}  train loss {loss_sum / max(seen, 1):.3f}  "
                 f"val accuracy {accuracy:.3f}  ({time.perf_counter() - started:.0f} s)",

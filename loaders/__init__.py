@@ -12,8 +12,8 @@ Modules, in data-flow order: `catalog` (manifest -> selection), `reader` (shards
 `batches` (the batch type; the memory batches are gathered into: reused buffers, pinned
 memory, the workers' shared ring), `dataset` and `stream` (torch datasets), `orders` (pure
 sample orders), `samplers` (torch wrappers), `quality` (shuffle quality), `resume` (the state a
-training job saves, and its checks), `loader` (DataLoader builders, resume), `device` (to the
-GPU).
+training job saves, and its checks), `loader` (DataLoader builders, resume), `augment` (batched
+crops and flips on the device), `device` (to the GPU).
 """
 
 from loaders.batches import Batch, IndexedBatch, Samples

@@ -103,15 +103,18 @@ def per_sample_crop(image: torch.Tensor, box: list[int], flip: bool, size: int) 
     return out.flip(-1) if flip else out
 
 
+@pytest.mark.parametrize("batched", [True, False], ids=["grid_sample", "loop"])
 @pytest.mark.parametrize("size", [8, 24])
-def test_resized_crop_equals_interpolate_of_each_crop(size: int) -> None:
+def test_resized_crop_equals_interpolate_of_each_crop(size: int, batched: bool) -> None:
     rng = np.random.default_rng(0)
     images = torch.from_numpy(rng.integers(0, 256, (32, 3, 37, 29), dtype=np.uint8))
     boxes = crop_boxes(1, 0, np.arange(32), 37, 29)
     boxes[0] = [0, 0, 37, 29]  # the whole image
     boxes[1] = [36, 28, 1, 1]  # one pixel, the far corner
     mirrored = flips(1, 0, np.arange(32))
-    out = resized_crop(images, torch.from_numpy(boxes), torch.from_numpy(mirrored), (size, size))
+    out = resized_crop(
+        images, torch.from_numpy(boxes), torch.from_numpy(mirrored), (size, size), batched
+    )
     assert out.shape == (32, 3, size, size) and out.dtype == torch.float32
     for i in range(32):
         expected = per_sample_crop(images[i], boxes[i].tolist(), bool(mirrored[i]), size)
