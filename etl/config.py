@@ -231,10 +231,6 @@ class DecodeStage(_Model):
         return self
 
 
-RESIZE_MODES = ("center_crop", "pad", "stretch")
-RESAMPLE_FILTERS = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
-
-
 class ResizeStage(_Model):
     kind: Literal["resize"] = "resize"
     size: tuple[Annotated[int, Field(gt=0, le=16384)], Annotated[int, Field(gt=0, le=16384)]]
@@ -295,8 +291,6 @@ def _single_key_stage(value: Any) -> Any:
 
 
 # --- output and run -------------------------------------------------------------------------
-
-CHECKSUMS = ("xxh3_64", "xxh3_128", "blake3", "sha256")
 
 
 class OutputConfig(_Model):

@@ -15,7 +15,7 @@ import warnings
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import pytest
@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
 from etl import config as config_module
+from etl.checksums import HASHERS
 from etl.config import (
     CallStage,
     DecodeStage,
@@ -151,9 +152,15 @@ def reference(
 # --- registries and Reject ------------------------------------------------------------------
 
 
+def choices(model: type, field: str) -> set[str]:
+    """The values a config field's Literal accepts: what a user can write in pipeline.yaml."""
+    return set(get_args(model.model_fields[field].annotation))  # type: ignore[attr-defined]
+
+
 def test_registries_match_the_config_choices() -> None:
-    assert set(RESIZE_MODES) == set(config_module.RESIZE_MODES)
-    assert set(FILTERS) == set(config_module.RESAMPLE_FILTERS)
+    assert set(RESIZE_MODES) == choices(config_module.ResizeStage, "mode")
+    assert set(FILTERS) == choices(config_module.ResizeStage, "filter")
+    assert set(HASHERS) == choices(config_module.OutputConfig, "checksum")
 
 
 def test_reject_reasons_cover_every_stage_and_the_executor() -> None:
