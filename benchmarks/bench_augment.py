@@ -58,21 +58,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def per_sample(images: torch.Tensor, boxes: np.ndarray, mirrored: np.ndarray, size: int) -> Any:
-    """The same crop as a per-sample loop: what a per-sample torch transform does."""
+def per_sample(
+    images: torch.Tensor,
+    boxes: np.ndarray,
+    mirrored: np.ndarray,
+    size: int,
+    antialias: bool = False,
+) -> Any:
+    """The same crop as a per-sample loop: what a per-sample torch transform does (with
+    `antialias`, torchvision's default for tensors)."""
     out = []
     for image, (top, left, h, w), flip in zip(images, boxes.tolist(), mirrored, strict=True):
         crop = image[None, :, top : top + h, left : left + w].float()
-        one = F.interpolate(crop, size=(size, size), mode="bilinear", align_corners=False)[0]
-        out.append(one.flip(-1) if flip else one)
-    return torch.stack(out)
-
-
-def antialiased(images: torch.Tensor, boxes: np.ndarray, mirrored: np.ndarray, size: int) -> Any:
-    out = []
-    for image, (top, left, h, w), flip in zip(images, boxes.tolist(), mirrored, strict=True):
-        crop = image[None, :, top : top + h, left : left + w].float()
-        one = F.interpolate(crop, (size, size), mode="bilinear", antialias=True)[0]
+        one = F.interpolate(
+            crop, (size, size), mode="bilinear", align_corners=False, antialias=antialias
+        )[0]
         out.append(one.flip(-1) if flip else one)
     return torch.stack(out)
 
@@ -140,7 +140,7 @@ def report_cpu(batch: int, stored: int, size: int, rounds: int) -> None:
         contenders["kornia RandomResizedCrop + flip, our boxes"] = lambda: kornia(
             images, boxes, mirrored
         )
-    smooth = antialiased(images, boxes, mirrored, size)
+    smooth = per_sample(images, boxes, mirrored, size, antialias=True)
     rows = []
     loop_time = None
     timings = {name: timed(run, device, rounds) for name, run in contenders.items()}

@@ -253,8 +253,8 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         return self.rank * workers + (worker + delivered) % workers, self.world_size * workers
 
-    def groups(self, delivered: int = 0) -> list[Order]:
-        slot, n_slots = self.slot(delivered)
+    def groups(self, slot: int, n_slots: int) -> list[Order]:
+        """The indices `slot` yields this epoch, a group of `window` shards at a time."""
         sel = self.selection
         return stream_order(
             sel.shard_idx,
@@ -271,9 +271,8 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
         sel = self.selection
         delivered = self.pending_batches() or 0
         self._applied = int(self._resume[0])
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        groups = self.groups(delivered)
+        slot, n_slots = self.slot(delivered)
+        groups = self.groups(slot, n_slots)
         if not groups:
             return
         order = np.concatenate(groups)
@@ -281,7 +280,8 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
         ends = np.cumsum([len(g) for g in groups])
         shards = [np.unique(sel.shard_idx[g]).tolist() for g in groups]
         step = self.batch_size or 1
-        role = (worker + delivered) % workers  # the slot of this rank this worker plays
+        workers = n_slots // self.world_size
+        role = slot % workers  # which of its rank's slots this worker plays
         skipped = delivered // workers + (1 if role < delivered % workers else 0)
         current = -1
         for start in range(skipped * step, len(order), step):

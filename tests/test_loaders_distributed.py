@@ -32,6 +32,14 @@ def positions_read(ds: PackedDataset, images: torch.Tensor) -> list[int]:
     return found
 
 
+def write_gathered(out: str, value: object) -> None:
+    """Every rank's `value`, gathered and written by rank 0 as a JSON list in rank order."""
+    gathered: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    if dist.get_rank() == 0:
+        Path(out).write_text(json.dumps(gathered))
+
+
 def run_rank(rank: int, root: str, port: int, out: str) -> None:
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
@@ -44,10 +52,7 @@ def run_rank(rank: int, root: str, port: int, out: str) -> None:
             loader = make_loader(ds, batch_size=4, shuffle=True, seed=7, drop_last=drop_last)
             loader.set_epoch(1)
             seen[str(drop_last)] = [p for b in loader for p in positions_read(ds, b.images)]
-        gathered: list[object] = [None] * WORLD
-        dist.all_gather_object(gathered, seen)
-        if rank == 0:
-            Path(out).write_text(json.dumps(gathered))
+        write_gathered(out, seen)
     finally:
         dist.destroy_process_group()
 

@@ -16,7 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from packed import Packed, commit_subset, make_packed
+from test_loaders_distributed import free_port, write_gathered
 
 from loaders import (
     DeviceLoader,
@@ -255,8 +258,6 @@ GLOBAL_BATCH = 8
 def run_elastic_rank(rank: int, world: int, root: str, port: int, state: str, out: str) -> None:
     """One gloo rank: resume `state` (if any) or start epoch 1, read ELASTIC_STEPS batches (all
     of the rest when resuming), save rank 0's state, gather what each rank read."""
-    import torch.distributed as dist
-
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
@@ -277,18 +278,13 @@ def run_elastic_rank(rank: int, world: int, root: str, port: int, state: str, ou
                     break
             if rank == 0:
                 Path(out + ".state").write_text(json.dumps(loader.state_dict()))
-        gathered: list[object] = [None] * world
-        dist.all_gather_object(gathered, read)
-        if rank == 0:
-            Path(out).write_text(json.dumps(gathered))
+        write_gathered(out, read)
     finally:
         dist.barrier()
         dist.destroy_process_group()
 
 
 def read_in_ranks(world: int, root: Path, state: str, out: Path) -> list[list[int]]:
-    import torch.multiprocessing as mp
-    from test_loaders_distributed import free_port
 
     args = (world, str(root), free_port(), state, str(out))
     mp.spawn(run_elastic_rank, args=args, nprocs=world)
