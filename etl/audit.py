@@ -923,17 +923,17 @@ def _verify_shards(
     started = time.perf_counter()
     progress.start("verify", total)
     try:
-        outcomes = parallel_map(
-            verify_shard, tasks, run, options.mode, meta.sample_shape, meta.checksum
-        )
-        if not in_process:
-            # NOTE: joblib dispatches on the call above: workers hash while this process
-            # checks the manifest.
-            meanwhile()
         results = []
-        for outcome in outcomes:
-            results.append(outcome)
-            progress.advance(planned(by_name[outcome.shard]))
+        with parallel_map(
+            verify_shard, tasks, run, options.mode, meta.sample_shape, meta.checksum
+        ) as outcomes:
+            if not in_process:
+                # NOTE: joblib dispatches on the call above: workers hash while this process
+                # checks the manifest.
+                meanwhile()
+            for outcome in outcomes:
+                results.append(outcome)
+                progress.advance(planned(by_name[outcome.shard]))
     finally:
         progress.stop()
     report.verify_seconds = time.perf_counter() - started
@@ -1002,15 +1002,16 @@ def _verify_sources(
     progress.start("sources", len(items))
     problems: list[tuple[int, str, str | None, str]] = []
     try:
-        for found, done in parallel_map(
+        with parallel_map(
             hash_sources,
             chunks,
             _run_config(options, int(sizes[[i for i, _, _ in items]].sum())),
             str(options.source_root),
             manifest.meta.checksum,
-        ):
-            problems += found
-            progress.advance(done)
+        ) as hashed:
+            for found, done in hashed:
+                problems += found
+                progress.advance(done)
     finally:
         progress.stop()
     report.sources_checked = len(items)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -49,24 +49,37 @@ class PackResult:
     items: int
 
 
-# NOTE: a run stopped by a signal or an error abandons the result generator with tasks still on
-# the workers, on purpose; joblib then warns from a thread of its own, after the one line the
-# CLI has printed ("4 tasks which were still being processed ... have been cancelled").
-warnings.filterwarnings(
-    "ignore",
-    message=r".*tasks which were still being processed by the workers have been cancelled",
-    category=UserWarning,
-    module="joblib.parallel",
-)
-
-
+@contextmanager
 def parallel_map(
     fn: Callable[..., R],
     tasks: Sequence[T],
     run: RunConfig,
     *args: Any,
+) -> Iterator[Iterator[R]]:
+    """fn(task, *args) over tasks on the configured joblib backend, results as they finish.
+
+    NOTE [ stop the workers on the way out ]: a context manager, so that leaving the loop over
+    results early (a signal, an error in the loop body) closes joblib's generator right there,
+    which stops the workers and waits for them. Left to garbage collection, the generator lived
+    as long as the exception's traceback: workers went on writing temp shards after the run had
+    removed what it left, and the files outlived the run.
+    """
+    results = _parallel_results(fn, tasks, run, *args)
+    try:
+        yield results
+    finally:
+        close = getattr(results, "close", None)
+        if close is not None:
+            with warnings.catch_warnings():
+                # Cancelling what is left is the point here, not news for the user ("4 tasks
+                # which were still being processed ... have been cancelled").
+                warnings.filterwarnings("ignore", r".*have been cancelled", UserWarning)
+                close()
+
+
+def _parallel_results(
+    fn: Callable[..., R], tasks: Sequence[T], run: RunConfig, *args: Any
 ) -> Iterator[R]:
-    """fn(task, *args) over tasks on the configured joblib backend, results as they finish."""
     if not tasks:
         return iter(())
     n_jobs = 1 if run.backend == "sequential" else run.n_jobs
@@ -154,18 +167,19 @@ def hash_sources(
     stat = {f.source: f for f in files}
     hashes: dict[str, str] = {}
     rejects: list[SourceReject] = []
-    for results in parallel_map(_hash_chunk, chunks, run, algorithm, source_config):
-        for source, value, reason, message in results:
-            if value is None:
-                f = stat[source]
-                rejects.append(
-                    SourceReject(
-                        source, reason, message, f.size, f.mtime_ns, None, f.ctime_ns, f.inode
+    with parallel_map(_hash_chunk, chunks, run, algorithm, source_config) as chunk_results:
+        for results in chunk_results:
+            for source, value, reason, message in results:
+                if value is None:
+                    f = stat[source]
+                    rejects.append(
+                        SourceReject(
+                            source, reason, message, f.size, f.mtime_ns, None, f.ctime_ns, f.inode
+                        )
                     )
-                )
-            else:
-                hashes[source] = value
-        on_progress(len(results))
+                else:
+                    hashes[source] = value
+            on_progress(len(results))
     return hashes, rejects
 
 
@@ -265,7 +279,7 @@ def pack(
     config: PipelineConfig,
     root: Path,
     on_progress: Callable[[int], None] = lambda n: None,
-) -> Iterable[PackResult]:
+) -> Generator[PackResult, None, None]:
     """Run `pack_shard` over every task; yields results as shards finish. Every shard is on
     disk (fsynced, and the rename of it) once the last result has been taken.
 
@@ -275,8 +289,10 @@ def pack(
     Dask cluster only the worker that wrote a shard can flush it, so workers fsync there.
     """
     in_workers = config.run.backend == "dask"
-    results = parallel_map(pack_shard, tasks, config.run, config, str(root), in_workers)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsync") as syncer:
+    with (
+        parallel_map(pack_shard, tasks, config.run, config, str(root), in_workers) as results,
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsync") as syncer,
+    ):
         pending: list[Future[None]] = []
         for result in results:
             if not in_workers and result.shard is not None:

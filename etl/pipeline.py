@@ -322,19 +322,22 @@ def _run_locked(
     rejects = list(plan.rejects)
     new_shards: list[dict[str, Any]] = []
     progress.start("pack", plan.to_pack)
-    for result in execute.pack(plan.tasks, config, root, progress.advance):
-        new_tables.append(table_from_rows(result.samples, SAMPLES_SCHEMA))
-        rejects.extend(result.rejects)
-        if result.shard is not None:
-            new_shards.append(
-                {
-                    "shard": result.shard.name,
-                    "rows": result.shard.rows,
-                    "bytes": result.shard.bytes,
-                    "checksum": result.shard.checksum,
-                    "blake3": result.shard.blake3,
-                }
-            )
+    # closing: an interrupted loop stops the workers before the run cleans up (see
+    # NOTE [ stop the workers on the way out ] in etl.execute).
+    with contextlib.closing(execute.pack(plan.tasks, config, root, progress.advance)) as packed:
+        for result in packed:
+            new_tables.append(table_from_rows(result.samples, SAMPLES_SCHEMA))
+            rejects.extend(result.rejects)
+            if result.shard is not None:
+                new_shards.append(
+                    {
+                        "shard": result.shard.name,
+                        "rows": result.shard.rows,
+                        "bytes": result.shard.bytes,
+                        "checksum": result.shard.checksum,
+                        "blake3": result.shard.blake3,
+                    }
+                )
     progress.stop()
 
     packed_new = sum(t.num_rows for t in new_tables)

@@ -165,8 +165,9 @@ def repair(
         run = _run_config(jobs, backend, len(tasks), address)
         progress.start("repair", sum(len(t.items) for t in tasks))
         try:
-            with engine(run, writable_root=root, readable=[source_root]):
-                for outcome in parallel_map(
+            with (
+                engine(run, writable_root=root, readable=[source_root]),
+                parallel_map(
                     repair_shard,
                     tasks,
                     run,
@@ -174,7 +175,9 @@ def repair(
                     str(root),
                     str(source_root),
                     manifest.meta.sample_shape,
-                ):
+                ) as repaired,
+            ):
+                for outcome in repaired:
                     outcomes.append(outcome)
                     progress.advance(len(outcome.stored) + len(outcome.failed))
         finally:

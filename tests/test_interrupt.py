@@ -20,6 +20,9 @@ import pyarrow.ipc as ipc
 import pytest
 from PIL import Image
 
+from etl.config import RunConfig
+from etl.execute import parallel_map
+
 SLOW_STAGE = """\
 import time
 
@@ -258,3 +261,24 @@ def test_a_second_ctrl_c_stops_at_once_without_damage(tmp_path: Path) -> None:
     audit = etl(tmp_path, "audit", "out")
     stdout, _ = audit.communicate(timeout=120)
     assert audit.returncode == 0, stdout
+
+
+def _slow_write(task: int, folder: str) -> int:
+    time.sleep(0.3 if task == 0 else 1.5)
+    Path(folder, f"done-{task}").write_text("written")
+    return task
+
+
+def test_leaving_the_result_loop_stops_the_workers_at_once(tmp_path: Path) -> None:
+    """An exception in the loop over results (a signal lands there as often as in joblib)
+    stops the workers before it propagates: nothing is written after the run cleaned up."""
+    tasks, run = list(range(6)), RunConfig(n_jobs=2)
+    with (
+        pytest.raises(RuntimeError, match="stop here"),
+        parallel_map(_slow_write, tasks, run, str(tmp_path)) as results,
+    ):
+        for _ in results:
+            raise RuntimeError("stop here")
+    at_exit = sorted(p.name for p in tmp_path.iterdir())
+    time.sleep(2.5)  # the other tasks would have finished by now
+    assert sorted(p.name for p in tmp_path.iterdir()) == at_exit == ["done-0"]
