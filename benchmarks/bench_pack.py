@@ -41,12 +41,14 @@ from typing import Any
 
 import numpy as np
 import psutil
+from joblib import Parallel, delayed
+from joblib.parallel import LokyBackend
 from numpy.typing import NDArray
 from PIL import Image, ImageOps
 
 from benchmarks.common import cpu_model
 from benchmarks.photos import list_photos, make_photos
-from etl import pipeline
+from etl import interrupt, pipeline
 from etl.config import load_config
 from etl.manifest import read_manifest
 
@@ -86,6 +88,34 @@ def bare_loop(paths: Sequence[str], draft: bool, out: Photos | None = None) -> P
 def _bare_worker(paths: Sequence[str], draft: bool) -> int:
     """A bare loop in a pool process; returns the count (pixels stay in the worker)."""
     return len(bare_loop(paths, draft))
+
+
+NAIVE_CHUNK = SAMPLES_PER_SHARD
+"""Photos per task of the naive writer: the pipeline's shard size, so both dispatch alike."""
+
+
+def naive_writer(paths: Sequence[str], out: Path, n_jobs: int = 2) -> int:
+    """What one writes without a packing tool: joblib decodes chunks of photos in worker
+    processes (the bare loop), the pixels travel back pickled, and the parent copies them into
+    one big `.npy` opened with `np.lib.format.open_memmap`, flushed at the end. No hashing,
+    checksums, validation, manifest or fsync.
+
+    NOTE: on the pipeline's own loky workers (same initializer), because joblib keeps one
+    reusable loky pool and starts it afresh whenever its settings change: alternating two
+    settings would charge a worker start to every timed run of both."""
+    chunks = [paths[i : i + NAIVE_CHUNK] for i in range(0, len(paths), NAIVE_CHUNK)]
+    array = np.lib.format.open_memmap(out, "w+", np.uint8, (len(paths), HEIGHT, WIDTH, 3))
+    at = 0
+    backend = LokyBackend(initializer=interrupt.worker_setup, initargs=(os.getpid(),))
+    decoded = Parallel(n_jobs=n_jobs, backend=backend, return_as="generator")(
+        delayed(bare_loop)(chunk, False) for chunk in chunks
+    )
+    for pixels in decoded:
+        array[at : at + len(pixels)] = pixels
+        at += len(pixels)
+    array.flush()
+    del array
+    return at
 
 
 # --- CPU time and the pipeline ------------------------------------------------------------------
@@ -367,6 +397,13 @@ def _speed_rounds(photos: Path, runs: Path, repeats: int, results: Results) -> N
 
     outputs: dict[str, Path] = {}
 
+    def naive() -> dict[str, float]:
+        out = runs / "naive.npy"
+        with _timed() as timing:
+            done = naive_writer(files, out)
+        outputs["naive"] = out
+        return {**timing, "images": done}
+
     def pipe(key: str, n_jobs: int, backend: str, draft: bool) -> Callable[[], dict[str, float]]:
         def go() -> dict[str, float]:
             timing, output = run_pipeline(photos, runs, key, n_jobs, backend, draft)
@@ -379,6 +416,7 @@ def _speed_rounds(photos: Path, runs: Path, repeats: int, results: Results) -> N
         Variant("bare", "bare Pillow loop, 1 process", bare(False)),
         Variant("bare_draft", "bare Pillow loop + draft, 1 process", bare(True)),
         Variant("bare_x2", "bare Pillow loop, 2 processes (machine ceiling)", bare_two),
+        Variant("naive", "naive writer: joblib chunks -> one np.memmap, 2 jobs", naive),
         Variant("seq", "pipeline, backend sequential", pipe("seq", 1, "sequential", False)),
         Variant("loky2", "pipeline, loky, n_jobs 2", pipe("loky2", 2, "loky", False)),
         Variant(
@@ -404,14 +442,18 @@ def _speed_rounds(photos: Path, runs: Path, repeats: int, results: Results) -> N
             rate = timings[variant.key]["images"] / timings[variant.key]["seconds"]
             log(f"round {round_ + 1}/{repeats}  {variant.key:<12} {rate:7.1f} images/s")
             if variant.key in outputs and round_ > 0:
-                shutil.rmtree(outputs.pop(variant.key))
+                _remove(outputs.pop(variant.key))
         results.rounds.append(timings)
         if round_ == 0:  # now both bare arrays are filled: compare every output with them
             for key in list(outputs):
                 reference = (drafted if "draft" in key else full).reshape(images, -1)
-                packed = read_packed(outputs[key], sources).reshape(images, -1)
+                if key == "naive":  # one array, in the order of `files`
+                    packed = np.load(outputs[key], mmap_mode="r").reshape(images, -1)
+                else:
+                    packed = read_packed(outputs[key], sources).reshape(images, -1)
                 results.identical[key] = int(np.all(packed == reference, axis=1).sum())
-                shutil.rmtree(outputs.pop(key))
+                del packed
+                _remove(outputs.pop(key))
 
     per_image = np.abs(full.astype(np.int16) - drafted).reshape(images, -1).mean(axis=1)
     results.pixel_diff = {
@@ -419,6 +461,13 @@ def _speed_rounds(photos: Path, runs: Path, repeats: int, results: Results) -> N
         "p99_image": float(np.percentile(per_image, 99)),
         "max_image": float(per_image.max()),
     }
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def benchmark(

@@ -133,13 +133,12 @@ def _hash_chunk(
 ) -> list[tuple[str, str | None, str, str]]:
     """(source, digest or None, reject reason, message) for each (source, locator)."""
     out: list[tuple[str, str | None, str, str]] = []
-    for source, path in files:
-        try:
-            value = readers.content_digest(source_config, path, algorithm)
-        except OSError as exc:
-            out.append((source, None, *_read_failure(exc)))
-            continue
-        out.append((source, value, "", ""))
+    digests = readers.digest_many(source_config, (path for _, path in files), algorithm)
+    for (source, _), value in zip(files, digests, strict=True):
+        if isinstance(value, OSError):
+            out.append((source, None, *_read_failure(value)))
+        else:
+            out.append((source, value, "", ""))
     return out
 
 
@@ -188,6 +187,7 @@ def hash_sources(
 
 def _pack_one(
     item: PackItem,
+    data: bytes | OSError,
     writer: ShardWriter,
     config: PipelineConfig,
     functions: dict[str, Callable[..., Any]],
@@ -204,10 +204,8 @@ def _pack_one(
             item.inode,
         )
 
-    try:
-        data = readers.read(config.source, item.path)
-    except OSError as exc:
-        return reject(*_read_failure(exc))
+    if isinstance(data, OSError):
+        return reject(*_read_failure(data))
     if digest(data, config.output.checksum) != item.source_hash:
         return reject("changed", "file changed while the run was in progress; run again")
     try:
@@ -255,9 +253,10 @@ def pack_shard(
         durable,
     )
     with writer:
-        for item in task.items:
+        sources = readers.read_many(config.source, (item.path for item in task.items))
+        for item, data in zip(task.items, sources, strict=True):
             try:
-                outcome = _pack_one(item, writer, config, functions)
+                outcome = _pack_one(item, data, writer, config, functions)
             except OSError:
                 # NOTE: a source that cannot be read is a reject in _pack_one: this is the
                 # shard's write, re-raised as it is for the parent (etl.pipeline) to name

@@ -58,11 +58,18 @@ def decodes_natively(header: ImageFile.ImageFile) -> bool:
     return len(tile) == 1 and tile[0].args is not None and tile[0].args[0] in ("RGB", "L")
 
 
-def decode_jpeg(data: bytes, header: Image.Image, gray: bool, scale: int) -> Image.Image:
+def decode_jpeg(
+    data: bytes, header: Image.Image, gray: bool, scale: int, padded: bool = False
+) -> Image.Image:
     """Decode a JPEG that `decodes_natively` as Pillow would (mode 'RGB', or 'L' for a grey
-    file or when `gray`), at DCT scale 1/`scale`; raise ShortData or Damaged."""
+    file or when `gray`), at DCT scale 1/`scale`; raise ShortData or Damaged.
+
+    `padded`: a colour image comes back in mode 'RGBX' instead, sharing libjpeg's output
+    buffer. NOTE: Pillow stores RGB as four bytes a pixel; handing it three-byte RGB costs a
+    copy of every pixel (0.12 ms for a 500x400 photo, 6% of packing it), libjpeg's RGBX output
+    is Pillow's own layout and costs none. Resizing RGBX gives the same RGB bytes."""
     width, height = header.size
-    colorspace = "GRAY" if gray or header.mode == "L" else "RGB"
+    colorspace = "GRAY" if gray or header.mode == "L" else "RGBX" if padded else "RGB"
     options = {
         "colorspace": colorspace,
         "min_factor": scale,
@@ -71,6 +78,9 @@ def decode_jpeg(data: bytes, header: Image.Image, gray: bool, scale: int) -> Ima
         "min_height": -(-height // scale),
     }
     array = _strict(lambda strict: simplejpeg.decode_jpeg(data, strict=strict, **options))
+    if colorspace == "RGBX":
+        size = (array.shape[1], array.shape[0])
+        return Image.frombuffer("RGBX", size, array, "raw", "RGBX", 0, 1)  # no copy
     return Image.fromarray(array[:, :, 0] if array.ndim == 3 and array.shape[2] == 1 else array)
 
 

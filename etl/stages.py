@@ -82,7 +82,9 @@ class Reject(Exception):
 @dataclass(frozen=True)
 class Decoded:
     image: Image.Image
-    """Mode "RGB" or "L" as DecodeStage.mode says, EXIF orientation applied."""
+    """Mode "RGB" or "L" as DecodeStage.mode says, EXIF orientation applied; "RGBX" (RGB in
+    Pillow's four-byte layout) only for a caller that named the resize that follows, which
+    returns "RGB"."""
     source_size: tuple[int, int]
     """(height, width) of the source after EXIF orientation, at full resolution (even if a
     JPEG draft decoded it smaller)."""
@@ -97,11 +99,12 @@ _DECODER_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, struc
 """What Pillow raises on damaged data (UnidentifiedImageError, an OSError, is caught first)."""
 
 
-def decode(data: bytes, opts: DecodeStage, draft_for: ResizeStage | None = None) -> Decoded:
+def decode(data: bytes, opts: DecodeStage, next_resize: ResizeStage | None = None) -> Decoded:
     """Decode one encoded image fully, or raise `Reject`.
 
-    `draft_for`: the resize stage that follows, if any; when its `draft` is set and the data is a
-    JPEG, libjpeg decodes at 1/2, 1/4 or 1/8 scale, never below what that resize needs.
+    `next_resize`: the resize stage that follows, if any; when its `draft` is set and the data is a
+    JPEG, libjpeg decodes at 1/2, 1/4 or 1/8 scale, never below what that resize needs. A
+    colour JPEG then comes back as "RGBX" (see `formats.decode_jpeg`), for `resize` only.
     """
     if data[: len(NPY_MAGIC)] == NPY_MAGIC:
         return _decode_npy(data, opts)
@@ -114,7 +117,7 @@ def decode(data: bytes, opts: DecodeStage, draft_for: ResizeStage | None = None)
         # header check rejects the same images) but may print the warning once.
         warnings.simplefilter(_bomb_warning_action(opts.max_pixels), Image.DecompressionBombWarning)
         try:
-            return _decode(data, opts, draft_for)
+            return _decode(data, opts, next_resize)
         except UnidentifiedImageError:
             raise Reject("unreadable", _identify_failure(data)) from None
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
@@ -126,7 +129,7 @@ def decode(data: bytes, opts: DecodeStage, draft_for: ResizeStage | None = None)
             raise Reject(reason, f"{type(exc).__name__}: {exc}") from None
 
 
-def _decode(data: bytes, opts: DecodeStage, draft_for: ResizeStage | None) -> Decoded:
+def _decode(data: bytes, opts: DecodeStage, next_resize: ResizeStage | None) -> Decoded:
     try:
         formats.check_declared_length(data)
     except formats.ShortData as exc:
@@ -149,7 +152,7 @@ def _decode(data: bytes, opts: DecodeStage, draft_for: ResizeStage | None) -> De
         raise Reject("multi_frame", f"{image.format} with {n_frames} frames")
     try:
         if image.format in _JPEG_FORMATS:
-            return _decode_jpeg(data, image, opts, draft_for)
+            return _decode_jpeg(data, image, opts, next_resize)
         image.load()  # full decode here, inside the caller's try: short data raises
         if image.format == "PNG":
             formats.check_png(data)
@@ -183,20 +186,22 @@ def _open(data: bytes, allowed: tuple[str, ...]) -> ImageFile.ImageFile:
 
 
 def _decode_jpeg(
-    data: bytes, header: ImageFile.ImageFile, opts: DecodeStage, draft_for: ResizeStage | None
+    data: bytes, header: ImageFile.ImageFile, opts: DecodeStage, next_resize: ResizeStage | None
 ) -> Decoded:
     """A JPEG through `formats` (libjpeg's warnings are errors), with Pillow's draft semantics:
-    with `draft_for.draft`, the DCT scale Pillow's draft picks, grey from libjpeg for mode L."""
+    with `next_resize.draft`, the DCT scale Pillow's draft picks, grey from libjpeg for mode L."""
     stored_w, stored_h = header.size
     orientation = header.getexif().get(_ORIENTATION, 1)
     swap = orientation in _SWAPS_AXES
     request: tuple[int, int] | None = None  # (width, height) as stored
-    if draft_for is not None and draft_for.draft:
-        want_w, want_h = _draft_request((stored_h, stored_w) if swap else header.size, draft_for)
+    if next_resize is not None and next_resize.draft:
+        want_w, want_h = _draft_request((stored_h, stored_w) if swap else header.size, next_resize)
         request = (want_h, want_w) if swap else (want_w, want_h)
     if formats.decodes_natively(header):
         scale = formats.draft_scale(header.size, request) if request else 1
-        image = formats.decode_jpeg(data, header, request is not None and opts.mode == "L", scale)
+        gray = request is not None and opts.mode == "L"
+        padded = next_resize is not None and opts.mode == "RGB"
+        image = formats.decode_jpeg(data, header, gray, scale, padded)
     else:  # CMYK, YCCK: Pillow converts them; libjpeg's warnings come from a second pass
         if request is not None:
             header.draft(opts.mode, request)
@@ -312,6 +317,8 @@ def _to_mode(image: Image.Image, opts: DecodeStage) -> Image.Image:
         image = _composite(image, opts)
     elif mode == "1":
         image = image.convert("L")  # 0 -> 0, 1 -> 255
+    elif mode == "RGBX" and opts.mode == "RGB":
+        return image  # libjpeg's RGB, padded as Pillow stores it: for the resize that follows
     elif mode not in ("L", "RGB"):
         try:
             image = image.convert("RGB")  # P, CMYK (Pillow's naive formula), YCbCr, LAB, HSV
@@ -416,7 +423,8 @@ def resize(image: Image.Image, opts: ResizeStage) -> Image.Image:
     resize_fn: ResizeFn = _lookup(RESIZE_MODES, opts.mode, "resize mode")
     method: Image.Resampling = _lookup(FILTERS, opts.filter, "resize filter")
     fill: Fill = _luminance(opts.fill) if image.mode == "L" else opts.fill
-    return resize_fn(image, (width, height), method, fill)
+    resized = resize_fn(image, (width, height), method, fill)
+    return resized.convert("RGB") if resized.mode == "RGBX" else resized
 
 
 # --- validate -------------------------------------------------------------------------------
@@ -550,8 +558,8 @@ def process_image(
     # NOTE: draft only when resize follows decode with nothing in between that looks at pixels
     # (validate reads only the source size); a call stage must see the full-resolution image.
     pixel_stages = [stage for stage in stages[1:] if not isinstance(stage, ValidateStage)]
-    draft_for = pixel_stages[0] if isinstance(pixel_stages[0], ResizeStage) else None
-    decoded = decode(data, config.decode, draft_for)
+    next_resize = pixel_stages[0] if isinstance(pixel_stages[0], ResizeStage) else None
+    decoded = decode(data, config.decode, next_resize)
 
     current: Image.Image | NDArray[np.uint8] = decoded.image
     for stage in stages[1:]:

@@ -30,9 +30,9 @@ def test_bench_pack_tiny(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     table = result.stdout
     assert "| goal | measured | target | met |" in table
-    for label in ("bare Pillow loop, 1 process", "pipeline, loky, n_jobs 2", "+ draft"):
+    for label in ("bare Pillow loop, 1 process", "pipeline, loky, n_jobs 2", "+ draft", "naive"):
         assert label in table
-    # every pipeline output matched the bare loop's pixels, image for image
-    assert table.count("| 16/16 |") == 4, table
+    # every pipeline output and the naive writer's matched the bare loop's pixels, image for image
+    assert table.count("| 16/16 |") == 5, table
     # the memory run (--tiny makes only the one on N photos)
     assert "| 16 | 64 samples |" in table

@@ -7,6 +7,7 @@ in the run below a reader that blocks on one named file until the test ends.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import threading
@@ -19,7 +20,7 @@ import pytest
 from PIL import Image
 
 from etl import pipeline, readers
-from etl.config import load_config
+from etl.config import FolderSource, load_config
 from etl.manifest import read_manifest
 
 
@@ -94,3 +95,88 @@ def test_a_run_rejects_the_stalled_file_and_packs_the_rest(
     rejects = manifest.rejects.to_pylist()
     assert [(r["source"], r["reason"]) for r in rejects] == [("c1/3.png", "io_timeout")]
     assert report.committed
+
+
+# --- many files: read ahead of the caller ---------------------------------------------------
+
+
+def test_many_reads_keep_their_order_and_each_files_own_outcome(tmp_path: Path) -> None:
+    small = tmp_path / "small.bin"
+    small.write_bytes(b"a" * 10)
+    large = tmp_path / "large.bin"
+    large.write_bytes(b"b" * 100)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    empty = tmp_path / "empty.bin"
+    empty.write_bytes(b"")
+    locators = [str(p) for p in (small, tmp_path / "absent", fifo, large, folder, empty, small)]
+    config = FolderSource(path=tmp_path, max_file_bytes=50, io_timeout=5)
+
+    outcomes = list(readers.read_many(config, locators))
+    digests = list(readers.digest_many(config, locators, "sha256"))
+
+    assert outcomes[0] == outcomes[6] == b"a" * 10
+    assert outcomes[5] == b""
+    assert isinstance(outcomes[1], FileNotFoundError)
+    reasons = [getattr(o, "reason", None) for o in outcomes]
+    assert reasons[2:5] == ["not_a_file", "file_too_large", "not_a_file"]
+    for outcome, digest in zip(outcomes, digests, strict=True):
+        if isinstance(outcome, bytes):
+            assert digest == hashlib.sha256(outcome).hexdigest()
+        else:
+            assert type(digest) is type(outcome) and str(digest) == str(outcome)
+
+
+def test_a_stalled_file_among_many_is_cut_off_and_the_others_are_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = [tmp_path / f"{i}.bin" for i in range(6)]
+    for i, path in enumerate(paths):
+        path.write_bytes(bytes([i]) * 4)
+    release = threading.Event()
+    real = readers.read_regular_file
+
+    def hanging_read(path: str, max_bytes: int) -> bytes:
+        if path == str(paths[2]):
+            release.wait(60)  # as a read on a dead mount: no answer
+        return real(path, max_bytes)
+
+    monkeypatch.setattr(readers, "read_regular_file", hanging_read)
+    config = FolderSource(path=tmp_path, io_timeout=0.3)
+    started = time.monotonic()
+    try:
+        outcomes = list(readers.read_many(config, [str(p) for p in paths]))
+    finally:
+        release.set()
+    assert time.monotonic() - started < 10
+    assert [o for i, o in enumerate(outcomes) if i != 2] == [
+        bytes([i]) * 4 for i in (0, 1, 3, 4, 5)
+    ]
+    assert isinstance(outcomes[2], readers.Refused) and outcomes[2].reason == "io_timeout"
+
+
+def test_reading_ahead_holds_at_most_a_few_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader thread runs ahead of a slow caller by READ_AHEAD files, not the whole list:
+    what it holds stays a few files whatever the length of a shard."""
+    started: list[str] = []
+    real = readers.read_regular_file
+
+    def counted_read(path: str, max_bytes: int) -> bytes:
+        started.append(path)
+        return real(path, max_bytes)
+
+    monkeypatch.setattr(readers, "read_regular_file", counted_read)
+    paths = []
+    for i in range(40):
+        paths.append(tmp_path / f"{i}.bin")
+        paths[-1].write_bytes(b"x")
+    outcomes = readers.read_many(FolderSource(path=tmp_path), [str(p) for p in paths])
+    for taken in range(1, 4):
+        assert next(outcomes) == b"x"
+        time.sleep(0.2)  # the caller decodes slowly; the thread has all the time it wants
+        assert len(started) == taken + readers.READ_AHEAD
+    assert len(list(outcomes)) == 40 - 3

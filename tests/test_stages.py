@@ -501,7 +501,7 @@ def test_mpo_is_a_jpeg_not_an_animation() -> None:
     assert decoded.source_size == (240, 320)
     np.testing.assert_array_equal(np.asarray(decoded.image), np.asarray(opened))
     assert np.abs(np.asarray(decoded.image).astype(int) - photo).mean() < 8
-    drafted = decode(data, DecodeStage(), draft_for=ResizeStage(size=(30, 40), draft=True))
+    drafted = decode(data, DecodeStage(), next_resize=ResizeStage(size=(30, 40), draft=True))
     assert drafted.image.size == (40, 30) and drafted.source_size == (240, 320)
 
 
@@ -684,7 +684,7 @@ def test_draft_is_close_to_a_full_decode(
 ) -> None:
     full = ResizeStage(size=(64, 64), mode=resize_mode)
     draft = full.model_copy(update={"draft": True})
-    decoded = decode(photo_jpeg, DecodeStage(mode=mode), draft_for=draft)
+    decoded = decode(photo_jpeg, DecodeStage(mode=mode), next_resize=draft)
     assert decoded.source_size == (900, 1200)
     assert decoded.image.size == (150, 113)  # libjpeg's 1/8 scale, still >= 86x64 / 64x48
     expected, _ = process_image(photo_jpeg, pipeline(DecodeStage(mode=mode), full), {})
@@ -702,12 +702,12 @@ def test_draft_counts_in_turned_coordinates() -> None:
     stored = Image.fromarray(smooth_photo(800, 400))
     data = with_orientation(stored, "JPEG", 6, quality=90)
     opts = ResizeStage(size=(50, 400), mode="stretch", draft=True)
-    decoded = decode(data, DecodeStage(), draft_for=opts)
+    decoded = decode(data, DecodeStage(), next_resize=opts)
     assert decoded.source_size == (800, 400)
     assert decoded.image.width >= 400 and decoded.image.height >= 50
 
     square = ResizeStage(size=(64, 64), mode="center_crop", draft=True)
-    decoded = decode(data, DecodeStage(), draft_for=square)
+    decoded = decode(data, DecodeStage(), next_resize=square)
     assert decoded.source_size == (800, 400)
     assert decoded.image.size == (100, 200)  # 1/4 scale, turned
     full, _ = process_image(
@@ -720,9 +720,9 @@ def test_draft_counts_in_turned_coordinates() -> None:
 def test_draft_is_ignored_for_png_and_when_not_asked(photo_jpeg: bytes) -> None:
     opts = ResizeStage(size=(64, 64), draft=True)
     png = encode(Image.fromarray(smooth_photo(120, 90)), "PNG")
-    assert decode(png, DecodeStage(), draft_for=opts).image.size == (120, 90)
+    assert decode(png, DecodeStage(), next_resize=opts).image.size == (120, 90)
     no_draft = ResizeStage(size=(64, 64))
-    assert decode(photo_jpeg, DecodeStage(), draft_for=no_draft).image.size == (1200, 900)
+    assert decode(photo_jpeg, DecodeStage(), next_resize=no_draft).image.size == (1200, 900)
 
 
 def test_draft_still_applies_across_a_validate_stage(photo_jpeg: bytes) -> None:
@@ -759,7 +759,7 @@ def test_draft_never_decodes_below_what_resize_needs(
 ) -> None:
     data = with_orientation(Image.new("RGB", stored, (90, 30, 200)), "JPEG", orientation)
     opts = ResizeStage(size=target, mode=resize_mode, draft=True)
-    decoded = decode(data, DecodeStage(), draft_for=opts)
+    decoded = decode(data, DecodeStage(), next_resize=opts)
     turned = orientation in (6, 8)
     width, height = (stored[1], stored[0]) if turned else stored
     assert decoded.source_size == (height, width)
