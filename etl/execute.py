@@ -24,11 +24,16 @@ from etl import cluster, interrupt, readers
 from etl.checksums import digest
 from etl.config import CallStage, PipelineConfig, RunConfig, SourceConfig
 from etl.errors import ExecutionError
-from etl.manifest import SHARDS_DIR
-from etl.plan import PackItem, PackTask
-from etl.shards import ShardInfo, ShardWriter, fsync_dir
+from etl.shards import SHARDS_DIR, ShardInfo, ShardWriter, fsync_dir
 from etl.sources import SourceFile, SourceReject
 from etl.stages import Reject, load_function, process_image
+from etl.tasks import PackItem, PackTask
+
+# NOTE [ worker start-up ]: every run waits for its worker processes to start (0.2 s for a
+# bare loky worker here) and to import this module with all it imports (0.2 s more). That is
+# most of the fixed cost of a small run, so nothing a worker imports pulls in pyarrow: the
+# tasks it unpickles live in etl.tasks, shard naming in etl.shards, and etl.sources reads
+# listing files with a local import.
 
 HASH_CHUNK = 256
 """Files per hashing task: large enough to amortise dispatch, small enough to balance load."""

@@ -33,12 +33,11 @@ from numpy.typing import NDArray
 
 from etl.errors import ManifestError
 from etl.record import RECORD_FILE, check_record, write_record
-from etl.shards import fsync_dir
+from etl.shards import SHARDS_DIR, fsync_dir
 
 FORMAT_VERSION = 1
 """Bumped on any change a reader of an older version would misread; checked on every open."""
 
-SHARDS_DIR = "shards"
 VERSIONS_DIR = "versions"
 MANIFEST_FILE = "manifest.arrow"
 SHARDS_FILE = "shards.arrow"

@@ -17,8 +17,9 @@ import pyarrow as pa
 import xxhash
 
 from etl.config import PipelineConfig
-from etl.manifest import SAMPLES_SCHEMA, SHARDS_DIR, Manifest
+from etl.manifest import SAMPLES_SCHEMA, SHARDS_DIR, Manifest, table_from_rows
 from etl.sources import SourceFile, SourceListing, SourceReject
+from etl.tasks import PackItem, PackTask
 
 CONTENT_REJECTS = frozenset(
     {
@@ -38,31 +39,6 @@ CONTENT_REJECTS = frozenset(
 unchanged file keeps them without being decoded again. The others are re-decided every run."""
 
 TRAIN = "train"
-
-
-@dataclass(frozen=True, slots=True)
-class PackItem:
-    """One source to decode and store; everything the worker needs, nothing large."""
-
-    source: str
-    path: str
-    source_hash: str
-    size: int
-    mtime_ns: int
-    ctime_ns: int
-    inode: int
-    sample_id: str
-    label: int
-    class_name: str
-    split: str
-
-
-@dataclass(frozen=True)
-class PackTask:
-    """One shard's worth of work: a worker fills exactly one shard file."""
-
-    shard: str
-    items: tuple[PackItem, ...]
 
 
 @dataclass(frozen=True)
@@ -134,7 +110,7 @@ def _reused_rows(
     passes through here, and dicts cost seconds per 100k samples.
     """
     if previous is None or not rows:
-        return SAMPLES_SCHEMA.empty_table()
+        return table_from_rows([], SAMPLES_SCHEMA)  # NOTE: empty_table() imports pandas (0.2 s)
     table = previous.samples.take(pa.array(rows, pa.int64()))
     updates = {
         "sample_id": pa.array([sample_id(f.source) for f, _, _ in new_identity], pa.string()),

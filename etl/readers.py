@@ -34,7 +34,7 @@ from etl import names
 from etl.checksums import digest, new_hasher
 from etl.config import LmdbSource, SourceConfig
 from etl.errors import SourceError
-from etl.manifest import SHARDS_DIR
+from etl.shards import SHARDS_DIR
 
 T = TypeVar("T")
 

@@ -23,6 +23,9 @@ from numpy.typing import NDArray
 from etl.checksums import TAMPER_DIGEST, Hasher, digest, file_digests, new_hasher
 from etl.errors import ShardError
 
+SHARDS_DIR = "shards"
+"""The folder of a dataset that holds its shard files (and a run's temp files)."""
+
 NPY_MAGIC = b"\x93NUMPY\x01\x00"
 HEADER_BYTES = 128
 """Total .npy header length (magic + length field + dict, space-padded): a multiple of 64 as the

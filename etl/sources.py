@@ -22,17 +22,17 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 
 from etl import names, readers
 from etl.checksums import digest
 from etl.config import FolderSource, ListingSource, LmdbSource, PythonSource, SourceConfig
 from etl.errors import SourceError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +263,12 @@ def _read_listing_table(
         assert bad_rows is not None
         bad_rows.append((row.number or 0, row.text))
         return "skip"
+
+    # NOTE: imported here, not above: pack workers import this module (SourceFile,
+    # SourceReject) and never read a listing; pyarrow would add to every worker's start-up.
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
 
     suffix = path.suffix.lower()
     try:

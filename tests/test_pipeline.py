@@ -185,6 +185,31 @@ def test_draft_decoding_stays_close_to_full_decode(workdir: Path, tmp_path: Path
     assert max(diffs) < 6.0 and float(np.mean(diffs)) < 2.0
 
 
+def test_the_report_says_where_the_time_went(workdir: Path) -> None:
+    started = time.perf_counter()
+    report = pipeline.run(make_config(workdir))
+    wall = time.perf_counter() - started
+    assert list(report.phases) == ["list", "hash", "plan", "pack", "commit"]
+    assert all(seconds >= 0 for seconds in report.phases.values())
+    assert sum(report.phases.values()) <= report.seconds <= wall
+    assert report.to_dict()["phases"].keys() == report.phases.keys()
+    again = pipeline.run(make_config(workdir))  # nothing to pack or commit
+    assert list(again.phases) == ["list", "hash", "plan", "pack"]
+
+
+def test_a_pack_worker_imports_no_pyarrow() -> None:
+    """Every run waits for its workers to start (NOTE [ worker start-up ] in etl.execute); a
+    worker imports etl.execute and unpickles tasks, the config and sources' records."""
+    code = (
+        "import sys, etl.execute, etl.tasks, etl.config, etl.sources\n"
+        "print([m for m in ('pyarrow', 'pandas', 'torch') if m in sys.modules])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "[]"
+
+
 def test_rerun_without_changes_commits_nothing(workdir: Path) -> None:
     config = make_config(workdir)
     first = pipeline.run(config)
