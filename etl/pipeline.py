@@ -269,7 +269,6 @@ def _run_locked(
     started: float,
 ) -> RunReport:
     phases: dict[str, float] = {}
-    phase = _PhaseClock(phases)
     versions = list_versions(root)
     latest = versions[-1] if versions else 0
     if not dry_run:
@@ -290,9 +289,9 @@ def _run_locked(
         stored=settled_hashes(reusable),
         spool=None if dry_run else readers.spool_path(root),
     )
-    with phase("list"):
+    with _phase(phases, "list"):
         listing = list_sources(config.source, context)
-    with phase("hash"):
+    with _phase(phases, "hash"):
         _convert_while_waiting()
         needs_hash = files_to_hash(listing, reusable)
         progress.start("hash", len(needs_hash))
@@ -304,7 +303,7 @@ def _run_locked(
             source_config=config.source,
         )
         progress.stop()
-    with phase("plan"):
+    with _phase(phases, "plan"):
         plan = make_plan(config, listing, hashes, hash_rejects, reusable, latest + 1, prior_classes)
     if on_plan is not None:
         on_plan(plan)
@@ -337,7 +336,7 @@ def _run_locked(
     # closing: an interrupted loop stops the workers before the run cleans up (see
     # NOTE [ stop the workers on the way out ] in etl.execute).
     with (
-        phase("pack"),
+        _phase(phases, "pack"),
         contextlib.closing(execute.pack(plan.tasks, config, root, progress.advance)) as packed,
     ):
         for result in packed:
@@ -415,7 +414,10 @@ def _run_locked(
         config=config.output_shaping(),
         tool_version=tool_version(),
     )
-    with phase("commit"), interrupt.deferred():  # no commit after a signal; none cut short by one
+    with (
+        _phase(phases, "commit"),
+        interrupt.deferred(),
+    ):  # no commit after a signal; none cut short by one
         commit(root, meta, samples, shards, rejects_table)
     return RunReport(
         version=plan.version,
@@ -439,19 +441,14 @@ def _convert_while_waiting() -> None:
     threading.Thread(target=pa.array, args=([0],), name="etl-arrow-warm", daemon=True).start()
 
 
-class _PhaseClock:
-    """`with clock("pack"): ...` adds the block's wall time to phases["pack"]."""
-
-    def __init__(self, phases: dict[str, float]) -> None:
-        self.phases = phases
-
-    @contextlib.contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - start
+@contextlib.contextmanager
+def _phase(phases: dict[str, float], name: str) -> Iterator[None]:
+    """Records the block's wall time as phases[name]."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[name] = time.perf_counter() - start
 
 
 def _workers(config: PipelineConfig) -> int:

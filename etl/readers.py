@@ -496,9 +496,7 @@ def read_many(config: SourceConfig, locators: Iterable[str]) -> Iterator[bytes |
     """`read` of each locator, in order: its bytes, or the OSError it raised. Files are read
     ahead of the caller (NOTE [ read ahead ])."""
     if config.kind in FILE_KINDS:
-        limit = config.max_file_bytes
-        reads = ((partial(read_regular_file, locator, limit), locator) for locator in locators)
-        return _TIMED.outcomes(reads, config.io_timeout)
+        return _file_outcomes(config, locators, read_regular_file)
     reader = _reader(config)
     return _outcomes(partial(reader, config, locator) for locator in locators)
 
@@ -509,12 +507,21 @@ def digest_many(
     """The content hash of each source, as `digest(read(...))` gives it, in order, or the
     OSError its read raised; files are streamed and read ahead (NOTE [ read ahead ])."""
     if config.kind in FILE_KINDS:
-        limit = config.max_file_bytes
-        digests = (
-            (partial(file_digest, locator, algorithm, limit), locator) for locator in locators
-        )
-        return _TIMED.outcomes(digests, config.io_timeout)
+
+        def hash_file(path: str, max_bytes: int) -> str:
+            return file_digest(path, algorithm, max_bytes)
+
+        return _file_outcomes(config, locators, hash_file)
     return (
         data if isinstance(data, OSError) else digest(data, algorithm)
         for data in read_many(config, locators)
     )
+
+
+def _file_outcomes(
+    config: SourceConfig, locators: Iterable[str], read: Callable[[str, int], T]
+) -> Iterator[T | OSError]:
+    """read(path, max_file_bytes) of each file locator, read ahead with the time limit."""
+    limit = config.max_file_bytes
+    reads = ((partial(read, locator, limit), locator) for locator in locators)
+    return _TIMED.outcomes(reads, config.io_timeout)

@@ -103,8 +103,9 @@ def decode(data: bytes, opts: DecodeStage, next_resize: ResizeStage | None = Non
     """Decode one encoded image fully, or raise `Reject`.
 
     `next_resize`: the resize stage that follows, if any; when its `draft` is set and the data is a
-    JPEG, libjpeg decodes at 1/2, 1/4 or 1/8 scale, never below what that resize needs. A
-    colour JPEG then comes back as "RGBX" (see `formats.decode_jpeg`), for `resize` only.
+    JPEG, libjpeg decodes at 1/2, 1/4 or 1/8 scale, never below what that resize needs. With a
+    resize named (draft or not), a colour JPEG comes back as "RGBX" (see `formats.decode_jpeg`)
+    for `resize`, which returns "RGB".
     """
     if data[: len(NPY_MAGIC)] == NPY_MAGIC:
         return _decode_npy(data, opts)
