@@ -79,7 +79,14 @@ def run(
         bool, typer.Option("--verbose", "-v", help="List files in the plan.")
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress, no summary.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print the summary as JSON, with the seconds each phase took "
+            "(list, hash, plan, pack, commit).",
+        ),
+    ] = False,
 ) -> None:
     """Pack the images that pipeline.yaml describes into shards and a new manifest version.
 
