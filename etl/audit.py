@@ -47,7 +47,7 @@ from numpy.typing import NDArray
 
 from etl import names, readers
 from etl.checksums import TAMPER_DIGEST, digest, new_hasher
-from etl.config import FolderSource, ListingSource, PipelineConfig, RunConfig
+from etl.config import FolderSource, ListingSource, PipelineConfig, RunConfig, SourceConfig
 from etl.errors import ConfigError, ManifestError, ShardError
 from etl.execute import WorkerError, engine, parallel_map
 from etl.manifest import (
@@ -71,6 +71,7 @@ from etl.manifest import (
 from etl.pipeline import Progress
 from etl.record import RECORD_FILE
 from etl.shards import HEADER_BYTES, open_shard
+from etl.sources import ListContext, list_sources
 
 # --- findings -----------------------------------------------------------------------------------
 
@@ -175,6 +176,9 @@ class AuditOptions:
     """Seed of the sample choice; None draws one (the report gives it, to repeat the audit)."""
     source_root: Path | None = None
     """Folder the manifest's `source` paths are relative to; None skips the source check."""
+    records: SourceConfig | None = None
+    """A source whose samples are records, not files (lmdb, python, webdataset, parquet):
+    listed again, as a run lists it, and each checked sample's content hash compared."""
     jobs: int | None = None
     """joblib workers (-1 every core); None: every core to read PARALLEL_MIN_BYTES or more,
     else in-process."""
@@ -507,7 +511,7 @@ def audit(
         latest=list_versions(root)[-1],
         mode=options.mode,
         checksum=None,
-        source_root=options.source_root,
+        source_root=options.source_root or (options.records.path if options.records else None),
         sample_rate=options.sample_rate,
         seed=seed,
     )
@@ -524,6 +528,12 @@ def audit(
         report.seconds = time.perf_counter() - started
         return report
 
+    kind = manifest.meta.config.get("source_kind", "folder")
+    if options.source_root is not None and kind not in readers.FILE_KINDS:
+        raise ConfigError(
+            f"{root}: packed from a {kind} source, whose samples are records, not files under "
+            "a folder: pass --config pipeline.yaml to list them again"
+        )
     report.checksum = manifest.meta.checksum
     report.samples_total = manifest.samples.num_rows
     report.shards_total = manifest.shards.num_rows
@@ -540,6 +550,8 @@ def audit(
         )
         if options.source_root is not None:
             _verify_sources(manifest, selected, options, progress, report)
+        elif options.records is not None:
+            _verify_records(manifest, selected, options.records, progress, report)
     if options.mode == "sample":
         drawn = manifest.samples.column("sample_id").take(pa.array(selected))
         report.notes.append(_sampling_note(report, seed, drawn))
@@ -978,6 +990,57 @@ def _verify_shards(
             )
 
 
+def _verify_records(
+    manifest: Manifest,
+    selected: NDArray[np.int64],
+    source: SourceConfig,
+    progress: Progress,
+    report: AuditReport,
+) -> None:
+    """List `source` again (every record read and hashed once, as a run does) and compare
+    each checked sample's content hash with the one recorded."""
+    progress.start("sources", len(selected))
+    try:
+        listing = list_sources(source, ListContext(checksum=manifest.meta.checksum))
+        progress.advance(len(selected))
+    finally:
+        progress.stop()
+    hashes = {f.source: f.content_hash for f in listing.files}
+    rejected = {r.source: r for r in listing.rejects}
+    samples = manifest.samples
+    sources = samples.column("source").to_pylist()
+    recorded = samples.column("source_hash").to_pylist()
+    report.sources_checked = len(selected)
+    for index in sorted(int(i) for i in selected):
+        name, got = sources[index], hashes.get(sources[index])
+        if got == recorded[index]:
+            continue
+        if got is not None:
+            kind, message = "source_changed", "content changed since it was packed"
+        elif name in rejected:
+            now = rejected[name]
+            kind, message = "source_missing", f"now rejected ({now.reason}: {now.message})"
+        else:
+            kind, message = "source_missing", "no longer in the source"
+        report.findings.append(_source_finding(samples, index, kind, message, got))
+
+
+def _source_finding(
+    samples: pa.Table, index: int, kind: str, message: str, actual: str | None
+) -> Finding:
+    """A finding about the source of sample `index`, located by its shard and row."""
+    return Finding(
+        kind,
+        message,
+        shard=samples.column("shard")[index].as_py(),
+        row=samples.column("row")[index].as_py(),
+        sample_id=samples.column("sample_id")[index].as_py(),
+        source=samples.column("source")[index].as_py(),
+        expected=samples.column("source_hash")[index].as_py(),
+        actual=actual,
+    )
+
+
 def _shard_codes(column: pa.ChunkedArray, names: Sequence[str]) -> NDArray[np.int64]:
     """Each sample's shard as its index in shards.arrow (read_manifest checked they all exist)."""
     codes = pc.index_in(column, value_set=pa.array(names, pa.string()))
@@ -1016,15 +1079,4 @@ def _verify_sources(
         progress.stop()
     report.sources_checked = len(items)
     for index, kind, got, message in sorted(problems):
-        report.findings.append(
-            Finding(
-                kind,
-                message,
-                shard=samples.column("shard")[index].as_py(),
-                row=samples.column("row")[index].as_py(),
-                sample_id=samples.column("sample_id")[index].as_py(),
-                source=sources[index],
-                expected=hashes[index],
-                actual=got,
-            )
-        )
+        report.findings.append(_source_finding(samples, index, kind, message, got))

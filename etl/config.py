@@ -174,11 +174,84 @@ class PythonSource(_SourceBase):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+class _ContainerSource(_SourceBase):
+    """Images stored inside files (tar shards, tables) under the folder `path`."""
+
+    path: Path = Path(".")
+    """The folder `files` are matched in; `source` names a file by its path relative to it.
+    Default: the config's folder."""
+    files: tuple[str, ...]
+    """Glob patterns relative to `path` ('**' crosses folders; dot-files are never matched)."""
+
+    @field_validator("files")
+    @classmethod
+    def _some_files(cls, files: tuple[str, ...]) -> tuple[str, ...]:
+        if not files:
+            raise ValueError("list at least one file or glob pattern")
+        for pattern in files:
+            if not pattern.strip() or Path(pattern).is_absolute() or ".." in Path(pattern).parts:
+                raise ValueError(f"{pattern!r}: a pattern relative to source.path, without '..'")
+        return files
+
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+
+
+class WebDatasetSource(_ContainerSource):
+    """WebDataset tar shards: members grouped into samples by key (the name up to the first
+    dot of its last part); the image is the first extension of `image_extensions` present."""
+
+    kind: Literal["webdataset"] = "webdataset"
+    files: tuple[str, ...] = ("*.tar",)
+    image_extensions: tuple[str, ...] = IMAGE_EXTENSIONS
+    """Extensions (after the key's first dot, any case) holding the image, in preference order."""
+    label_member: str = "cls"
+    """The member extension holding the label: text, a class name or an integer."""
+    label_field: str | None = None
+    """When set, `label_member` is JSON (e.g. 'json') and the label is this field of it."""
+
+    @field_validator("image_extensions")
+    @classmethod
+    def _lowercase(cls, extensions: tuple[str, ...]) -> tuple[str, ...]:
+        if not extensions:
+            raise ValueError("list at least one image extension")
+        return tuple(e.lower().lstrip(".") for e in extensions)
+
+
+class ParquetSource(_ContainerSource):
+    """Tables of encoded images: Parquet files, or Arrow IPC files or streams (`.arrow`,
+    `.feather`), the layouts of image datasets on the Hugging Face Hub."""
+
+    kind: Literal["parquet"] = "parquet"
+    files: tuple[str, ...] = ("*.parquet",)
+    image_column: str = "image"
+    """Encoded image bytes, or a struct {bytes, path} as the Hub's Image feature stores it."""
+    label_column: str = "label"
+    """Integers (which index `classes`, else the file's ClassLabel names) or class names."""
+    id_column: str | None = None
+    """A column of unique row ids for `source`; without it, the row number in the file."""
+    split_column: str | None = None
+
+
 Source = Annotated[
-    FolderSource | ListingSource | LmdbSource | PythonSource, Field(discriminator="kind")
+    FolderSource | ListingSource | LmdbSource | PythonSource | WebDatasetSource | ParquetSource,
+    Field(discriminator="kind"),
 ]
-SourceConfig = FolderSource | ListingSource | LmdbSource | PythonSource
+SourceConfig = (
+    FolderSource | ListingSource | LmdbSource | PythonSource | WebDatasetSource | ParquetSource
+)
 """Any source model, for code that dispatches on `kind`."""
+SOURCE_KINDS: tuple[str, ...] = tuple(
+    model.model_fields["kind"].default
+    for model in (
+        FolderSource,
+        ListingSource,
+        LmdbSource,
+        PythonSource,
+        WebDatasetSource,
+        ParquetSource,
+    )
+)
 
 
 # --- stages ---------------------------------------------------------------------------------
@@ -476,7 +549,7 @@ def _line_index(node: yaml.Node, path: tuple[Any, ...] = ()) -> dict[tuple[Any, 
 def _yaml_path(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     """pydantic puts the union tag in `loc`: (source, folder, path) is YAML's (source, path).
     A stage's tag is also its single YAML key, so (stages, 1, resize, size) needs no change."""
-    if len(loc) >= 2 and loc[0] == "source" and loc[1] in ("folder", "listing", "lmdb", "python"):
+    if len(loc) >= 2 and loc[0] == "source" and loc[1] in SOURCE_KINDS:
         return (loc[0], *loc[2:])
     return loc
 

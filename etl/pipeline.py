@@ -241,9 +241,9 @@ def _cleaned_up(root: Path, before: int) -> str:
 
 
 def _worker_inputs(config: PipelineConfig) -> list[Path]:
-    """What workers read besides the output: the source, except a Python source, whose records
-    reach workers through the spool in the output folder."""
-    return [] if config.source.kind == "python" else [config.source.path]
+    """What workers read besides the output: the source, except where records reach workers
+    through the spool in the output folder (a Python source, tar shards, tables)."""
+    return [] if config.source.kind in readers.SPOOLED_KINDS else [config.source.path]
 
 
 def _read_previous(root: Path, latest: int, rebuild: bool) -> Manifest | None:

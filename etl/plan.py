@@ -172,14 +172,20 @@ def _reject(f: SourceFile, reason: str, message: str, digest: str) -> SourceReje
 
 
 def resolve_classes(
-    config: PipelineConfig, names: Iterable[str], prior: tuple[str, ...]
+    config: PipelineConfig,
+    names: Iterable[str],
+    prior: tuple[str, ...],
+    declared: tuple[str, ...] | None = None,
 ) -> tuple[str, ...]:
-    """Label order: a fixed `classes:` list, else the prior version's classes followed by new
-    names in sorted order, so adding a class never renumbers existing ones."""
+    """Label order: a fixed `classes:` list, else the prior version's classes followed by the
+    new names, in the order the source declares them (`SourceListing.classes`) and then sorted,
+    so adding a class never renumbers existing ones."""
     if config.source.classes is not None:
         return tuple(config.source.classes)
-    new = sorted(set(names) - set(prior))
-    return (*prior, *new)
+    known = set(prior)
+    ordered = [name for name in declared or () if name not in known]
+    known.update(ordered)
+    return (*prior, *ordered, *sorted(set(names) - known))
 
 
 def make_plan(
@@ -200,7 +206,7 @@ def make_plan(
     failed = {r.source for r in rejects}
 
     present_classes = {f.class_name for f in listing.files if f.class_name is not None}
-    classes = resolve_classes(config, present_classes, prior_classes)
+    classes = resolve_classes(config, present_classes, prior_classes, listing.classes)
     label_of = {name: i for i, name in enumerate(classes)}
 
     # 1. content hash and label of every readable source

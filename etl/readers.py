@@ -7,7 +7,8 @@ spool file of a Python source, and how a file is read safely (`read_regular_file
     folder, listing   locator = a file path                  -> the file's bytes
     lmdb              locator = the key as `source` spells it -> the value (or its image field)
                       (see NOTE [names] in etl/names.py)
-    python            locator = "<offset>+<length>@<spool>"   -> that slice of the spool file
+    python, webdataset, parquet
+                      locator = "<offset>+<length>@<spool>"   -> that slice of the spool file
 
 Reader errors are OSError: the executor turns them into `io_error` rejects, or into the reason a
 `Refused` carries (`not_a_file`, `file_too_large`).
@@ -183,11 +184,12 @@ def _read_lmdb(config: LmdbSource, locator: str) -> bytes:
 # --- the spool of a Python source -------------------------------------------------------------
 
 SPOOL_PREFIX = ".tmp-spool-"
-"""NOTE [spool]: a Python source's records exist only while its function runs, in the parent.
-Those a run must pack go into one file, `<output>/shards/.tmp-spool-<pid>.bin`, and workers
-pread their slice. It lives in the output folder because every worker (also on a Dask cluster)
-sees it; the pipeline deletes it at the end of a run, and a killed run's spool is removed by
-the next run's `clean_leftovers` like any other `.tmp-*` file under shards/."""
+"""NOTE [spool]: a Python source's records exist only while its function runs, in the parent;
+tar shards and tables are read there in one pass, record by record (a tar has no index to find
+one record by). Those a run must pack go into one file, `<output>/shards/.tmp-spool-<pid>.bin`,
+and workers pread their slice. It lives in the output folder because every worker (also on a
+Dask cluster) sees it; the pipeline deletes it at the end of a run, and a killed run's spool is
+removed by the next run's `clean_leftovers` like any other `.tmp-*` file under shards/."""
 
 
 def spool_path(root: Path) -> Path:
@@ -267,8 +269,10 @@ HASH_CHUNK_BYTES = 4 << 20
 
 FILE_KINDS = frozenset({"folder", "listing"})
 """Source kinds whose locators are file paths."""
+SPOOLED_KINDS = frozenset({"python", "webdataset", "parquet"})
+"""Source kinds whose records reach the workers through the spool (NOTE [spool])."""
 
-_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+SAFE_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
 """NOTE [safe open]: O_NONBLOCK so that opening a FIFO (or a device) that slipped past the
 listing's stat never blocks waiting for a writer; fstat then refuses anything but a regular
 file before a byte is read. On regular files O_NONBLOCK changes nothing."""
@@ -297,7 +301,7 @@ def too_large(size: int, max_bytes: int) -> str:
 @contextmanager
 def _regular_file(path: str, max_bytes: int) -> Iterator[tuple[int, int]]:
     """(fd, size) of the regular file at `path`, no larger than `max_bytes`; else `Refused`."""
-    fd = os.open(path, _OPEN_FLAGS)
+    fd = os.open(path, SAFE_OPEN_FLAGS)
     try:
         st = os.fstat(fd)
         kind = not_a_file(st)
@@ -476,6 +480,8 @@ READERS: dict[str, Callable[[Any, str], bytes]] = {
     "listing": _read_file,
     "lmdb": _read_lmdb,
     "python": _read_spool,
+    "webdataset": _read_spool,
+    "parquet": _read_spool,
 }
 """Source kind -> reader(source config, locator) -> the bytes the decoder sees."""
 

@@ -19,7 +19,7 @@ import pickle
 import re
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -104,6 +104,9 @@ class FileStat(NamedTuple):
 class SourceListing:
     files: tuple[SourceFile, ...]
     rejects: tuple[SourceReject, ...]
+    classes: tuple[str, ...] | None = None
+    """The label order the source itself declares (a table's ClassLabel names; 0..max for
+    integer labels), used when `source.classes` is not set; None: sorted class names."""
 
     @property
     def listed(self) -> int:
@@ -141,6 +144,8 @@ def check_exists(config: SourceConfig) -> None:
         raise SourceError(f"source.path: {path} is not a file")
     if config.kind == "lmdb" and not path.exists():
         raise SourceError(f"source.path: {path} is not an LMDB environment (no such file)")
+    if config.kind in CONTAINER_KINDS and not path.is_dir():
+        raise SourceError(f"source.path: {path} is not a folder (source.files are matched in it)")
 
 
 def _pattern(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
@@ -570,17 +575,104 @@ def _key_labels(path: Path) -> dict[str, tuple[str | None, str | None]]:
     return out
 
 
+# --- records: sources with no file per sample ---------------------------------------------------
+
+
+class RecordIntake:
+    """Takes the records of a source that has no file per sample (a Python function, tar
+    shards, tables): each is hashed here, in this process, and the ones whose content is not
+    already stored (`context.stored`) go into the spool (`context.spool`, NOTE [spool] in
+    etl/readers.py) for the workers. A dry run (no spool) writes nothing."""
+
+    def __init__(self, context: ListContext) -> None:
+        self._checksum = context.checksum
+        self._stored = context.stored
+        self._spool = readers.SpoolWriter(context.spool) if context.spool is not None else None
+        self._spooled: dict[str, str] = {}
+        self.files: list[SourceFile] = []
+        self.rejects: list[SourceReject] = []
+
+    def __enter__(self) -> RecordIntake:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._spool is not None:
+            self._spool.close()
+
+    def add(
+        self, source: str, payload: bytes | memoryview, class_name: str, split: str | None
+    ) -> None:
+        """A record to pack (or to reuse, when its content is stored already)."""
+        content = digest(payload, self._checksum)
+        locator = self._spooled.get(content, readers.NOT_SPOOLED)
+        if self._spool is not None and content not in self._stored and content not in self._spooled:
+            locator = self._spooled[content] = self._spool.append(payload)
+        self.files.append(
+            SourceFile(source, locator, class_name, split, len(payload), 0, content_hash=content)
+        )
+
+    def reject(
+        self, source: str, reason: str, message: str, payload: bytes | memoryview | None = None
+    ) -> None:
+        """A record that cannot be a sample; with its bytes, when it has them, so the reject
+        carries their size and hash."""
+        if payload is None:
+            self.rejects.append(SourceReject(source, reason, message))
+        else:
+            size, content = len(payload), digest(payload, self._checksum)
+            self.rejects.append(SourceReject(source, reason, message, size, 0, content))
+
+    def withdraw(self, sources: set[str], reason: str, message: str) -> None:
+        """Make `sources` one reject each, whatever was taken of them before (a key found twice:
+        its first record may have been taken, its second rejected)."""
+        self.files = [f for f in self.files if f.source not in sources]
+        self.rejects = [r for r in self.rejects if r.source not in sources]
+        self.rejects += [SourceReject(source, reason, message) for source in sorted(sources)]
+
+    def listing(self, classes: tuple[str, ...] | None = None) -> SourceListing:
+        files = sorted(self.files, key=lambda f: f.source)
+        rejects = sorted(self.rejects, key=lambda r: r.source)
+        return SourceListing(tuple(files), tuple(rejects), classes)
+
+
+def class_name_of(value: Any, classes: tuple[str, ...] | None) -> str | None:
+    """A record's label as a class name. Text is a class name as it is (stripped; empty is
+    None). An integer (also a numpy one) indexes `classes` when given, and otherwise stands for
+    itself as its decimal digits. ValueError for a negative integer (the Hub's -1: no label) or
+    one outside `classes`, TypeError for a value that is neither."""
+    if value is None or isinstance(value, str):
+        return _label_text(value)
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError(f"label {int(value)} is negative: the record has no class")
+        if classes is None:
+            return str(int(value))
+        if not 0 <= int(value) < len(classes):
+            raise ValueError(f"label {int(value)} is outside the {len(classes)} class names")
+        return classes[int(value)]
+    raise TypeError(f"label {value!r} is a {type(value).__name__}, not text or an integer")
+
+
+def integer_classes(names: Iterable[str]) -> tuple[str, ...] | None:
+    """For labels that are all non-negative integers: '0' .. the largest, so label i stays i
+    even where a class has no sample; None when any label is not such an integer."""
+    largest = -1
+    for name in names:
+        if not name.isdecimal() or (len(name) > 1 and name[0] == "0"):
+            return None
+        largest = max(largest, int(name))
+    return tuple(str(i) for i in range(largest + 1)) if largest >= 0 else None
+
+
 # --- python -------------------------------------------------------------------------------------
 
 RECORD_KEYS = ("id", "data", "array", "label", "split")
 
 
 def list_python(config: PythonSource, context: ListContext) -> SourceListing:
-    """Call `config.function(**config.options)` once and take every record it yields.
-
-    Each record is hashed here, in this process; the ones whose content is not already stored
-    (`context.stored`) go into the spool (`context.spool`) for the workers. Ids must be unique:
-    a duplicate is an error naming them, after the whole iteration, so all are named at once.
+    """Call `config.function(**config.options)` once and take every record it yields into a
+    `RecordIntake`. Ids must be unique: a duplicate is an error naming them, after the whole
+    iteration, so all are named at once.
     """
     spec = config.function
     function = _records_function(config)
@@ -588,47 +680,32 @@ def list_python(config: PythonSource, context: ListContext) -> SourceListing:
         iterator = iter(function(**config.options))
     except Exception as exc:
         raise SourceError(f"source.function {spec!r} raised {type(exc).__name__}: {exc}") from exc
-    spool = readers.SpoolWriter(context.spool) if context.spool is not None else None
-    spooled: dict[str, str] = {}
     first: dict[str, int] = {}
     dupes: dict[str, list[int]] = {}
-    files: list[SourceFile] = []
-    rejects: list[SourceReject] = []
     index = 0
     try:
-        while True:
-            try:
-                record = next(iterator)
-            except StopIteration:
-                break
-            except Exception as exc:
-                raise SourceError(
-                    f"source.function {spec!r} raised {type(exc).__name__} after {index} "
-                    f"record(s): {exc}"
-                ) from exc
-            source, payload, label, split = _parse_record(record, index, spec)
-            if source in first:
-                dupes.setdefault(source, [first[source]]).append(index)
-            else:
-                first[source] = index
-            index += 1
-            content = digest(payload, context.checksum)
-            if label is None:
-                rejects.append(
-                    SourceReject(
-                        source, "unknown_label", "the record has no label", len(payload), 0, content
-                    )
-                )
-                continue
-            locator = spooled.get(content, readers.NOT_SPOOLED)
-            if spool is not None and content not in context.stored and content not in spooled:
-                locator = spooled[content] = spool.append(payload)
-            files.append(
-                SourceFile(source, locator, label, split, len(payload), 0, content_hash=content)
-            )
+        with RecordIntake(context) as intake:
+            while True:
+                try:
+                    record = next(iterator)
+                except StopIteration:
+                    break
+                except Exception as exc:
+                    raise SourceError(
+                        f"source.function {spec!r} raised {type(exc).__name__} after {index} "
+                        f"record(s): {exc}"
+                    ) from exc
+                source, payload, label, split = _parse_record(record, index, spec)
+                if source in first:
+                    dupes.setdefault(source, [first[source]]).append(index)
+                else:
+                    first[source] = index
+                index += 1
+                if label is None:
+                    intake.reject(source, "unknown_label", "the record has no label", payload)
+                else:
+                    intake.add(source, payload, label, split)
     finally:
-        if spool is not None:
-            spool.close()
         close = getattr(iterator, "close", None)
         if close is not None:
             close()  # a generator stopped early releases its connection or files now
@@ -641,9 +718,7 @@ def list_python(config: PythonSource, context: ListContext) -> SourceListing:
             f"source.function {spec!r}: ids are not unique: {named}{more}; every record needs "
             "its own id, stable across runs"
         )
-    files.sort(key=lambda f: f.source)
-    rejects.sort(key=lambda r: r.source)
-    return SourceListing(tuple(files), tuple(rejects))
+    return intake.listing()
 
 
 def _records_function(config: PythonSource) -> Callable[..., Any]:
@@ -718,10 +793,22 @@ def _parse_record(record: Any, index: int, spec: str) -> tuple[str, bytes, str |
     return source, payload, class_name, split or None
 
 
+def _list_container(config: Any, context: ListContext) -> SourceListing:
+    # NOTE: imported here: etl.containers reads tables with pyarrow, and pack workers import
+    # this module (NOTE [ worker start-up ] in etl/execute.py)
+    from etl import containers
+
+    return containers.LISTERS[config.kind](config, context)
+
+
+CONTAINER_KINDS = frozenset({"webdataset", "parquet"})
+"""Source kinds whose samples are records inside files matched by `source.files`."""
+
 LISTERS: dict[str, Callable[[Any, ListContext], SourceListing]] = {
     "folder": list_folder,
     "listing": list_listing,
     "lmdb": list_lmdb,
     "python": list_python,
+    **{kind: _list_container for kind in CONTAINER_KINDS},
 }
 """Source kind -> lister(source config, context) -> every input, sorted by `source`."""

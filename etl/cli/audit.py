@@ -22,6 +22,7 @@ from etl.cli.progress import BarProgress
 from etl.config import load_config
 from etl.errors import EtlError
 from etl.manifest import SHARDS_DIR
+from etl.readers import FILE_KINDS
 
 BACKENDS = ("loky", "threading", "sequential", "dask")
 ROWS_PER_PROBLEM = 8
@@ -192,7 +193,8 @@ def audit(
         typer.Option(
             "--config",
             help="pipeline.yaml: its source.path is the source root (unless --source), its "
-            "stages re-pack samples for --repair.",
+            "stages re-pack samples for --repair. A source of records (lmdb, python, "
+            "webdataset, parquet) is listed again and compared by content hash.",
         ),
     ] = None,
     repair: Annotated[
@@ -248,7 +250,18 @@ def audit(
     if report_path is not None and not report_path.parent.is_dir():
         raise typer.BadParameter(f"{report_path.parent} is not a folder", param_hint="--report")
     config = load_config(config_path) if config_path else None
-    source_root = source or (audit_lib.source_root_of(config) if config else None)
+    records = None
+    if config is not None and config.source.kind not in FILE_KINDS:
+        # records, not files: the source is listed again (--source: the folder it is in now)
+        records = config.source.model_copy(update={"path": source.resolve()} if source else {})
+        if repair:
+            raise EtlError(
+                f"--repair re-reads sources by path; a {config.source.kind} source's samples "
+                "are records: pack them again with etl run --rebuild"
+            )
+    source_root = None
+    if records is None:
+        source_root = source or (audit_lib.source_root_of(config) if config else None)
     if source_root is not None and not source_root.is_dir():
         raise EtlError(f"source root {source_root} is not a folder (--source or source.path)")
     options = audit_lib.AuditOptions(
@@ -258,6 +271,7 @@ def audit(
         sample_rate=sample_rate,
         seed=seed,
         source_root=source_root.resolve() if source_root else None,
+        records=records,
         jobs=jobs,
         backend=backend or "loky",
         address=address,

@@ -1,0 +1,462 @@
+"""List samples stored inside files: WebDataset tar shards and tables of encoded images
+(Parquet, Arrow IPC). Each file is read once, in the parent, record by record, and every
+record goes through a `RecordIntake` (hashed; spooled for the workers when it must be packed).
+
+`source` is the file's path relative to `source.path`, '/', then the record's key: a tar
+sample's key (its member name up to the first dot of the last part, as WebDataset groups
+them), or a table row's id (`id_column`, else its row number in the file). It is spelt by the
+rule of etl/names.py, so it is one-to-one with (file, key).
+
+NOTE [hostile containers]: nothing is ever extracted to disk, no link is followed, and nothing
+in a file stops the run. A member or row that cannot be a sample is a reject naming file and
+key (a path with '..' or a leading '/', a link or device member, a member over
+`max_file_bytes`, a key found twice, no image, no label); a file that cannot be read, or ends
+early, is a reject naming the file, and the records read before the damage are kept.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import lzma
+import os
+import re
+import tarfile
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from etl import names, readers
+from etl.config import ParquetSource, WebDatasetSource
+from etl.errors import SourceError
+from etl.sources import ListContext, RecordIntake, SourceListing, class_name_of, integer_classes
+
+# --- files --------------------------------------------------------------------------------------
+
+
+def match_files(root: Path, patterns: tuple[str, ...]) -> list[str]:
+    """Paths relative to `root` (os strings) that the glob `patterns` match, sorted, each once.
+    A pattern that matches nothing is a SourceError: a typo would otherwise pack nothing."""
+    found: set[str] = set()
+    for pattern in patterns:
+        matched = glob.glob(pattern, root_dir=root, recursive=True)
+        if not matched:
+            raise SourceError(f"source.files: {pattern!r} matches nothing in {root}")
+        found.update(matched)
+    return sorted(found)
+
+
+def record_source(relative: str, key: bytes) -> str:
+    """`source` of the record `key` (raw bytes) in the file at `relative`."""
+    return names.to_source(os.fsencode(relative) + b"/" + key)
+
+
+@contextmanager
+def _opened(root: Path, relative: str, intake: RecordIntake) -> Iterator[IO[bytes] | None]:
+    """The regular file at root/relative, open for reading; None (and a reject naming the file)
+    when it is a link out of the root, not a regular file, or cannot be opened."""
+    source = names.path_to_source(relative)
+    full = os.path.join(root, relative)
+    if not os.path.realpath(full).startswith(os.path.realpath(root) + os.sep):
+        intake.reject(source, "outside_root", "link leads outside source.path")
+        yield None
+        return
+    try:
+        fd = os.open(full, readers.SAFE_OPEN_FLAGS)
+    except OSError as exc:
+        intake.reject(source, "io_error", f"cannot open: {exc.strerror or exc}")
+        yield None
+        return
+    kind = readers.not_a_file(os.fstat(fd))
+    if kind is not None:
+        os.close(fd)
+        intake.reject(source, "not_a_file", f"{kind}, not a regular file (never read)")
+        yield None
+        return
+    with os.fdopen(fd, "rb") as f:
+        yield f
+
+
+def _declared(intake: RecordIntake, table_names: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    return table_names or integer_classes({f.class_name or "" for f in intake.files})
+
+
+# --- WebDataset tar shards ----------------------------------------------------------------------
+
+TAR_ERRORS = (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError)
+"""What reading a damaged, truncated or mislabelled (compressed) tar raises."""
+
+_INTEGER = re.compile(r"\s*-?\d+\s*")
+
+
+@dataclass
+class _Sample:
+    """The members of one key seen so far: the bytes of those the sample needs."""
+
+    key: bytes
+    data: dict[str, bytes] = field(default_factory=dict)
+    extensions: list[str] = field(default_factory=list)
+    problem: tuple[str, str] | None = None
+    twice: bool = False
+
+
+def list_webdataset(config: WebDatasetSource, context: ListContext) -> SourceListing:
+    """Every sample of every tar shard `config.files` matches (plain, .gz, .bz2 or .xz)."""
+    with RecordIntake(context) as intake:
+        for relative in match_files(config.path, config.files):
+            with _opened(config.path, relative, intake) as f:
+                if f is not None:
+                    _take_shard(f, relative, config, intake)
+    return intake.listing(None if config.classes else _declared(intake, None))
+
+
+def _take_shard(
+    f: IO[bytes], relative: str, config: WebDatasetSource, intake: RecordIntake
+) -> None:
+    shard = names.path_to_source(relative)
+    wanted = {*config.image_extensions, config.label_member.lower()}
+    finished: set[bytes] = set()
+    twice: set[bytes] = set()
+    sample: _Sample | None = None
+    try:
+        # NOTE: a seekable mode, not a stream ('r|*'): skipping a member seeks, and a seek
+        # past the end is an error, so a shard cut inside a skipped member is still found
+        with tarfile.open(fileobj=f, mode="r:*") as tar:
+            for member in tar:
+                if member.isdir():
+                    continue
+                name = os.fsencode(member.name)
+                while name.startswith(b"./"):
+                    name = name[2:]
+                key, extension = _split_name(name)
+                if sample is None or key != sample.key:
+                    if sample is not None:
+                        _take_sample(sample, relative, config, intake)
+                        finished.add(sample.key)
+                    sample = _Sample(key)
+                    if key in finished:
+                        twice.add(key)
+                sample.extensions.append(extension)
+                if PurePosixPath(os.fsdecode(name)).is_absolute() or b".." in name.split(b"/"):
+                    sample.problem = (
+                        "outside_root",
+                        f"member {member.name!r} leads outside the shard (never extracted)",
+                    )
+                if extension not in wanted or sample.problem is not None:
+                    continue
+                if extension in sample.data:
+                    twice.add(key)
+                elif not member.isfile():
+                    what = "a link" if member.issym() or member.islnk() else "not a regular file"
+                    sample.problem = ("not_a_file", f"member {member.name!r} is {what} (not read)")
+                elif member.size > config.max_file_bytes:
+                    too_large = readers.too_large(member.size, config.max_file_bytes)
+                    sample.problem = ("file_too_large", f"member {member.name!r}: {too_large}")
+                else:
+                    reader = tar.extractfile(member)
+                    assert reader is not None  # a regular member
+                    sample.data[extension] = reader.read()
+    except TAR_ERRORS as exc:
+        cut = isinstance(exc, EOFError) or "unexpected end" in str(exc)
+        reason, what = ("truncated", "ends early") if cut else ("unreadable", "cannot be read")
+        intake.reject(shard, reason, f"{relative}: the tar {what} ({' '.join(str(exc).split())})")
+        if sample is not None:  # its members may be cut short
+            intake.reject(
+                record_source(relative, sample.key), reason, f"the tar {what} inside this sample"
+            )
+            sample = None
+    if sample is not None:
+        _take_sample(sample, relative, config, intake)
+    if twice:
+        intake.withdraw(
+            {record_source(relative, key) for key in twice},
+            "duplicate_key",
+            f"the key appears more than once in {relative}",
+        )
+
+
+def _split_name(name: bytes) -> tuple[bytes, str]:
+    """(key, extension) of a member name: the key runs up to the first dot of the last part
+    (a name without one is all key)."""
+    slash = name.rfind(b"/") + 1
+    dot = name.find(b".", slash)
+    if dot <= slash:
+        return name, ""
+    return name[:dot], name[dot + 1 :].decode("utf-8", "replace").lower()
+
+
+def _take_sample(
+    sample: _Sample, relative: str, config: WebDatasetSource, intake: RecordIntake
+) -> None:
+    source = record_source(relative, sample.key)
+    if sample.problem is not None:
+        intake.reject(source, *sample.problem)
+        return
+    image = next((sample.data[e] for e in config.image_extensions if e in sample.data), None)
+    if image is None:
+        has = ", ".join(sorted(set(sample.extensions))) or "none"
+        intake.reject(
+            source,
+            "no_image",
+            f"no member with extension {', '.join(config.image_extensions)} (has: {has})",
+        )
+        return
+    label_data = sample.data.get(config.label_member.lower())
+    if label_data is None:
+        intake.reject(source, "unknown_label", f"no .{config.label_member} member", image)
+        return
+    try:
+        class_name = class_name_of(_label_value(label_data, config), config.classes)
+    except (ValueError, TypeError, KeyError) as exc:
+        intake.reject(source, "unknown_label", f".{config.label_member}: {exc}", image)
+        return
+    if class_name is None:
+        intake.reject(source, "unknown_label", f".{config.label_member} is empty", image)
+        return
+    intake.add(source, image, class_name, None)
+
+
+def _label_value(data: bytes, config: WebDatasetSource) -> Any:
+    """The label a member holds: a field of a JSON object, or text (an integer as an int)."""
+    text = data.decode("utf-8")
+    if config.label_field is not None:
+        record = json.loads(text)
+        if not isinstance(record, dict) or config.label_field not in record:
+            raise KeyError(f"no field {config.label_field!r} in the JSON object")
+        return record[config.label_field]
+    return int(text) if _INTEGER.fullmatch(text) else text
+
+
+# --- tables: Parquet and Arrow IPC --------------------------------------------------------------
+
+ROWS_PER_BATCH = 64
+"""Rows a Parquet file is read in at a time (its row groups stream; memory stays flat)."""
+
+TABLE_ERRORS = (pa.ArrowException, OSError, ValueError)
+
+
+def list_parquet(config: ParquetSource, context: ListContext) -> SourceListing:
+    """Every row of every table `config.files` matches (Parquet, Arrow IPC file or stream)."""
+    declared: tuple[str, ...] | None = None
+    with RecordIntake(context) as intake:
+        for relative in match_files(config.path, config.files):
+            with _opened(config.path, relative, intake) as f:
+                if f is not None:
+                    declared = _take_table(f, relative, config, intake) or declared
+    return intake.listing(None if config.classes else _declared(intake, declared))
+
+
+def _take_table(
+    f: IO[bytes], relative: str, config: ParquetSource, intake: RecordIntake
+) -> tuple[str, ...] | None:
+    """Take the rows of one table; returns its ClassLabel names, if it declares them."""
+    where = os.path.join(config.path, relative)
+    try:
+        schema, batches = _open_table(f)
+    except TABLE_ERRORS as exc:
+        intake.reject(
+            names.path_to_source(relative),
+            "unreadable",
+            f"{relative}: not a readable Parquet or Arrow file ({exc})",
+        )
+        return None
+    columns = _columns(schema, config, where)
+    class_names = _class_label_names(schema, config.label_column)
+    classes = config.classes or class_names
+    first: dict[bytes, int] = {}
+    twice: set[bytes] = set()
+    row = 0
+    try:
+        for batch in batches(columns):
+            cells = _binary_cells(batch.column(config.image_column), config.image_column, where)
+            labels = batch.column(config.label_column).to_pylist()
+            ids = batch.column(config.id_column).to_pylist() if config.id_column else None
+            splits = batch.column(config.split_column).to_pylist() if config.split_column else None
+            for i, (image, path) in enumerate(cells):
+                raw_id = row if ids is None else ids[i]
+                key = _row_id(raw_id)
+                row += 1
+                if key is None:
+                    intake.reject(
+                        record_source(relative, f"row {row - 1}".encode()),
+                        "bad_row",
+                        f"{where}: row {row - 1}: id {raw_id!r} in {config.id_column!r} is not "
+                        "a non-empty text, integer or bytes",
+                    )
+                    continue
+                if key in first:
+                    twice.add(key)
+                    continue
+                first[key] = row - 1
+                split = splits[i] if splits is not None else None
+                _take_row(relative, key, image, path, labels[i], split, classes, config, intake)
+    except TABLE_ERRORS as exc:
+        intake.reject(
+            names.path_to_source(relative),
+            "unreadable",
+            f"{relative}: cannot read past row {row}: {exc}",
+        )
+    if twice:
+        intake.withdraw(
+            {record_source(relative, key) for key in twice},
+            "duplicate_key",
+            f"the id appears more than once in {relative}",
+        )
+    return class_names
+
+
+def _take_row(
+    relative: str,
+    key: bytes,
+    image: memoryview | None,
+    path: str | None,
+    label: Any,
+    split: Any,
+    classes: tuple[str, ...] | None,
+    config: ParquetSource,
+    intake: RecordIntake,
+) -> None:
+    source = record_source(relative, key)
+    if image is None:
+        stored = f"only a path to its image ({path!r})" if path else "no image"
+        intake.reject(source, "no_image", f"the row holds {stored}, no bytes")
+        return
+    if len(image) > config.max_file_bytes:
+        intake.reject(
+            source, "file_too_large", readers.too_large(len(image), config.max_file_bytes)
+        )
+        return
+    try:
+        class_name = class_name_of(label, classes)
+    except (ValueError, TypeError) as exc:
+        intake.reject(source, "unknown_label", f"{config.label_column}: {exc}", image)
+        return
+    if class_name is None:
+        intake.reject(source, "unknown_label", f"{config.label_column} is empty", image)
+        return
+    if split is not None and not isinstance(split, str):
+        intake.reject(source, "bad_row", f"{config.split_column} {split!r} is not text", image)
+        return
+    intake.add(source, image, class_name, split or None)
+
+
+Batches = Any
+"""columns -> an iterator of pa.RecordBatch holding those columns."""
+
+
+def _open_table(f: IO[bytes]) -> tuple[pa.Schema, Batches]:
+    """(schema, batches) of a Parquet file, an Arrow IPC file or an Arrow IPC stream, told
+    apart by their first bytes, not by the file's suffix."""
+    magic = f.read(6)
+    f.seek(0)
+    if magic[:4] == b"PAR1":
+        parquet = pq.ParquetFile(f)
+
+        def parquet_batches(columns: list[str]) -> Iterator[pa.RecordBatch]:
+            return parquet.iter_batches(batch_size=ROWS_PER_BATCH, columns=columns)
+
+        return parquet.schema_arrow, parquet_batches
+    if magic == b"ARROW1":
+        reader = ipc.open_file(f)
+
+        def file_batches(columns: list[str]) -> Iterator[pa.RecordBatch]:
+            for i in range(reader.num_record_batches):
+                yield reader.get_batch(i).select(columns)
+
+        return reader.schema, file_batches
+    stream = ipc.open_stream(f)
+
+    def stream_batches(columns: list[str]) -> Iterator[pa.RecordBatch]:
+        for batch in stream:
+            yield batch.select(columns)
+
+    return stream.schema, stream_batches
+
+
+def _columns(schema: pa.Schema, config: ParquetSource, where: str) -> list[str]:
+    """The columns to read; a SourceError naming the file when one the config names is absent."""
+    wanted = {
+        "image_column": config.image_column,
+        "label_column": config.label_column,
+        "id_column": config.id_column,
+        "split_column": config.split_column,
+    }
+    for key, column in wanted.items():
+        if column is not None and column not in schema.names:
+            raise SourceError(
+                f"{where}: no column {column!r} (source.{key}); columns are {schema.names}"
+            )
+    return [column for column in wanted.values() if column is not None]
+
+
+def _class_label_names(schema: pa.Schema, column: str) -> tuple[str, ...] | None:
+    """The class names a Hugging Face `ClassLabel` feature stores in the schema metadata."""
+    raw = (schema.metadata or {}).get(b"huggingface")
+    if raw is None:
+        return None
+    try:
+        feature = json.loads(raw)["info"]["features"][column]
+    except (ValueError, KeyError, TypeError):
+        return None
+    label_names = feature.get("names") if isinstance(feature, dict) else None
+    if feature.get("_type") != "ClassLabel" or not isinstance(label_names, list):
+        return None
+    if not label_names or not all(isinstance(n, str) for n in label_names):
+        return None
+    return tuple(label_names)
+
+
+def _row_id(value: Any) -> bytes | None:
+    """A row id as raw key bytes: text, an integer or bytes; None when empty or another type."""
+    if isinstance(value, str) and value:
+        return value.encode("utf-8", "surrogateescape")
+    if isinstance(value, bytes) and value:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value).encode()
+    return None
+
+
+def _binary_cells(
+    column: pa.Array, name: str, where: str
+) -> list[tuple[memoryview | None, str | None]]:
+    """(image bytes or None, path or None) of each row of an image column: binary, or a struct
+    {bytes, path} (the Hub's Image feature). The bytes are views of Arrow's buffers: no copy."""
+    paths: list[str | None] = [None] * len(column)
+    if pa.types.is_struct(column.type):
+        children = dict(zip([f.name for f in column.type], column.flatten(), strict=True))
+        if "bytes" not in children:
+            raise SourceError(f"{where}: column {name!r} is a struct without a 'bytes' field")
+        if "path" in children:
+            paths = children["path"].to_pylist()
+        column = children["bytes"]
+    if pa.types.is_binary_view(column.type) or pa.types.is_fixed_size_binary(column.type):
+        column = column.cast(pa.large_binary())
+    if not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
+        raise SourceError(
+            f"{where}: column {name!r} holds {column.type}, not image bytes (source.image_column)"
+        )
+    _, offsets_buffer, data_buffer = column.buffers()
+    width = np.int64 if pa.types.is_large_binary(column.type) else np.int32
+    offsets = np.frombuffer(offsets_buffer, width)[column.offset : column.offset + len(column) + 1]
+    data = memoryview(data_buffer) if data_buffer is not None else memoryview(b"")
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    return [
+        (data[int(offsets[i]) : int(offsets[i + 1])] if valid[i] else None, paths[i])
+        for i in range(len(column))
+    ]
+
+
+LISTERS: dict[str, Callable[[Any, ListContext], SourceListing]] = {
+    "webdataset": list_webdataset,
+    "parquet": list_parquet,
+}
+"""Source kind -> lister, for etl.sources.LISTERS."""
