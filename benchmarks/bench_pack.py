@@ -46,7 +46,7 @@ from joblib.parallel import LokyBackend
 from numpy.typing import NDArray
 from PIL import Image, ImageOps
 
-from benchmarks.common import cpu_model
+from benchmarks.common import cpu_model, peak_rss
 from benchmarks.photos import list_photos, make_photos
 from etl import interrupt, pipeline
 from etl.config import load_config
@@ -208,18 +208,6 @@ def read_packed(output: Path, sources: Sequence[str]) -> Photos:
 # --- memory -------------------------------------------------------------------------------------
 
 
-def _peak_rss(pid: int) -> int:
-    """VmHWM (the kernel's exact peak RSS) in bytes; 0 if it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 @dataclass
 class MemoryResult:
     images: int
@@ -264,7 +252,7 @@ def measure_memory(
                 with contextlib.suppress(psutil.Error):
                     rss = p.memory_info().rss
                     now += rss
-                    peaks[p.pid] = max(peaks.get(p.pid, 0), rss, _peak_rss(p.pid))
+                    peaks[p.pid] = max(peaks.get(p.pid, 0), rss, peak_rss(p.pid))
             total = max(total, now)
             time.sleep(0.02)
 

@@ -16,6 +16,7 @@ BENCHMARKS = (
     "bench_audit",
     "bench_dask",
     "bench_lmdb",
+    "bench_sources",
     "bench_augment",
 )
 

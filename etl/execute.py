@@ -9,6 +9,7 @@ raises (a full disk, a bug) stops the run, re-raised with the shard and file it 
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -128,6 +129,37 @@ def engine(
                 f"lost {where} during the run ({type(exc).__name__}: {exc}); nothing was "
                 "committed and the previous version is intact: run again once it is back"
             ) from exc
+
+
+@contextmanager
+def workers_starting(run: RunConfig, reads_every_record: bool) -> Iterator[None]:
+    """For the length of the block, start the loky workers on a thread, and wait for them at
+    its end. Wrapped around the listing of a source that reads every record (lmdb, python,
+    webdataset, parquet): that takes long enough to hide the start (NOTE [ worker start-up ]),
+    which a folder run hides behind its hash phase instead. Other backends start nothing."""
+    if run.backend != "loky" or not reads_every_record:
+        yield
+        return
+    thread = threading.Thread(target=_start_workers, args=(run,), name="etl-workers", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+
+
+def _start_workers(run: RunConfig) -> None:
+    try:
+        # a few tasks per worker, so that every worker unpickles one and imports this module
+        with parallel_map(_started, range(4 * max(1, run.n_jobs)), run) as results:
+            for _ in results:
+                pass
+    except Exception:
+        pass  # an early start only: the pack phase starts them again and reports what fails
+
+
+def _started(_: int) -> None:
+    """Worker: nothing; importing this module to run it is the point."""
 
 
 # --- hashing ----------------------------------------------------------------------------------

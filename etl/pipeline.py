@@ -242,7 +242,7 @@ def _cleaned_up(root: Path, before: int) -> str:
 
 def _worker_inputs(config: PipelineConfig) -> list[Path]:
     """What workers read besides the output: the source, except where records reach workers
-    through the spool in the output folder (a Python source, tar shards, tables)."""
+    through the spool in the output folder (a Python source, tables)."""
     return [] if config.source.kind in readers.SPOOLED_KINDS else [config.source.path]
 
 
@@ -289,7 +289,11 @@ def _run_locked(
         stored=settled_hashes(reusable),
         spool=None if dry_run else readers.spool_path(root),
     )
-    with _phase(phases, "list"):
+    reads_every_record = config.source.kind not in readers.FILE_KINDS
+    with (
+        _phase(phases, "list"),
+        execute.workers_starting(config.run, reads_every_record and not dry_run),
+    ):
         listing = list_sources(config.source, context)
     with _phase(phases, "hash"):
         _convert_while_waiting()

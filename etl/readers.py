@@ -7,8 +7,9 @@ spool file of a Python source, and how a file is read safely (`read_regular_file
     folder, listing   locator = a file path                  -> the file's bytes
     lmdb              locator = the key as `source` spells it -> the value (or its image field)
                       (see NOTE [names] in etl/names.py)
-    python, webdataset, parquet
-                      locator = "<offset>+<length>@<spool>"   -> that slice of the spool file
+    python, parquet   locator = "<offset>+<length>@<spool>"   -> that slice of the spool file
+    webdataset        locator = "<offset>+<length>@<tar>"     -> the member, read in place
+                      (a compressed tar's members are spooled)
 
 Reader errors are OSError: the executor turns them into `io_error` rejects, or into the reason a
 `Refused` carries (`not_a_file`, `file_too_large`).
@@ -233,7 +234,8 @@ class SpoolWriter:
         self._file.close()
 
 
-def _read_spool(config: SourceConfig, locator: str) -> bytes:
+def _read_slice(config: SourceConfig, locator: str) -> bytes:
+    """`length` bytes at `offset` of a file (the spool, or an uncompressed tar)."""
     span, at, spool = locator.partition("@")
     if not at:
         raise OSError(f"record {locator!r} was not spooled: its content was stored already")
@@ -269,8 +271,9 @@ HASH_CHUNK_BYTES = 4 << 20
 
 FILE_KINDS = frozenset({"folder", "listing"})
 """Source kinds whose locators are file paths."""
-SPOOLED_KINDS = frozenset({"python", "webdataset", "parquet"})
-"""Source kinds whose records reach the workers through the spool (NOTE [spool])."""
+SPOOLED_KINDS = frozenset({"python", "parquet"})
+"""Source kinds whose records reach the workers only through the spool (NOTE [spool]); a
+webdataset source's members are read in place from an uncompressed tar."""
 
 SAFE_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
 """NOTE [safe open]: O_NONBLOCK so that opening a FIFO (or a device) that slipped past the
@@ -479,9 +482,9 @@ READERS: dict[str, Callable[[Any, str], bytes]] = {
     "folder": _read_file,
     "listing": _read_file,
     "lmdb": _read_lmdb,
-    "python": _read_spool,
-    "webdataset": _read_spool,
-    "parquet": _read_spool,
+    "python": _read_slice,
+    "webdataset": _read_slice,
+    "parquet": _read_slice,
 }
 """Source kind -> reader(source config, locator) -> the bytes the decoder sees."""
 

@@ -600,16 +600,31 @@ class RecordIntake:
             self._spool.close()
 
     def add(
-        self, source: str, payload: bytes | memoryview, class_name: str, split: str | None
+        self,
+        source: str,
+        payload: bytes | memoryview,
+        class_name: str,
+        split: str | None,
+        in_place: str | None = None,
     ) -> None:
-        """A record to pack (or to reuse, when its content is stored already)."""
+        """A record to pack (or to reuse, when its content is stored already). `in_place`: a
+        locator workers can read the same bytes from (a member of an uncompressed tar), so the
+        record is not spooled."""
         content = digest(payload, self._checksum)
-        locator = self._spooled.get(content, readers.NOT_SPOOLED)
-        if self._spool is not None and content not in self._stored and content not in self._spooled:
-            locator = self._spooled[content] = self._spool.append(payload)
+        locator = in_place or self._spool_once(content, payload)
         self.files.append(
             SourceFile(source, locator, class_name, split, len(payload), 0, content_hash=content)
         )
+
+    def _spool_once(self, content: str, payload: bytes | memoryview) -> str:
+        """The spool locator of `content`, appended the first time; NOT_SPOOLED for content
+        stored already (never read) and in a dry run."""
+        if content in self._spooled:
+            return self._spooled[content]
+        if self._spool is None or content in self._stored:
+            return readers.NOT_SPOOLED
+        locator = self._spooled[content] = self._spool.append(payload)
+        return locator
 
     def reject(
         self, source: str, reason: str, message: str, payload: bytes | memoryview | None = None

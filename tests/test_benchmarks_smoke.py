@@ -1,4 +1,5 @@
-"""The packing benchmark still runs end to end: `python -m benchmarks.bench_pack --tiny`.
+"""The packing benchmarks still run end to end: `python -m benchmarks.bench_pack --tiny` and
+`python -m benchmarks.bench_sources --tiny`.
 
 Numbers from 16 photos mean nothing; the test checks that every part runs (photo generation,
 bare loops, the pipeline on every backend, the memory runs) and that the pipeline's pixels equal
@@ -36,3 +37,17 @@ def test_bench_pack_tiny(tmp_path: Path) -> None:
     assert table.count("| 16/16 |") == 5, table
     # the memory run (--tiny makes only the one on N photos)
     assert "| 16 | 64 samples |" in table
+
+
+def test_bench_sources_tiny(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_sources", "--tiny", "--work", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    # the benchmark stops before its table unless all three outputs hold the same pixels
+    assert result.returncode == 0, result.stderr
+    for kind in ("folder", "webdataset", "parquet"):
+        assert f"| {kind} | " in result.stdout, result.stdout

@@ -280,3 +280,21 @@ def test_audit_lists_the_shards_again_and_names_what_changed(tmp_path: Path) -> 
     wrong = audit("--source", str(tmp_path / "moved"))
     assert wrong.returncode == 2 and "pass --config" in wrong.stderr
     assert wrong.stderr.count("\n") == 1
+
+
+def test_compressed_shards_are_packed_through_the_spool(tmp_path: Path) -> None:
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    images = {f"k{i}": picture(i) for i in range(4)}
+    for suffix, mode in (("tar.gz", "w:gz"), ("tar.xz", "w:xz"), ("tar", "w")):
+        with tarfile.open(shards / f"s.{suffix}", mode) as tar:
+            for key, image in images.items():
+                add_member(tar, f"{key}.png", image)
+                add_member(tar, f"{key}.cls", b"3")
+    config = load_config(write_config(tmp_path, files='["*.tar*"]'))
+    assert pipeline.run(config).packed_new == 12
+    got = stored(config.output.dir)
+    for suffix in ("tar.gz", "tar.xz", "tar"):
+        for key, image in images.items():
+            pixels, row = got[f"s.{suffix}/{key}"]
+            assert np.array_equal(pixels, reference(image)) and row["label"] == 3
