@@ -567,8 +567,8 @@ def source_root_of(config: PipelineConfig) -> Path:
     if isinstance(config.source, ListingSource):
         return config.source.path.parent
     raise ConfigError(
-        f"source.kind {config.source.kind!r}: the audit re-reads sources from a folder or a "
-        "listing's files only"
+        f"source.kind {config.source.kind!r}: its samples are records, not files under a "
+        "folder; only folder and listing sources are read back by path"
     )
 
 

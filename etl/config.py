@@ -174,21 +174,28 @@ class PythonSource(_SourceBase):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+FilePatterns = tuple[str, ...] | dict[str, tuple[str, ...]]
+"""Glob patterns, or split name -> glob patterns."""
+
+
 class _ContainerSource(_SourceBase):
     """Images stored inside files (tar shards, tables) under the folder `path`."""
 
     path: Path = Path(".")
     """The folder `files` are matched in; `source` names a file by its path relative to it.
     Default: the config's folder."""
-    files: tuple[str, ...]
-    """Glob patterns relative to `path` ('**' crosses folders; dot-files are never matched)."""
+    files: FilePatterns
+    """Glob patterns relative to `path` ('**' crosses folders; dot-files are never matched);
+    or split name -> patterns, when files hold splits (a Hub dataset's train-*.parquet and
+    test-*.parquet): their records get that split."""
 
     @field_validator("files")
     @classmethod
-    def _some_files(cls, files: tuple[str, ...]) -> tuple[str, ...]:
-        if not files:
+    def _some_files(cls, files: FilePatterns) -> FilePatterns:
+        groups = files.values() if isinstance(files, dict) else [files]
+        if not files or not all(groups):
             raise ValueError("list at least one file or glob pattern")
-        for pattern in files:
+        for pattern in (p for group in groups for p in group):
             if not pattern.strip() or Path(pattern).is_absolute() or ".." in Path(pattern).parts:
                 raise ValueError(f"{pattern!r}: a pattern relative to source.path, without '..'")
         return files
@@ -202,7 +209,7 @@ class WebDatasetSource(_ContainerSource):
     dot of its last part); the image is the first extension of `image_extensions` present."""
 
     kind: Literal["webdataset"] = "webdataset"
-    files: tuple[str, ...] = ("*.tar",)
+    files: FilePatterns = ("*.tar",)
     image_extensions: tuple[str, ...] = IMAGE_EXTENSIONS
     """Extensions (after the key's first dot, any case) holding the image, in preference order."""
     label_member: str = "cls"
@@ -223,7 +230,7 @@ class ParquetSource(_ContainerSource):
     `.feather`), the layouts of image datasets on the Hugging Face Hub."""
 
     kind: Literal["parquet"] = "parquet"
-    files: tuple[str, ...] = ("*.parquet",)
+    files: FilePatterns = ("*.parquet",)
     image_column: str = "image"
     """Encoded image bytes, or a struct {bytes, path} as the Hub's Image feature stores it."""
     label_column: str = "label"

@@ -35,23 +35,33 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from etl import names, readers
-from etl.config import ParquetSource, WebDatasetSource
+from etl.config import FilePatterns, ParquetSource, WebDatasetSource
 from etl.errors import SourceError
 from etl.sources import ListContext, RecordIntake, SourceListing, class_name_of, integer_classes
 
 # --- files --------------------------------------------------------------------------------------
 
 
-def match_files(root: Path, patterns: tuple[str, ...]) -> list[str]:
-    """Paths relative to `root` (os strings) that the glob `patterns` match, sorted, each once.
-    A pattern that matches nothing is a SourceError: a typo would otherwise pack nothing."""
-    found: set[str] = set()
-    for pattern in patterns:
-        matched = glob.glob(pattern, root_dir=root, recursive=True)
-        if not matched:
-            raise SourceError(f"source.files: {pattern!r} matches nothing in {root}")
-        found.update(matched)
-    return sorted(found)
+def match_files(root: Path, patterns: FilePatterns) -> list[tuple[str, str | None]]:
+    """(path relative to `root` as an os string, split or None) of each file the glob
+    `patterns` match (a dict: split -> patterns), sorted, each once. A pattern that matches
+    nothing, or a file two splits match, is a SourceError: a typo would otherwise pack nothing,
+    or pack a file into the wrong split."""
+    groups = patterns.items() if isinstance(patterns, dict) else [(None, patterns)]
+    found: dict[str, str | None] = {}
+    for split, group in groups:
+        for pattern in group:
+            matched = glob.glob(pattern, root_dir=root, recursive=True)
+            if not matched:
+                raise SourceError(f"source.files: {pattern!r} matches nothing in {root}")
+            for relative in matched:
+                if relative in found and found[relative] != split:
+                    raise SourceError(
+                        f"source.files: {relative!r} is in splits {found[relative]!r} and "
+                        f"{split!r}; a file's records belong to one split"
+                    )
+                found[relative] = split
+    return sorted(found.items())
 
 
 def record_source(relative: str, key: bytes) -> str:
@@ -113,15 +123,15 @@ class _Sample:
 def list_webdataset(config: WebDatasetSource, context: ListContext) -> SourceListing:
     """Every sample of every tar shard `config.files` matches (plain, .gz, .bz2 or .xz)."""
     with RecordIntake(context) as intake:
-        for relative in match_files(config.path, config.files):
+        for relative, split in match_files(config.path, config.files):
             with _opened(config.path, relative, intake) as f:
                 if f is not None:
-                    _take_shard(f, relative, config, intake)
+                    _take_shard(f, relative, split, config, intake)
     return intake.listing(None if config.classes else _declared(intake, None))
 
 
 def _take_shard(
-    f: IO[bytes], relative: str, config: WebDatasetSource, intake: RecordIntake
+    f: IO[bytes], relative: str, split: str | None, config: WebDatasetSource, intake: RecordIntake
 ) -> None:
     shard = names.path_to_source(relative)
     path = os.path.join(config.path, relative)
@@ -143,7 +153,7 @@ def _take_shard(
                 key, extension = _split_name(name)
                 if sample is None or key != sample.key:
                     if sample is not None:
-                        _take_sample(sample, relative, config, intake)
+                        _take_sample(sample, relative, split, config, intake)
                         finished.add(sample.key)
                     sample = _Sample(key)
                     if key in finished:
@@ -180,7 +190,7 @@ def _take_shard(
             )
             sample = None
     if sample is not None:
-        _take_sample(sample, relative, config, intake)
+        _take_sample(sample, relative, split, config, intake)
     if twice:
         intake.withdraw(
             {record_source(relative, key) for key in twice},
@@ -200,7 +210,11 @@ def _split_name(name: bytes) -> tuple[bytes, str]:
 
 
 def _take_sample(
-    sample: _Sample, relative: str, config: WebDatasetSource, intake: RecordIntake
+    sample: _Sample,
+    relative: str,
+    split: str | None,
+    config: WebDatasetSource,
+    intake: RecordIntake,
 ) -> None:
     source = record_source(relative, sample.key)
     if sample.problem is not None:
@@ -228,7 +242,7 @@ def _take_sample(
     if class_name is None:
         intake.reject(source, "unknown_label", f".{config.label_member} is empty", image)
         return
-    intake.add(source, image, class_name, None, sample.at.get(extension))
+    intake.add(source, image, class_name, split, sample.at.get(extension))
 
 
 def _label_value(data: bytes, config: WebDatasetSource) -> Any:
@@ -254,17 +268,18 @@ def list_parquet(config: ParquetSource, context: ListContext) -> SourceListing:
     """Every row of every table `config.files` matches (Parquet, Arrow IPC file or stream)."""
     declared: tuple[str, ...] | None = None
     with RecordIntake(context) as intake:
-        for relative in match_files(config.path, config.files):
+        for relative, split in match_files(config.path, config.files):
             with _opened(config.path, relative, intake) as f:
                 if f is not None:
-                    declared = _take_table(f, relative, config, intake) or declared
+                    declared = _take_table(f, relative, split, config, intake) or declared
     return intake.listing(None if config.classes else _declared(intake, declared))
 
 
 def _take_table(
-    f: IO[bytes], relative: str, config: ParquetSource, intake: RecordIntake
+    f: IO[bytes], relative: str, split: str | None, config: ParquetSource, intake: RecordIntake
 ) -> tuple[str, ...] | None:
-    """Take the rows of one table; returns its ClassLabel names, if it declares them."""
+    """Take the rows of one table (their split: `split_column`, else the file's `split`);
+    returns its ClassLabel names, if it declares them."""
     where = os.path.join(config.path, relative)
     try:
         schema, batches = _open_table(f)
@@ -303,8 +318,8 @@ def _take_table(
                     twice.add(key)
                     continue
                 first[key] = row - 1
-                split = splits[i] if splits is not None else None
-                _take_row(relative, key, image, path, labels[i], split, classes, config, intake)
+                row_split = splits[i] if splits is not None else split
+                _take_row(relative, key, image, path, labels[i], row_split, classes, config, intake)
     except TABLE_ERRORS as exc:
         intake.reject(
             names.path_to_source(relative),

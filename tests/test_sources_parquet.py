@@ -226,3 +226,25 @@ def test_audit_compares_each_row_with_the_table_now(tmp_path: Path, tables: Path
         "t.parquet/d": ("source_missing", found["t.parquet/d"][1]),
     }
     assert found["t.parquet/d"][1].startswith("now rejected (unknown_label: ")
+
+
+def test_files_by_split_give_their_records_that_split(tmp_path: Path, tables: Path) -> None:
+    images = [picture(i) for i in range(6)]
+    for name, rows in (("train-0", (0, 1, 2)), ("train-1", (3,)), ("test-0", (4, 5))):
+        table = pa.table({"image": [images[i] for i in rows], "label": [i % 2 for i in rows]})
+        pq.write_table(table, tables / f"{name}.parquet")
+    files = '{train: ["train-*.parquet"], test: ["test-*.parquet"]}'
+    config = load_config(write_config(tmp_path, files=files))
+    assert pipeline.run(config).packed_new == 6
+    splits = {source: row["split"] for source, (_, row) in stored(config.output.dir).items()}
+    assert splits == {
+        "train-0.parquet/0": "train",
+        "train-0.parquet/1": "train",
+        "train-0.parquet/2": "train",
+        "train-1.parquet/0": "train",
+        "test-0.parquet/0": "test",
+        "test-0.parquet/1": "test",
+    }
+    both = load_config(write_config(tmp_path, files='{train: ["*.parquet"], test: ["test-*"]}'))
+    with pytest.raises(SourceError, match=r"'test-0.parquet' is in splits 'train' and 'test'"):
+        pipeline.run(both)
