@@ -117,7 +117,6 @@ class _Sample:
     """Where workers read a member in place (an uncompressed tar), by extension."""
     extensions: list[str] = field(default_factory=list)
     problem: tuple[str, str] | None = None
-    twice: bool = False
 
 
 def list_webdataset(config: WebDatasetSource, context: ListContext) -> SourceListing:

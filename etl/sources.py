@@ -655,17 +655,14 @@ def class_name_of(value: Any, classes: tuple[str, ...] | None) -> str | None:
     None). An integer (also a numpy one) indexes `classes` when given, and otherwise stands for
     itself as its decimal digits. ValueError for a negative integer (the Hub's -1: no label) or
     one outside `classes`, TypeError for a value that is neither."""
-    if value is None or isinstance(value, str):
-        return _label_text(value)
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         if value < 0:
             raise ValueError(f"label {int(value)} is negative: the record has no class")
-        if classes is None:
-            return str(int(value))
-        if not 0 <= int(value) < len(classes):
-            raise ValueError(f"label {int(value)} is outside the {len(classes)} class names")
-        return classes[int(value)]
-    raise TypeError(f"label {value!r} is a {type(value).__name__}, not text or an integer")
+        if classes is not None:
+            if int(value) >= len(classes):
+                raise ValueError(f"label {int(value)} is outside the {len(classes)} class names")
+            return classes[int(value)]
+    return _label_text(value)
 
 
 def integer_classes(names: Iterable[str]) -> tuple[str, ...] | None:
