@@ -5,6 +5,9 @@ images inside other files (tar shards, tables)."""
 from __future__ import annotations
 
 import io
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +75,17 @@ run: {{n_jobs: 2, backend: threading}}
 """
     )
     return path
+
+
+def etl_run(config: Path) -> dict[str, Any]:
+    """`python -m etl run CONFIG --json` as a user runs it, under a time limit (a hang fails
+    the test): it must succeed without a traceback; returns its report."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "etl", "run", str(config), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    report: dict[str, Any] = json.loads(proc.stdout)
+    return report

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
-from encoded import picture, reasons, reference, stored
+from encoded import etl_run, picture, reasons, reference, stored
 
 from etl import pipeline
 from etl.config import load_config
@@ -150,8 +150,9 @@ def test_bad_rows_are_rejects_naming_file_and_row(tmp_path: Path, tables: Path) 
     whole = (tables / "t.parquet").read_bytes()
     (tables / "cut.parquet").write_bytes(whole[: len(whole) // 2])
     os.mkfifo(tables / "fifo.parquet")
-    config = load_config(write_config(tmp_path, "  id_column: id"))
-    report = pipeline.run(config)
+    config_path = write_config(tmp_path, "  id_column: id")
+    config = load_config(config_path)
+    report = etl_run(config_path)
     got = stored(config.output.dir)
     assert set(got) == {"t.parquet/ok"}
     assert np.array_equal(got["t.parquet/ok"][0], reference(good))
@@ -169,7 +170,7 @@ def test_bad_rows_are_rejects_naming_file_and_row(tmp_path: Path, tables: Path) 
         "cut.parquet": "unreadable",
         "fifo.parquet": "not_a_file",
     }
-    assert report.rejected == 11
+    assert report["rejected"] == 11
 
 
 def test_a_missing_column_is_a_one_line_error(tmp_path: Path, tables: Path) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import encoded
 import numpy as np
 import pytest
-from encoded import latest, picture, reference, stored
+from encoded import etl_run, latest, picture, reference, stored
 
 from etl import pipeline
 from etl.config import load_config
@@ -139,8 +139,9 @@ def test_hostile_members_are_rejects_naming_shard_and_key(tmp_path: Path) -> Non
         info.size = MAX_FILE_BYTES * 3
         tar.addfile(info, io.BytesIO(bytes(info.size)))
         add_member(tar, "big.cls", b"1")
-    config = load_config(write_config(tmp_path))
-    report = pipeline.run(config)
+    config_path = write_config(tmp_path)
+    config = load_config(config_path)
+    report = etl_run(config_path)
     rejects = latest_rejects(config.output.dir)
     got = stored(config.output.dir)
     assert set(got) == {"h.tar/ok", "h.tar/between", "hex:" + b"h.tar/notutf8-\xff".hex()}
@@ -161,7 +162,7 @@ def test_hostile_members_are_rejects_naming_shard_and_key(tmp_path: Path) -> Non
         "h.tar/README": "no_image",
         "huge.tar/big": "file_too_large",
     }
-    assert report.rejected == len(reasons)
+    assert report["rejected"] == len(reasons)
     assert not (tmp_path / "etc").exists() and not (tmp_path / "abs").exists()  # nothing extracted
 
 
@@ -189,8 +190,9 @@ def test_truncated_and_foreign_shards_keep_what_came_before(tmp_path: Path) -> N
     (shards / "foreign.tar").write_bytes(b"this is not a tar file at all" * 40)
     (shards / "empty.tar").write_bytes(b"")
     os.mkfifo(shards / "fifo.tar")
-    config = load_config(write_config(tmp_path))
-    report = pipeline.run(config)
+    config_path = write_config(tmp_path)
+    config = load_config(config_path)
+    report = etl_run(config_path)
     got = stored(config.output.dir)
     assert set(got) == {"cut.tar/s0", "cut.tar/s1"}
     for i in (0, 1):
@@ -205,7 +207,7 @@ def test_truncated_and_foreign_shards_keep_what_came_before(tmp_path: Path) -> N
         "empty.tar": "unreadable",
         "fifo.tar": "not_a_file",
     }
-    assert report.packed_new == 2
+    assert report["packed_new"] == 2
 
 
 def test_a_rewritten_shard_repacks_only_what_changed(tmp_path: Path) -> None:
