@@ -3,15 +3,14 @@
     python -m benchmarks.bench_audit [--mib 384] [--shard-mib 32] [--repeat 3] [--dir PATH]
 
 Writes a dataset of random uint8 samples (64x64x3, 12 KiB each) with the real `ShardWriter` and
-`etl.manifest.commit`, reads every shard once to put it in the page cache, then times in the same
-run: `sha256sum` over the shard files (one process, and two with `xargs -P 2`), and the
-`etl.audit.audit` library call with 1 and 2 jobs in the default, deep, fast and 1 % sample
-modes. The cases run in interleaved rounds and each figure is the best round; the first round
-is shown too (its first 2-job call starts the loky workers). Throughput is the shard bytes
-divided by the wall time of the whole call (manifest checks, scheduling and results included),
-and by the CPU seconds of every process involved, which a busy machine inflates less. Prints a
-markdown table.
-"""
+`etl.format.manifest.commit`, reads every shard once to put it in the page cache, then times in the
+same run: `sha256sum` over the shard files (one process, and two with `xargs -P 2`), and the
+`etl.maintenance.audit.audit` library call with 1 and 2 jobs in the default, deep, fast and 1 %
+sample modes. The cases run in interleaved rounds and each figure is the best round; the first
+round is shown too (its first 2-job call starts the loky workers). Throughput is the shard bytes
+divided by the wall time of the whole call (manifest checks, scheduling and results included), and
+by the CPU seconds of every process involved, which a busy machine inflates less. Prints a markdown
+table."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ import psutil
 import xxhash
 
 from benchmarks.common import cpu_model
-from etl.audit import AuditOptions, audit
-from etl.manifest import (
+from etl.format.manifest import (
     REJECTS_SCHEMA,
     SAMPLES_SCHEMA,
     SHARDS_SCHEMA,
@@ -44,7 +42,8 @@ from etl.manifest import (
     commit,
     table_from_rows,
 )
-from etl.shards import ShardWriter
+from etl.format.shards import ShardWriter
+from etl.maintenance.audit import AuditOptions, audit
 
 SHAPE = (64, 64, 3)
 CHECKSUM = "xxh3_64"

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from benchmarks.common import cpu_model
 from benchmarks.photos import make_photos
-from etl import pipeline
 from etl.config import load_config
+from etl.run import pipeline
 
 CONFIG = """\
 source: {{kind: folder, path: {source}}}

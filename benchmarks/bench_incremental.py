@@ -5,7 +5,7 @@
 The source tree holds `--files` JPEGs made from realistic photos (benchmarks/photos.py): each
 base photo is written several times with a distinct 8-byte trailer after its end-of-image
 marker, so every file has unique bytes (no duplicate or reuse shortcut applies) and decodes
-exactly like a camera file. Times are wall-clock seconds of `etl.pipeline.run`.
+exactly like a camera file. Times are wall-clock seconds of `etl.run.pipeline.run`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from benchmarks.common import cpu_model
 from benchmarks.photos import make_photos
-from etl import pipeline
 from etl.config import load_config
+from etl.run import pipeline
 
 CONFIG = """\
 source: {{kind: folder, path: {source}, split: {{val: 0.1}}}}

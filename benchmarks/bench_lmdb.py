@@ -36,8 +36,8 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 from benchmarks.common import cpu_model
-from etl import pipeline
 from etl.config import load_config
+from etl.run import pipeline
 from loaders import PackedDataset, make_loader
 
 BATCH = 256

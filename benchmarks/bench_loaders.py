@@ -33,7 +33,7 @@ from numpy.typing import NDArray
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
-from etl.manifest import (
+from etl.format.manifest import (
     REJECTS_SCHEMA,
     SAMPLES_SCHEMA,
     SHARDS_SCHEMA,
@@ -41,7 +41,7 @@ from etl.manifest import (
     commit,
     table_from_rows,
 )
-from etl.shards import ShardWriter
+from etl.format.shards import ShardWriter
 from loaders import (
     PackedDataset,
     PackedStream,

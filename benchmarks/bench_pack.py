@@ -1,4 +1,4 @@
-"""Packing speed and memory: `etl.pipeline.run` against a bare Pillow loop, on the same photos.
+"""Packing speed and memory: `etl.run.pipeline.run` against a bare Pillow loop, on the same photos.
 
     python -m benchmarks.bench_pack [--images 3000] [--repeats 3] [--quick | --tiny]
 
@@ -48,9 +48,9 @@ from PIL import Image, ImageOps
 
 from benchmarks.common import cpu_model, peak_rss
 from benchmarks.photos import list_photos, make_photos
-from etl import interrupt, pipeline
 from etl.config import load_config
-from etl.manifest import read_manifest
+from etl.format.manifest import read_manifest
+from etl.run import interrupt, pipeline
 
 HEIGHT, WIDTH = 224, 224
 SAMPLES_PER_SHARD = 64
@@ -177,7 +177,7 @@ def write_config(
 def run_pipeline(
     photos: Path, work: Path, name: str, n_jobs: int, backend: str, draft: bool
 ) -> tuple[dict[str, float], Path]:
-    """One `etl.pipeline.run` into a fresh output folder -> (timing, output folder)."""
+    """One `etl.run.pipeline.run` into a fresh output folder -> (timing, output folder)."""
     output = work / f"out-{name}"
     shutil.rmtree(output, ignore_errors=True)
     config = load_config(

@@ -84,8 +84,8 @@ def make_demo_database(path: Path, count: int = 24) -> None:
 
 
 def main(folder: Path) -> None:
-    from etl import pipeline
     from etl.config import load_config
+    from etl.run import pipeline
 
     folder.mkdir(parents=True, exist_ok=True)
     database = folder / "photos.sqlite"

@@ -1,4 +1,4 @@
-"""What to read: one manifest version opened through `etl.manifest`, and selections of it.
+"""What to read: one manifest version opened through `etl.format.manifest`, and selections of it.
 
 A `Catalog` is the opened manifest (Arrow tables, classes, shape, layout, splits, counts). A
 `Selection` is what a dataset needs from it: compact, read-only numpy arrays (shard index, row,
@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from etl.errors import EtlError, ShardError
-from etl.manifest import Manifest, read_manifest
+from etl.format.manifest import Manifest, read_manifest
 
 Where: TypeAlias = "pc.Expression | Callable[[pa.Table], Any]"
 """A row predicate on the samples table: a pyarrow compute Expression, or a callable that takes
@@ -39,7 +39,7 @@ class ShardSet:
 
     root: Path
     names: tuple[str, ...]
-    """Paths relative to `root`, already checked by `etl.manifest.check_shard_name`."""
+    """Paths relative to `root`, already checked by `etl.format.manifest.check_shard_name`."""
     rows: NDArray[np.int64]
     checksums: tuple[str, ...]
     algorithm: str
@@ -131,7 +131,7 @@ _MANIFEST_ROWS: weakref.WeakKeyDictionary[Selection, pa.Table] = weakref.WeakKey
 
 @dataclass(frozen=True)
 class Catalog:
-    """One committed version of a packed dataset, opened and checked by `etl.manifest`."""
+    """One committed version of a packed dataset, opened and checked by `etl.format.manifest`."""
 
     manifest: Manifest
 

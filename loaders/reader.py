@@ -1,7 +1,7 @@
 """Shard access inside one process: files opened lazily, checked on open, batches gathered
 with one numpy call over a `ShardSpan` (row by row where a span cannot be made).
 
-Every shard is opened with `etl.shards.open_shard`, which refuses a file whose header or size
+Every shard is opened with `etl.format.shards.open_shard`, which refuses a file whose header or size
 does not match the shards table (`ShardError`, naming the path). Nothing here is shared between
 processes: a pickled reader carries only the shard table and reopens what it needs.
 """
@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from etl.checksums import file_digests
 from etl.errors import ShardError
-from etl.shards import check_shard, open_shard
+from etl.format.checksums import file_digests
+from etl.format.shards import check_shard, open_shard
 from loaders.catalog import ShardSet
 from loaders.span import SUPPORTED, ShardSpan
 

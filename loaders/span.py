@@ -16,7 +16,7 @@ NOTE [ span layout ]: a file maps from offset 0 at a page-aligned address, so sh
 start `offset` bytes (the .npy header) after its slot's first page. With the array starting at
 `offset` past a page boundary, that needs `first[s] * row_bytes` to be a multiple of the page
 size, and every shard to have the same header length (this tool's writer always uses
-`etl.shards.HEADER_BYTES`). Slots never share a page, so mapping one never replaces another's
+`etl.format.shards.HEADER_BYTES`). Slots never share a page, so mapping one never replaces another's
 last page. Gaps between slots are readable anonymous zero pages (reserved with MAP_NORESERVE:
 no memory is committed), so a stray read gives zeros, not a crash; `take` is only given rows
 that exist.

@@ -31,7 +31,7 @@ def picture(seed: int, height: int = 24, width: int = 30) -> bytes:
 
 
 def reference(data: bytes) -> np.ndarray:
-    """Independent of etl.stages: Pillow decode, RGB, centre-crop resize."""
+    """Independent of etl.images.stages: Pillow decode, RGB, centre-crop resize."""
     height, width = SIZE
     image = Image.open(io.BytesIO(data)).convert("RGB")
     return np.asarray(ImageOps.fit(image, (width, height), Image.Resampling.BILINEAR))

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 from numpy.typing import NDArray
 
-from etl.checksums import digest
-from etl.manifest import (
+from etl.format.checksums import digest
+from etl.format.manifest import (
     RECORDED_FILES,
     REJECTS_SCHEMA,
     SAMPLES_SCHEMA,
@@ -26,8 +26,8 @@ from etl.manifest import (
     commit,
     table_from_rows,
 )
-from etl.record import write_record
-from etl.shards import ShardWriter
+from etl.format.record import write_record
+from etl.format.shards import ShardWriter
 
 CHECKSUM = "xxh3_64"
 
@@ -148,7 +148,7 @@ def make_packed(
 
 def commit_subset(packed: Packed, keep: list[int], version: int) -> None:
     """Commit `version` referencing only samples `keep` of version 1 (same shards)."""
-    from etl.manifest import read_manifest
+    from etl.format.manifest import read_manifest
 
     first = read_manifest(packed.root, 1)
     samples = first.samples.take(keep)

@@ -22,14 +22,14 @@ import pytest
 import xxhash
 from packed import rewrite_sealed
 
-from etl import pipeline
-from etl.audit import AuditOptions, audit
 from etl.cli import main
 from etl.config import load_config
-from etl.lock import DatasetLock
-from etl.manifest import list_versions, read_manifest
-from etl.sample_data import make_sample_data
-from etl.shards import HEADER_BYTES
+from etl.explore.sample_data import make_sample_data
+from etl.format.lock import DatasetLock
+from etl.format.manifest import list_versions, read_manifest
+from etl.format.shards import HEADER_BYTES
+from etl.maintenance.audit import AuditOptions, audit
+from etl.run import pipeline
 
 CONFIG = """\
 source:

@@ -20,7 +20,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
-from etl import pipeline, scaffold
 from etl.cli import main
 from etl.config import (
     DecodeStage,
@@ -31,7 +30,9 @@ from etl.config import (
     ValidateStage,
     load_config,
 )
-from etl.sample_data import CLASSES, make_sample_data
+from etl.explore import scaffold
+from etl.explore.sample_data import CLASSES, make_sample_data
+from etl.run import pipeline
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from etl import pipeline
 from etl.config import PipelineConfig, load_config
 from etl.errors import ExecutionError
-from etl.manifest import list_versions, read_manifest
-from etl.sample_data import make_sample_data
+from etl.explore.sample_data import make_sample_data
+from etl.format.manifest import list_versions, read_manifest
+from etl.run import pipeline
 
 pytestmark = pytest.mark.slow
 distributed = pytest.importorskip("distributed")

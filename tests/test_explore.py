@@ -1,4 +1,4 @@
-"""etl.explore on datasets packed by real pipeline runs, checked against independent reads:
+"""etl.explore.view on datasets packed by real pipeline runs, checked against independent reads:
 pyarrow.ipc for the manifest, np.load(mmap_mode="r") for the shards, Pillow for the sources."""
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from hypothesis import strategies as st
 from PIL import Image
 
 import etl
-from etl import explore, pipeline
 from etl.config import DecodeStage, load_config
 from etl.errors import EtlError
-from etl.sample_data import make_sample_data
+from etl.explore import view as explore
+from etl.explore.sample_data import make_sample_data
+from etl.run import pipeline
 
 CONFIG = """\
 source:

@@ -1,4 +1,4 @@
-"""etl.formats against Pillow itself: JPEGs decoded through simplejpeg equal Pillow's own
+"""etl.images.formats against Pillow itself: JPEGs decoded through simplejpeg equal Pillow's own
 decode (and Pillow's own draft at the same request) pixel for pixel; short data is refused."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from etl import formats
 from etl.config import DecodeStage, ResizeStage
-from etl.stages import Reject, decode
+from etl.images import formats
+from etl.images.stages import Reject, decode
 from tests.hostile import (
     encode,
     jpeg_claiming,

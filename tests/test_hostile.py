@@ -42,7 +42,7 @@ run:
 
 def spelt(raw: bytes) -> str:
     """The `source` docs/FORMAT.md promises for a raw relative path (written out here, apart
-    from etl.names): printable UTF-8 as is, anything else as hex: + the bytes in hex."""
+    from etl.format.names): printable UTF-8 as is, anything else as hex: + the bytes in hex."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -15,13 +15,13 @@ import pytest
 from numpy.typing import NDArray
 from PIL import Image
 
-from etl import execute, pipeline
 from etl.cli import main
 from etl.config import PipelineConfig, load_config
-from etl.housekeeping import compact
-from etl.manifest import list_versions, read_manifest
-from etl.sample_data import make_sample_data
-from etl.versions import diff, summaries
+from etl.explore.sample_data import make_sample_data
+from etl.format.manifest import list_versions, read_manifest
+from etl.maintenance.housekeeping import compact
+from etl.maintenance.versions import diff, summaries
+from etl.run import execute, pipeline
 
 CONFIG = """\
 source: {{kind: folder, path: {source}, split: {{val: 0.25}}}}

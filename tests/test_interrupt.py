@@ -21,7 +21,7 @@ import pytest
 from PIL import Image
 
 from etl.config import RunConfig
-from etl.execute import parallel_map
+from etl.run.execute import parallel_map
 
 SLOW_STAGE = """\
 import time
@@ -176,7 +176,7 @@ def test_workers_exit_when_the_parent_is_killed(tmp_path: Path, backend: str) ->
 PAUSING_ETL = """\
 import os, sys, time, pathlib
 
-import etl.execute, etl.manifest, etl.pipeline
+import etl.run.execute, etl.format.manifest, etl.run.pipeline
 from etl.cli import main
 
 MARK = pathlib.Path(os.environ["PAUSE_MARK"])
@@ -191,9 +191,9 @@ def pausing(fn):
 
 
 PHASES = {
-    "listing": (etl.pipeline, "list_sources"),
-    "hashing": (etl.execute, "hash_sources"),
-    "committing": (etl.manifest, "write_record"),
+    "listing": (etl.run.pipeline, "list_sources"),
+    "hashing": (etl.run.execute, "hash_sources"),
+    "committing": (etl.format.manifest, "write_record"),
 }
 module, name = PHASES[os.environ["PAUSE_IN"]]
 setattr(module, name, pausing(getattr(module, name)))

@@ -9,7 +9,7 @@ import pytest
 import torch
 from packed import Packed, commit_subset, make_packed
 
-from etl.checksums import digest
+from etl.format.checksums import digest
 from loaders import PackedDataset, open_catalog
 
 

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from packed import Packed, make_packed
 
-from etl.shards import HEADER_BYTES
+from etl.format.shards import HEADER_BYTES
 from loaders import ShardReader, open_catalog
 from loaders.span import SUPPORTED, ShardSpan, layout
 

@@ -12,7 +12,7 @@ import pytest
 from packed import rewrite_sealed
 
 from etl.errors import ManifestError
-from etl.manifest import (
+from etl.format.manifest import (
     FORMAT_VERSION,
     REJECTS_SCHEMA,
     SAMPLES_SCHEMA,

@@ -1,6 +1,6 @@
 """Any file name the file system allows round-trips: run -> manifest -> audit -> show.
 
-The expected `source` spelling is written out here from docs/FORMAT.md, apart from etl.names.
+The expected `source` spelling is written out here from docs/FORMAT.md, apart from etl.format.names.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from etl import names, pipeline
-from etl.audit import AuditOptions, audit
 from etl.config import load_config
-from etl.explore import open_dataset
+from etl.explore.view import open_dataset
+from etl.format import names
+from etl.maintenance.audit import AuditOptions, audit
+from etl.run import pipeline
 
 # A name component: any bytes but '/' and NUL, not a dot-file (the walk skips those), and
 # short enough to take a '.png' suffix within NAME_MAX (255 bytes).

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from etl.manifest import list_versions
+from etl.format.manifest import list_versions
 
 CONFIG = """\
 source: {{kind: folder, path: {source}}}

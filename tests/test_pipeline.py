@@ -17,12 +17,12 @@ import pytest
 import xxhash
 from PIL import Image, ImageOps
 
-from etl import pipeline
 from etl.config import PipelineConfig, load_config
 from etl.errors import ConfigError, LockError
-from etl.lock import DatasetLock
-from etl.manifest import list_versions, read_manifest
-from etl.sample_data import make_sample_data
+from etl.explore.sample_data import make_sample_data
+from etl.format.lock import DatasetLock
+from etl.format.manifest import list_versions, read_manifest
+from etl.run import pipeline
 
 CONFIG = """\
 source:
@@ -74,7 +74,7 @@ def workdir(tmp_path: Path, sample_root: Path) -> Path:
 
 
 def reference(path: Path, size_hw: tuple[int, int], mode: str) -> np.ndarray:
-    """A plain Pillow decode + centre-crop resize, written independently of etl.stages."""
+    """A plain Pillow decode + centre-crop resize, written independently of etl.images.stages."""
     image = Image.open(io.BytesIO(path.read_bytes()))
     image.seek(0)
     image = ImageOps.exif_transpose(image)
@@ -198,10 +198,10 @@ def test_the_report_says_where_the_time_went(workdir: Path) -> None:
 
 
 def test_a_pack_worker_imports_no_pyarrow() -> None:
-    """Every run waits for its workers to start (NOTE [ worker start-up ] in etl.execute); a
-    worker imports etl.execute and unpickles tasks, the config and sources' records."""
+    """Every run waits for its workers to start (NOTE [ worker start-up ] in etl.run.execute); a
+    worker imports etl.run.execute and unpickles tasks, the config and sources' records."""
     code = (
-        "import sys, etl.execute, etl.tasks, etl.config, etl.sources\n"
+        "import sys, etl.run.execute, etl.run.tasks, etl.config, etl.sources.listing\n"
         "print([m for m in ('pyarrow', 'pandas', 'torch') if m in sys.modules])\n"
     )
     result = subprocess.run(
@@ -351,9 +351,9 @@ def test_manifest_is_readable_by_pandas_and_duckdb(workdir: Path) -> None:
 def test_every_new_shard_is_fsynced_before_the_commit(
     workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Workers leave the fsync to the parent (etl.execute.pack); the manifest must still come
+    """Workers leave the fsync to the parent (etl.run.execute.pack); the manifest must still come
     only after every shard it references, and the rename of each, is on disk."""
-    from etl import execute
+    from etl.run import execute
 
     events: list[tuple[str, Path | None]] = []
     real_fsync, real_commit = execute.fsync_dir, pipeline.commit

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from etl.config import PipelineConfig
-from etl.manifest import (
+from etl.format.manifest import (
     REJECTS_SCHEMA,
     SAMPLES_SCHEMA,
     SHARDS_SCHEMA,
@@ -16,8 +16,8 @@ from etl.manifest import (
     ManifestMeta,
     table_from_rows,
 )
-from etl.plan import assign_split, files_to_hash, make_plan, pack_order, sample_id
-from etl.sources import SourceFile, SourceListing
+from etl.run.plan import assign_split, files_to_hash, make_plan, pack_order, sample_id
+from etl.sources.listing import SourceFile, SourceListing
 
 
 def config(**source: object) -> PipelineConfig:

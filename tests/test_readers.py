@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from etl import pipeline, readers
 from etl.config import FolderSource, load_config
-from etl.manifest import read_manifest
+from etl.format.manifest import read_manifest
+from etl.run import pipeline
+from etl.sources import readers
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 import xxhash
 
 from etl.errors import ShardError
-from etl.shards import HEADER_BYTES, ShardWriter, open_shard
+from etl.format.shards import HEADER_BYTES, ShardWriter, open_shard
 
 SHAPE = (4, 5, 3)
 

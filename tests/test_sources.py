@@ -7,10 +7,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from etl import names
 from etl.config import FolderSource, ListingSource
 from etl.errors import SourceError
-from etl.sources import list_folder, list_listing
+from etl.format import names
+from etl.sources.listing import list_folder, list_listing
 
 
 def touch(path: Path, data: bytes = b"x") -> Path:

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from etl import pipeline
-from etl.audit import audit
 from etl.config import PipelineConfig, load_config
 from etl.errors import ConfigError, SourceError
-from etl.manifest import read_manifest
-from etl.names import to_raw as source_to_key
-from etl.names import to_source as key_to_source
+from etl.format.manifest import read_manifest
+from etl.format.names import to_raw as source_to_key
+from etl.format.names import to_source as key_to_source
+from etl.maintenance.audit import audit
+from etl.run import pipeline
 
 lmdb = pytest.importorskip("lmdb")
 
@@ -56,7 +56,7 @@ def write_env(path: Path, items: dict[bytes, bytes]) -> None:
 
 
 def reference(data: bytes, mode: str = "RGB") -> np.ndarray:
-    """Plain Pillow: decode, to RGB, centre-crop resize (written independently of etl.stages)."""
+    """Plain Pillow: decode, to RGB, centre-crop resize (independent of etl.images.stages)."""
     if data.startswith(b"\x93NUMPY"):
         image = Image.fromarray(np.load(io.BytesIO(data)))
     else:

@@ -17,9 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 from encoded import etl_run, picture, reasons, reference, stored
 
-from etl import pipeline
 from etl.config import load_config
 from etl.errors import SourceError
+from etl.run import pipeline
 
 
 def write_config(tmp_path: Path, extra: str = "", files: str = '["*.parquet"]') -> Path:
@@ -205,7 +205,7 @@ def test_a_changed_row_is_repacked_and_the_rest_reused(tmp_path: Path, tables: P
 
 
 def test_audit_compares_each_row_with_the_table_now(tmp_path: Path, tables: Path) -> None:
-    from etl.audit import AuditOptions, audit
+    from etl.maintenance.audit import AuditOptions, audit
 
     images = [picture(i) for i in range(4)]
     table = pa.table({"id": ["a", "b", "c", "d"], "image": images, "label": [0, 1, 0, 1]})

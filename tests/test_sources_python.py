@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from etl import pipeline
 from etl.config import PipelineConfig, load_config
 from etl.errors import ConfigError, SourceError
-from etl.manifest import read_manifest
+from etl.format.manifest import read_manifest
+from etl.run import pipeline
 
 SIZE = (12, 16)
 
@@ -66,7 +66,7 @@ def picture(seed: int, height: int = 24, width: int = 30) -> np.ndarray:
 
 
 def reference(image: Image.Image) -> np.ndarray:
-    """Independent of etl.stages: to RGB, centre-crop resize with Pillow."""
+    """Independent of etl.images.stages: to RGB, centre-crop resize with Pillow."""
     height, width = SIZE
     return np.asarray(
         ImageOps.fit(image.convert("RGB"), (width, height), Image.Resampling.BILINEAR)

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from encoded import etl_run, latest, picture, reference, stored
 
-from etl import pipeline
 from etl.config import load_config
 from etl.errors import SourceError
+from etl.run import pipeline
 
 MAX_FILE_BYTES = 1 << 20
 

@@ -1,4 +1,4 @@
-"""etl.stages against independent computations written out here (Pillow calls and numpy).
+"""etl.images.stages against independent computations written out here (Pillow calls and numpy).
 
 Every image is tiny and made in memory; expected values never come from the code under test.
 """
@@ -24,7 +24,6 @@ from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
 from etl import config as config_module
-from etl.checksums import HASHERS
 from etl.config import (
     CallStage,
     DecodeStage,
@@ -35,7 +34,8 @@ from etl.config import (
     ValidateStage,
 )
 from etl.errors import ConfigError
-from etl.stages import (
+from etl.format.checksums import HASHERS
+from etl.images.stages import (
     FILTERS,
     REJECT_REASONS,
     RESIZE_MODES,

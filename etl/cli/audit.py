@@ -15,14 +15,14 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from etl import audit as audit_lib
-from etl import repair as repair_lib
 from etl.cli.app import app, out
 from etl.cli.progress import BarProgress
 from etl.config import load_config
 from etl.errors import EtlError
-from etl.manifest import SHARDS_DIR
-from etl.readers import FILE_KINDS
+from etl.format.manifest import SHARDS_DIR
+from etl.maintenance import audit as audit_lib
+from etl.maintenance import repair as repair_lib
+from etl.sources.readers import FILE_KINDS
 
 BACKENDS = ("loky", "threading", "sequential", "dask")
 ROWS_PER_PROBLEM = 8

@@ -11,10 +11,11 @@ import typer
 from PIL import Image
 from rich.table import Table
 
-from etl import explore, scaffold
 from etl.cli.app import app, out
 from etl.config import load_config
 from etl.errors import EtlError
+from etl.explore import scaffold
+from etl.explore import view as explore
 
 DirArg = Annotated[
     Path,
@@ -221,7 +222,9 @@ def show(
             raise typer.BadParameter("--rejects needs --source DIR or --config pipeline.yaml")
         config = load_config(config_path) if config_path else None
         if source is None:
-            from etl.audit import source_root_of  # one rule: where `source` paths are relative to
+            from etl.maintenance.audit import (
+                source_root_of,  # one rule: where `source` paths are relative to
+            )
 
             assert config is not None
             source = source_root_of(config)

@@ -19,8 +19,8 @@ from rich.progress import Progress as RichProgress
 from rich.progress import Task as RichTask
 from rich.text import Text
 
-from etl import pipeline
 from etl.cli.app import err
+from etl.run import pipeline
 
 
 class RateColumn(ProgressColumn):

@@ -9,13 +9,13 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from etl import pipeline
 from etl.cli.app import app, out
 from etl.cli.progress import BarProgress
 from etl.config import load_config
 from etl.errors import EtlError
-from etl.plan import Plan
-from etl.sources import check_exists
+from etl.run import pipeline
+from etl.run.plan import Plan
+from etl.sources.listing import check_exists
 
 ConfigArg = Annotated[Path, typer.Argument(help="Path to pipeline.yaml.", show_default=False)]
 
@@ -138,7 +138,7 @@ def sample_data(
 
     Example:  etl sample-data data/sample --per-class 500
     """
-    from etl.sample_data import CLASSES, make_sample_data
+    from etl.explore.sample_data import CLASSES, make_sample_data
 
     if directory.exists() and any(directory.iterdir()):
         raise EtlError(f"{directory}: exists and is not empty; choose a new folder")

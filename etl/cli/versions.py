@@ -10,9 +10,9 @@ import typer
 from rich.table import Table
 
 from etl.cli.app import app, out
-from etl.housekeeping import compact as run_compact
-from etl.versions import diff as version_diff
-from etl.versions import summaries
+from etl.maintenance.housekeeping import compact as run_compact
+from etl.maintenance.versions import diff as version_diff
+from etl.maintenance.versions import summaries
 
 DirArg = Annotated[Path, typer.Argument(help="Dataset folder (output.dir).", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]

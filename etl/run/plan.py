@@ -17,9 +17,9 @@ import pyarrow as pa
 import xxhash
 
 from etl.config import PipelineConfig
-from etl.manifest import SAMPLES_SCHEMA, SHARDS_DIR, Manifest
-from etl.sources import SourceFile, SourceListing, SourceReject
-from etl.tasks import PackItem, PackTask
+from etl.format.manifest import SAMPLES_SCHEMA, SHARDS_DIR, Manifest
+from etl.run.tasks import PackItem, PackTask
+from etl.sources.listing import SourceFile, SourceListing, SourceReject
 
 CONTENT_REJECTS = frozenset(
     {

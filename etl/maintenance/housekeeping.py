@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl.errors import ManifestError, ShardError
-from etl.lock import DatasetLock
-from etl.manifest import (
+from etl.format.lock import DatasetLock
+from etl.format.manifest import (
     SHARDS_DIR,
     SHARDS_SCHEMA,
     VERSIONS_DIR,
@@ -33,7 +33,7 @@ from etl.manifest import (
     table_from_rows,
     version_dir,
 )
-from etl.shards import ShardWriter, open_shard
+from etl.format.shards import ShardWriter, open_shard
 
 
 def clean_leftovers(root: Path, latest: int) -> list[Path]:

@@ -25,7 +25,6 @@ from typing import Any
 import pyarrow as pa
 from joblib.externals.loky.process_executor import TerminatedWorkerError
 
-from etl import execute, interrupt, readers
 from etl.config import FolderSource, PipelineConfig
 from etl.errors import (
     OUTPUT_ERRNOS,
@@ -35,9 +34,8 @@ from etl.errors import (
     OutputError,
     output_error,
 )
-from etl.housekeeping import clean_leftovers
-from etl.lock import DatasetLock
-from etl.manifest import (
+from etl.format.lock import DatasetLock
+from etl.format.manifest import (
     REJECTS_SCHEMA,
     SAMPLES_SCHEMA,
     SHARDS_SCHEMA,
@@ -48,8 +46,11 @@ from etl.manifest import (
     read_manifest,
     table_from_rows,
 )
-from etl.plan import Plan, files_to_hash, make_plan, settled_hashes
-from etl.sources import ListContext, SourceReject, check_exists, list_sources
+from etl.maintenance.housekeeping import clean_leftovers
+from etl.run import execute, interrupt
+from etl.run.plan import Plan, files_to_hash, make_plan, settled_hashes
+from etl.sources import readers
+from etl.sources.listing import ListContext, SourceReject, check_exists, list_sources
 
 
 def tool_version() -> str:
@@ -338,7 +339,7 @@ def _run_locked(
     new_shards: list[dict[str, Any]] = []
     progress.start("pack", plan.to_pack)
     # closing: an interrupted loop stops the workers before the run cleans up (see
-    # NOTE [ stop the workers on the way out ] in etl.execute).
+    # NOTE [ stop the workers on the way out ] in etl.run.execute).
     with (
         _phase(phases, "pack"),
         contextlib.closing(execute.pack(plan.tasks, config, root, progress.advance)) as packed,

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from etl.checksums import TAMPER_DIGEST, digest, file_digests
+from etl.format.checksums import TAMPER_DIGEST, digest, file_digests
 
 RECORD_FILE = "commit.json"
 RECORD_FORMAT = 1

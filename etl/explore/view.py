@@ -1,6 +1,6 @@
 """Look at a packed dataset: the manifest as a table, samples as images, summaries and pictures.
 
-    import etl.explore as ex
+    import etl.explore.view as ex
     ds = ex.open_dataset("artifacts")          # the latest version; version=N pins one
     ds.table                                   # the manifest, an Arrow table
     ds.to_pandas()                             # the same as a pandas DataFrame
@@ -11,7 +11,8 @@
 
 Everything here returns data, PIL images or small dataclasses that hold them; nothing prints or
 writes files (the CLI, `etl inspect` and `etl show`, saves them). Pictures are drawn with Pillow
-alone: no plotting library is needed. Shards are opened through `etl.shards.open_shard`, which
+alone: no plotting library is needed. Shards are opened through
+`etl.format.shards.open_shard`, which
 checks each file against the manifest, and are read through read-only memmaps.
 """
 
@@ -33,10 +34,11 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 from PIL import Image, ImageDraw, ImageFont
 
-from etl import names, readers
 from etl.errors import EtlError
-from etl.manifest import Manifest, list_versions, read_manifest
-from etl.shards import open_shard
+from etl.format import names
+from etl.format.manifest import Manifest, list_versions, read_manifest
+from etl.format.shards import open_shard
+from etl.sources import readers
 
 if TYPE_CHECKING:
     from etl.config import (
@@ -398,8 +400,8 @@ MAX_REJECT_BYTES = 256 << 20
 
 def reject_cell(source_root: Path, reject: Mapping[str, Any], decode: DecodeStage) -> Cell:
     """The cell of one row of rejects.arrow: its thumbnail, or a placeholder saying why not."""
-    from etl.stages import Reject
-    from etl.stages import decode as decode_image
+    from etl.images.stages import Reject
+    from etl.images.stages import decode as decode_image
 
     source, reason = str(reject["source"]), str(reject["reason"])
     info = {"source": source, "reason": reason, "message": reject["message"], "decoded": False}

@@ -32,11 +32,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from etl import names
-from etl.checksums import digest, new_hasher
 from etl.config import LmdbSource, SourceConfig
 from etl.errors import SourceError
-from etl.shards import SHARDS_DIR
+from etl.format import names
+from etl.format.checksums import digest, new_hasher
+from etl.format.shards import SHARDS_DIR
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@
 temp file with plain writes (no pixel data ever travels between processes), hashing them as
 they go, then rewrites the header with the rows actually written and renames the file into
 place, so a process never sees a partial shard under a shard's name. It fsyncs before the rename
-unless told that its caller will (`durable=False`, see `etl.execute.pack`): either way every
+unless told that its caller will (`durable=False`, see `etl.run.execute.pack`): either way every
 shard is on disk before a manifest that references it is committed.
 """
 
@@ -20,8 +20,8 @@ from typing import BinaryIO
 import numpy as np
 from numpy.typing import NDArray
 
-from etl.checksums import TAMPER_DIGEST, Hasher, digest, file_digests, new_hasher
 from etl.errors import ShardError
+from etl.format.checksums import TAMPER_DIGEST, Hasher, digest, file_digests, new_hasher
 
 SHARDS_DIR = "shards"
 """The folder of a dataset that holds its shard files (and a run's temp files)."""

@@ -21,20 +21,21 @@ from typing import Any, TypeVar
 from joblib import Parallel, delayed, parallel_config
 from joblib.parallel import LokyBackend
 
-from etl import cluster, interrupt, readers
-from etl.checksums import digest
 from etl.config import CallStage, PipelineConfig, RunConfig, SourceConfig
 from etl.errors import ExecutionError
-from etl.shards import SHARDS_DIR, ShardInfo, ShardWriter, fsync_dir
-from etl.sources import SourceFile, SourceReject
-from etl.stages import Reject, load_function, process_image
-from etl.tasks import PackItem, PackTask
+from etl.format.checksums import digest
+from etl.format.shards import SHARDS_DIR, ShardInfo, ShardWriter, fsync_dir
+from etl.images.stages import Reject, load_function, process_image
+from etl.run import cluster, interrupt
+from etl.run.tasks import PackItem, PackTask
+from etl.sources import readers
+from etl.sources.listing import SourceFile, SourceReject
 
 # NOTE [ worker start-up ]: every run waits for its worker processes to start (0.2 s for a
 # bare loky worker here) and to import this module with all it imports (0.2 s more). That is
 # most of the fixed cost of a small run, so nothing a worker imports pulls in pyarrow: the
-# tasks it unpickles live in etl.tasks, shard naming in etl.shards, and etl.sources reads
-# listing files with a local import.
+# tasks it unpickles live in etl.run.tasks, shard naming in etl.format.shards, and
+# etl.sources.listing reads listing files with a local import.
 
 HASH_CHUNK = 256
 """Files per hashing task: large enough to amortise dispatch, small enough to balance load."""
@@ -296,7 +297,7 @@ def pack_shard(
                 outcome = _pack_one(item, data, writer, config, functions)
             except OSError:
                 # NOTE: a source that cannot be read is a reject in _pack_one: this is the
-                # shard's write, re-raised as it is for the parent (etl.pipeline) to name
+                # shard's write, re-raised as it is for the parent (etl.run.pipeline) to name
                 raise
             except Exception as exc:
                 raise WorkerError(

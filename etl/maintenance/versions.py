@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etl.manifest import list_versions, read_manifest, resolve
+from etl.format.manifest import list_versions, read_manifest, resolve
 
 
 @dataclass(frozen=True)

@@ -34,10 +34,17 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from etl import names, readers
 from etl.config import FilePatterns, ParquetSource, WebDatasetSource
 from etl.errors import SourceError
-from etl.sources import ListContext, RecordIntake, SourceListing, class_name_of, integer_classes
+from etl.format import names
+from etl.sources import readers
+from etl.sources.listing import (
+    ListContext,
+    RecordIntake,
+    SourceListing,
+    class_name_of,
+    integer_classes,
+)
 
 # --- files --------------------------------------------------------------------------------------
 
@@ -482,4 +489,4 @@ LISTERS: dict[str, Callable[[Any, ListContext], SourceListing]] = {
     "webdataset": list_webdataset,
     "parquet": list_parquet,
 }
-"""Source kind -> lister, for etl.sources.LISTERS."""
+"""Source kind -> lister, for etl.sources.listing.LISTERS."""

@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from etl import names, readers
-from etl.checksums import digest
 from etl.config import FolderSource, ListingSource, LmdbSource, PythonSource, SourceConfig
 from etl.errors import SourceError
+from etl.format import names
+from etl.format.checksums import digest
+from etl.sources import readers
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -41,7 +42,8 @@ class SourceFile:
 
     source: str
     path: str
-    """Its locator: where `etl.readers` reads it (a file path, an LMDB key, a spool slice)."""
+    """Its locator: where `etl.sources.readers` reads it (a file path, an LMDB key, a spool
+    slice)."""
     class_name: str | None
     split: str | None
     size: int
@@ -806,9 +808,9 @@ def _parse_record(record: Any, index: int, spec: str) -> tuple[str, bytes, str |
 
 
 def _list_container(config: Any, context: ListContext) -> SourceListing:
-    # NOTE: imported here: etl.containers reads tables with pyarrow, and pack workers import
+    # NOTE: imported here: etl.sources.containers reads tables with pyarrow, and pack workers import
     # this module (NOTE [ worker start-up ] in etl/execute.py)
-    from etl import containers
+    from etl.sources import containers
 
     return containers.LISTERS[config.kind](config, context)
 

@@ -1,6 +1,6 @@
 """Pure per-image stages: encoded bytes -> decoded image -> resized image -> uint8 array.
 
-No file I/O, no parallelism, no printing. `etl.execute` loads the call-stage functions once per
+No file I/O, no parallelism, no printing. `etl.run.execute` loads the call-stage functions once per
 worker with `load_function`, runs `process_image` on each file's bytes, and turns a `Reject` into
 a row of the rejects table (reasons: `REJECT_REASONS`).
 """
@@ -22,9 +22,9 @@ import numpy as np
 from numpy.typing import NDArray
 from PIL import ExifTags, Image, ImageFile, ImageOps, UnidentifiedImageError
 
-from etl import formats
 from etl.config import CallStage, DecodeStage, PipelineConfig, ResizeStage, ValidateStage
 from etl.errors import ConfigError
+from etl.images import formats
 
 # --- rejects --------------------------------------------------------------------------------
 

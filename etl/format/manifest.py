@@ -6,7 +6,7 @@ Layout of a dataset directory (see docs/FORMAT.md):
     versions/v000001/manifest.arrow     one row per packed sample
     versions/v000001/shards.arrow       one row per shard this version references
     versions/v000001/rejects.arrow      one row per source file that was not packed
-    versions/v000001/commit.json        size and BLAKE3 of the three files above (etl.record)
+    versions/v000001/commit.json        size and BLAKE3 of the three files above (etl.format.record)
 
 A version folder is written under a temp name and renamed into place, so it either exists whole
 or not at all; the latest version is the highest-numbered folder. This module imports neither
@@ -32,8 +32,8 @@ import pyarrow.ipc as ipc
 from numpy.typing import NDArray
 
 from etl.errors import ManifestError
-from etl.record import RECORD_FILE, check_record, write_record
-from etl.shards import SHARDS_DIR, fsync_dir
+from etl.format.record import RECORD_FILE, check_record, write_record
+from etl.format.shards import SHARDS_DIR, fsync_dir
 
 FORMAT_VERSION = 1
 """Bumped on any change a reader of an older version would misread; checked on every open."""
@@ -278,7 +278,7 @@ def resolve(path: Path, version: int | None = None) -> tuple[Path, int]:
 
 
 def record_problems(folder: Path, version: int) -> list[str]:
-    """What `commit.json` says changed in a version folder (see `etl.record`); nothing for a
+    """What `commit.json` says changed in a version folder (see `etl.format.record`); nothing for a
     version committed before records existed."""
     if not (folder / RECORD_FILE).exists() and _written_before_records(folder / MANIFEST_FILE):
         return []

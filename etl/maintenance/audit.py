@@ -2,7 +2,7 @@
 
 `audit()` only reads: it checks one committed version (the latest unless asked) and returns an
 `AuditReport` listing every problem as a `Finding`; nothing is printed, nothing is written, no
-lock is taken. `etl.repair` turns a report into a repaired version.
+lock is taken. `etl.maintenance.repair` turns a report into a repaired version.
 
 NOTE [modes]: what each mode reads and checks. Every mode checks the manifest's integrity (the
 three Arrow files validate, read_manifest's coherence, values the format defines exactly), each
@@ -45,12 +45,11 @@ import pyarrow.ipc as ipc
 import xxhash
 from numpy.typing import NDArray
 
-from etl import names, readers
-from etl.checksums import TAMPER_DIGEST, digest, new_hasher
 from etl.config import FolderSource, ListingSource, PipelineConfig, RunConfig, SourceConfig
 from etl.errors import ConfigError, ManifestError, ShardError
-from etl.execute import WorkerError, engine, parallel_map
-from etl.manifest import (
+from etl.format import names
+from etl.format.checksums import TAMPER_DIGEST, digest, new_hasher
+from etl.format.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
     RECORDS_SINCE,
@@ -68,10 +67,12 @@ from etl.manifest import (
     shard_version,
     version_dir,
 )
-from etl.pipeline import Progress
-from etl.record import RECORD_FILE
-from etl.shards import HEADER_BYTES, open_shard
-from etl.sources import ListContext, list_sources
+from etl.format.record import RECORD_FILE
+from etl.format.shards import HEADER_BYTES, open_shard
+from etl.run.execute import WorkerError, engine, parallel_map
+from etl.run.pipeline import Progress
+from etl.sources import readers
+from etl.sources.listing import ListContext, list_sources
 
 # --- findings -----------------------------------------------------------------------------------
 
@@ -211,7 +212,7 @@ class AuditReport:
     """The audited version's manifest files match their commit record, read and passed every
     integrity check."""
     record_ok: bool = True
-    """The audited version's files match its commit record (see etl.record)."""
+    """The audited version's files match its commit record (see etl.format.record)."""
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     samples_total: int = 0
@@ -312,7 +313,7 @@ ROW_DIGESTS: dict[str, Callable[[Any], str]] = {
     "xxh3_64": xxhash.xxh3_64_hexdigest,
     "xxh3_128": xxhash.xxh3_128_hexdigest,
 }
-"""One-call digests for the hot per-row loop; other algorithms go through etl.checksums."""
+"""One-call digests for the hot per-row loop; other algorithms go through etl.format.checksums."""
 
 
 def row_digest(algorithm: str) -> Callable[[Any], str]:
@@ -595,7 +596,7 @@ def _check_dataset(root: Path, number: int, manifest: Manifest | None, report: A
 
 
 def _check_record(root: Path, number: int, report: AuditReport) -> None:
-    """Each file of the version whose bytes changed since its commit (see etl.record)."""
+    """Each file of the version whose bytes changed since its commit (see etl.format.record)."""
     folder = version_dir(root, number)
     problems = record_problems(folder, number)
     report.record_ok = not problems

@@ -1,6 +1,7 @@
 """Repair a dataset from an audit: re-pack its damaged samples as a new manifest version.
 
-The one writer of the audit feature; `etl.audit` itself never writes. Under the dataset lock, a
+The one writer of the audit feature; `etl.maintenance.audit` itself never writes. Under the dataset
+lock, a
 bad sample is decoded again from its source through the same stages as `etl run`, if the source
 still has its recorded hash; the samples of a damaged shard that verified are copied as they are
 (their bytes checked again), so the new version lists no damaged file and a fresh audit of it is
@@ -20,15 +21,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from etl import names, readers
-from etl.audit import SHARD_KINDS, AuditReport, row_digest, shard_records, source_root_of
-from etl.checksums import digest
 from etl.config import CallStage, PipelineConfig, RunConfig
 from etl.errors import ConfigError, EtlError, ManifestError, ShardError
-from etl.execute import WorkerError, engine, parallel_map
-from etl.housekeeping import clean_leftovers
-from etl.lock import DatasetLock
-from etl.manifest import (
+from etl.format import names
+from etl.format.checksums import digest
+from etl.format.lock import DatasetLock
+from etl.format.manifest import (
     SAMPLES_SCHEMA,
     SHARDS_DIR,
     SHARDS_SCHEMA,
@@ -38,9 +36,19 @@ from etl.manifest import (
     read_manifest,
     table_from_rows,
 )
-from etl.pipeline import Progress, changed_keys, tool_version
-from etl.shards import ShardInfo, ShardWriter, open_shard
-from etl.stages import Reject, load_function, process_image
+from etl.format.shards import ShardInfo, ShardWriter, open_shard
+from etl.images.stages import Reject, load_function, process_image
+from etl.maintenance.audit import (
+    SHARD_KINDS,
+    AuditReport,
+    row_digest,
+    shard_records,
+    source_root_of,
+)
+from etl.maintenance.housekeeping import clean_leftovers
+from etl.run.execute import WorkerError, engine, parallel_map
+from etl.run.pipeline import Progress, changed_keys, tool_version
+from etl.sources import readers
 
 HOW: dict[str, str] = {
     "copied": "bytes verified, moved out of a damaged shard",
@@ -189,7 +197,7 @@ def repair(
 
 def _run_config(jobs: int | None, backend: str, tasks: int, address: str | None) -> RunConfig:
     """`jobs` None: a worker per core when there are several shards to write, else in-process
-    (starting a worker costs about a second; see etl.audit.PARALLEL_MIN_BYTES)."""
+    (starting a worker costs about a second; see etl.maintenance.audit.PARALLEL_MIN_BYTES)."""
     if backend == "dask":
         return RunConfig(n_jobs=jobs or -1, backend="dask", address=address)
     if jobs is None:
