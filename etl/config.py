@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -388,10 +388,15 @@ class OutputConfig(_Model):
         return self
 
 
+Backend = Literal["loky", "threading", "sequential", "dask"]
+"""Where work runs: joblib's loky processes, threads, in-process, or a Dask cluster."""
+BACKENDS: tuple[str, ...] = get_args(Backend)
+
+
 class RunConfig(_Model):
     n_jobs: int = -1
     """joblib's convention: -1 is every core."""
-    backend: Literal["loky", "threading", "sequential", "dask"] = "loky"
+    backend: Backend = "loky"
     """joblib backend: 'loky' (processes, the default), 'threading', 'sequential' (debugging),
     or 'dask' (a dask.distributed cluster at `address`, else a LocalCluster of n_jobs processes)."""
     address: str | None = Field(default=None, pattern=r"^(tcp|tls|inproc|ucx)://\S+$")
@@ -491,6 +496,32 @@ class PipelineConfig(_Model):
         """Short, stable digest of `output_shaping()`; stored in every manifest."""
         canonical = json.dumps(self.output_shaping(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def check_same_output(
+        self, recorded: Mapping[str, Any], recorded_digest: str, where: str, fix: str
+    ) -> None:
+        """ConfigError unless this config shapes output as the one `recorded` in a manifest:
+        building on a version packed otherwise would mix two kinds of sample in one dataset."""
+        if recorded_digest == self.digest():
+            return
+        keys = changed_keys(recorded, self.output_shaping())
+        raise ConfigError(
+            f"{where} was packed with other output settings "
+            f"(changed: {', '.join(keys) or 'config digest'}); {fix}"
+        )
+
+
+def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two output-shaping dicts."""
+    keys: list[str] = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        name = f"{prefix}{key}"
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            keys += changed_keys(a, b, name + ".")
+        elif a != b:
+            keys.append(name)
+    return keys
 
 
 # --- YAML loading ---------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import json
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, cast
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -17,14 +17,13 @@ from rich.text import Text
 
 from etl.cli.app import app, out
 from etl.cli.progress import BarProgress
-from etl.config import load_config
+from etl.config import BACKENDS, Backend, load_config
 from etl.errors import EtlError
 from etl.format.manifest import SHARDS_DIR
 from etl.maintenance import audit as audit_lib
 from etl.maintenance import repair as repair_lib
 from etl.sources.readers import FILE_KINDS
 
-BACKENDS = ("loky", "threading", "sequential", "dask")
 ROWS_PER_PROBLEM = 8
 """Locations shown per distinct problem; --json and --report list them all."""
 
@@ -273,7 +272,7 @@ def audit(
         source_root=source_root.resolve() if source_root else None,
         records=records,
         jobs=jobs,
-        backend=backend or "loky",
+        backend=cast(Backend, backend or "loky"),  # checked against BACKENDS above
         address=address,
     )
     show = not (quiet or as_json)

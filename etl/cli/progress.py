@@ -20,7 +20,7 @@ from rich.progress import Task as RichTask
 from rich.text import Text
 
 from etl.cli.app import err
-from etl.run import pipeline
+from etl.progress import Progress
 
 
 class RateColumn(ProgressColumn):
@@ -31,7 +31,7 @@ class RateColumn(ProgressColumn):
         return Text(f"{speed:>7.0f}/s" if speed else "      ?/s")
 
 
-class BarProgress(pipeline.Progress):
+class BarProgress(Progress):
     """A rich progress bar per phase, with rate and ETA, drawn on stderr."""
 
     LABELS: ClassVar[dict[str, str]] = {"hash": "hashing sources", "pack": "decode, resize, pack"}

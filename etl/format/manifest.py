@@ -22,6 +22,8 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -103,6 +105,14 @@ REJECTS_SCHEMA = pa.schema(
 ADDED_COLUMNS = frozenset({"source_ctime_ns", "source_inode"})
 """Nullable columns added after format version 1 was defined (etl-memmap 0.2.0): a manifest
 without them reads them as nulls (its files are hashed once again on the next run)."""
+
+
+def tool_version() -> str:
+    """The etl-memmap release writing a version, as its metadata records it."""
+    try:
+        return package_version("etl-memmap")
+    except PackageNotFoundError:
+        return "0+unknown"
 
 
 @dataclass(frozen=True)

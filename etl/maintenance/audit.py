@@ -45,7 +45,7 @@ import pyarrow.ipc as ipc
 import xxhash
 from numpy.typing import NDArray
 
-from etl.config import FolderSource, ListingSource, PipelineConfig, RunConfig, SourceConfig
+from etl.config import Backend, FolderSource, ListingSource, PipelineConfig, RunConfig, SourceConfig
 from etl.errors import ConfigError, ManifestError, ShardError
 from etl.format import names
 from etl.format.checksums import TAMPER_DIGEST, digest, new_hasher
@@ -69,8 +69,8 @@ from etl.format.manifest import (
 )
 from etl.format.record import RECORD_FILE
 from etl.format.shards import HEADER_BYTES, open_shard
-from etl.run.execute import WorkerError, engine, parallel_map
-from etl.run.pipeline import Progress
+from etl.progress import Progress
+from etl.run.execute import WorkerError, choose_run, engine, parallel_map
 from etl.sources import readers
 from etl.sources.listing import ListContext, list_sources
 
@@ -183,7 +183,7 @@ class AuditOptions:
     jobs: int | None = None
     """joblib workers (-1 every core); None: every core to read PARALLEL_MIN_BYTES or more,
     else in-process."""
-    backend: str = "loky"
+    backend: Backend = "loky"
     address: str | None = None
     """Dask scheduler for backend 'dask' (None: a LocalCluster)."""
 
@@ -610,12 +610,9 @@ def _check_record(root: Path, number: int, report: AuditReport) -> None:
 
 
 def _run_config(options: AuditOptions, planned_bytes: int) -> RunConfig:
-    if options.backend == "dask":
-        return RunConfig(n_jobs=options.jobs or -1, backend="dask", address=options.address)
-    if options.jobs is None:
-        jobs = -1 if planned_bytes >= PARALLEL_MIN_BYTES else 1
-        return RunConfig(n_jobs=jobs, backend=options.backend if jobs != 1 else "sequential")
-    return RunConfig(n_jobs=options.jobs, backend=options.backend)
+    return choose_run(
+        options.jobs, options.backend, options.address, planned_bytes >= PARALLEL_MIN_BYTES
+    )
 
 
 def _refuse_other_format(manifest_path: Path) -> None:

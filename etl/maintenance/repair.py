@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from etl.config import CallStage, PipelineConfig, RunConfig
-from etl.errors import ConfigError, EtlError, ManifestError, ShardError
+from etl.config import Backend, CallStage, PipelineConfig
+from etl.errors import EtlError, ManifestError, ShardError
 from etl.format import names
 from etl.format.checksums import digest
 from etl.format.lock import DatasetLock
@@ -35,6 +35,7 @@ from etl.format.manifest import (
     list_versions,
     read_manifest,
     table_from_rows,
+    tool_version,
 )
 from etl.format.shards import ShardInfo, ShardWriter, open_shard
 from etl.images.stages import Reject, load_function, process_image
@@ -46,8 +47,8 @@ from etl.maintenance.audit import (
     source_root_of,
 )
 from etl.maintenance.housekeeping import clean_leftovers
-from etl.run.execute import WorkerError, engine, parallel_map
-from etl.run.pipeline import Progress, changed_keys, tool_version
+from etl.progress import Progress
+from etl.run.execute import WorkerError, choose_run, engine, parallel_map
 from etl.sources import readers
 
 HOW: dict[str, str] = {
@@ -124,7 +125,7 @@ def repair(
     source_root: Path,
     *,
     jobs: int | None = None,
-    backend: str = "loky",
+    backend: Backend = "loky",
     address: str | None = None,
     progress: Progress | None = None,
 ) -> RepairReport:
@@ -149,13 +150,12 @@ def repair(
     # NOTE: checked before taking the lock, so a refusal writes nothing (not even .lock); a
     # version never changes once committed, so the check still holds under the lock.
     manifest = read_manifest(root, report.version)
-    if manifest.meta.config_digest != config.digest():
-        keys = changed_keys(manifest.meta.config, config.output_shaping())
-        raise ConfigError(
-            f"{root}: version {report.version} was packed with other output settings "
-            f"(changed: {', '.join(keys) or 'config digest'}); repair needs the config "
-            "it was packed with"
-        )
+    config.check_same_output(
+        manifest.meta.config,
+        manifest.meta.config_digest,
+        f"{root}: version {report.version}",
+        "repair needs the config it was packed with",
+    )
     with DatasetLock(root):
         latest = list_versions(root)[-1]
         if report.version != latest:
@@ -170,7 +170,7 @@ def repair(
             return out
         clean_leftovers(root, latest)
         outcomes = []
-        run = _run_config(jobs, backend, len(tasks), address)
+        run = choose_run(jobs, backend, address, worth_workers=len(tasks) > 1)
         progress.start("repair", sum(len(t.items) for t in tasks))
         try:
             with (
@@ -193,16 +193,6 @@ def repair(
         _commit_repair(manifest, tasks, outcomes, report, out)
     out.seconds = time.perf_counter() - started
     return out
-
-
-def _run_config(jobs: int | None, backend: str, tasks: int, address: str | None) -> RunConfig:
-    """`jobs` None: a worker per core when there are several shards to write, else in-process
-    (starting a worker costs about a second; see etl.maintenance.audit.PARALLEL_MIN_BYTES)."""
-    if backend == "dask":
-        return RunConfig(n_jobs=jobs or -1, backend="dask", address=address)
-    if jobs is None:
-        jobs = -1 if tasks > 1 else 1
-    return RunConfig(n_jobs=jobs, backend=backend if jobs != 1 else "sequential")
 
 
 def _repair_tasks(report: AuditReport, manifest: Manifest, per_shard: int) -> list[RepairTask]:

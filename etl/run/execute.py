@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from joblib import Parallel, delayed, parallel_config
 from joblib.parallel import LokyBackend
 
-from etl.config import CallStage, PipelineConfig, RunConfig, SourceConfig
+from etl.config import Backend, CallStage, PipelineConfig, RunConfig, SourceConfig
 from etl.errors import ExecutionError
 from etl.format.checksums import digest
 from etl.format.shards import SHARDS_DIR, ShardInfo, ShardWriter, fsync_dir
@@ -130,6 +130,27 @@ def engine(
                 f"lost {where} during the run ({type(exc).__name__}: {exc}); nothing was "
                 "committed and the previous version is intact: run again once it is back"
             ) from exc
+
+
+def worker_count(run: RunConfig) -> int:
+    """How many processes `run` packs with (joblib's convention: -1 is every core)."""
+    cpus = os.cpu_count() or 1
+    if run.backend == "sequential":
+        return 1
+    return run.n_jobs if run.n_jobs > 0 else max(1, cpus + 1 + run.n_jobs)
+
+
+def choose_run(
+    jobs: int | None, backend: Backend, address: str | None, worth_workers: bool
+) -> RunConfig:
+    """The RunConfig of a maintenance job (audit, repair). `jobs` None: every core when the
+    caller judges the work `worth_workers` (a worker costs about a second to start here),
+    else in this process; one job is always in-process."""
+    if backend == "dask":
+        return RunConfig(n_jobs=jobs or -1, backend="dask", address=address)
+    if jobs is None:
+        jobs = -1 if worth_workers else 1
+    return RunConfig(n_jobs=jobs, backend=backend if jobs != 1 else "sequential")
 
 
 @contextmanager

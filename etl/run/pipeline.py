@@ -17,8 +17,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any
 
@@ -45,32 +43,14 @@ from etl.format.manifest import (
     list_versions,
     read_manifest,
     table_from_rows,
+    tool_version,
 )
 from etl.maintenance.housekeeping import clean_leftovers
+from etl.progress import Progress
 from etl.run import execute, interrupt
 from etl.run.plan import Plan, files_to_hash, make_plan, settled_hashes
 from etl.sources import readers
 from etl.sources.listing import ListContext, SourceReject, check_exists, list_sources
-
-
-def tool_version() -> str:
-    try:
-        return package_version("etl-memmap")
-    except PackageNotFoundError:
-        return "0+unknown"
-
-
-class Progress:
-    """What the pipeline tells its caller about long work; the CLI draws bars from it."""
-
-    def start(self, phase: str, total: int) -> None:
-        """A phase ('hash', 'pack') begins with `total` items."""
-
-    def advance(self, n: int) -> None:
-        """`n` more items of the current phase are done."""
-
-    def stop(self) -> None:
-        """The current phase is over."""
 
 
 @dataclass
@@ -132,19 +112,6 @@ def check_paths(config: PipelineConfig) -> None:
             )
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output.dir: {out} exists and is not a folder")
-
-
-def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two output-shaping dicts."""
-    keys: list[str] = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        name = f"{prefix}{key}"
-        if isinstance(a, Mapping) and isinstance(b, Mapping):
-            keys += changed_keys(a, b, name + ".")
-        elif a != b:
-            keys.append(name)
-    return keys
 
 
 def _reject_row(r: SourceReject) -> dict[str, Any]:
@@ -275,12 +242,12 @@ def _run_locked(
     if not dry_run:
         clean_leftovers(root, latest)
     previous = _read_previous(root, latest, rebuild)
-    if previous is not None and previous.meta.config_digest != config.digest() and not rebuild:
-        keys = changed_keys(previous.meta.config, config.output_shaping())
-        raise ConfigError(
-            f"{root}: version {latest} was packed with other output settings "
-            f"(changed: {', '.join(keys) or 'config digest'}); "
-            "restore them, choose another output.dir, or pass --rebuild"
+    if previous is not None and not rebuild:
+        config.check_same_output(
+            previous.meta.config,
+            previous.meta.config_digest,
+            f"{root}: version {latest}",
+            "restore them, choose another output.dir, or pass --rebuild",
         )
     reusable = None if rebuild else previous
     prior_classes = tuple(previous.meta.classes) if previous is not None else ()
@@ -390,9 +357,10 @@ def _run_locked(
         samples_total=samples.num_rows,
     )
     notes: list[str] = []
-    if len(plan.tasks) and len(plan.tasks) < _workers(config):
+    workers = execute.worker_count(config.run)
+    if len(plan.tasks) and len(plan.tasks) < workers:
         notes.append(
-            f"only {len(plan.tasks)} shard(s) to pack for {_workers(config)} workers: "
+            f"only {len(plan.tasks)} shard(s) to pack for {workers} workers: "
             "a smaller output.shard_size would spread the work"
         )
     if (
@@ -454,9 +422,3 @@ def _phase(phases: dict[str, float], name: str) -> Iterator[None]:
         yield
     finally:
         phases[name] = time.perf_counter() - start
-
-
-def _workers(config: PipelineConfig) -> int:
-    n = config.run.n_jobs
-    cpus = os.cpu_count() or 1
-    return 1 if config.run.backend == "sequential" else (n if n > 0 else max(1, cpus + 1 + n))
