@@ -419,7 +419,8 @@ class RunConfig(_Model):
 _NOT_OUTPUT_SHAPING: dict[str, set[str]] = {"decode": {"formats", "allow_external_programs"}}
 """NOTE: stage keys that decide which files are accepted, never a stored byte: left out of the
 digest (so changing them needs no --rebuild, and datasets packed before they existed keep
-their digest). Their rejects are not remembered by content (see plan.CONTENT_REJECTS)."""
+their digest). Their rejects are not remembered by content (see
+etl.images.rejects.CONTENT_REJECTS)."""
 
 
 class PipelineConfig(_Model):

@@ -12,7 +12,8 @@ from PIL import Image, ImageOps
 
 from etl.config import DecodeStage, ResizeStage
 from etl.images import formats
-from etl.images.stages import Reject, decode
+from etl.images.rejects import Reject
+from etl.images.stages import decode
 from tests.hostile import (
     encode,
     jpeg_claiming,

@@ -16,7 +16,8 @@ from etl.format.manifest import (
     ManifestMeta,
     table_from_rows,
 )
-from etl.run.plan import assign_split, files_to_hash, make_plan, pack_order, sample_id
+from etl.format.names import sample_id
+from etl.run.plan import assign_split, files_to_hash, make_plan, pack_order
 from etl.sources.listing import SourceFile, SourceListing
 
 

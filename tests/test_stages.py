@@ -35,11 +35,10 @@ from etl.config import (
 )
 from etl.errors import ConfigError
 from etl.format.checksums import HASHERS
+from etl.images.rejects import CONTENT_REJECTS, REJECT_REASONS, Reject
 from etl.images.stages import (
     FILTERS,
-    REJECT_REASONS,
     RESIZE_MODES,
-    Reject,
     check_source,
     decode,
     load_function,
@@ -185,6 +184,12 @@ def test_reject_reasons_cover_every_stage_and_the_executor() -> None:
     }
     assert expected <= set(REJECT_REASONS)
     assert all(description and "\n" not in description for description in REJECT_REASONS.values())
+
+
+def test_content_rejects_are_reject_reasons() -> None:
+    """The plan remembers these across runs by content hash: each must be a real reason."""
+    assert set(REJECT_REASONS) >= CONTENT_REJECTS
+    assert {"io_error", "changed", "duplicate", "missing"}.isdisjoint(CONTENT_REJECTS)
 
 
 def test_reject_pickles_and_refuses_unknown_reasons() -> None:

@@ -400,7 +400,7 @@ MAX_REJECT_BYTES = 256 << 20
 
 def reject_cell(source_root: Path, reject: Mapping[str, Any], decode: DecodeStage) -> Cell:
     """The cell of one row of rejects.arrow: its thumbnail, or a placeholder saying why not."""
-    from etl.images.stages import Reject
+    from etl.images.rejects import Reject
     from etl.images.stages import decode as decode_image
 
     source, reason = str(reject["source"]), str(reject["reason"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,6 +30,21 @@ HASHERS: dict[str, Callable[[], Hasher]] = {
 
 TAMPER_DIGEST = "blake3"
 """Every shard also gets this cryptographic digest, whatever `output.checksum` is."""
+
+
+HEX_LENGTH: dict[str, int] = {name: len(make().hexdigest()) for name, make in HASHERS.items()}
+"""Hex digits of each algorithm's digest: what a manifest's checksum columns must hold."""
+
+ROW_DIGESTS: dict[str, Callable[[Any], str]] = {
+    "xxh3_64": xxhash.xxh3_64_hexdigest,
+    "xxh3_128": xxhash.xxh3_128_hexdigest,
+}
+"""One-call digests for hot per-row loops; the other algorithms go through `digest`."""
+
+
+def row_digest(algorithm: str) -> Callable[[Any], str]:
+    """The fastest function giving `digest(data, algorithm)` for one sample."""
+    return ROW_DIGESTS.get(algorithm) or partial(digest, algorithm=algorithm)
 
 
 def new_hasher(algorithm: str) -> Hasher:

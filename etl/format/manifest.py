@@ -49,16 +49,6 @@ RECORDS_SINCE = (0, 2)
 """The first tool version whose commits write commit.json; an older version's manifest is read
 without one (audit notes it)."""
 _VERSION_DIR = re.compile(r"^v(\d{6})$")
-_SHARD_NAME = re.compile(r"^v(\d{6})-\d{5}\.npy$")
-
-
-def shard_version(file_name: str) -> int | None:
-    """The version a shard file was written for ('v000003-00012.npy' -> 3), None for a name
-    the format does not define."""
-    match = _SHARD_NAME.match(file_name)
-    return int(match.group(1)) if match else None
-
-
 SAMPLES_SCHEMA = pa.schema(
     [
         pa.field("sample_id", pa.string(), nullable=False),
@@ -200,8 +190,19 @@ class Manifest:
         return self.root / name
 
 
+def version_name(version: int) -> str:
+    """A version's folder name: 'v000003'."""
+    return f"v{version:06d}"
+
+
+def version_number(folder_name: str) -> int | None:
+    """The version a folder name stands for ('v000003' -> 3), None for any other name."""
+    match = _VERSION_DIR.match(folder_name)
+    return int(match.group(1)) if match else None
+
+
 def version_dir(root: Path, version: int) -> Path:
-    return root / VERSIONS_DIR / f"v{version:06d}"
+    return root / VERSIONS_DIR / version_name(version)
 
 
 def list_versions(root: Path) -> list[int]:
@@ -211,9 +212,9 @@ def list_versions(root: Path) -> list[int]:
         return []
     found = []
     for entry in versions_dir.iterdir():
-        match = _VERSION_DIR.match(entry.name)
-        if match and (entry / MANIFEST_FILE).is_file():
-            found.append(int(match.group(1)))
+        number = version_number(entry.name)
+        if number is not None and (entry / MANIFEST_FILE).is_file():
+            found.append(number)
     return sorted(found)
 
 
@@ -269,9 +270,8 @@ def resolve(path: Path, version: int | None = None) -> tuple[Path, int]:
     path = Path(path)
     if path.is_file() and path.name == MANIFEST_FILE:
         path = path.parent
-    match = _VERSION_DIR.match(path.name)
-    if match and path.parent.name == VERSIONS_DIR:
-        pinned = int(match.group(1))
+    pinned = version_number(path.name)
+    if pinned is not None and path.parent.name == VERSIONS_DIR:
         if version is not None and version != pinned:
             raise ManifestError(f"{path}: is version {pinned}, but version {version} was asked")
         return path.parent.parent, pinned
@@ -324,7 +324,9 @@ def read_manifest(path: Path | str, version: int | None = None, verify: bool = T
     with ipc.open_file(manifest_path) as reader:
         meta = ManifestMeta.from_metadata(reader.schema.metadata, manifest_path)
     if meta.version != number:
-        raise ManifestError(f"{manifest_path}: says version {meta.version}, lives in v{number:06d}")
+        raise ManifestError(
+            f"{manifest_path}: says version {meta.version}, lives in {version_name(number)}"
+        )
     shards = _read_table(folder / SHARDS_FILE, SHARDS_SCHEMA)
     rejects = _read_table(folder / REJECTS_FILE, REJECTS_SCHEMA)
     _check_coherent(manifest_path, meta, samples, shards)
@@ -425,7 +427,7 @@ def commit(
     final = version_dir(root, meta.version)
     if final.exists():
         raise ManifestError(f"{final}: version {meta.version} exists already (another writer?)")
-    temp = versions_dir / f".tmp-v{meta.version:06d}-{os.getpid()}"
+    temp = versions_dir / f".tmp-{version_name(meta.version)}-{os.getpid()}"
     shutil.rmtree(temp, ignore_errors=True)
     temp.mkdir()
     try:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import xxhash
+
 HEX_PREFIX = "hex:"
 
 
@@ -63,3 +65,8 @@ def source_path(root: Path | str, source: str) -> str:
     if not is_inside(source):
         raise ValueError(f"source {source!r} is not a path inside the source root")
     return os.path.join(os.fspath(root), os.fsdecode(to_raw(source)))
+
+
+def sample_id(source: str) -> str:
+    """A sample's id: 16 hex digits of xxh3_64 of its `source` (the same source, the same id)."""
+    return xxhash.xxh3_64_hexdigest(source.encode("utf-8"))

@@ -11,11 +11,12 @@ shard is on disk before a manifest that references it is committed.
 from __future__ import annotations
 
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 from numpy.typing import NDArray
@@ -51,6 +52,22 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+_SHARD_NAME = re.compile(r"^v(\d{6})-\d{5}\.npy$")
+
+
+def shard_name(version: int, index: int) -> str:
+    """The `index`-th shard written for `version`: 'shards/v000003-00012.npy'. A shard keeps
+    the version that wrote it for life, so a reader can tell leftovers of uncommitted versions."""
+    return f"{SHARDS_DIR}/v{version:06d}-{index:05d}.npy"
+
+
+def shard_version(file_name: str) -> int | None:
+    """The version a shard file was written for ('v000003-00012.npy' -> 3), None for a name
+    the format does not define."""
+    match = _SHARD_NAME.match(file_name)
+    return int(match.group(1)) if match else None
+
+
 @dataclass(frozen=True)
 class ShardInfo:
     """What the manifest records about one finished shard file."""
@@ -61,6 +78,16 @@ class ShardInfo:
     bytes: int
     checksum: str
     blake3: str
+
+    def record(self) -> dict[str, Any]:
+        """Its row of shards.arrow."""
+        return {
+            "shard": self.name,
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "checksum": self.checksum,
+            "blake3": self.blake3,
+        }
 
 
 class ShardWriter:

@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import secrets
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +40,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
-import xxhash
 from numpy.typing import NDArray
 
 from etl.config import Backend, FolderSource, ListingSource, PipelineConfig, RunConfig, SourceConfig
 from etl.errors import ConfigError, ManifestError, ShardError
 from etl.format import names
-from etl.format.checksums import TAMPER_DIGEST, digest, new_hasher
+from etl.format.checksums import HEX_LENGTH, TAMPER_DIGEST, new_hasher, row_digest
 from etl.format.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
@@ -64,11 +61,12 @@ from etl.format.manifest import (
     read_manifest,
     record_problems,
     resolve,
-    shard_version,
     version_dir,
+    version_name,
+    version_number,
 )
 from etl.format.record import RECORD_FILE
-from etl.format.shards import HEADER_BYTES, open_shard
+from etl.format.shards import HEADER_BYTES, open_shard, shard_version
 from etl.progress import Progress
 from etl.run.execute import WorkerError, choose_run, engine, parallel_map
 from etl.sources import readers
@@ -309,16 +307,6 @@ CHUNK_BYTES = 256 << 10
 comes from memory once and is then hashed by the whole-file digests and row by row while hot
 (measured: 2.0 GiB/s per core at 256 KiB, 1.5 GiB/s at 4 MiB)."""
 
-ROW_DIGESTS: dict[str, Callable[[Any], str]] = {
-    "xxh3_64": xxhash.xxh3_64_hexdigest,
-    "xxh3_128": xxhash.xxh3_128_hexdigest,
-}
-"""One-call digests for the hot per-row loop; other algorithms go through etl.format.checksums."""
-
-
-def row_digest(algorithm: str) -> Callable[[Any], str]:
-    return ROW_DIGESTS.get(algorithm) or partial(digest, algorithm=algorithm)
-
 
 @dataclass(frozen=True)
 class ShardTask:
@@ -351,17 +339,17 @@ class ShardOutcome:
     """Whole-file digests all matched (None: not computed)."""
 
 
-def verify_shard(
+def audit_shard(
     task: ShardTask, mode: str, sample_shape: tuple[int, ...], algorithm: str
 ) -> ShardOutcome:
     """Worker: check one shard file. Opened once, read through a memmap, never copied."""
     try:
-        return _verify_shard(task, mode, sample_shape, algorithm)
+        return _audit_shard(task, mode, sample_shape, algorithm)
     except Exception as exc:
         raise WorkerError(f"while auditing {task.shard}: {type(exc).__name__}: {exc}") from exc
 
 
-def _verify_shard(
+def _audit_shard(
     task: ShardTask, mode: str, sample_shape: tuple[int, ...], algorithm: str
 ) -> ShardOutcome:
     path = Path(task.path)
@@ -585,7 +573,7 @@ def _check_dataset(root: Path, number: int, manifest: Manifest | None, report: A
     records, orphans and leftovers."""
     records, unreadable_versions = _shard_records(root, number, manifest)
     report.findings += [
-        Finding("manifest", f"versions/v{v:06d}/{SHARDS_FILE}: {message}")
+        Finding("manifest", f"{VERSIONS_DIR}/{version_name(v)}/{SHARDS_FILE}: {message}")
         for v, message in unreadable_versions.items()
     ]
     report.findings += _scan_folders(root, records, unreadable_versions, report.notes)
@@ -655,18 +643,15 @@ def _open_manifest(root: Path, number: int) -> Manifest:
     if small.get(b"etl.version", str(number).encode()) != str(number).encode():
         raise ManifestError(
             f"{folder / SHARDS_FILE}: says version {small[b'etl.version'].decode()}, "
-            f"lives in v{number:06d}"
+            f"lives in {version_name(number)}"
         )
     return manifest
-
-
-_HEX_LENGTH = {"xxh3_64": 16, "xxh3_128": 32, "blake3": 64, "sha256": 64}
 
 
 def check_manifest(manifest: Manifest) -> list[Finding]:
     """Integrity checks beyond `read_manifest`'s coherence: values the format defines exactly."""
     samples, shards, meta = manifest.samples, manifest.shards, manifest.meta
-    where = f"versions/v{meta.version:06d}"
+    where = f"{VERSIONS_DIR}/{version_name(meta.version)}"
     found: list[Finding] = []
 
     def check(ok: NDArray[np.bool_], file: str, what: str, label: Sequence[Any]) -> None:
@@ -676,7 +661,7 @@ def check_manifest(manifest: Manifest) -> list[Finding]:
             more = f" (and {len(bad) - MAX_EXAMPLES} more)" if len(bad) > MAX_EXAMPLES else ""
             found.append(Finding("manifest", f"{where}/{file}: {what}: {examples}{more}"))
 
-    width = _HEX_LENGTH.get(meta.checksum)
+    width = HEX_LENGTH.get(meta.checksum)
     if width is None:
         found.append(Finding("manifest", f"{where}/{MANIFEST_FILE}: unknown {meta.checksum!r}"))
         return found
@@ -684,7 +669,7 @@ def check_manifest(manifest: Manifest) -> list[Finding]:
     ids = samples.column("sample_id").to_pylist()
     check(
         np.array(
-            [xxhash.xxh3_64_hexdigest(s.encode()) == i for s, i in zip(sources, ids, strict=True)],
+            [names.sample_id(s) == i for s, i in zip(sources, ids, strict=True)],
             bool,
         ),
         MANIFEST_FILE,
@@ -707,8 +692,8 @@ def check_manifest(manifest: Manifest) -> list[Finding]:
         )
     classes = np.array([*meta.classes, ""], dtype=object)
     labels = samples.column("label").to_numpy()
-    names = np.array(samples.column("class_name").to_pylist(), dtype=object)
-    check(classes[labels] == names, MANIFEST_FILE, "class_name is not classes[label]", sources)
+    named = np.array(samples.column("class_name").to_pylist(), dtype=object)
+    check(classes[labels] == named, MANIFEST_FILE, "class_name is not classes[label]", sources)
     if sources != sorted(sources):
         found.append(Finding("manifest", f"{where}/{MANIFEST_FILE}: rows not sorted by source"))
     both = pc.is_in(manifest.rejects.column("source"), value_set=samples.column("source"))
@@ -777,9 +762,6 @@ def _shard_records(
     return records, failed
 
 
-_VERSION_NAME = re.compile(r"^v\d{6}$")
-
-
 def _scan_folders(
     root: Path,
     records: Mapping[int, Mapping[str, ShardRecord]],
@@ -824,7 +806,7 @@ def _scan_folders(
         name = f"{VERSIONS_DIR}/{entry.name}"
         if entry.name.startswith(".tmp-"):
             found.append(Finding("leftover", f"{name}: an interrupted commit"))
-        elif entry.is_dir() and _VERSION_NAME.match(entry.name):
+        elif entry.is_dir() and version_number(entry.name) is not None:
             if not (entry / MANIFEST_FILE).is_file():
                 found.append(Finding("manifest", f"{name}: version folder without manifest"))
         else:
@@ -935,7 +917,7 @@ def _verify_shards(
     try:
         results = []
         with parallel_map(
-            verify_shard, tasks, run, options.mode, meta.sample_shape, meta.checksum
+            audit_shard, tasks, run, options.mode, meta.sample_shape, meta.checksum
         ) as outcomes:
             if not in_process:
                 # NOTE: joblib dispatches on the call above: workers hash while this process

@@ -29,11 +29,10 @@ from etl.format.manifest import (
     list_versions,
     read_manifest,
     resolve,
-    shard_version,
     table_from_rows,
     version_dir,
 )
-from etl.format.shards import ShardWriter, open_shard
+from etl.format.shards import ShardWriter, open_shard, shard_name, shard_version
 
 
 def clean_leftovers(root: Path, latest: int) -> list[Path]:
@@ -111,7 +110,7 @@ def _rewrite(manifest: Manifest, sparse: list[str], version: int) -> Manifest:
     records = moving.select(["sample_id", "shard", "row", "checksum"]).to_pylist()
     for start in range(0, len(records), per_shard):
         chunk = records[start : start + per_shard]
-        name = f"{SHARDS_DIR}/v{version:06d}-{start // per_shard:05d}.npy"
+        name = shard_name(version, start // per_shard)
         with ShardWriter(manifest.root, name, len(chunk), meta.sample_shape, meta.checksum) as w:
             opened: dict[str, np.memmap] = {}
             for rec in chunk:
@@ -130,15 +129,7 @@ def _rewrite(manifest: Manifest, sparse: list[str], version: int) -> Manifest:
                 relocated[rec["sample_id"]] = (name, row)
             info = w.finish()
         assert info is not None
-        new_shards.append(
-            {
-                "shard": info.name,
-                "rows": info.rows,
-                "bytes": info.bytes,
-                "checksum": info.checksum,
-                "blake3": info.blake3,
-            }
-        )
+        new_shards.append(info.record())
     rows = samples.to_pylist()
     for row in rows:
         if row["sample_id"] in relocated:

@@ -24,11 +24,10 @@ from numpy.typing import NDArray
 from etl.config import Backend, CallStage, PipelineConfig
 from etl.errors import EtlError, ManifestError, ShardError
 from etl.format import names
-from etl.format.checksums import digest
+from etl.format.checksums import digest, row_digest
 from etl.format.lock import DatasetLock
 from etl.format.manifest import (
     SAMPLES_SCHEMA,
-    SHARDS_DIR,
     SHARDS_SCHEMA,
     Manifest,
     commit,
@@ -37,12 +36,12 @@ from etl.format.manifest import (
     table_from_rows,
     tool_version,
 )
-from etl.format.shards import ShardInfo, ShardWriter, open_shard
-from etl.images.stages import Reject, load_function, process_image
+from etl.format.shards import ShardInfo, ShardWriter, open_shard, shard_name
+from etl.images.rejects import Reject
+from etl.images.stages import load_function, process_image
 from etl.maintenance.audit import (
     SHARD_KINDS,
     AuditReport,
-    row_digest,
     shard_records,
     source_root_of,
 )
@@ -217,7 +216,7 @@ def _repair_tasks(report: AuditReport, manifest: Manifest, per_shard: int) -> li
     items.sort(key=lambda i: (i.old_shard, i.old_row))
     new = manifest.version + 1
     return [
-        RepairTask(f"{SHARDS_DIR}/v{new:06d}-{n:05d}.npy", tuple(items[i : i + per_shard]))
+        RepairTask(shard_name(new, n), tuple(items[i : i + per_shard]))
         for n, i in enumerate(range(0, len(items), per_shard))
     ]
 
@@ -335,15 +334,7 @@ def _commit_repair(
         if outcome.shard is None:
             continue
         info = outcome.shard
-        new_shards.append(
-            {
-                "shard": info.name,
-                "rows": info.rows,
-                "bytes": info.bytes,
-                "checksum": info.checksum,
-                "blake3": info.blake3,
-            }
-        )
+        new_shards.append(info.record())
         out.shards_written.append(info.name)
         out.bytes_written += info.bytes
         for sample_id, row, checksum, how in outcome.stored:

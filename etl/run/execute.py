@@ -25,7 +25,8 @@ from etl.config import Backend, CallStage, PipelineConfig, RunConfig, SourceConf
 from etl.errors import ExecutionError
 from etl.format.checksums import digest
 from etl.format.shards import SHARDS_DIR, ShardInfo, ShardWriter, fsync_dir
-from etl.images.stages import Reject, load_function, process_image
+from etl.images.rejects import Reject
+from etl.images.stages import load_function, process_image
 from etl.run import cluster, interrupt
 from etl.run.tasks import PackItem, PackTask
 from etl.sources import readers

@@ -315,15 +315,7 @@ def _run_locked(
             new_tables.append(table_from_rows(result.samples, SAMPLES_SCHEMA))
             rejects.extend(result.rejects)
             if result.shard is not None:
-                new_shards.append(
-                    {
-                        "shard": result.shard.name,
-                        "rows": result.shard.rows,
-                        "bytes": result.shard.bytes,
-                        "checksum": result.shard.checksum,
-                        "blake3": result.shard.blake3,
-                    }
-                )
+                new_shards.append(result.shard.record())
     progress.stop()
 
     packed_new = sum(t.num_rows for t in new_tables)

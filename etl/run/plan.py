@@ -17,26 +17,12 @@ import pyarrow as pa
 import xxhash
 
 from etl.config import PipelineConfig
-from etl.format.manifest import SAMPLES_SCHEMA, SHARDS_DIR, Manifest
+from etl.format.manifest import SAMPLES_SCHEMA, Manifest
+from etl.format.names import sample_id
+from etl.format.shards import shard_name
+from etl.images.rejects import CONTENT_REJECTS
 from etl.run.tasks import PackItem, PackTask
 from etl.sources.listing import SourceFile, SourceListing, SourceReject
-
-CONTENT_REJECTS = frozenset(
-    {
-        "unreadable",
-        "truncated",
-        "corrupt",
-        "too_large",
-        "multi_frame",
-        "unsupported_mode",
-        "too_small",
-        "aspect",
-        "bad_output",
-        "stage_error",
-    }
-)
-"""Reject reasons that depend only on the file's bytes and the output-shaping config, so an
-unchanged file keeps them without being decoded again. The others are re-decided every run."""
 
 TRAIN = "train"
 
@@ -56,11 +42,6 @@ class Plan:
     @property
     def to_pack(self) -> int:
         return sum(len(t.items) for t in self.tasks)
-
-
-def sample_id(source: str) -> str:
-    """Stable id of a source path: 16 hex digits of xxh3_64 (the same path, the same id)."""
-    return xxhash.xxh3_64_hexdigest(source.encode("utf-8"))
 
 
 def pack_order(source: str) -> int:
@@ -310,7 +291,7 @@ def make_plan(
     per_shard = config.samples_per_shard
     tasks = tuple(
         PackTask(
-            shard=f"{SHARDS_DIR}/v{version:06d}-{i // per_shard:05d}.npy",
+            shard=shard_name(version, i // per_shard),
             items=tuple(to_pack[i : i + per_shard]),
         )
         for i in range(0, len(to_pack), per_shard)
