@@ -3,7 +3,7 @@
     python -m benchmarks.bench_audit [--mib 384] [--shard-mib 32] [--repeat 3] [--dir PATH]
 
 Writes a dataset of random uint8 samples (64x64x3, 12 KiB each) with the real `ShardWriter` and
-`etl.format.manifest.commit`, reads every shard once to put it in the page cache, then times in the
+`etl.format.commit.commit`, reads every shard once to put it in the page cache, then times in the
 same run: `sha256sum` over the shard files (one process, and two with `xargs -P 2`), and the
 `etl.maintenance.audit.audit` library call with 1 and 2 jobs in the default, deep, fast and 1 %
 sample modes. The cases run in interleaved rounds and each figure is the best round; the first
@@ -34,12 +34,12 @@ import psutil
 import xxhash
 
 from benchmarks.common import cpu_model
+from etl.format.commit import commit
 from etl.format.manifest import (
     REJECTS_SCHEMA,
     SAMPLES_SCHEMA,
     SHARDS_SCHEMA,
     ManifestMeta,
-    commit,
     table_from_rows,
 )
 from etl.format.shards import ShardWriter

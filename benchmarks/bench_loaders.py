@@ -33,12 +33,12 @@ from numpy.typing import NDArray
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
+from etl.format.commit import commit
 from etl.format.manifest import (
     REJECTS_SCHEMA,
     SAMPLES_SCHEMA,
     SHARDS_SCHEMA,
     ManifestMeta,
-    commit,
     table_from_rows,
 )
 from etl.format.shards import ShardWriter

@@ -17,13 +17,13 @@ import pyarrow.ipc as ipc
 from numpy.typing import NDArray
 
 from etl.format.checksums import digest
+from etl.format.commit import commit
 from etl.format.manifest import (
     RECORDED_FILES,
     REJECTS_SCHEMA,
     SAMPLES_SCHEMA,
     SHARDS_SCHEMA,
     ManifestMeta,
-    commit,
     table_from_rows,
 )
 from etl.format.record import write_record

@@ -176,7 +176,7 @@ def test_workers_exit_when_the_parent_is_killed(tmp_path: Path, backend: str) ->
 PAUSING_ETL = """\
 import os, sys, time, pathlib
 
-import etl.run.execute, etl.format.manifest, etl.run.pipeline
+import etl.run.execute, etl.format.commit, etl.run.pipeline
 from etl.cli import main
 
 MARK = pathlib.Path(os.environ["PAUSE_MARK"])
@@ -193,7 +193,7 @@ def pausing(fn):
 PHASES = {
     "listing": (etl.run.pipeline, "list_sources"),
     "hashing": (etl.run.execute, "hash_sources"),
-    "committing": (etl.format.manifest, "write_record"),
+    "committing": (etl.format.commit, "write_record"),
 }
 module, name = PHASES[os.environ["PAUSE_IN"]]
 setattr(module, name, pausing(getattr(module, name)))

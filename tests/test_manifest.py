@@ -12,13 +12,13 @@ import pytest
 from packed import rewrite_sealed
 
 from etl.errors import ManifestError
+from etl.format.commit import commit
 from etl.format.manifest import (
     FORMAT_VERSION,
     REJECTS_SCHEMA,
     SAMPLES_SCHEMA,
     SHARDS_SCHEMA,
     ManifestMeta,
-    commit,
     list_versions,
     read_manifest,
     table_from_rows,

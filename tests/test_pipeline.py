@@ -356,7 +356,7 @@ def test_every_new_shard_is_fsynced_before_the_commit(
     from etl.run import execute
 
     events: list[tuple[str, Path | None]] = []
-    real_fsync, real_commit = execute.fsync_dir, pipeline.commit
+    real_fsync, real_commit = execute.fsync_dir, pipeline.commit_version
 
     def fsync(path: Path) -> None:
         real_fsync(path)
@@ -367,7 +367,7 @@ def test_every_new_shard_is_fsynced_before_the_commit(
         real_commit(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(execute, "fsync_dir", fsync)
-    monkeypatch.setattr(pipeline, "commit", commit)
+    monkeypatch.setattr(pipeline, "commit_version", commit)
     report = pipeline.run(make_config(workdir, per_shard=5))  # loky workers
     assert report.committed and report.shards_written > 3
     root = workdir / "out"

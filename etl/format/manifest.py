@@ -8,22 +8,17 @@ Layout of a dataset directory (see docs/FORMAT.md):
     versions/v000001/rejects.arrow      one row per source file that was not packed
     versions/v000001/commit.json        size and BLAKE3 of the three files above (etl.format.record)
 
-A version folder is written under a temp name and renamed into place, so it either exists whole
-or not at all; the latest version is the highest-numbered folder. This module imports neither
-PIL nor joblib: the loaders read datasets through it.
+The latest version is the highest-numbered folder; `etl.format.commit` writes one. This module
+imports neither PIL nor joblib: the loaders read datasets through it.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as package_version
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -34,8 +29,8 @@ import pyarrow.ipc as ipc
 from numpy.typing import NDArray
 
 from etl.errors import ManifestError
-from etl.format.record import RECORD_FILE, check_record, write_record
-from etl.format.shards import SHARDS_DIR, fsync_dir
+from etl.format.record import RECORD_FILE, check_record
+from etl.format.shards import SHARDS_DIR
 
 FORMAT_VERSION = 1
 """Bumped on any change a reader of an older version would misread; checked on every open."""
@@ -97,14 +92,6 @@ ADDED_COLUMNS = frozenset({"source_ctime_ns", "source_inode"})
 without them reads them as nulls (its files are hashed once again on the next run)."""
 
 
-def tool_version() -> str:
-    """The etl-memmap release writing a version, as its metadata records it."""
-    try:
-        return package_version("etl-memmap")
-    except PackageNotFoundError:
-        return "0+unknown"
-
-
 @dataclass(frozen=True)
 class ManifestMeta:
     """Schema metadata of manifest.arrow (stored as `etl.<name>` keys, JSON values)."""
@@ -116,7 +103,8 @@ class ManifestMeta:
     checksum: str
     config_digest: str
     config: Mapping[str, Any]
-    tool_version: str
+    tool_version: str = ""
+    """The etl-memmap release that committed it (stamped by `etl.format.commit`)."""
     created: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     dtype: str = "uint8"
     format_version: int = FORMAT_VERSION
@@ -400,49 +388,5 @@ def _refuse_first(where: Path, samples: pa.Table, bad: NDArray[np.bool_], what: 
         raise ManifestError(f"{where}: {what} at row {i} (source {source!r})")
 
 
-def _write_table(path: Path, table: pa.Table) -> None:
-    with ipc.new_file(str(path), table.schema) as writer:
-        writer.write_table(table)
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
-
-
 def table_from_rows(rows: Sequence[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_pylist(list(rows), schema=schema)
-
-
-def commit(
-    root: Path,
-    meta: ManifestMeta,
-    samples: pa.Table,
-    shards: pa.Table,
-    rejects: pa.Table,
-) -> Path:
-    """Publish a new version atomically: write a temp folder, fsync, rename it into place.
-
-    Shards must already be durable: data first, manifest last.
-    """
-    versions_dir = root / VERSIONS_DIR
-    versions_dir.mkdir(parents=True, exist_ok=True)
-    final = version_dir(root, meta.version)
-    if final.exists():
-        raise ManifestError(f"{final}: version {meta.version} exists already (another writer?)")
-    temp = versions_dir / f".tmp-{version_name(meta.version)}-{os.getpid()}"
-    shutil.rmtree(temp, ignore_errors=True)
-    temp.mkdir()
-    try:
-        metadata = meta.to_metadata()
-        _write_table(temp / MANIFEST_FILE, samples.cast(SAMPLES_SCHEMA.with_metadata(metadata)))
-        small_meta = {
-            k: v for k, v in metadata.items() if k in (b"etl.version", b"etl.format_version")
-        }
-        _write_table(temp / SHARDS_FILE, shards.cast(SHARDS_SCHEMA.with_metadata(small_meta)))
-        _write_table(temp / REJECTS_FILE, rejects.cast(REJECTS_SCHEMA.with_metadata(small_meta)))
-        write_record(temp, meta.version, RECORDED_FILES)
-        fsync_dir(temp)
-        os.rename(temp, final)
-    except BaseException:
-        shutil.rmtree(temp, ignore_errors=True)
-        raise
-    fsync_dir(versions_dir)
-    return final

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -18,39 +18,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl.errors import ManifestError, ShardError
+from etl.format.commit import clean_leftovers, commit_version
 from etl.format.lock import DatasetLock
 from etl.format.manifest import (
     SHARDS_DIR,
-    SHARDS_SCHEMA,
-    VERSIONS_DIR,
     Manifest,
-    ManifestMeta,
-    commit,
     list_versions,
     read_manifest,
     resolve,
-    table_from_rows,
     version_dir,
 )
-from etl.format.shards import ShardWriter, open_shard, shard_name, shard_version
-
-
-def clean_leftovers(root: Path, latest: int) -> list[Path]:
-    """Remove temp files and folders, and shards of versions above `latest` (never committed).
-    Returns what was removed. Call only under the lock: nothing here belongs to a live writer."""
-    removed: list[Path] = []
-    for folder in (root / SHARDS_DIR, root / VERSIONS_DIR):
-        if not folder.is_dir():
-            continue
-        for entry in folder.iterdir():
-            written_for = shard_version(entry.name) if folder.name == SHARDS_DIR else None
-            if entry.name.startswith(".tmp-") or (written_for or 0) > latest:
-                if entry.is_dir():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
-                removed.append(entry)
-    return removed
+from etl.format.shards import ShardInfo, ShardWriter, open_shard, shard_name, shard_version
 
 
 def referenced_shards(root: Path, versions: Iterable[int]) -> set[str]:
@@ -106,7 +84,7 @@ def _rewrite(manifest: Manifest, sparse: list[str], version: int) -> Manifest:
         )
     )
     relocated: dict[str, tuple[str, int]] = {}
-    new_shards = []
+    new_shards: list[ShardInfo] = []
     records = moving.select(["sample_id", "shard", "row", "checksum"]).to_pylist()
     for start in range(0, len(records), per_shard):
         chunk = records[start : start + per_shard]
@@ -129,25 +107,14 @@ def _rewrite(manifest: Manifest, sparse: list[str], version: int) -> Manifest:
                 relocated[rec["sample_id"]] = (name, row)
             info = w.finish()
         assert info is not None
-        new_shards.append(info.record())
+        new_shards.append(info)
     rows = samples.to_pylist()
     for row in rows:
         if row["sample_id"] in relocated:
             row["shard"], row["row"] = relocated[row["sample_id"]]
-    kept = [r for r in manifest.shards.to_pylist() if r["shard"] not in set(sparse)]
-    shards = table_from_rows(sorted([*kept, *new_shards], key=lambda r: r["shard"]), SHARDS_SCHEMA)
-    new_meta = ManifestMeta(
-        version=version,
-        sample_shape=meta.sample_shape,
-        layout=meta.layout,
-        classes=meta.classes,
-        checksum=meta.checksum,
-        config_digest=meta.config_digest,
-        config=meta.config,
-        tool_version=meta.tool_version,
-    )
     new_samples = pa.Table.from_pylist(rows, schema=samples.schema)
-    commit(manifest.root, new_meta, new_samples, shards, manifest.rejects)
+    meta = replace(manifest.meta, version=version)
+    commit_version(manifest.root, meta, new_samples, manifest.rejects, new_shards, manifest.shards)
     return read_manifest(manifest.root, version)
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +24,14 @@ from etl.config import Backend, CallStage, PipelineConfig
 from etl.errors import EtlError, ManifestError, ShardError
 from etl.format import names
 from etl.format.checksums import digest, row_digest
+from etl.format.commit import clean_leftovers, commit_version
 from etl.format.lock import DatasetLock
 from etl.format.manifest import (
     SAMPLES_SCHEMA,
-    SHARDS_SCHEMA,
     Manifest,
-    commit,
     list_versions,
     read_manifest,
     table_from_rows,
-    tool_version,
 )
 from etl.format.shards import ShardInfo, ShardWriter, open_shard, shard_name
 from etl.images.rejects import Reject
@@ -45,7 +42,6 @@ from etl.maintenance.audit import (
     shard_records,
     source_root_of,
 )
-from etl.maintenance.housekeeping import clean_leftovers
 from etl.progress import Progress
 from etl.run.execute import WorkerError, choose_run, engine, parallel_map
 from etl.sources import readers
@@ -318,7 +314,7 @@ def _commit_repair(
     items = {i.sample_id: i for t in tasks for i in t.items}
     stored_bytes = {f.sample_id: f.actual for f in report.bad_samples}
     moved: dict[str, tuple[str, int, str]] = {}
-    new_shards: list[dict[str, Any]] = []
+    new_shards: list[ShardInfo] = []
     for outcome in outcomes:
         for sample_id, reason in outcome.failed:
             item = items[sample_id]
@@ -334,7 +330,7 @@ def _commit_repair(
         if outcome.shard is None:
             continue
         info = outcome.shard
-        new_shards.append(info.record())
+        new_shards.append(info)
         out.shards_written.append(info.name)
         out.bytes_written += info.bytes
         for sample_id, row, checksum, how in outcome.stored:
@@ -366,14 +362,7 @@ def _commit_repair(
     for row in rows:
         if row["sample_id"] in moved:
             row["shard"], row["row"], row["checksum"] = moved[row["sample_id"]]
-    referenced = {row["shard"] for row in rows}
-    kept = [r for r in manifest.shards.to_pylist() if r["shard"] in referenced]
-    shards = table_from_rows(sorted([*kept, *new_shards], key=lambda r: r["shard"]), SHARDS_SCHEMA)
-    meta = replace(
-        manifest.meta,
-        version=manifest.version + 1,
-        tool_version=tool_version(),
-        created=datetime.now(UTC).isoformat(timespec="seconds"),
-    )
-    commit(manifest.root, meta, table_from_rows(rows, SAMPLES_SCHEMA), shards, manifest.rejects)
+    meta = replace(manifest.meta, version=manifest.version + 1)
+    samples = table_from_rows(rows, SAMPLES_SCHEMA)
+    commit_version(manifest.root, meta, samples, manifest.rejects, new_shards, manifest.shards)
     out.version = meta.version

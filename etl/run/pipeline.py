@@ -32,20 +32,18 @@ from etl.errors import (
     OutputError,
     output_error,
 )
+from etl.format.commit import clean_leftovers, commit_version
 from etl.format.lock import DatasetLock
 from etl.format.manifest import (
     REJECTS_SCHEMA,
     SAMPLES_SCHEMA,
-    SHARDS_SCHEMA,
     Manifest,
     ManifestMeta,
-    commit,
     list_versions,
     read_manifest,
     table_from_rows,
-    tool_version,
 )
-from etl.maintenance.housekeeping import clean_leftovers
+from etl.format.shards import ShardInfo
 from etl.progress import Progress
 from etl.run import execute, interrupt
 from etl.run.plan import Plan, files_to_hash, make_plan, settled_hashes
@@ -303,7 +301,7 @@ def _run_locked(
     # ~1 KB an image in this process until the commit (tracemalloc, 12,000 photos).
     new_tables: list[pa.Table] = []
     rejects = list(plan.rejects)
-    new_shards: list[dict[str, Any]] = []
+    new_shards: list[ShardInfo] = []
     progress.start("pack", plan.to_pack)
     # closing: an interrupted loop stops the workers before the run cleans up (see
     # NOTE [ stop the workers on the way out ] in etl.run.execute).
@@ -315,7 +313,7 @@ def _run_locked(
             new_tables.append(table_from_rows(result.samples, SAMPLES_SCHEMA))
             rejects.extend(result.rejects)
             if result.shard is not None:
-                new_shards.append(result.shard.record())
+                new_shards.append(result.shard)
     progress.stop()
 
     packed_new = sum(t.num_rows for t in new_tables)
@@ -327,15 +325,6 @@ def _run_locked(
             f"!= {listing.listed} listed"
         )
     rejects_table = table_from_rows(reject_rows, REJECTS_SCHEMA)
-    referenced = set(plan.reused.column("shard").unique().to_pylist())
-    shard_rows = (
-        [r for r in previous.shards.to_pylist() if r["shard"] in referenced]
-        if (previous is not None and not rebuild)
-        else []
-    )
-    shards = table_from_rows(
-        sorted([*shard_rows, *new_shards], key=lambda r: r["shard"]), SHARDS_SCHEMA
-    )
     report_args: dict[str, Any] = dict(
         output=root,
         listed=listing.listed,
@@ -345,7 +334,7 @@ def _run_locked(
         rejects_by_reason=dict(sorted(Counter(r["reason"] for r in reject_rows).items())),
         plan_counts=plan.counts,
         shards_written=len(new_shards),
-        bytes_written=sum(s["bytes"] for s in new_shards),
+        bytes_written=sum(s.bytes for s in new_shards),
         samples_total=samples.num_rows,
     )
     notes: list[str] = []
@@ -377,13 +366,13 @@ def _run_locked(
         checksum=config.output.checksum,
         config_digest=config.digest(),
         config=config.output_shaping(),
-        tool_version=tool_version(),
     )
     with (
         _phase(phases, "commit"),
         interrupt.deferred(),
     ):  # no commit after a signal; none cut short by one
-        commit(root, meta, samples, shards, rejects_table)
+        builds_on = reusable.shards if reusable is not None else None
+        commit_version(root, meta, samples, rejects_table, new_shards, builds_on)
     return RunReport(
         version=plan.version,
         committed=True,
