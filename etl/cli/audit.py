@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, cast
@@ -19,10 +18,11 @@ from etl.cli.app import app, out
 from etl.cli.progress import BarProgress
 from etl.config import BACKENDS, Backend, load_config
 from etl.errors import EtlError
-from etl.format.manifest import SHARDS_DIR
+from etl.format.atomic import replacing
+from etl.format.manifest import FORMAT_VERSION, SHARDS_DIR
 from etl.maintenance import audit as audit_lib
 from etl.maintenance import repair as repair_lib
-from etl.sources.readers import FILE_KINDS
+from etl.sources.readers import FILE_KINDS, source_root_of
 
 ROWS_PER_PROBLEM = 8
 """Locations shown per distinct problem; --json and --report list them all."""
@@ -52,7 +52,7 @@ def _print_report(report: audit_lib.AuditReport, title: str | None = None) -> No
     table.add_row("dataset", str(report.root))
     table.add_row(
         "version",
-        f"{report.version} (latest {report.latest}), format {audit_lib.FORMAT_VERSION}, "
+        f"{report.version} (latest {report.latest}), format {FORMAT_VERSION}, "
         f"checksum {report.checksum or '?'}",
     )
     checked = {
@@ -131,8 +131,7 @@ def _print_repair(fixed: repair_lib.RepairReport) -> None:
 def _write_report(path: Path, payload: dict[str, Any], tables: list[pa.Table]) -> None:
     """JSON, or Arrow (one row per finding, the rest as schema metadata 'etl.audit') when the
     name ends in .arrow; written to a temp file and renamed into place."""
-    temp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    try:
+    with replacing(path) as temp:
         if path.suffix == ".arrow":
             table = pa.concat_tables(tables) if tables else audit_lib.FINDINGS_SCHEMA.empty_table()
             summary = {k: v for k, v in payload.items() if k != "findings"}
@@ -144,9 +143,6 @@ def _write_report(path: Path, payload: dict[str, Any], tables: list[pa.Table]) -
                 writer.write_table(table.cast(schema))
         else:
             temp.write_text(json.dumps(payload, indent=2) + "\n")
-        os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)
 
 
 @app.command()
@@ -260,7 +256,7 @@ def audit(
             )
     source_root = None
     if records is None:
-        source_root = source or (audit_lib.source_root_of(config) if config else None)
+        source_root = source or (source_root_of(config.source) if config else None)
     if source_root is not None and not source_root.is_dir():
         raise EtlError(f"source root {source_root} is not a folder (--source or source.path)")
     options = audit_lib.AuditOptions(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -16,6 +15,7 @@ from etl.config import load_config
 from etl.errors import EtlError
 from etl.explore import scaffold
 from etl.explore import view as explore
+from etl.format.atomic import replacing
 
 DirArg = Annotated[
     Path,
@@ -36,12 +36,8 @@ def _save_png(image: Image.Image, path: Path) -> None:
         raise typer.BadParameter(f"{path}: the picture is a PNG; end the name in .png")
     if not path.parent.is_dir():
         raise EtlError(f"{path.parent}: no such folder for {path.name}")
-    temp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    try:
+    with replacing(path) as temp:
         image.save(temp, format="PNG")
-        os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)
 
 
 def _split_commas(values: list[str] | None) -> list[str] | None:
@@ -222,12 +218,10 @@ def show(
             raise typer.BadParameter("--rejects needs --source DIR or --config pipeline.yaml")
         config = load_config(config_path) if config_path else None
         if source is None:
-            from etl.maintenance.audit import (
-                source_root_of,  # one rule: where `source` paths are relative to
-            )
+            from etl.sources.readers import source_root_of
 
             assert config is not None
-            source = source_root_of(config)
+            source = source_root_of(config.source)
         if not source.is_dir():
             raise EtlError(f"source root {source} is not a folder (--source or source.path)")
         sheet = ds.reject_sheet(

@@ -29,6 +29,7 @@ from etl.config import (
     ValidateStage,
 )
 from etl.errors import EtlError, SourceError
+from etl.format.atomic import replacing
 from etl.sources.listing import list_folder
 
 SIZES = (32, 64, 96, 128, 160, 224, 256)
@@ -333,10 +334,6 @@ def write(path: Path | str, text: str, force: bool = False) -> Path:
         raise EtlError(f"{path}: is a folder; give the path of the YAML file to write")
     if not path.parent.is_dir():
         raise EtlError(f"{path.parent}: no such folder")
-    temp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    try:
+    with replacing(path) as temp:
         temp.write_text(text, encoding="utf-8")
-        os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)
     return path

@@ -220,6 +220,36 @@ def check_shard_name(name: str, where: Path) -> None:
         raise ManifestError(f"{where}: shard path {name!r} is not of the form 'shards/<name>.npy'")
 
 
+def load_table(path: Path) -> pa.Table:
+    """Read an Arrow IPC file and validate every buffer (offsets, UTF-8) before any value is
+    looked at: the audit's strict read, for which a damaged file is a finding, not a crash."""
+    try:
+        with ipc.open_file(path) as reader:
+            table = reader.read_all()
+        table.validate(full=True)
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: missing") from None
+    except (pa.ArrowException, OSError) as exc:
+        raise ManifestError(f"{path}: not a valid Arrow IPC file ({exc})") from None
+    return table
+
+
+def refuse_other_format(manifest_path: Path) -> None:
+    """Another format version is not damage: this tool cannot judge it (exit 2). Metadata that
+    cannot be read at all is left to the caller's reader."""
+    try:
+        with ipc.open_file(manifest_path) as reader:
+            metadata = reader.schema.metadata or {}
+        found = json.loads(metadata[b"etl.format_version"])
+    except (OSError, pa.ArrowException, KeyError, ValueError):
+        return
+    if isinstance(found, int) and found != FORMAT_VERSION:
+        raise ManifestError(
+            f"{manifest_path}: manifest format version {found}, this tool reads "
+            f"{FORMAT_VERSION}; audit it with a matching etl-memmap"
+        )
+
+
 def _read_table(path: Path, schema: pa.Schema) -> pa.Table:
     try:
         with ipc.open_file(path) as reader:

@@ -40,7 +40,6 @@ from etl.maintenance.audit import (
     SHARD_KINDS,
     AuditReport,
     shard_records,
-    source_root_of,
 )
 from etl.progress import Progress
 from etl.run.execute import WorkerError, choose_run, engine, parallel_map
@@ -136,7 +135,7 @@ def repair(
     if report.mode == "sample":
         raise EtlError("repair needs a full or --fast audit, not a sampled one")
     root = report.root
-    source_root_of(config)  # a folder or listing source, or ConfigError
+    readers.source_root_of(config.source)  # a folder or listing source, or ConfigError
     if not report.manifest_ok:
         raise ManifestError(
             f"{root}: version {report.version}'s manifest is damaged; repair cannot trust it. "

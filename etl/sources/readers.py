@@ -32,8 +32,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from etl.config import LmdbSource, SourceConfig
-from etl.errors import SourceError
+from etl.config import FolderSource, ListingSource, LmdbSource, SourceConfig
+from etl.errors import ConfigError, SourceError
 from etl.format import names
 from etl.format.checksums import digest, new_hasher
 from etl.format.shards import SHARDS_DIR
@@ -534,3 +534,16 @@ def _file_outcomes(
     limit = config.max_file_bytes
     reads = ((partial(read, locator, limit), locator) for locator in locators)
     return _TIMED.outcomes(reads, config.io_timeout)
+
+
+def source_root_of(source: SourceConfig) -> Path:
+    """The folder a manifest's `source` paths are relative to: source.path for a folder source,
+    the listing's folder for a listing. Other kinds have no files to re-hash: ConfigError."""
+    if isinstance(source, FolderSource):
+        return source.path
+    if isinstance(source, ListingSource):
+        return source.path.parent
+    raise ConfigError(
+        f"source.kind {source.kind!r}: its samples are records, not files under a "
+        "folder; only folder and listing sources are read back by path"
+    )
