@@ -20,6 +20,7 @@ from PIL import Image
 import etl
 from etl.config import DecodeStage, load_config
 from etl.errors import EtlError
+from etl.explore import drawing, reject_sheet
 from etl.explore import view as explore
 from etl.explore.sample_data import make_sample_data
 from etl.run import pipeline
@@ -220,7 +221,7 @@ def test_contact_sheet_cells_are_the_chosen_samples(rgb: Path) -> None:
     rows = manifest_rows(rgb)
     sheet = ds.contact_sheet(n=6, seed=2, columns=4, cell=128)
     assert len(sheet.boxes) == 6
-    width = explore.PAD + 4 * (128 + explore.PAD)
+    width = drawing.PAD + 4 * (128 + drawing.PAD)
     assert sheet.image.size[0] == width and sheet.image.mode == "RGB"
     tops = sorted({box[1] for box in sheet.boxes})
     assert len(tops) == 2  # 6 cells in rows of 4
@@ -246,7 +247,7 @@ def test_grey_contact_sheet(grey_chw: Path) -> None:
 @given(width=st.integers(1, 300), height=st.integers(1, 300), cell=st.sampled_from([16, 64, 128]))
 def test_thumbnail_fits_and_keeps_small_pixels(width: int, height: int, cell: int) -> None:
     image = Image.new("RGB", (width, height))
-    thumb = explore.thumbnail(image, cell)
+    thumb = drawing.thumbnail(image, cell)
     assert thumb.width <= max(cell, 1) and thumb.height <= cell
     if width <= cell and height <= cell:
         factor = thumb.width // width
@@ -258,20 +259,20 @@ def test_thumbnail_fits_and_keeps_small_pixels(width: int, height: int, cell: in
 
 def test_draw_sheet_placeholders_and_titles() -> None:
     cells = [
-        explore.Cell(None, ("truncated", "a.jpg"), placeholder="truncated: ends early"),
-        explore.Cell(Image.new("L", (10, 20), 7), ("x" * 200,)),
+        drawing.Cell(None, ("truncated", "a.jpg"), placeholder="truncated: ends early"),
+        drawing.Cell(Image.new("L", (10, 20), 7), ("x" * 200,)),
     ]
-    sheet = explore.draw_sheet(cells, cell=40, title="t" * 500)
+    sheet = drawing.draw_sheet(cells, cell=40, title="t" * 500)
     assert sheet.boxes[0] == (
-        explore.PAD,
+        drawing.PAD,
         sheet.boxes[0][1],
-        explore.PAD + 40,
+        drawing.PAD + 40,
         sheet.boxes[0][1] + 40,
     )
     tile = np.asarray(sheet.image.crop(sheet.boxes[1]))
     assert tile.shape == (40, 20, 3) and (tile == 7).all()  # grown x2, NEAREST
     with pytest.raises(ValueError):
-        explore.draw_sheet([])
+        drawing.draw_sheet([])
 
 
 # --- rejects ----------------------------------------------------------------------------------
@@ -317,7 +318,7 @@ def test_reject_cell_stays_inside_the_source_root(tmp_path: Path) -> None:
         ("a/missing.png", "No such file"),
     ]:
         row = {"source": source, "reason": "outside_root", "message": "m"}
-        cell = explore.reject_cell(root, row, decode)
+        cell = reject_sheet.reject_cell(root, row, decode)
         assert cell.image is None and why in cell.info["note"], (source, cell.info)
 
 
@@ -334,7 +335,7 @@ def test_class_balance_bars_follow_the_counts(rgb: Path) -> None:
     assert pixels is not None
     assert set(chart.bars) == {(c, s) for c in ds.classes for s in ds.splits}
     for (name, split), (x0, y0, x1, y1) in chart.bars.items():
-        assert y1 - y0 == round(explore.PLOT_HEIGHT * found[(name, split)] / top)
+        assert y1 - y0 == round(drawing.PLOT_HEIGHT * found[(name, split)] / top)
         if y1 > y0:
             assert pixels[(x0 + x1) // 2, (y0 + y1) // 2] == chart.colors[split]
     lefts = [chart.bars[(c, s)][0] for c in ds.classes for s in ds.splits]
@@ -344,15 +345,15 @@ def test_class_balance_bars_follow_the_counts(rgb: Path) -> None:
 def test_many_long_class_names_are_drawn_vertically() -> None:
     classes = [f"n{i:08d} a rather long class name" for i in range(30)]
     counts = {"train": {c: i * 37 for i, c in enumerate(classes)}, "val": {}}
-    chart = explore.draw_class_balance(counts, classes)
+    chart = drawing.draw_class_balance(counts, classes)
     slot = chart.bars[(classes[1], "train")][0] - chart.bars[(classes[0], "train")][0]
     assert slot < 100  # the names did not widen the groups
-    assert chart.image.height > explore.PLOT_HEIGHT + 100
+    assert chart.image.height > drawing.PLOT_HEIGHT + 100
 
 
 @given(st.integers(0, 10**7))
 def test_ticks_are_round_and_cover_the_axis(top: int) -> None:
-    ticks = explore._ticks(top)
+    ticks = drawing._ticks(top)
     assert ticks[0] == 0 and ticks[-1] <= max(top, 0) and len(ticks) <= 11
     if top > 0:
         step = ticks[1] - ticks[0] if len(ticks) > 1 else top

@@ -10,7 +10,7 @@ import pytest
 from etl.config import FolderSource, ListingSource
 from etl.errors import SourceError
 from etl.format import names
-from etl.sources.listing import list_folder, list_listing
+from etl.sources.files import list_folder, list_listing
 
 
 def touch(path: Path, data: bytes = b"x") -> Path:

@@ -92,6 +92,15 @@ ADDED_COLUMNS = frozenset({"source_ctime_ns", "source_inode"})
 without them reads them as nulls (its files are hashed once again on the next run)."""
 
 
+SPLIT_ORDER = ("train", "val", "test")
+"""Splits are listed in this order, then any others by name."""
+
+
+def ordered_splits(splits: Sequence[str]) -> list[str]:
+    known = [s for s in SPLIT_ORDER if s in splits]
+    return known + sorted(set(splits) - set(known))
+
+
 @dataclass(frozen=True)
 class ManifestMeta:
     """Schema metadata of manifest.arrow (stored as `etl.<name>` keys, JSON values)."""

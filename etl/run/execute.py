@@ -30,7 +30,7 @@ from etl.images.stages import load_function, process_image
 from etl.run import cluster, interrupt
 from etl.run.tasks import PackItem, PackTask
 from etl.sources import readers
-from etl.sources.listing import SourceFile, SourceReject
+from etl.sources.base import SourceFile, SourceReject
 
 # NOTE [ worker start-up ]: every run waits for its worker processes to start (0.2 s for a
 # bare loky worker here) and to import this module with all it imports (0.2 s more). That is

@@ -48,7 +48,8 @@ from etl.progress import Progress
 from etl.run import execute, interrupt
 from etl.run.plan import Plan, files_to_hash, make_plan, settled_hashes
 from etl.sources import readers
-from etl.sources.listing import ListContext, SourceReject, check_exists, list_sources
+from etl.sources.base import ListContext, SourceReject
+from etl.sources.listing import check_exists, list_sources
 
 
 @dataclass

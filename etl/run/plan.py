@@ -22,7 +22,7 @@ from etl.format.names import sample_id
 from etl.format.shards import shard_name
 from etl.images.rejects import CONTENT_REJECTS
 from etl.run.tasks import PackItem, PackTask
-from etl.sources.listing import SourceFile, SourceListing, SourceReject
+from etl.sources.base import SourceFile, SourceListing, SourceReject
 
 TRAIN = "train"
 

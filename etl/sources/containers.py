@@ -38,7 +38,7 @@ from etl.config import FilePatterns, ParquetSource, WebDatasetSource
 from etl.errors import SourceError
 from etl.format import names
 from etl.sources import readers
-from etl.sources.listing import (
+from etl.sources.base import (
     ListContext,
     RecordIntake,
     SourceListing,

@@ -20,7 +20,8 @@ from etl.maintenance.audit.report import AuditOptions, AuditReport, Finding
 from etl.progress import Progress
 from etl.run.execute import parallel_map
 from etl.sources import readers
-from etl.sources.listing import ListContext, list_sources
+from etl.sources.base import ListContext
+from etl.sources.listing import list_sources
 
 SOURCE_CHUNK = 64
 """Source files per hashing task."""

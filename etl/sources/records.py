@@ -1,0 +1,323 @@
+"""LMDB and Python sources: no stat proves a value unchanged, so their listers read and hash
+every value (LMDB values are memory-mapped; a Python source's records exist only while its
+function runs) and set `content_hash`. A refused pickle or a bad record becomes a reject."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import numbers
+import pickle
+import sys
+from collections import Counter
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from etl.config import LmdbSource, PythonSource
+from etl.errors import SourceError
+from etl.format import names
+from etl.format.checksums import digest
+from etl.sources import readers
+
+if TYPE_CHECKING:
+    pass
+from etl.sources.base import (
+    ListContext,
+    RecordIntake,
+    SourceFile,
+    SourceListing,
+    SourceReject,
+    label_text,
+)
+from etl.sources.files import read_listing_table, table_column
+
+
+def list_lmdb(config: LmdbSource, context: ListContext) -> SourceListing:
+    """One sample per key (from `keys_entry`, else a cursor scan minus `meta_keys`); `source`
+    is the key as `names.to_source` spells it. Every value is read and hashed here
+    (memory-mapped, no copy), so a value whose bytes changed is packed again even when its
+    length did not change. A pickled value is a `pickle` reject unless allow_pickle."""
+    labels = _key_labels(config.labels) if config.labels is not None else None
+    env = readers.open_lmdb(config.path)
+    files: list[SourceFile] = []
+    rejects: list[SourceReject] = []
+    with env.begin(buffers=True) as txn:
+        for key in _lmdb_keys(txn, config):
+            source = names.to_source(key)
+            value = txn.get(key)
+            if value is None:
+                rejects.append(
+                    SourceReject(
+                        source, "missing", f"keys entry {config.keys_entry!r} lists it; no such key"
+                    )
+                )
+                continue
+            outcome = _lmdb_sample(source, value, config, labels, context.checksum)
+            if isinstance(outcome, SourceFile):
+                files.append(outcome)
+            else:
+                rejects.append(outcome)
+    files.sort(key=lambda f: f.source)
+    rejects.sort(key=lambda r: r.source)
+    return SourceListing(tuple(files), tuple(rejects))
+
+
+def _lmdb_sample(
+    source: str,
+    value: memoryview,
+    config: LmdbSource,
+    labels: Mapping[str, tuple[str | None, str | None]] | None,
+    checksum: str,
+) -> SourceFile | SourceReject:
+    """One key's record or reject. size and content_hash describe the bytes the decoder will
+    see: the value, or a pickled record's image field."""
+
+    def reject(reason: str, message: str) -> SourceReject:
+        return SourceReject(source, reason, message, len(value), 0, digest(value, checksum))
+
+    if len(value) > config.max_file_bytes:
+        return SourceReject(
+            source, "file_too_large", readers.too_large(len(value), config.max_file_bytes)
+        )
+    if readers.is_pickle(value) and not config.allow_pickle:
+        return reject(
+            "pickle", f"the value is a Python pickle (protocol {value[1]}); {readers.PICKLE_ADVICE}"
+        )
+    try:
+        image, record = readers.lmdb_record(value, config)
+    except readers.UNPICKLE_ERRORS as exc:
+        return reject("unreadable", f"pickled record: {type(exc).__name__}: {exc}")
+    split: str | None = None
+    if labels is not None:
+        label, split = labels.get(source, (None, None))
+        if label is None:
+            return reject("unknown_label", f"key not in {config.labels} (or its label is empty)")
+    else:
+        assert config.label_field is not None  # the config requires labels or label_field
+        if record is None:
+            return reject(
+                "unknown_label",
+                f"not a pickled record, so it has no label field {config.label_field!r}",
+            )
+        try:
+            label = label_text(readers.field_of(record, config.label_field))
+        except (KeyError, TypeError) as exc:
+            return reject("unknown_label", f"pickled record: {exc}")
+        if label is None:
+            return reject("unknown_label", f"label field {config.label_field!r} is empty")
+    return SourceFile(
+        source, source, label, split, len(image), 0, content_hash=digest(image, checksum)
+    )
+
+
+def _lmdb_keys(txn: Any, config: LmdbSource) -> list[bytes]:
+    if config.keys_entry is None:
+        skip = {names.to_raw(k) for k in config.meta_keys}
+        cursor = txn.cursor()
+        return [bytes(k) for k in cursor.iternext(keys=True, values=False) if bytes(k) not in skip]
+    where = f"{config.path}: keys_entry {config.keys_entry!r}"
+    raw = txn.get(names.to_raw(config.keys_entry))
+    if raw is None:
+        raise SourceError(f"{where} is not a key of the environment; omit it to scan all keys")
+    listed = _keys_entry_names(bytes(raw), config, where)
+    keys: list[bytes] = []
+    for name in listed:
+        try:
+            keys.append(name if isinstance(name, bytes) else names.to_raw(name))
+        except ValueError as exc:
+            raise SourceError(f"{where}: {exc}") from None
+    counts = Counter(keys)
+    dupes = sorted(names.to_source(k) for k, n in counts.items() if n > 1)
+    if dupes:
+        raise SourceError(f"{where} lists keys twice: {dupes[:5]}")
+    return keys
+
+
+def _keys_entry_names(raw: bytes, config: LmdbSource, where: str) -> list[str | bytes]:
+    """A JSON list of strings, one key per line, or (allow_pickle) a pickled list of str/bytes."""
+    if readers.is_pickle(raw):
+        if not config.allow_pickle:
+            raise SourceError(f"{where} is a Python pickle: refused; {readers.PICKLE_ADVICE}")
+        try:
+            names: Any = pickle.loads(raw)  # allowed explicitly by the config (allow_pickle)
+        except readers.UNPICKLE_ERRORS as exc:
+            raise SourceError(f"{where}: cannot unpickle ({exc})") from None
+    else:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SourceError(f"{where}: not UTF-8 text, JSON or a pickle") from None
+        if text.lstrip().startswith("["):
+            try:
+                names = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise SourceError(f"{where}: invalid JSON ({exc})") from None
+        else:
+            names = [line.strip() for line in text.splitlines() if line.strip()]
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str | bytes) for n in names):
+        raise SourceError(f"{where}: expected a list of key strings")
+    return list(names)
+
+
+def _key_labels(path: Path) -> dict[str, tuple[str | None, str | None]]:
+    """key -> (label or None, split or None) from a CSV/TSV/Parquet file with columns key,
+    label and optionally split. Keys are spelt as `source` (see etl/names.py)."""
+    if not path.is_file():
+        raise SourceError(f"source.labels: {path} is not a file")
+    table = read_listing_table(path, text_columns=("key", "label", "split"))
+    for name in ("key", "label"):
+        if name not in table.column_names:
+            raise SourceError(
+                f"{path}: no column {name!r}; columns are {table.column_names} "
+                "(expected key, label and optionally split)"
+            )
+    keys = table_column(table, "key", path, required=True)
+    labels = table_column(table, "label", path, required=True)
+    splits = table_column(table, "split", path, required=False)
+    assert keys is not None and labels is not None
+    line_of = (
+        (lambda i: f"row {i}") if path.suffix.lower() == ".parquet" else (lambda i: f"line {i + 2}")
+    )
+    out: dict[str, tuple[str | None, str | None]] = {}
+    first: dict[str, int] = {}
+    for i, (key, label) in enumerate(zip(keys, labels, strict=True)):
+        if key is None or not key:
+            raise SourceError(f"{path}:{line_of(i)}: empty key")
+        if key in first:
+            raise SourceError(
+                f"{path}:{line_of(i)}: key {key!r} is listed twice (also {line_of(first[key])})"
+            )
+        first[key] = i
+        split = splits[i] if splits is not None else None
+        out[key] = ((label or "").strip() or None, split or None)
+    return out
+
+
+RECORD_KEYS = ("id", "data", "array", "label", "split")
+
+
+def list_python(config: PythonSource, context: ListContext) -> SourceListing:
+    """Call `config.function(**config.options)` once and take every record it yields into a
+    `RecordIntake`. Ids must be unique: a duplicate is an error naming them, after the whole
+    iteration, so all are named at once.
+    """
+    spec = config.function
+    function = _records_function(config)
+    try:
+        iterator = iter(function(**config.options))
+    except Exception as exc:
+        raise SourceError(f"source.function {spec!r} raised {type(exc).__name__}: {exc}") from exc
+    first: dict[str, int] = {}
+    dupes: dict[str, list[int]] = {}
+    index = 0
+    try:
+        with RecordIntake(context) as intake:
+            while True:
+                try:
+                    record = next(iterator)
+                except StopIteration:
+                    break
+                except Exception as exc:
+                    raise SourceError(
+                        f"source.function {spec!r} raised {type(exc).__name__} after {index} "
+                        f"record(s): {exc}"
+                    ) from exc
+                source, payload, label, split = _parse_record(record, index, spec)
+                if source in first:
+                    dupes.setdefault(source, [first[source]]).append(index)
+                else:
+                    first[source] = index
+                index += 1
+                if label is None:
+                    intake.reject(source, "unknown_label", "the record has no label", payload)
+                else:
+                    intake.add(source, payload, label, split)
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()  # a generator stopped early releases its connection or files now
+    if dupes:
+        named = ", ".join(
+            f"{s!r} (records {', '.join(map(str, at))})" for s, at in sorted(dupes.items())[:5]
+        )
+        more = f" and {len(dupes) - 5} more" if len(dupes) > 5 else ""
+        raise SourceError(
+            f"source.function {spec!r}: ids are not unique: {named}{more}; every record needs "
+            "its own id, stable across runs"
+        )
+    return intake.listing()
+
+
+def _records_function(config: PythonSource) -> Callable[..., Any]:
+    """Import `module:function` with `config.path` first on sys.path (only while importing)."""
+    spec = config.function
+    module_name, _, attr = spec.partition(":")
+    folder = str(config.path)
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SourceError(
+            f"source.function {spec!r}: cannot import {module_name!r} ({exc}); is it installed, "
+            f"on PYTHONPATH or in {folder}?"
+        ) from None
+    except Exception as exc:
+        raise SourceError(
+            f"source.function {spec!r}: importing {module_name!r} raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    finally:
+        if added:
+            sys.path.remove(folder)
+    function = getattr(module, attr, None)
+    if function is None or not callable(function):
+        what = "no" if function is None else f"a {type(function).__name__}, not a callable,"
+        raise SourceError(f"source.function {spec!r}: module {module_name!r} has {what} {attr!r}")
+    return function
+
+
+def _parse_record(record: Any, index: int, spec: str) -> tuple[str, bytes, str | None, str | None]:
+    """(source, encoded bytes, class name or None, split or None) of one record, or a
+    SourceError naming the record index: a malformed record is a bug in the function."""
+    where = f"source.function {spec!r}: record {index}"
+    if isinstance(record, Mapping):
+        unknown = sorted(set(map(str, record)) - set(RECORD_KEYS))
+        if unknown:
+            raise SourceError(f"{where} has unknown keys {unknown}; expected {list(RECORD_KEYS)}")
+        if "id" not in record or "label" not in record:
+            raise SourceError(f"{where} needs keys 'id' and 'label' (has {sorted(record)})")
+        if ("data" in record) == ("array" in record):
+            raise SourceError(f"{where} needs exactly one of 'data' (bytes) or 'array'")
+        rid, label, split = record["id"], record["label"], record.get("split")
+        data = record["data"] if "data" in record else record["array"]
+    elif isinstance(record, tuple | list) and len(record) in (3, 4):
+        rid, data, label = record[0], record[1], record[2]
+        split = record[3] if len(record) == 4 else None
+    else:
+        raise SourceError(
+            f"{where} is a {type(record).__name__}; expected a dict {{id, data|array, label, "
+            "split?}} or a tuple (id, data_or_array, label[, split])"
+        )
+    if isinstance(rid, bool) or not isinstance(rid, str | numbers.Integral):
+        raise SourceError(f"{where}: id {rid!r} is a {type(rid).__name__}; use a str or an int")
+    source = rid if isinstance(rid, str) else str(int(rid))
+    if not source:
+        raise SourceError(f"{where}: the id is empty")
+    if isinstance(data, np.ndarray) and data.dtype == object:
+        raise SourceError(f"{where} ({source!r}): an object array; use a uint8 array")
+    try:
+        payload = readers.image_bytes(data, "data")
+    except ValueError as exc:
+        raise SourceError(f"{where} ({source!r}): {exc}") from None
+    try:
+        class_name = label_text(label)
+    except TypeError as exc:
+        raise SourceError(f"{where} ({source!r}): {exc}") from None
+    if split is not None and not isinstance(split, str):
+        raise SourceError(f"{where} ({source!r}): split {split!r} is not a string")
+    return source, payload, class_name, split or None
