@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 import etl
-from etl.config import DecodeStage, load_config
+from etl.config import DecodeStage, FolderSource, load_config
 from etl.errors import EtlError
 from etl.explore import drawing, reject_sheet
 from etl.explore import view as explore
@@ -311,14 +311,15 @@ def test_reject_cell_stays_inside_the_source_root(tmp_path: Path) -> None:
     os.symlink(secret, root / "a" / "link.png")
     os.mkfifo(root / "a" / "fifo.png")
     decode = DecodeStage()
-    for source, why in [
+    cases = [
         ("../secret.png", "outside"),
         ("a/link.png", "outside"),
         ("a/fifo.png", "regular file"),
         ("a/missing.png", "No such file"),
-    ]:
-        row = {"source": source, "reason": "outside_root", "message": "m"}
-        cell = reject_sheet.reject_cell(root, row, decode)
+    ]
+    rows = [{"source": source, "reason": "outside_root", "message": "m"} for source, _ in cases]
+    cells = reject_sheet.reject_cells(FolderSource(path=root), rows, decode, "xxh3_64")
+    for (source, why), cell in zip(cases, cells, strict=True):
         assert cell.image is None and why in cell.info["note"], (source, cell.info)
 
 

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, cast
+from typing import Annotated, ClassVar, cast
 
-import pyarrow as pa
-import pyarrow.ipc as ipc
 import typer
 from rich.padding import Padding
 from rich.table import Table
@@ -18,11 +15,12 @@ from etl.cli.app import app, out
 from etl.cli.progress import BarProgress
 from etl.config import BACKENDS, Backend, load_config
 from etl.errors import EtlError
-from etl.format.atomic import replacing
 from etl.format.manifest import FORMAT_VERSION, SHARDS_DIR
 from etl.maintenance import audit as audit_lib
+from etl.maintenance import checkup
 from etl.maintenance import repair as repair_lib
-from etl.sources.readers import FILE_KINDS, source_root_of
+from etl.sources.locate import location
+from etl.sources.readers import FILE_KINDS
 
 ROWS_PER_PROBLEM = 8
 """Locations shown per distinct problem; --json and --report list them all."""
@@ -128,23 +126,6 @@ def _print_repair(fixed: repair_lib.RepairReport) -> None:
         out.print(f"note: {note}", highlight=False)
 
 
-def _write_report(path: Path, payload: dict[str, Any], tables: list[pa.Table]) -> None:
-    """JSON, or Arrow (one row per finding, the rest as schema metadata 'etl.audit') when the
-    name ends in .arrow; written to a temp file and renamed into place."""
-    with replacing(path) as temp:
-        if path.suffix == ".arrow":
-            table = pa.concat_tables(tables) if tables else audit_lib.FINDINGS_SCHEMA.empty_table()
-            summary = {k: v for k, v in payload.items() if k != "findings"}
-            if summary.get("repair") and summary["repair"].get("after"):
-                after = summary["repair"]["after"]
-                summary["repair"]["after"] = {k: v for k, v in after.items() if k != "findings"}
-            schema = table.schema.with_metadata({b"etl.audit": json.dumps(summary).encode()})
-            with ipc.new_file(str(temp), schema) as writer:
-                writer.write_table(table.cast(schema))
-        else:
-            temp.write_text(json.dumps(payload, indent=2) + "\n")
-
-
 @app.command()
 def audit(
     dataset: Annotated[
@@ -247,16 +228,13 @@ def audit(
     config = load_config(config_path) if config_path else None
     records = None
     if config is not None and config.source.kind not in FILE_KINDS:
-        # records, not files: the source is listed again (--source: the folder it is in now)
-        records = config.source.model_copy(update={"path": source.resolve()} if source else {})
-        if repair:
-            raise EtlError(
-                f"--repair re-reads sources by path; a {config.source.kind} source's samples "
-                "are records: pack them again with etl run --rebuild"
-            )
+        # records, not files: the source is listed again (--source: where it is now)
+        records = config.source.model_copy(
+            update={"path": location(config.source, source.resolve() if source else None)}
+        )
     source_root = None
     if records is None:
-        source_root = source or (source_root_of(config.source) if config else None)
+        source_root = source or (location(config.source) if config else None)
     if source_root is not None and not source_root.is_dir():
         raise EtlError(f"source root {source_root} is not a folder (--source or source.path)")
     options = audit_lib.AuditOptions(
@@ -276,38 +254,21 @@ def audit(
     report = audit_lib.audit(dataset, options, bar)
     if show:
         _print_report(report)
-    payload = {**report.to_dict(), "repair": None}
-    tables = [report.findings_table()]
-    final = report
+    result = checkup.Checkup(report)
     if repair:
-        assert config is not None and options.source_root is not None
-        damaged = report.bad_samples or any(
-            f.kind in audit_lib.SHARD_KINDS for f in report.findings
-        )
-        if damaged or not report.manifest_ok:  # repair refuses a manifest it cannot trust
-            fixed = repair_lib.repair(
-                report,
-                config,
-                options.source_root,
-                jobs=options.jobs,
-                backend=options.backend,
-                address=options.address,
-                progress=bar,
-            )
-            payload["repair"] = fixed.to_dict()
-            if show:
-                _print_repair(fixed)
-            if fixed.committed:
-                final = audit_lib.audit(report.root, replace(options, version=fixed.version), bar)
-                payload["repair"]["after"] = final.to_dict()
-                tables.append(final.findings_table())
-                if show:
-                    _print_report(final, title=f"\naudit of repaired version {fixed.version}:")
-        elif show:
+        assert config is not None
+        moved = options.source_root or (records.path if records else None)
+        result = checkup.repair_and_recheck(report, options, config, moved, bar)
+        if show and result.repair is None:
             out.print("repair    nothing to repair: no damaged sample or shard")
-    payload["exit_code"] = final.exit_code
+        if show and result.repair is not None:
+            _print_repair(result.repair)
+        if show and result.after is not None:
+            _print_report(
+                result.after, title=f"\naudit of repaired version {result.after.version}:"
+            )
     if report_path is not None:
-        _write_report(report_path, payload, tables)
+        result.write(report_path)
     if as_json:
-        print(json.dumps(payload, indent=2))
-    raise typer.Exit(final.exit_code)
+        print(json.dumps(result.to_dict(), indent=2))
+    raise typer.Exit(result.final.exit_code)

@@ -11,7 +11,7 @@ from PIL import Image
 from rich.table import Table
 
 from etl.cli.app import app, out
-from etl.config import load_config
+from etl.config import PipelineConfig, SourceConfig, load_config
 from etl.errors import EtlError
 from etl.explore import scaffold
 from etl.explore import view as explore
@@ -144,6 +144,25 @@ def _print_summary(s: explore.Summary) -> None:
     out.print(table, highlight=False)
 
 
+def _sheet_source(config: PipelineConfig | None, moved_to: Path | None) -> SourceConfig:
+    """The source a reject sheet reads: the config's (of any kind), at `moved_to` when given;
+    without a config, the folder `moved_to` that the sources' paths are relative to."""
+    from etl.config import FolderSource
+    from etl.sources.locate import location
+    from etl.sources.readers import FILE_KINDS
+
+    if config is None or (moved_to is not None and config.source.kind in FILE_KINDS):
+        assert moved_to is not None  # the caller asks for --source or --config
+        source: SourceConfig = FolderSource(path=moved_to)
+    elif moved_to is None:
+        source = config.source
+    else:
+        source = config.source.model_copy(update={"path": moved_to})
+    if source.kind in FILE_KINDS and not location(source).is_dir():
+        raise EtlError(f"source root {location(source)} is not a folder (--source or source.path)")
+    return source
+
+
 @app.command()
 def show(
     directory: DirArg,
@@ -217,15 +236,9 @@ def show(
         if source is None and config_path is None:
             raise typer.BadParameter("--rejects needs --source DIR or --config pipeline.yaml")
         config = load_config(config_path) if config_path else None
-        if source is None:
-            from etl.sources.readers import source_root_of
-
-            assert config is not None
-            source = source_root_of(config.source)
-        if not source.is_dir():
-            raise EtlError(f"source root {source} is not a folder (--source or source.path)")
+        sheet_source = _sheet_source(config, source)
         sheet = ds.reject_sheet(
-            source,
+            sheet_source,
             decode=config.decode if config else None,
             n=count,
             seed=seed,

@@ -33,14 +33,13 @@ from PIL import Image
 
 from etl.errors import EtlError
 from etl.explore.drawing import Cell, Chart, Sheet, draw_class_balance, draw_sheet
-from etl.explore.reject_sheet import reject_cell
+from etl.explore.reject_sheet import reject_cells
 from etl.format.manifest import Manifest, list_versions, ordered_splits, read_manifest
 from etl.format.shards import open_shard
 
 if TYPE_CHECKING:
-    from etl.config import (
-        DecodeStage,
-    )  # NOTE: pydantic costs 0.25 s to import; only rejects need it
+    # NOTE: pydantic costs 0.25 s to import; only rejects need it
+    from etl.config import DecodeStage, SourceConfig
 
 SampleKey: TypeAlias = "int | str"
 """A sample by its `sample_id` (a str) or its position in the manifest (an int; -1 is the last)."""
@@ -291,7 +290,7 @@ class Dataset:
 
     def reject_sheet(
         self,
-        source_root: Path | str,
+        source: Path | str | SourceConfig,
         decode: DecodeStage | None = None,
         n: int = 16,
         seed: int = 0,
@@ -299,11 +298,13 @@ class Dataset:
         columns: int | None = None,
         cell: int = 128,
     ) -> Sheet:
-        """Thumbnails of rejected sources read from `source_root`, captioned with the reason.
+        """Thumbnails of rejected sources, captioned with the reason. `source`: the source
+        config the dataset was packed from (any kind; `load_config(...).source`), or the folder
+        its sources' paths are relative to.
 
         A source is decoded as the pipeline does (`decode`: the config's decode stage, default
         RGB), so decompression bombs stay refused; one that cannot be read or decoded, or that
-        lies outside `source_root`, gets a placeholder cell saying why. Up to `n` rejects drawn
+        lies outside the source root, gets a placeholder cell saying why. Up to `n` rejects drawn
         at random by `seed`, in source order; `reasons` keeps only those reasons.
         """
         table = self.rejects
@@ -322,7 +323,11 @@ class Dataset:
             from etl.config import DecodeStage
 
             decode = DecodeStage()
-        cells = [reject_cell(Path(source_root), r, decode) for r in rows]
+        if isinstance(source, Path | str):
+            from etl.config import FolderSource
+
+            source = FolderSource(path=Path(source))
+        cells = reject_cells(source, rows, decode, self.manifest.meta.checksum)
         title = f"{self.root.name} v{self.version}: {len(cells)} of {self.rejects.num_rows} rejects"
         return draw_sheet(cells, columns=columns, cell=cell, title=title)
 

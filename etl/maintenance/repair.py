@@ -12,7 +12,7 @@ are never touched: a pinned version stays as it was, damage included.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -20,10 +20,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from etl.config import Backend, CallStage, PipelineConfig
+from etl.config import Backend, PipelineConfig
 from etl.errors import EtlError, ManifestError, ShardError
-from etl.format import names
-from etl.format.checksums import digest, row_digest
+from etl.format.checksums import row_digest
 from etl.format.commit import clean_leftovers, commit_version
 from etl.format.lock import DatasetLock
 from etl.format.manifest import (
@@ -35,15 +34,16 @@ from etl.format.manifest import (
 )
 from etl.format.shards import ShardInfo, ShardWriter, open_shard, shard_name
 from etl.images.rejects import Reject
-from etl.images.stages import load_function, process_image
 from etl.maintenance.audit import (
     SHARD_KINDS,
     AuditReport,
     shard_records,
 )
 from etl.progress import Progress
-from etl.run.execute import WorkerError, choose_run, engine, parallel_map
+from etl.run.execute import choose_run, engine, fill_shard, parallel_map
 from etl.sources import readers
+from etl.sources.base import ListContext
+from etl.sources.locate import CHANGED, locate, location
 
 HOW: dict[str, str] = {
     "copied": "bytes verified, moved out of a damaged shard",
@@ -68,6 +68,8 @@ class RepairItem:
     """The manifest's checksum of the sample."""
     copy: bool
     """True: its row verified, but its shard is damaged elsewhere: copy the verified bytes."""
+    locator: str | None = None
+    """Where `readers` reads its source (`etl.sources.locate`); None: copy only."""
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,7 @@ class RepairReport:
 def repair(
     report: AuditReport,
     config: PipelineConfig,
-    source_root: Path,
+    source_root: Path | None = None,
     *,
     jobs: int | None = None,
     backend: Backend = "loky",
@@ -125,17 +127,17 @@ def repair(
 ) -> RepairReport:
     """Re-pack what `report` found damaged, as a new version of `report.root`, under the lock.
 
-    Bad samples are decoded again from `source_root` through `config`'s stages, if their source
-    still has its recorded hash; the verified samples of a damaged shard are copied as they are,
-    so the new version lists no damaged file. Refuses (ConfigError) a config whose output-shaping
-    digest differs from the manifest's, and (EtlError) a report that is not of the latest version.
+    Bad samples are decoded again from their source (any kind; `source_root`: where it is now,
+    when not where `config` says) through `config`'s stages, if the source still has its
+    recorded hash; the verified samples of a damaged shard are copied as they are, so the new
+    version lists no damaged file. Refuses (ConfigError) a config whose output-shaping digest
+    differs from the manifest's, and (EtlError) a report that is not of the latest version.
     """
     progress = progress or Progress()
     started = time.perf_counter()
     if report.mode == "sample":
         raise EtlError("repair needs a full or --fast audit, not a sampled one")
     root = report.root
-    readers.source_root_of(config.source)  # a folder or listing source, or ConfigError
     if not report.manifest_ok:
         raise ManifestError(
             f"{root}: version {report.version}'s manifest is damaged; repair cannot trust it. "
@@ -157,39 +159,41 @@ def repair(
                 f"{root}: the audit checked version {report.version} but the latest is {latest}; "
                 "repair builds on the latest version: audit it"
             )
-        tasks = _repair_tasks(report, manifest, config.samples_per_shard)
         out = RepairReport(version=None)
-        if not tasks:
+        items = _repair_items(report, manifest)
+        if not items:
             out.notes.append("nothing to repair: no damaged sample or shard")
             return out
         clean_leftovers(root, latest)
-        outcomes = []
-        run = choose_run(jobs, backend, address, worth_workers=len(tasks) > 1)
-        progress.start("repair", sum(len(t.items) for t in tasks))
-        try:
-            with (
-                engine(run, writable_root=root, readable=[source_root]),
-                parallel_map(
-                    repair_shard,
-                    tasks,
-                    run,
-                    config,
-                    str(root),
-                    str(source_root),
-                    manifest.meta.sample_shape,
-                ) as repaired,
-            ):
-                for outcome in repaired:
-                    outcomes.append(outcome)
-                    progress.advance(len(outcome.stored) + len(outcome.failed))
-        finally:
-            progress.stop()
-        _commit_repair(manifest, tasks, outcomes, report, out)
+        spool = readers.spool_path(root)
+        with readers.released(spool):
+            located, unlocated = _located(items, config, source_root, spool)
+            tasks = _repair_tasks(located, manifest.version + 1, config.samples_per_shard)
+            outcomes = [RepairOutcome(None, (), tuple(unlocated))]
+            run = choose_run(jobs, backend, address, worth_workers=len(tasks) > 1)
+            readable = [location(config.source, source_root)]
+            progress.start("repair", len(items))
+            progress.advance(len(unlocated))
+            try:
+                with (
+                    engine(run, writable_root=root, readable=readable),
+                    parallel_map(
+                        repair_shard, tasks, run, config, str(root), manifest.meta.sample_shape
+                    ) as repaired,
+                ):
+                    for outcome in repaired:
+                        outcomes.append(outcome)
+                        progress.advance(len(outcome.stored) + len(outcome.failed))
+            finally:
+                progress.stop()
+        _commit_repair(manifest, items, outcomes, report, out)
     out.seconds = time.perf_counter() - started
     return out
 
 
-def _repair_tasks(report: AuditReport, manifest: Manifest, per_shard: int) -> list[RepairTask]:
+def _repair_items(report: AuditReport, manifest: Manifest) -> list[RepairItem]:
+    """The samples to store again, by old shard and row: the bad ones, and every other sample
+    of a damaged shard."""
     bad = {f.sample_id for f in report.bad_samples}
     damaged = {f.shard for f in report.findings if f.kind in SHARD_KINDS}
     shard_rows = shard_records(manifest.shards)
@@ -209,9 +213,38 @@ def _repair_tasks(report: AuditReport, manifest: Manifest, per_shard: int) -> li
                 )
             )
     items.sort(key=lambda i: (i.old_shard, i.old_row))
-    new = manifest.version + 1
+    return items
+
+
+def _located(
+    items: list[RepairItem], config: PipelineConfig, source_root: Path | None, spool: Path
+) -> tuple[list[RepairItem], list[tuple[str, str]]]:
+    """`items` with the locators of their sources (record sources are listed again, the
+    wanted records spooled), and (sample_id, why) of the bad ones whose source is gone.
+
+    NOTE: the sources of samples that may be copied are located too: a row that fails its
+    check when copied is decoded instead."""
+    context = ListContext(
+        checksum=config.output.checksum,
+        spool=spool,
+        wanted=frozenset(i.source_hash for i in items),
+    )
+    found = locate(config.source, {i.source for i in items}, context, source_root)
+    kept: list[RepairItem] = []
+    unlocated: list[tuple[str, str]] = []
+    for item in items:
+        if item.source in found.locators:
+            kept.append(replace(item, locator=found.locators[item.source]))
+        elif item.copy:
+            kept.append(item)
+        else:
+            unlocated.append((item.sample_id, f"source {found.missing[item.source]}"))
+    return kept, unlocated
+
+
+def _repair_tasks(items: list[RepairItem], version: int, per_shard: int) -> list[RepairTask]:
     return [
-        RepairTask(shard_name(new, n), tuple(items[i : i + per_shard]))
+        RepairTask(shard_name(version, n), tuple(items[i : i + per_shard]))
         for n, i in enumerate(range(0, len(items), per_shard))
     ]
 
@@ -220,41 +253,49 @@ def repair_shard(
     task: RepairTask,
     config: PipelineConfig,
     root: str,
-    source_root: str,
     sample_shape: tuple[int, ...],
 ) -> RepairOutcome:
-    """Worker: write one new shard from `task.items`, in order."""
-    functions = {
-        s.function: load_function(s.function) for s in config.stages if isinstance(s, CallStage)
-    }
-    algorithm = config.output.checksum
-    one_row = row_digest(algorithm)
+    """Worker: write one new shard from `task.items`: the verified rows it copies first, then
+    the sources it decodes again (`execute.fill_shard`, as a run fills a shard)."""
+    one_row = row_digest(config.output.checksum)
     opened: dict[str, np.memmap] = {}
     stored: list[tuple[str, int, str, str]] = []
     failed: list[tuple[str, str]] = []
-    writer = ShardWriter(Path(root), task.shard, len(task.items), sample_shape, algorithm)
+    writer = ShardWriter(
+        Path(root), task.shard, len(task.items), sample_shape, config.output.checksum
+    )
     with writer:
+        decode: list[RepairItem] = []
         for item in task.items:
-            try:
-                pixels, how = _copy(item, Path(root), sample_shape, opened, one_row), "copied"
-                if pixels is None:
-                    pixels, how = _decode(item, Path(source_root), config, functions), "decoded"
-            except _Unrepairable as exc:
-                failed.append((item.sample_id, str(exc)))
-                continue
-            except Exception as exc:
-                raise WorkerError(
-                    f"while repairing {item.source} into {task.shard}: {type(exc).__name__}: {exc}"
-                ) from exc
-            row, checksum = writer.append(pixels)
-            stored.append((item.sample_id, row, checksum, how))
+            pixels = _copy(item, Path(root), sample_shape, opened, one_row)
+            if pixels is not None:
+                row, checksum = writer.append(pixels)
+                stored.append((item.sample_id, row, checksum, "copied"))
+            elif item.locator is None:
+                failed.append((item.sample_id, "its row fails its check and its source is gone"))
+            else:
+                decode.append(item)
         opened.clear()
+        sources = [(i.source, i.locator or "", i.source_hash) for i in decode]
+        for item, outcome in zip(decode, fill_shard(writer, config, sources, CHANGED), strict=True):
+            if isinstance(outcome, Reject):
+                failed.append((item.sample_id, _why(outcome)))
+            else:
+                stored.append((item.sample_id, outcome.row, outcome.checksum, "decoded"))
         info = writer.finish()
     return RepairOutcome(info, tuple(stored), tuple(failed))
 
 
-class _Unrepairable(Exception):
-    """A sample that cannot be stored again; the message says why."""
+def _why(reject: Reject) -> str:
+    """Why a sample could not be decoded again, in words."""
+    if reject.reason == "changed":
+        return f"source {reject.message}"
+    if reject.reason in READ_FAILURES:
+        return f"source cannot be read ({reject.reason}: {reject.message})"
+    return f"the stages now reject the source ({reject})"
+
+
+READ_FAILURES = frozenset({"io_error", "not_a_file", "file_too_large", "io_timeout"})
 
 
 def _copy(
@@ -278,39 +319,14 @@ def _copy(
     return pixels if one_row(pixels.data.cast("B")) == item.expected else None
 
 
-def _decode(
-    item: RepairItem,
-    source_root: Path,
-    config: PipelineConfig,
-    functions: Mapping[str, Callable[..., Any]],
-) -> NDArray[np.uint8]:
-    try:
-        path = names.source_path(source_root, item.source)
-    except ValueError as exc:
-        raise _Unrepairable(str(exc)) from None
-    try:
-        data = readers.read_regular_file(path, config.source.max_file_bytes)
-    except FileNotFoundError:
-        raise _Unrepairable(f"source {path} no longer exists") from None
-    except OSError as exc:
-        raise _Unrepairable(f"source {path}: {exc.strerror or exc}") from None
-    if digest(data, config.output.checksum) != item.source_hash:
-        raise _Unrepairable(f"source {path} changed since it was packed (hash differs)")
-    try:
-        pixels, _ = process_image(data, config, functions)
-    except Reject as exc:
-        raise _Unrepairable(f"the stages now reject the source ({exc})") from None
-    return pixels
-
-
 def _commit_repair(
     manifest: Manifest,
-    tasks: Sequence[RepairTask],
+    repaired: Sequence[RepairItem],
     outcomes: Iterable[RepairOutcome],
     report: AuditReport,
     out: RepairReport,
 ) -> None:
-    items = {i.sample_id: i for t in tasks for i in t.items}
+    items = {i.sample_id: i for i in repaired}
     stored_bytes = {f.sample_id: f.actual for f in report.bad_samples}
     moved: dict[str, tuple[str, int, str]] = {}
     new_shards: list[ShardInfo] = []

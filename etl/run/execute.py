@@ -242,54 +242,71 @@ def hash_sources(
     return hashes, rejects
 
 
-# --- packing ----------------------------------------------------------------------------------
+# --- packing ---------------------------------------------------------------------------------
 
 
-def _pack_one(
-    item: PackItem,
+def stage_functions(config: PipelineConfig) -> dict[str, Callable[..., Any]]:
+    """The user functions of `config`'s call stages, imported once per worker task."""
+    return {
+        stage.function: load_function(stage.function)
+        for stage in config.stages
+        if isinstance(stage, CallStage)
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A source stored in a shard: its row, the row's checksum, the source's size in pixels."""
+
+    row: int
+    checksum: str
+    height: int
+    width: int
+
+
+def fill_shard(
+    writer: ShardWriter,
+    config: PipelineConfig,
+    sources: Sequence[tuple[str, str, str]],
+    changed: str,
+) -> Iterator[Stored | Reject]:
+    """The one way a shard is filled, for run and repair: each (source, locator, content hash)
+    is read through `readers`, checked against its hash (else a `changed` reject with the
+    message `changed`), run through the stages and appended to `writer`. Yields, in order, what
+    became of each. A read failure is a reject; a failure to write the shard (an OSError) is
+    raised as it is; anything else is raised as a WorkerError naming the source."""
+    functions = stage_functions(config)
+    outcomes = readers.read_many(config.source, (locator for _, locator, _ in sources))
+    for (source, _, content_hash), data in zip(sources, outcomes, strict=True):
+        try:
+            outcome = _store(data, content_hash, writer, config, functions, changed)
+        except OSError:
+            raise  # the shard's write: a read failure is a reject in _store
+        except Exception as exc:
+            raise WorkerError(
+                f"while packing {source} into {writer.name}: {type(exc).__name__}: {exc}"
+            ) from exc
+        yield outcome
+
+
+def _store(
     data: bytes | OSError,
+    content_hash: str,
     writer: ShardWriter,
     config: PipelineConfig,
     functions: dict[str, Callable[..., Any]],
-) -> dict[str, Any] | SourceReject:
-    def reject(reason: str, message: str) -> SourceReject:
-        return SourceReject(
-            item.source,
-            reason,
-            message,
-            item.size,
-            item.mtime_ns,
-            item.source_hash,
-            item.ctime_ns,
-            item.inode,
-        )
-
+    changed: str,
+) -> Stored | Reject:
     if isinstance(data, OSError):
-        return reject(*_read_failure(data))
-    if digest(data, config.output.checksum) != item.source_hash:
-        return reject("changed", "file changed while the run was in progress; run again")
+        return Reject(*_read_failure(data))
+    if digest(data, config.output.checksum) != content_hash:
+        return Reject("changed", changed)
     try:
         array, (height, width) = process_image(data, config, functions)
     except Reject as exc:
-        return reject(exc.reason, exc.message)
+        return exc
     row, checksum = writer.append(array)
-    return {
-        "sample_id": item.sample_id,
-        "source": item.source,
-        "source_size": item.size,
-        "source_mtime_ns": item.mtime_ns,
-        "source_ctime_ns": item.ctime_ns,
-        "source_inode": item.inode,
-        "source_hash": item.source_hash,
-        "source_height": height,
-        "source_width": width,
-        "label": item.label,
-        "class_name": item.class_name,
-        "split": item.split,
-        "shard": writer.name,
-        "row": row,
-        "checksum": checksum,
-    }
+    return Stored(row, checksum, height, width)
 
 
 def pack_shard(
@@ -297,11 +314,6 @@ def pack_shard(
 ) -> PackResult:
     """Worker: fill one shard from `task.items`, in order. Runs in a joblib worker process.
     `durable=False` leaves the fsync to the caller (see `pack`)."""
-    functions = {
-        stage.function: load_function(stage.function)
-        for stage in config.stages
-        if isinstance(stage, CallStage)
-    }
     samples: list[dict[str, Any]] = []
     rejects: list[SourceReject] = []
     writer = ShardWriter(
@@ -313,24 +325,52 @@ def pack_shard(
         durable,
     )
     with writer:
-        sources = readers.read_many(config.source, (item.path for item in task.items))
-        for item, data in zip(task.items, sources, strict=True):
-            try:
-                outcome = _pack_one(item, data, writer, config, functions)
-            except OSError:
-                # NOTE: a source that cannot be read is a reject in _pack_one: this is the
-                # shard's write, re-raised as it is for the parent (etl.run.pipeline) to name
-                raise
-            except Exception as exc:
-                raise WorkerError(
-                    f"while packing {item.source} into {task.shard}: {type(exc).__name__}: {exc}"
-                ) from exc
-            if isinstance(outcome, SourceReject):
-                rejects.append(outcome)
+        sources = [(item.source, item.path, item.source_hash) for item in task.items]
+        outcomes = fill_shard(writer, config, sources, CHANGED_DURING_RUN)
+        for item, outcome in zip(task.items, outcomes, strict=True):
+            if isinstance(outcome, Reject):
+                rejects.append(_reject_row(item, outcome))
             else:
-                samples.append(outcome)
+                samples.append(_sample_row(item, writer.name, outcome))
         info = writer.finish()
     return PackResult(info, tuple(samples), tuple(rejects), len(task.items))
+
+
+CHANGED_DURING_RUN = "file changed while the run was in progress; run again"
+
+
+def _reject_row(item: PackItem, reject: Reject) -> SourceReject:
+    return SourceReject(
+        item.source,
+        reject.reason,
+        reject.message,
+        item.size,
+        item.mtime_ns,
+        item.source_hash,
+        item.ctime_ns,
+        item.inode,
+    )
+
+
+def _sample_row(item: PackItem, shard: str, stored: Stored) -> dict[str, Any]:
+    """The manifest row of a packed item."""
+    return {
+        "sample_id": item.sample_id,
+        "source": item.source,
+        "source_size": item.size,
+        "source_mtime_ns": item.mtime_ns,
+        "source_ctime_ns": item.ctime_ns,
+        "source_inode": item.inode,
+        "source_hash": item.source_hash,
+        "source_height": stored.height,
+        "source_width": stored.width,
+        "label": item.label,
+        "class_name": item.class_name,
+        "split": item.split,
+        "shard": shard,
+        "row": stored.row,
+        "checksum": stored.checksum,
+    }
 
 
 def pack(

@@ -8,13 +8,10 @@ import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from etl.format.checksums import digest
 from etl.sources import readers
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +103,9 @@ class ListContext:
     """Content hashes the plan will reuse or reject without reading: not spooled again."""
     spool: Path | None = None
     """Where a Python source writes the records to pack; None (a dry run) writes nothing."""
+    wanted: frozenset[str] | None = None
+    """When set, only records with these content hashes are spooled: what a repair or a reject
+    sheet reads back (`etl.sources.locate`), not the whole source."""
 
 
 def label_text(value: Any) -> str | None:
@@ -129,6 +129,7 @@ class RecordIntake:
     def __init__(self, context: ListContext) -> None:
         self._checksum = context.checksum
         self._stored = context.stored
+        self._wanted = context.wanted
         self._spool = readers.SpoolWriter(context.spool) if context.spool is not None else None
         self._spooled: dict[str, str] = {}
         self.files: list[SourceFile] = []
@@ -164,6 +165,8 @@ class RecordIntake:
         if content in self._spooled:
             return self._spooled[content]
         if self._spool is None or content in self._stored:
+            return readers.NOT_SPOOLED
+        if self._wanted is not None and content not in self._wanted:
             return readers.NOT_SPOOLED
         locator = self._spooled[content] = self._spool.append(payload)
         return locator

@@ -12,13 +12,10 @@ pickle) becomes a `SourceReject`, so every listed input is accounted for.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from etl.config import SourceConfig
 from etl.errors import SourceError
-
-if TYPE_CHECKING:
-    pass
 from etl.sources.base import ListContext, SourceListing
 from etl.sources.files import list_folder, list_listing
 from etl.sources.records import list_lmdb, list_python

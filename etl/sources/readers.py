@@ -309,7 +309,7 @@ def _regular_file(path: str, max_bytes: int) -> Iterator[tuple[int, int]]:
         st = os.fstat(fd)
         kind = not_a_file(st)
         if kind is not None:
-            raise Refused("not_a_file", f"{path} is {kind}")
+            raise Refused("not_a_file", f"{path} is {kind}, not a regular file")
         if st.st_size > max_bytes:
             raise Refused("file_too_large", too_large(st.st_size, max_bytes))
         yield fd, st.st_size
