@@ -27,6 +27,11 @@ class ManifestError(EtlError):
     """A manifest is missing, of an unknown format version, or inconsistent with its shards."""
 
 
+class SelectionError(EtlError, ValueError):
+    """A filter names a split or class the version does not have (a ValueError too, as the
+    loaders' callers expect of a bad argument)."""
+
+
 class ShardError(EtlError):
     """A shard file is missing, truncated, or not the shape/dtype its manifest records."""
 

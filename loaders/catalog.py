@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -21,11 +21,8 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from etl.errors import EtlError, ShardError
-from etl.format.manifest import Manifest, read_manifest
-
-Where: TypeAlias = "pc.Expression | Callable[[pa.Table], Any]"
-"""A row predicate on the samples table: a pyarrow compute Expression, or a callable that takes
-the table and returns one boolean per row (numpy or Arrow; null counts as False)."""
+from etl.format.manifest import read_manifest
+from etl.format.view import VersionView, Where
 
 
 def _frozen(array: NDArray[Any]) -> NDArray[Any]:
@@ -129,54 +126,9 @@ _MANIFEST_ROWS: weakref.WeakKeyDictionary[Selection, pa.Table] = weakref.WeakKey
 """Manifest columns read for `manifest_rows`, per selection object (never pickled to workers)."""
 
 
-@dataclass(frozen=True)
-class Catalog:
-    """One committed version of a packed dataset, opened and checked by `etl.format.manifest`."""
-
-    manifest: Manifest
-
-    @property
-    def root(self) -> Path:
-        return self.manifest.root
-
-    @property
-    def version(self) -> int:
-        return self.manifest.version
-
-    @property
-    def table(self) -> pa.Table:
-        """The samples table (one row per packed sample, manifest order)."""
-        return self.manifest.samples
-
-    @property
-    def classes(self) -> tuple[str, ...]:
-        """Class names; label `i` is `classes[i]`."""
-        return self.manifest.meta.classes
-
-    @property
-    def sample_shape(self) -> tuple[int, ...]:
-        """Stored shape of one sample, e.g. (64, 64, 3) for HWC."""
-        return self.manifest.meta.sample_shape
-
-    @property
-    def layout(self) -> str:
-        """'HWC' or 'CHW': the axis order of `sample_shape`."""
-        return self.manifest.meta.layout
-
-    @property
-    def splits(self) -> tuple[str, ...]:
-        return tuple(sorted(pc.unique(self.table.column("split")).to_pylist()))
-
-    @property
-    def counts(self) -> dict[str, int]:
-        """Samples per split."""
-        return _value_counts(self.table.column("split"))
-
-    def class_counts(self, split: str | None = None) -> dict[str, int]:
-        """Samples per class name (every class listed, zeros included), in one split or all."""
-        table = self.table if split is None else self.table.filter(pc.field("split") == split)
-        found = np.bincount(table.column("label").to_numpy(), minlength=len(self.classes))
-        return {name: int(n) for name, n in zip(self.classes, found, strict=True)}
+class Catalog(VersionView):
+    """One committed version of a packed dataset (`etl.format.view.VersionView`: classes,
+    shape, layout, splits, counts), from which datasets select samples."""
 
     def select(
         self,
@@ -187,51 +139,9 @@ class Catalog:
         """The samples that pass every given filter (all samples if none is given).
 
         `split` names one split or several; `classes` are class names or label numbers.
-        An unknown split or class name is an error that lists the valid ones.
+        An unknown split or class name is an error (a ValueError) that lists the valid ones.
         """
-        table = self.table
-        mask = np.ones(table.num_rows, dtype=bool)
-        if split is not None:
-            wanted = [split] if isinstance(split, str) else list(split)
-            unknown = sorted(set(wanted) - set(self.splits))
-            if unknown:
-                raise ValueError(
-                    f"{self.manifest.path}: no split {unknown}; splits are {list(self.splits)}"
-                )
-            mask &= _bool_mask(pc.is_in(table.column("split"), pa.array(wanted, pa.string())))
-        if classes is not None:
-            mask &= np.isin(table.column("label").to_numpy(), self._labels_of(classes))
-        if where is not None:
-            mask &= self._where_mask(where)
-        return self._selection(np.flatnonzero(mask))
-
-    def _labels_of(self, classes: Sequence[str | int]) -> NDArray[np.int64]:
-        index = {name: i for i, name in enumerate(self.classes)}
-        labels = []
-        for c in classes:
-            label = index.get(c) if isinstance(c, str) else int(c)
-            if label is None or not 0 <= label < len(self.classes):
-                raise ValueError(f"unknown class {c!r}; classes are {list(self.classes)}")
-            labels.append(label)
-        return np.asarray(labels, dtype=np.int64)
-
-    def _where_mask(self, where: Where) -> NDArray[np.bool_]:
-        table = self.table
-        if isinstance(where, pc.Expression):
-            # NOTE: Table.filter keeps rows, not a mask; a row-number column carries them through.
-            numbered = table.append_column("__row", pa.array(np.arange(table.num_rows)))
-            kept = numbered.filter(where).column("__row").to_numpy()
-            mask = np.zeros(table.num_rows, dtype=bool)
-            mask[kept] = True
-            return mask
-        result = where(table)
-        mask = _bool_mask(result)
-        if mask.shape != (table.num_rows,):
-            raise ValueError(
-                f"where= returned {mask.shape[0] if mask.ndim else 'a scalar'} values for "
-                f"{table.num_rows} rows; it must return one boolean per row"
-            )
-        return mask
+        return self._selection(np.flatnonzero(self.mask(split, classes, where)))
 
     def _selection(self, positions: NDArray[np.int64]) -> Selection:
         samples, shards = self.manifest.samples, self.manifest.shards
@@ -279,14 +189,3 @@ def _codes(values: pa.ChunkedArray, names: pa.ChunkedArray) -> NDArray[np.int64]
     """Position of each value in `names` (the manifest guarantees every value is there)."""
     found = pc.index_in(values, value_set=names.combine_chunks())
     return found.to_numpy(zero_copy_only=False).astype(np.int64)
-
-
-def _bool_mask(result: Any) -> NDArray[np.bool_]:
-    if isinstance(result, pa.ChunkedArray | pa.Array):
-        return np.asarray(pc.fill_null(result, False).to_numpy(zero_copy_only=False), dtype=bool)
-    return np.asarray(result, dtype=bool)
-
-
-def _value_counts(column: pa.ChunkedArray) -> dict[str, int]:
-    counts = pc.value_counts(column).to_pylist()
-    return {c["values"]: int(c["counts"]) for c in sorted(counts, key=lambda c: c["values"])}

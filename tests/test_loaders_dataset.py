@@ -24,7 +24,7 @@ def test_catalog_describes_the_manifest(packed: Packed) -> None:
     assert catalog.classes == packed.classes
     assert catalog.sample_shape == packed.sample_shape and catalog.layout == "HWC"
     assert catalog.splits == ("train", "val")
-    assert catalog.counts == {
+    assert catalog.split_counts() == {
         "train": packed.splits.count("train"),
         "val": packed.splits.count("val"),
     }

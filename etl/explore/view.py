@@ -34,8 +34,9 @@ from PIL import Image
 from etl.errors import EtlError
 from etl.explore.drawing import Cell, Chart, Sheet, draw_class_balance, draw_sheet
 from etl.explore.reject_sheet import reject_cells
-from etl.format.manifest import Manifest, list_versions, ordered_splits, read_manifest
+from etl.format.manifest import Manifest, list_versions, read_manifest
 from etl.format.shards import open_shard
+from etl.format.view import VersionView
 
 if TYPE_CHECKING:
     # NOTE: pydantic costs 0.25 s to import; only rejects need it
@@ -56,66 +57,21 @@ def open_dataset(path: Path | str, version: int | None = None) -> Dataset:
     return Dataset(read_manifest(path, version))
 
 
-class Dataset:
-    """One committed version of a packed dataset, for looking at: tables, arrays, images.
+class Dataset(VersionView):
+    """One committed version of a packed dataset, for looking at: tables, arrays, images
+    (`etl.format.view.VersionView`: classes, shape, layout, splits, counts, filters).
 
     Shards are opened on first use and kept open (read-only memmaps cost no memory until read).
     """
 
     def __init__(self, manifest: Manifest) -> None:
-        self.manifest = manifest
+        super().__init__(manifest)
         self._shards: dict[str, np.memmap] = {}
-
-    # -- what it is ----------------------------------------------------------------------------
-
-    @property
-    def root(self) -> Path:
-        return self.manifest.root
-
-    @property
-    def version(self) -> int:
-        return self.manifest.version
 
     @property
     def versions(self) -> list[int]:
         """Every committed version of this dataset, oldest first."""
         return list_versions(self.root)
-
-    @property
-    def classes(self) -> tuple[str, ...]:
-        """Class names; label `i` is `classes[i]`."""
-        return self.manifest.meta.classes
-
-    @property
-    def layout(self) -> str:
-        """'HWC' or 'CHW': the axis order of stored samples and of `array()`."""
-        return self.manifest.meta.layout
-
-    @property
-    def sample_shape(self) -> tuple[int, ...]:
-        return self.manifest.meta.sample_shape
-
-    @property
-    def table(self) -> pa.Table:
-        """The manifest: one row per sample, sorted by `source` (columns: docs/FORMAT.md)."""
-        return self.manifest.samples
-
-    @property
-    def rejects(self) -> pa.Table:
-        """One row per listed source that was not packed: source, reason, message, ..."""
-        return self.manifest.rejects
-
-    @property
-    def shards(self) -> pa.Table:
-        """One row per shard this version references: shard, rows, bytes, checksums."""
-        return self.manifest.shards
-
-    @property
-    def splits(self) -> list[str]:
-        return ordered_splits(pc.unique(self.table.column("split")).to_pylist())
-
-    def __len__(self) -> int:
-        return self.table.num_rows
 
     def __repr__(self) -> str:
         shape = "x".join(str(d) for d in self.sample_shape)
@@ -179,19 +135,6 @@ class Dataset:
 
     # -- summaries -----------------------------------------------------------------------------
 
-    def counts(self) -> dict[str, dict[str, int]]:
-        """Samples per split and class: {split: {class: n}}, every class listed (zeros too)."""
-        grouped = self.table.group_by(["split", "label"]).aggregate([("sample_id", "count")])
-        out = {split: dict.fromkeys(self.classes, 0) for split in self.splits}
-        for split, label, n in zip(
-            grouped.column("split").to_pylist(),
-            grouped.column("label").to_pylist(),
-            grouped.column("sample_id_count").to_pylist(),
-            strict=True,
-        ):
-            out[split][self.classes[label]] = int(n)
-        return out
-
     def summary(self) -> Summary:
         """What `etl inspect` shows: counts, shards, versions, rejects and the output config."""
         meta = self.manifest.meta
@@ -205,7 +148,7 @@ class Dataset:
             format_version=meta.format_version,
             samples=len(self),
             classes=list(self.classes),
-            splits=self.splits,
+            splits=list(self.splits),
             counts=self.counts(),
             shards=self.shards.num_rows,
             shard_bytes=int(pc.sum(self.shards.column("bytes")).as_py() or 0),
@@ -226,7 +169,7 @@ class Dataset:
         n: int = 16,
         seed: int = 0,
         split: str | Sequence[str] | None = None,
-        classes: Sequence[str] | None = None,
+        classes: Sequence[str | int] | None = None,
         ids: Sequence[str] | None = None,
     ) -> list[int]:
         """Positions of samples to show. `ids`: exactly those, in that order. Otherwise up to `n`
@@ -236,21 +179,7 @@ class Dataset:
             if split is not None or classes is not None:
                 raise ValueError("choose samples by ids, or by split and classes, not both")
             return [self.position(sid) for sid in ids]
-        mask = np.ones(len(self), dtype=bool)
-        if split is not None:
-            wanted = [split] if isinstance(split, str) else list(split)
-            unknown = sorted(set(wanted) - set(self.splits))
-            if unknown:
-                raise EtlError(
-                    f"no split {unknown} in version {self.version}; splits: {self.splits}"
-                )
-            mask &= _bool(pc.is_in(self.table.column("split"), pa.array(wanted, pa.string())))
-        if classes is not None:
-            unknown = sorted(set(classes) - set(self.classes))
-            if unknown:
-                raise EtlError(f"no class {unknown}; classes: {list(self.classes)}")
-            labels = [self.classes.index(c) for c in classes]
-            mask &= np.isin(self.table.column("label").to_numpy(), labels)
+        mask = self.mask(split, classes)
         candidates = np.flatnonzero(mask)
         if len(candidates) == 0:
             raise EtlError(f"no sample of version {self.version} matches split and classes")
@@ -263,7 +192,7 @@ class Dataset:
         n: int = 16,
         seed: int = 0,
         split: str | Sequence[str] | None = None,
-        classes: Sequence[str] | None = None,
+        classes: Sequence[str | int] | None = None,
         ids: Sequence[str] | None = None,
         columns: int | None = None,
         cell: int = 128,
@@ -347,10 +276,6 @@ def to_image(array: NDArray[np.uint8], layout: str) -> Image.Image:
     if hwc.shape[2] == 3:
         return Image.fromarray(np.ascontiguousarray(hwc))
     raise ValueError(f"cannot show a sample with {hwc.shape[2]} channels")
-
-
-def _bool(result: pa.ChunkedArray | pa.Array) -> NDArray[np.bool_]:
-    return np.asarray(pc.fill_null(result, False).to_numpy(zero_copy_only=False), dtype=bool)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,157 @@
+"""The one read-only view of a committed version: what it holds (classes, shape, layout,
+splits, counts) and which rows a filter keeps. `loaders.Catalog` (for training) and
+`etl.explore.view.Dataset` (for looking) are both this view, so a split, a class or a count
+means the same in each, and a bad filter is the same error."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from numpy.typing import NDArray
+
+from etl.errors import SelectionError
+from etl.format.manifest import Manifest, ordered_splits
+
+Where: TypeAlias = "pc.Expression | Callable[[pa.Table], Any]"
+"""A row predicate on the samples table: a pyarrow compute Expression, or a callable that takes
+the table and returns one boolean per row (numpy or Arrow; null counts as False)."""
+
+
+class VersionView:
+    """One committed version of a packed dataset, opened and checked by `read_manifest`."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        self.manifest = manifest
+
+    @property
+    def root(self) -> Path:
+        return self.manifest.root
+
+    @property
+    def version(self) -> int:
+        return self.manifest.version
+
+    @property
+    def table(self) -> pa.Table:
+        """The samples table: one row per packed sample, sorted by `source` (docs/FORMAT.md)."""
+        return self.manifest.samples
+
+    @property
+    def rejects(self) -> pa.Table:
+        """One row per listed source that was not packed: source, reason, message, ..."""
+        return self.manifest.rejects
+
+    @property
+    def shards(self) -> pa.Table:
+        """One row per shard this version references: shard, rows, bytes, checksums."""
+        return self.manifest.shards
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """Class names; label `i` is `classes[i]`."""
+        return self.manifest.meta.classes
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """Stored shape of one sample, e.g. (64, 64, 3) for HWC."""
+        return self.manifest.meta.sample_shape
+
+    @property
+    def layout(self) -> str:
+        """'HWC' or 'CHW': the axis order of `sample_shape`."""
+        return self.manifest.meta.layout
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The splits that hold samples: train, val, test, then any others by name."""
+        return tuple(ordered_splits(pc.unique(self.table.column("split")).to_pylist()))
+
+    def __len__(self) -> int:
+        return int(self.table.num_rows)
+
+    def split_counts(self) -> dict[str, int]:
+        """Samples per split, in `splits` order."""
+        found = pc.value_counts(self.table.column("split")).to_pylist()
+        by_split = {c["values"]: int(c["counts"]) for c in found}
+        return {split: by_split[split] for split in self.splits}
+
+    def class_counts(self, split: str | None = None) -> dict[str, int]:
+        """Samples per class name (every class listed, zeros included), in one split or all."""
+        table = self.table
+        if split is not None:
+            table = table.filter(pc.equal(table.column("split"), split))
+        labels = table.column("label").to_numpy()
+        found = np.bincount(labels, minlength=len(self.classes))
+        return {name: int(n) for name, n in zip(self.classes, found, strict=True)}
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Samples per split and class: {split: {class: n}}, every class listed (zeros too)."""
+        return {split: self.class_counts(split) for split in self.splits}
+
+    def mask(
+        self,
+        split: str | Sequence[str] | None = None,
+        classes: Sequence[str | int] | None = None,
+        where: Where | None = None,
+    ) -> NDArray[np.bool_]:
+        """One boolean per sample: in `split` (one name or several), of `classes` (names or
+        label numbers) and passing `where`. An unknown split or class is a SelectionError
+        that lists the valid ones."""
+        table = self.table
+        mask = np.ones(table.num_rows, dtype=bool)
+        if split is not None:
+            wanted = [split] if isinstance(split, str) else list(split)
+            unknown = sorted(set(wanted) - set(self.splits))
+            if unknown:
+                raise SelectionError(
+                    f"{self.manifest.path}: no split {unknown} in version {self.version}; "
+                    f"splits are {list(self.splits)}"
+                )
+            mask &= bool_mask(pc.is_in(table.column("split"), pa.array(wanted, pa.string())))
+        if classes is not None:
+            mask &= np.isin(table.column("label").to_numpy(), self.labels_of(classes))
+        if where is not None:
+            mask &= self._where_mask(where)
+        return mask
+
+    def labels_of(self, classes: Sequence[str | int]) -> NDArray[np.int64]:
+        """The labels of class names or label numbers; SelectionError for an unknown one."""
+        index = {name: i for i, name in enumerate(self.classes)}
+        labels = [index.get(c, -1) if isinstance(c, str) else int(c) for c in classes]
+        pairs = zip(classes, labels, strict=True)
+        unknown = [c for c, label in pairs if not 0 <= label < len(self.classes)]
+        if unknown:
+            raise SelectionError(
+                f"no class {unknown}; classes: {list(self.classes)} (label i is classes[i]; "
+                f"the classes are numbered 0 to {len(self.classes) - 1})"
+            )
+        return np.asarray(labels, dtype=np.int64)
+
+    def _where_mask(self, where: Where) -> NDArray[np.bool_]:
+        table = self.table
+        if isinstance(where, pc.Expression):
+            # NOTE: Table.filter keeps rows, not a mask; a row-number column carries them through.
+            numbered = table.append_column("__row", pa.array(np.arange(table.num_rows)))
+            kept = numbered.filter(where).column("__row").to_numpy()
+            mask = np.zeros(table.num_rows, dtype=bool)
+            mask[kept] = True
+            return mask
+        mask = bool_mask(where(table))
+        if mask.shape != (table.num_rows,):
+            raise SelectionError(
+                f"where= returned {mask.shape[0] if mask.ndim else 'a scalar'} values for "
+                f"{table.num_rows} rows; it must return one boolean per row"
+            )
+        return mask
+
+
+def bool_mask(result: Any) -> NDArray[np.bool_]:
+    """A boolean numpy array of an Arrow or numpy result; null counts as False."""
+    if isinstance(result, pa.ChunkedArray | pa.Array):
+        return np.asarray(pc.fill_null(result, False).to_numpy(zero_copy_only=False), dtype=bool)
+    return np.asarray(result, dtype=bool)
