@@ -48,7 +48,7 @@ from etl.progress import Progress
 from etl.run import execute, interrupt
 from etl.run.plan import Plan, files_to_hash, make_plan, settled_hashes
 from etl.sources import readers
-from etl.sources.base import ListContext, SourceReject
+from etl.sources.base import ListContext, SourceListing, SourceReject
 from etl.sources.listing import check_exists, list_sources
 
 
@@ -226,6 +226,49 @@ def _read_previous(root: Path, latest: int, rebuild: bool) -> Manifest | None:
         raise ManifestError(f"{exc}; or 'etl run --rebuild' packs a new version") from None
 
 
+@dataclass
+class _Run:
+    """What the phases of one run share: its settings, and the version it builds on."""
+
+    config: PipelineConfig
+    root: Path
+    dry_run: bool
+    rebuild: bool
+    progress: Progress
+    started: float
+    latest: int = 0
+    """The latest committed version (0: none)."""
+    previous: Manifest | None = None
+    """The latest version as read, if it could be."""
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def reusable(self) -> Manifest | None:
+        """The version whose samples and rejects this run may reuse: none under --rebuild."""
+        return None if self.rebuild else self.previous
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
+        return _phase(self.phases, name)
+
+    def report(self, **values: Any) -> RunReport:
+        return RunReport(
+            output=self.root,
+            seconds=time.perf_counter() - self.started,
+            phases=self.phases,
+            **values,
+        )
+
+
+@dataclass(frozen=True)
+class _Packed:
+    """What the pack phase produced: the new version's tables and its new shards."""
+
+    samples: pa.Table
+    rejects: pa.Table
+    new_shards: list[ShardInfo]
+    packed_new: int
+
+
 def _run_locked(
     config: PipelineConfig,
     root: Path,
@@ -235,54 +278,19 @@ def _run_locked(
     on_plan: Callable[[Plan], None] | None,
     started: float,
 ) -> RunReport:
-    phases: dict[str, float] = {}
-    versions = list_versions(root)
-    latest = versions[-1] if versions else 0
-    if not dry_run:
-        clean_leftovers(root, latest)
-    previous = _read_previous(root, latest, rebuild)
-    if previous is not None and not rebuild:
-        config.check_same_output(
-            previous.meta.config,
-            previous.meta.config_digest,
-            f"{root}: version {latest}",
-            "restore them, choose another output.dir, or pass --rebuild",
-        )
-    reusable = None if rebuild else previous
-    prior_classes = tuple(previous.meta.classes) if previous is not None else ()
-
-    context = ListContext(
-        checksum=config.output.checksum,
-        stored=settled_hashes(reusable),
-        spool=None if dry_run else readers.spool_path(root),
-    )
-    reads_every_record = config.source.kind not in readers.FILE_KINDS
-    with (
-        _phase(phases, "list"),
-        execute.workers_starting(config.run, reads_every_record and not dry_run),
-    ):
-        listing = list_sources(config.source, context)
-    with _phase(phases, "hash"):
-        _convert_while_waiting()
-        needs_hash = files_to_hash(listing, reusable)
-        progress.start("hash", len(needs_hash))
-        hashes, hash_rejects = execute.hash_sources(
-            needs_hash,
-            config.output.checksum,
-            config.run,
-            progress.advance,
-            source_config=config.source,
-        )
-        progress.stop()
-    with _phase(phases, "plan"):
-        plan = make_plan(config, listing, hashes, hash_rejects, reusable, latest + 1, prior_classes)
+    """The phases of a run, in order: list, hash, plan, pack, commit."""
+    run = _Run(config, root, dry_run, rebuild, progress, started)
+    _open_previous(run)
+    listing = _list(run)
+    hashes, hash_rejects = _hash(run, listing)
+    with run.phase("plan"):
+        prior = tuple(run.previous.meta.classes) if run.previous is not None else ()
+        plan = make_plan(config, listing, hashes, hash_rejects, run.reusable, run.latest + 1, prior)
     if on_plan is not None:
         on_plan(plan)
-
     if dry_run:
-        return RunReport(
-            output=root,
-            version=latest or None,
+        return run.report(
+            version=run.latest or None,
             committed=False,
             listed=listing.listed,
             packed_new=0,
@@ -293,50 +301,107 @@ def _run_locked(
             shards_written=0,
             bytes_written=0,
             samples_total=plan.reused.num_rows + plan.to_pack,
-            seconds=time.perf_counter() - started,
             dry_run=True,
-            phases=phases,
+        )
+    packed = _pack(run, plan)
+    if packed.samples.num_rows + packed.rejects.num_rows != listing.listed:
+        raise RuntimeError(
+            f"accounting bug: {packed.samples.num_rows} packed + {packed.rejects.num_rows} "
+            f"rejected != {listing.listed} listed"
+        )
+    return _commit(run, listing.listed, plan, packed)
+
+
+def _open_previous(run: _Run) -> None:
+    """The version this run builds on, checked against the config; leftovers removed."""
+    versions = list_versions(run.root)
+    run.latest = versions[-1] if versions else 0
+    if not run.dry_run:
+        clean_leftovers(run.root, run.latest)
+    run.previous = _read_previous(run.root, run.latest, run.rebuild)
+    if run.reusable is not None:
+        run.config.check_same_output(
+            run.reusable.meta.config,
+            run.reusable.meta.config_digest,
+            f"{run.root}: version {run.latest}",
+            "restore them, choose another output.dir, or pass --rebuild",
         )
 
-    # NOTE: each shard's rows become Arrow columns as they arrive: as Python dicts they took
-    # ~1 KB an image in this process until the commit (tracemalloc, 12,000 photos).
+
+def _list(run: _Run) -> SourceListing:
+    """Every input of the source; record kinds spool what the plan may pack (NOTE [spool])."""
+    config = run.config
+    context = ListContext(
+        checksum=config.output.checksum,
+        stored=settled_hashes(run.reusable),
+        spool=None if run.dry_run else readers.spool_path(run.root),
+    )
+    reads_every_record = config.source.kind not in readers.FILE_KINDS
+    with (
+        run.phase("list"),
+        execute.workers_starting(config.run, reads_every_record and not run.dry_run),
+    ):
+        return list_sources(config.source, context)
+
+
+def _hash(run: _Run, listing: SourceListing) -> tuple[dict[str, str], list[SourceReject]]:
+    """Content hashes of the files whose stat does not prove them unchanged."""
+    with run.phase("hash"):
+        _convert_while_waiting()
+        needs_hash = files_to_hash(listing, run.reusable)
+        run.progress.start("hash", len(needs_hash))
+        try:
+            return execute.hash_sources(
+                needs_hash,
+                run.config.output.checksum,
+                run.config.run,
+                run.progress.advance,
+                source_config=run.config.source,
+            )
+        finally:
+            run.progress.stop()
+
+
+def _pack(run: _Run, plan: Plan) -> _Packed:
+    """Fill the plan's shards in the workers; the new version's samples and rejects tables.
+
+    NOTE: each shard's rows become Arrow columns as they arrive: as Python dicts they took
+    ~1 KB an image in this process until the commit (tracemalloc, 12,000 photos).
+    """
     new_tables: list[pa.Table] = []
     rejects = list(plan.rejects)
     new_shards: list[ShardInfo] = []
-    progress.start("pack", plan.to_pack)
+    run.progress.start("pack", plan.to_pack)
     # closing: an interrupted loop stops the workers before the run cleans up (see
     # NOTE [ stop the workers on the way out ] in etl.run.execute).
-    with (
-        _phase(phases, "pack"),
-        contextlib.closing(execute.pack(plan.tasks, config, root, progress.advance)) as packed,
-    ):
+    results = execute.pack(plan.tasks, run.config, run.root, run.progress.advance)
+    with run.phase("pack"), contextlib.closing(results) as packed:
         for result in packed:
             new_tables.append(table_from_rows(result.samples, SAMPLES_SCHEMA))
             rejects.extend(result.rejects)
             if result.shard is not None:
                 new_shards.append(result.shard)
-    progress.stop()
-
-    packed_new = sum(t.num_rows for t in new_tables)
+    run.progress.stop()
     samples = pa.concat_tables([plan.reused, *new_tables]).sort_by("source")  # one chunk
     reject_rows = [_reject_row(r) for r in sorted(rejects, key=lambda r: r.source)]
-    if samples.num_rows + len(reject_rows) != listing.listed:
-        raise RuntimeError(
-            f"accounting bug: {samples.num_rows} packed + {len(reject_rows)} rejected "
-            f"!= {listing.listed} listed"
-        )
-    rejects_table = table_from_rows(reject_rows, REJECTS_SCHEMA)
-    report_args: dict[str, Any] = dict(
-        output=root,
-        listed=listing.listed,
-        packed_new=packed_new,
+    packed_new = sum(t.num_rows for t in new_tables)
+    return _Packed(samples, table_from_rows(reject_rows, REJECTS_SCHEMA), new_shards, packed_new)
+
+
+def _commit(run: _Run, listed: int, plan: Plan, packed: _Packed) -> RunReport:
+    """Publish the new version, unless nothing changed since the latest one."""
+    config, rejects = run.config, packed.rejects
+    reasons = Counter(rejects.column("reason").to_pylist())
+    counts: dict[str, Any] = dict(
+        listed=listed,
+        packed_new=packed.packed_new,
         reused=plan.reused.num_rows,
-        rejected=len(reject_rows),
-        rejects_by_reason=dict(sorted(Counter(r["reason"] for r in reject_rows).items())),
+        rejected=rejects.num_rows,
+        rejects_by_reason=dict(sorted(reasons.items())),
         plan_counts=plan.counts,
-        shards_written=len(new_shards),
-        bytes_written=sum(s.bytes for s in new_shards),
-        samples_total=samples.num_rows,
+        shards_written=len(packed.new_shards),
+        bytes_written=sum(s.bytes for s in packed.new_shards),
+        samples_total=packed.samples.num_rows,
     )
     notes: list[str] = []
     workers = execute.worker_count(config.run)
@@ -345,20 +410,14 @@ def _run_locked(
             f"only {len(plan.tasks)} shard(s) to pack for {workers} workers: "
             "a smaller output.shard_size would spread the work"
         )
+    previous = run.reusable
     if (
         previous is not None
-        and not rebuild
-        and not new_shards
-        and _same_content(previous, samples, rejects_table)
+        and not packed.new_shards
+        and _same_content(previous, packed.samples, rejects)
     ):
-        return RunReport(
-            version=latest,
-            committed=False,
-            seconds=time.perf_counter() - started,
-            notes=[*notes, f"nothing changed since version {latest}"],
-            phases=phases,
-            **report_args,
-        )
+        notes.append(f"nothing changed since version {run.latest}")
+        return run.report(version=run.latest, committed=False, notes=notes, **counts)
     meta = ManifestMeta(
         version=plan.version,
         sample_shape=config.sample_shape,
@@ -368,20 +427,11 @@ def _run_locked(
         config_digest=config.digest(),
         config=config.output_shaping(),
     )
-    with (
-        _phase(phases, "commit"),
-        interrupt.deferred(),
-    ):  # no commit after a signal; none cut short by one
-        builds_on = reusable.shards if reusable is not None else None
-        commit_version(root, meta, samples, rejects_table, new_shards, builds_on)
-    return RunReport(
-        version=plan.version,
-        committed=True,
-        seconds=time.perf_counter() - started,
-        notes=notes,
-        phases=phases,
-        **report_args,
-    )
+    # deferred: no commit after a signal; none cut short by one
+    with run.phase("commit"), interrupt.deferred():
+        builds_on = previous.shards if previous is not None else None
+        commit_version(run.root, meta, packed.samples, rejects, packed.new_shards, builds_on)
+    return run.report(version=plan.version, committed=True, notes=notes, **counts)
 
 
 def _convert_while_waiting() -> None:
