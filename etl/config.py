@@ -373,10 +373,15 @@ def _single_key_stage(value: Any) -> Any:
 # --- output and run -------------------------------------------------------------------------
 
 
+SHARD_BYTES = 256 << 20
+"""Bytes of pixels per shard when neither output.shard_size nor samples_per_shard is set."""
+
+
 class OutputConfig(_Model):
     dir: Path = Path("artifacts")
     shard_size: ByteSize | None = None
-    """Target bytes of pixels per shard, e.g. '256MiB'. Default when neither is set: 256MiB."""
+    """Target bytes of pixels per shard, e.g. '256MiB'. Default when neither is set:
+    SHARD_BYTES (256MiB)."""
     samples_per_shard: int | None = Field(default=None, gt=0)
     layout: Literal["HWC", "CHW"] = "HWC"
     checksum: Literal["xxh3_64", "xxh3_128", "blake3", "sha256"] = "xxh3_64"
@@ -477,7 +482,7 @@ class PipelineConfig(_Model):
     def samples_per_shard(self) -> int:
         if self.output.samples_per_shard is not None:
             return self.output.samples_per_shard
-        target = self.output.shard_size if self.output.shard_size is not None else 256 << 20
+        target = self.output.shard_size if self.output.shard_size is not None else SHARD_BYTES
         return max(1, target // self.sample_bytes)
 
     def output_shaping(self) -> dict[str, Any]:

@@ -15,12 +15,14 @@ import statistics
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from PIL import Image
+from pydantic import BaseModel
 
 from etl.config import (
+    SHARD_BYTES,
     DecodeStage,
     FolderSource,
     OutputConfig,
@@ -263,11 +265,17 @@ def render(found: Survey, config_path: Path) -> str:
             6,
             "mode",
             decode.mode,
-            "RGB or L" + (" (every sampled image is grey)" if found.grey else ""),
+            _choices(DecodeStage, "mode", decode.mode, prefix="")
+            + (" (every sampled image is grey)" if found.grey else ""),
         ),
         _kv(6, "background", list(decode.background), "alpha is composited onto this colour"),
         _kv(6, "max_pixels", decode.max_pixels, "decompression-bomb guard"),
-        _kv(6, "multi_frame", decode.multi_frame, "or reject (animations, multi-page)"),
+        _kv(
+            6,
+            "multi_frame",
+            decode.multi_frame,
+            _choices(DecodeStage, "multi_frame", decode.multi_frame) + " (animations, multi-page)",
+        ),
         _kv(6, "formats", list(decode.formats), "Pillow formats decoded; others are rejected"),
         _kv(
             6,
@@ -278,28 +286,49 @@ def render(found: Survey, config_path: Path) -> str:
         "  - validate:",
         _kv(6, "min_size", validate.min_size, "e.g. [32, 32]: refuse smaller sources (HxW)"),
         _kv(6, "max_aspect", validate.max_aspect, "e.g. 4.0: refuse long thin sources"),
-        _kv(6, "duplicates", validate.duplicates, "or allow, reject_all (same content hash)"),
+        _kv(
+            6,
+            "duplicates",
+            validate.duplicates,
+            _choices(ValidateStage, "duplicates", validate.duplicates) + " (same content hash)",
+        ),
         "  - resize:",
         _kv(6, "size", list(resize.size), "stored [height, width] (suggested, see above)"),
-        _kv(6, "mode", resize.mode, "or pad, stretch"),
-        _kv(6, "filter", resize.filter, "nearest, bilinear, bicubic, lanczos, box, hamming"),
+        _kv(6, "mode", resize.mode, _choices(ResizeStage, "mode", resize.mode)),
+        _kv(6, "filter", resize.filter, _choices(ResizeStage, "filter", resize.filter)),
         _kv(6, "fill", list(resize.fill), "letterbox colour of mode pad"),
         _kv(6, "draft", resize.draft, "true: faster JPEG decode at reduced scale"),
         '  # - call: {function: "mypackage.module:function", options: {}}   # fn(array) -> array',
         "",
         "output:",
         _kv(2, "dir", _relative(output_dir, base), "relative to this file; outside source.path"),
-        _kv(2, "shard_size", "256MiB", "the default; or set samples_per_shard instead"),
+        _kv(
+            2,
+            "shard_size",
+            _byte_size(SHARD_BYTES),
+            "the default; or set samples_per_shard instead",
+        ),
         _kv(2, "samples_per_shard", output.samples_per_shard, "rows per shard, e.g. 1000"),
-        _kv(2, "layout", output.layout, "or CHW"),
-        _kv(2, "checksum", output.checksum, "or xxh3_128, blake3, sha256"),
+        _kv(2, "layout", output.layout, _choices(OutputConfig, "layout", output.layout)),
+        _kv(2, "checksum", output.checksum, _choices(OutputConfig, "checksum", output.checksum)),
         "",
         "run:                      # does not change the output",
         _kv(2, "n_jobs", run.n_jobs, "-1: every core; --jobs overrides"),
-        _kv(2, "backend", run.backend, "or threading, sequential, dask; --backend overrides"),
+        _kv(
+            2,
+            "backend",
+            run.backend,
+            _choices(RunConfig, "backend", run.backend) + "; --backend overrides",
+        ),
         _kv(2, "address", run.address, "dask scheduler, e.g. tcp://10.0.0.5:8786"),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _choices(model: type[BaseModel], key: str, chosen: str, prefix: str = "or ") -> str:
+    """The other values a Literal key of `model` accepts, read from the model: "or a, b"."""
+    others = [v for v in get_args(model.model_fields[key].annotation) if v != chosen]
+    return prefix + ", ".join(others) if prefix else " or ".join([chosen, *others])
 
 
 def _byte_size(n: int) -> str | int:
