@@ -1,0 +1,79 @@
+"""The pipeline.yaml schema: frozen pydantic models, and the only place YAML is read.
+
+Every other module receives a `PipelineConfig` and never looks at the file again. Errors name
+the key path and the YAML line (`pipeline.yaml:12: stages[1].resize.size: ...`).
+
+    fields.py     strict frozen models, byte sizes, colours
+    sources.py    the `source:` section, one model per kind
+    pipeline.py   stages, output, run, and `PipelineConfig`
+    loading.py    `load_config`: YAML -> PipelineConfig
+"""
+
+from etl.config.fields import ByteSize, Color, StrictModel, parse_byte_size
+from etl.config.loading import MAX_CONFIG_BYTES, MAX_DEPTH, load_config
+from etl.config.pipeline import (
+    BACKENDS,
+    DEFAULT_FORMATS,
+    EXTERNAL_PROGRAM_FORMATS,
+    SHARD_BYTES,
+    Backend,
+    CallStage,
+    DecodeStage,
+    OutputConfig,
+    PipelineConfig,
+    ResizeStage,
+    RunConfig,
+    Stage,
+    ValidateStage,
+    changed_keys,
+)
+from etl.config.sources import (
+    DEFAULT_INCLUDE,
+    IMAGE_EXTENSIONS,
+    SOURCE_KINDS,
+    FilePatterns,
+    FolderSource,
+    ListingSource,
+    LmdbSource,
+    ParquetSource,
+    PythonSource,
+    Source,
+    SourceConfig,
+    WebDatasetSource,
+)
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_FORMATS",
+    "DEFAULT_INCLUDE",
+    "EXTERNAL_PROGRAM_FORMATS",
+    "IMAGE_EXTENSIONS",
+    "MAX_CONFIG_BYTES",
+    "MAX_DEPTH",
+    "SHARD_BYTES",
+    "SOURCE_KINDS",
+    "Backend",
+    "ByteSize",
+    "CallStage",
+    "Color",
+    "DecodeStage",
+    "FilePatterns",
+    "FolderSource",
+    "ListingSource",
+    "LmdbSource",
+    "OutputConfig",
+    "ParquetSource",
+    "PipelineConfig",
+    "PythonSource",
+    "ResizeStage",
+    "RunConfig",
+    "Source",
+    "SourceConfig",
+    "Stage",
+    "StrictModel",
+    "ValidateStage",
+    "WebDatasetSource",
+    "changed_keys",
+    "load_config",
+    "parse_byte_size",
+]

@@ -1,0 +1,287 @@
+"""The stages, output and run sections, and `PipelineConfig`: the one model of a run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import (
+    BeforeValidator,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
+
+from etl.config.fields import ByteSize, Color, StrictModel
+from etl.config.sources import Source
+from etl.errors import ConfigError
+
+DEFAULT_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF")
+"""Pillow's names for the common photo formats. JPEG includes MPO (a JPEG with extra pictures,
+from phones), which Pillow opens through its JPEG plugin."""
+EXTERNAL_PROGRAM_FORMATS = ("EPS",)
+"""Pillow formats whose decoding runs another program (EPS: Ghostscript)."""
+
+
+class DecodeStage(StrictModel):
+    kind: Literal["decode"] = "decode"
+    mode: Literal["RGB", "L"] = "RGB"
+    background: Color = (255, 255, 255)
+    """Alpha is composited onto this colour (white by default, as a viewer shows it)."""
+    max_pixels: int = Field(default=89_478_485, gt=0)
+    """Decompression-bomb guard: width x height above this is rejected before decoding."""
+    multi_frame: Literal["first", "reject"] = "first"
+    formats: tuple[str, ...] = DEFAULT_FORMATS
+    """Pillow formats decoded (its format names, e.g. JPEG, PNG); any other file is rejected
+    `format_not_allowed`, including text formats Pillow happens to parse (XBM, text PNM)."""
+    allow_external_programs: bool = False
+    """Formats whose Pillow plugin runs another program on the file (EPS runs Ghostscript) are
+    refused in `formats` unless this is true. Unsafe on files you did not make yourself."""
+
+    @field_validator("formats")
+    @classmethod
+    def _known_formats(cls, formats: tuple[str, ...]) -> tuple[str, ...]:
+        upper = tuple(f.upper() for f in formats)
+        if not upper:
+            raise ValueError("formats is empty; list at least one, e.g. [JPEG, PNG]")
+        from PIL import Image  # only when a config names formats: `import etl` stays cheap
+
+        Image.init()
+        unknown = sorted(set(upper) - set(Image.OPEN))
+        if unknown:
+            raise ValueError(f"unknown formats {unknown}; Pillow opens {sorted(Image.OPEN)}")
+        return upper
+
+    @model_validator(mode="after")
+    def _no_external_programs(self) -> DecodeStage:
+        risky = sorted(set(self.formats) & set(EXTERNAL_PROGRAM_FORMATS))
+        if risky and not self.allow_external_programs:
+            raise ValueError(
+                f"formats {risky} make Pillow run an external program on the file; set "
+                "allow_external_programs: true only for files you trust"
+            )
+        return self
+
+
+class ResizeStage(StrictModel):
+    kind: Literal["resize"] = "resize"
+    size: tuple[Annotated[int, Field(gt=0, le=16384)], Annotated[int, Field(gt=0, le=16384)]]
+    """Output [height, width] in pixels."""
+    mode: Literal["center_crop", "pad", "stretch"] = "center_crop"
+    filter: Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"] = "bilinear"
+    fill: Color = (0, 0, 0)
+    """Letterbox colour for mode 'pad'."""
+    draft: bool = False
+    """JPEG only: let libjpeg decode at 1/2, 1/4 or 1/8 scale (never below the output size)."""
+
+
+class ValidateStage(StrictModel):
+    kind: Literal["validate"] = "validate"
+    min_size: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] | None = None
+    """Smallest accepted source [height, width], after EXIF orientation."""
+    max_aspect: float | None = Field(default=None, ge=1.0)
+    """Largest accepted max(w/h, h/w) of the source."""
+    duplicates: Literal["allow", "keep_first", "reject_all"] = "keep_first"
+    """Exact duplicates by content hash; 'first' is the first in sorted source order."""
+
+
+class CallStage(StrictModel):
+    """A user function `module:function`, called as fn(array, **options) -> array (HWC uint8)."""
+
+    kind: Literal["call"] = "call"
+    function: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+def _stage_tag(value: Any) -> str | None:
+    if isinstance(value, Mapping):
+        return str(value.get("kind")) if "kind" in value else None
+    return getattr(value, "kind", None)
+
+
+Stage = Annotated[
+    Annotated[DecodeStage, Tag("decode")]
+    | Annotated[ResizeStage, Tag("resize")]
+    | Annotated[ValidateStage, Tag("validate")]
+    | Annotated[CallStage, Tag("call")],
+    Discriminator(
+        _stage_tag,
+        custom_error_type="unknown_stage",
+        custom_error_message="unknown stage; expected one of decode, resize, validate, call",
+    ),
+]
+
+
+def _single_key_stage(value: Any) -> Any:
+    """YAML writes a stage as `- resize: {size: [64, 64]}`; the model wants a 'kind' field."""
+    if isinstance(value, Mapping) and len(value) == 1 and "kind" not in value:
+        ((name, options),) = value.items()
+        options = {} if options is None else options
+        if isinstance(options, Mapping):
+            return {"kind": name, **options}
+    return value
+
+
+# --- output and run -------------------------------------------------------------------------
+
+
+SHARD_BYTES = 256 << 20
+"""Bytes of pixels per shard when neither output.shard_size nor samples_per_shard is set."""
+
+
+class OutputConfig(StrictModel):
+    dir: Path = Path("artifacts")
+    shard_size: ByteSize | None = None
+    """Target bytes of pixels per shard, e.g. '256MiB'. Default when neither is set:
+    SHARD_BYTES (256MiB)."""
+    samples_per_shard: int | None = Field(default=None, gt=0)
+    layout: Literal["HWC", "CHW"] = "HWC"
+    checksum: Literal["xxh3_64", "xxh3_128", "blake3", "sha256"] = "xxh3_64"
+
+    @model_validator(mode="after")
+    def _one_shard_rule(self) -> OutputConfig:
+        if self.shard_size is not None and self.samples_per_shard is not None:
+            raise ValueError("set shard_size or samples_per_shard, not both")
+        return self
+
+
+Backend = Literal["loky", "threading", "sequential", "dask"]
+"""Where work runs: joblib's loky processes, threads, in-process, or a Dask cluster."""
+BACKENDS: tuple[str, ...] = get_args(Backend)
+
+
+class RunConfig(StrictModel):
+    n_jobs: int = -1
+    """joblib's convention: -1 is every core."""
+    backend: Backend = "loky"
+    """joblib backend: 'loky' (processes, the default), 'threading', 'sequential' (debugging),
+    or 'dask' (a dask.distributed cluster at `address`, else a LocalCluster of n_jobs processes)."""
+    address: str | None = Field(default=None, pattern=r"^(tcp|tls|inproc|ucx)://\S+$")
+    """Dask scheduler address, e.g. tcp://10.0.0.5:8786; only with backend 'dask'."""
+
+    @field_validator("n_jobs")
+    @classmethod
+    def _nonzero(cls, n_jobs: int) -> int:
+        if n_jobs == 0:
+            raise ValueError("n_jobs must be a positive count or negative (-1 = all cores)")
+        return n_jobs
+
+    @model_validator(mode="after")
+    def _address_needs_dask(self) -> RunConfig:
+        if self.address is not None and self.backend != "dask":
+            raise ValueError(f"address is set but backend is {self.backend!r}; use backend: dask")
+        return self
+
+
+_NOT_OUTPUT_SHAPING: dict[str, set[str]] = {"decode": {"formats", "allow_external_programs"}}
+"""NOTE: stage keys that decide which files are accepted, never a stored byte: left out of the
+digest (so changing them needs no --rebuild, and datasets packed before they existed keep
+their digest). Their rejects are not remembered by content (see
+etl.images.rejects.CONTENT_REJECTS)."""
+
+
+class PipelineConfig(StrictModel):
+    source: Source
+    stages: tuple[Annotated[Stage, BeforeValidator(_single_key_stage)], ...]
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    @model_validator(mode="after")
+    def _stage_order(self) -> PipelineConfig:
+        kinds = [stage.kind for stage in self.stages]
+        if not kinds or kinds[0] != "decode":
+            raise ValueError("the first stage must be 'decode'")
+        for kind in ("decode", "resize", "validate"):
+            if kinds.count(kind) > 1:
+                raise ValueError(f"stage '{kind}' appears {kinds.count(kind)} times; use it once")
+        if "resize" not in kinds:
+            raise ValueError("a 'resize' stage is required: shards hold fixed-size samples")
+        return self
+
+    # --- derived values: computed here so every module agrees ---------------------------------
+
+    @property
+    def decode(self) -> DecodeStage:
+        return next(s for s in self.stages if isinstance(s, DecodeStage))
+
+    @property
+    def resize(self) -> ResizeStage:
+        return next(s for s in self.stages if isinstance(s, ResizeStage))
+
+    @property
+    def validate_stage(self) -> ValidateStage:
+        found = [s for s in self.stages if isinstance(s, ValidateStage)]
+        return found[0] if found else ValidateStage(duplicates="allow")
+
+    @property
+    def channels(self) -> int:
+        return 3 if self.decode.mode == "RGB" else 1
+
+    @property
+    def sample_shape(self) -> tuple[int, int, int]:
+        """Shape of one stored sample in the configured layout."""
+        height, width = self.resize.size
+        if self.output.layout == "HWC":
+            return (height, width, self.channels)
+        return (self.channels, height, width)
+
+    @property
+    def sample_bytes(self) -> int:
+        h, w, c = (*self.resize.size, self.channels)
+        return h * w * c
+
+    @property
+    def samples_per_shard(self) -> int:
+        if self.output.samples_per_shard is not None:
+            return self.output.samples_per_shard
+        target = self.output.shard_size if self.output.shard_size is not None else SHARD_BYTES
+        return max(1, target // self.sample_bytes)
+
+    def output_shaping(self) -> dict[str, Any]:
+        """Everything that changes stored bytes, labels or splits; `run` is not part of it."""
+        return {
+            "stages": [
+                stage.model_dump(mode="json", exclude=_NOT_OUTPUT_SHAPING.get(stage.kind))
+                for stage in self.stages
+            ],
+            "layout": self.output.layout,
+            "checksum": self.output.checksum,
+            "split": dict(sorted(self.source.split.items())),
+            "source_kind": self.source.kind,
+        }
+
+    def digest(self) -> str:
+        """Short, stable digest of `output_shaping()`; stored in every manifest."""
+        canonical = json.dumps(self.output_shaping(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def check_same_output(
+        self, recorded: Mapping[str, Any], recorded_digest: str, where: str, fix: str
+    ) -> None:
+        """ConfigError unless this config shapes output as the one `recorded` in a manifest:
+        building on a version packed otherwise would mix two kinds of sample in one dataset."""
+        if recorded_digest == self.digest():
+            return
+        keys = changed_keys(recorded, self.output_shaping())
+        raise ConfigError(
+            f"{where} was packed with other output settings "
+            f"(changed: {', '.join(keys) or 'config digest'}); {fix}"
+        )
+
+
+def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two output-shaping dicts."""
+    keys: list[str] = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        name = f"{prefix}{key}"
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            keys += changed_keys(a, b, name + ".")
+        elif a != b:
+            keys.append(name)
+    return keys
