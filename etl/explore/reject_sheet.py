@@ -55,8 +55,8 @@ def reject_cells(
 
 def _cell(reject: Mapping[str, Any], data: bytes | OSError | str, decode: DecodeStage) -> Cell:
     """One reject's thumbnail from its bytes, or a placeholder saying why there is none."""
+    from etl.images.decode import decode as decode_image
     from etl.images.rejects import Reject
-    from etl.images.stages import decode as decode_image
 
     source, reason = str(reject["source"]), str(reject["reason"])
     info = {"source": source, "reason": reason, "message": reject["message"], "decoded": False}

@@ -1,6 +1,7 @@
-"""List samples stored inside files: WebDataset tar shards and tables of encoded images
-(Parquet, Arrow IPC). Each file is read once, in the parent, record by record, and every
-record goes through a `RecordIntake` (hashed; spooled for the workers when it must be packed).
+"""List samples stored inside files: the rules every container shares, and WebDataset tar
+shards (tables of encoded images: `etl.sources.tables`). Each file is read once, in the
+parent, record by record, and every record goes through a `RecordIntake` (hashed; spooled
+for the workers when it must be packed).
 
 `source` is the file's path relative to `source.path`, '/', then the record's key: a tar
 sample's key (its member name up to the first dot of the last part, as WebDataset groups
@@ -23,18 +24,13 @@ import os
 import re
 import tarfile
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.ipc as ipc
-import pyarrow.parquet as pq
-
-from etl.config import FilePatterns, ParquetSource, WebDatasetSource
+from etl.config import FilePatterns, WebDatasetSource
 from etl.errors import SourceError
 from etl.format import names
 from etl.sources import readers
@@ -77,7 +73,7 @@ def record_source(relative: str, key: bytes) -> str:
 
 
 @contextmanager
-def _opened(root: Path, relative: str, intake: RecordIntake) -> Iterator[IO[bytes] | None]:
+def opened_file(root: Path, relative: str, intake: RecordIntake) -> Iterator[IO[bytes] | None]:
     """The regular file at root/relative, open for reading; None (and a reject naming the file)
     when it is a link out of the root, not a regular file, or cannot be opened."""
     source = names.path_to_source(relative)
@@ -102,7 +98,9 @@ def _opened(root: Path, relative: str, intake: RecordIntake) -> Iterator[IO[byte
         yield f
 
 
-def _declared(intake: RecordIntake, table_names: tuple[str, ...] | None) -> tuple[str, ...] | None:
+def declared_classes(
+    intake: RecordIntake, table_names: tuple[str, ...] | None
+) -> tuple[str, ...] | None:
     return table_names or integer_classes({f.class_name or "" for f in intake.files})
 
 
@@ -130,10 +128,10 @@ def list_webdataset(config: WebDatasetSource, context: ListContext) -> SourceLis
     """Every sample of every tar shard `config.files` matches (plain, .gz, .bz2 or .xz)."""
     with RecordIntake(context) as intake:
         for relative, split in match_files(config.path, config.files):
-            with _opened(config.path, relative, intake) as f:
+            with opened_file(config.path, relative, intake) as f:
                 if f is not None:
                     _take_shard(f, relative, split, config, intake)
-    return intake.listing(None if config.classes else _declared(intake, None))
+    return intake.listing(None if config.classes else declared_classes(intake, None))
 
 
 def _take_shard(
@@ -260,233 +258,3 @@ def _label_value(data: bytes, config: WebDatasetSource) -> Any:
             raise KeyError(f"no field {config.label_field!r} in the JSON object")
         return record[config.label_field]
     return int(text) if _INTEGER.fullmatch(text) else text
-
-
-# --- tables: Parquet and Arrow IPC --------------------------------------------------------------
-
-ROWS_PER_BATCH = 64
-"""Rows a Parquet file is read in at a time (its row groups stream; memory stays flat)."""
-
-TABLE_ERRORS = (pa.ArrowException, OSError, ValueError)
-
-
-def list_parquet(config: ParquetSource, context: ListContext) -> SourceListing:
-    """Every row of every table `config.files` matches (Parquet, Arrow IPC file or stream)."""
-    declared: tuple[str, ...] | None = None
-    with RecordIntake(context) as intake:
-        for relative, split in match_files(config.path, config.files):
-            with _opened(config.path, relative, intake) as f:
-                if f is not None:
-                    declared = _take_table(f, relative, split, config, intake) or declared
-    return intake.listing(None if config.classes else _declared(intake, declared))
-
-
-def _take_table(
-    f: IO[bytes], relative: str, split: str | None, config: ParquetSource, intake: RecordIntake
-) -> tuple[str, ...] | None:
-    """Take the rows of one table (their split: `split_column`, else the file's `split`);
-    returns its ClassLabel names, if it declares them."""
-    where = os.path.join(config.path, relative)
-    try:
-        schema, batches = _open_table(f)
-    except TABLE_ERRORS as exc:
-        intake.reject(
-            names.path_to_source(relative),
-            "unreadable",
-            f"{relative}: not a readable Parquet or Arrow file ({exc})",
-        )
-        return None
-    columns = _columns(schema, config, where)
-    class_names = _class_label_names(schema, config.label_column)
-    classes = config.classes or class_names
-    first: dict[bytes, int] = {}
-    twice: set[bytes] = set()
-    row = 0
-    try:
-        for batch in batches(columns):
-            cells = _binary_cells(batch.column(config.image_column), config.image_column, where)
-            labels = batch.column(config.label_column).to_pylist()
-            ids = batch.column(config.id_column).to_pylist() if config.id_column else None
-            splits = batch.column(config.split_column).to_pylist() if config.split_column else None
-            for i, (image, path) in enumerate(cells):
-                raw_id = row if ids is None else ids[i]
-                key = _row_id(raw_id)
-                row += 1
-                if key is None:
-                    intake.reject(
-                        record_source(relative, f"row {row - 1}".encode()),
-                        "bad_row",
-                        f"{where}: row {row - 1}: id {raw_id!r} in {config.id_column!r} is not "
-                        "a non-empty text, integer or bytes",
-                    )
-                    continue
-                if key in first:
-                    twice.add(key)
-                    continue
-                first[key] = row - 1
-                row_split = splits[i] if splits is not None else split
-                _take_row(relative, key, image, path, labels[i], row_split, classes, config, intake)
-    except TABLE_ERRORS as exc:
-        intake.reject(
-            names.path_to_source(relative),
-            "unreadable",
-            f"{relative}: cannot read past row {row}: {exc}",
-        )
-    if twice:
-        intake.withdraw(
-            {record_source(relative, key) for key in twice},
-            "duplicate_key",
-            f"the id appears more than once in {relative}",
-        )
-    return class_names
-
-
-def _take_row(
-    relative: str,
-    key: bytes,
-    image: memoryview | None,
-    path: str | None,
-    label: Any,
-    split: Any,
-    classes: tuple[str, ...] | None,
-    config: ParquetSource,
-    intake: RecordIntake,
-) -> None:
-    source = record_source(relative, key)
-    if image is None:
-        stored = f"only a path to its image ({path!r})" if path else "no image"
-        intake.reject(source, "no_image", f"the row holds {stored}, no bytes")
-        return
-    if len(image) > config.max_file_bytes:
-        intake.reject(
-            source, "file_too_large", readers.too_large(len(image), config.max_file_bytes)
-        )
-        return
-    try:
-        class_name = class_name_of(label, classes)
-    except (ValueError, TypeError) as exc:
-        intake.reject(source, "unknown_label", f"{config.label_column}: {exc}", image)
-        return
-    if class_name is None:
-        intake.reject(source, "unknown_label", f"{config.label_column} is empty", image)
-        return
-    if split is not None and not isinstance(split, str):
-        intake.reject(source, "bad_row", f"{config.split_column} {split!r} is not text", image)
-        return
-    intake.add(source, image, class_name, split or None)
-
-
-Batches = Any
-"""columns -> an iterator of pa.RecordBatch holding those columns."""
-
-
-def _open_table(f: IO[bytes]) -> tuple[pa.Schema, Batches]:
-    """(schema, batches) of a Parquet file, an Arrow IPC file or an Arrow IPC stream, told
-    apart by their first bytes, not by the file's suffix."""
-    magic = f.read(6)
-    f.seek(0)
-    if magic[:4] == b"PAR1":
-        # NOTE: pre_buffer (the default) read far ahead of the batches: 600 MiB of resident
-        # memory for a 375 MB file; without it, and with reads buffered, the peak is 275 MiB
-        parquet = pq.ParquetFile(f, pre_buffer=False, buffer_size=1 << 20)
-
-        def parquet_batches(columns: list[str]) -> Iterator[pa.RecordBatch]:
-            return parquet.iter_batches(batch_size=ROWS_PER_BATCH, columns=columns)
-
-        return parquet.schema_arrow, parquet_batches
-    if magic == b"ARROW1":
-        reader = ipc.open_file(f)
-
-        def file_batches(columns: list[str]) -> Iterator[pa.RecordBatch]:
-            for i in range(reader.num_record_batches):
-                yield reader.get_batch(i).select(columns)
-
-        return reader.schema, file_batches
-    stream = ipc.open_stream(f)
-
-    def stream_batches(columns: list[str]) -> Iterator[pa.RecordBatch]:
-        for batch in stream:
-            yield batch.select(columns)
-
-    return stream.schema, stream_batches
-
-
-def _columns(schema: pa.Schema, config: ParquetSource, where: str) -> list[str]:
-    """The columns to read; a SourceError naming the file when one the config names is absent."""
-    wanted = {
-        "image_column": config.image_column,
-        "label_column": config.label_column,
-        "id_column": config.id_column,
-        "split_column": config.split_column,
-    }
-    for key, column in wanted.items():
-        if column is not None and column not in schema.names:
-            raise SourceError(
-                f"{where}: no column {column!r} (source.{key}); columns are {schema.names}"
-            )
-    return [column for column in wanted.values() if column is not None]
-
-
-def _class_label_names(schema: pa.Schema, column: str) -> tuple[str, ...] | None:
-    """The class names a Hugging Face `ClassLabel` feature stores in the schema metadata."""
-    raw = (schema.metadata or {}).get(b"huggingface")
-    if raw is None:
-        return None
-    try:
-        feature = json.loads(raw)["info"]["features"][column]
-    except (ValueError, KeyError, TypeError):
-        return None
-    label_names = feature.get("names") if isinstance(feature, dict) else None
-    if feature.get("_type") != "ClassLabel" or not isinstance(label_names, list):
-        return None
-    if not label_names or not all(isinstance(n, str) for n in label_names):
-        return None
-    return tuple(label_names)
-
-
-def _row_id(value: Any) -> bytes | None:
-    """A row id as raw key bytes: text, an integer or bytes; None when empty or another type."""
-    if isinstance(value, str) and value:
-        return value.encode("utf-8", "surrogateescape")
-    if isinstance(value, bytes) and value:
-        return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value).encode()
-    return None
-
-
-def _binary_cells(
-    column: pa.Array, name: str, where: str
-) -> list[tuple[memoryview | None, str | None]]:
-    """(image bytes or None, path or None) of each row of an image column: binary, or a struct
-    {bytes, path} (the Hub's Image feature). The bytes are views of Arrow's buffers: no copy."""
-    paths: list[str | None] = [None] * len(column)
-    if pa.types.is_struct(column.type):
-        children = dict(zip([f.name for f in column.type], column.flatten(), strict=True))
-        if "bytes" not in children:
-            raise SourceError(f"{where}: column {name!r} is a struct without a 'bytes' field")
-        if "path" in children:
-            paths = children["path"].to_pylist()
-        column = children["bytes"]
-    if pa.types.is_binary_view(column.type) or pa.types.is_fixed_size_binary(column.type):
-        column = column.cast(pa.large_binary())
-    if not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
-        raise SourceError(
-            f"{where}: column {name!r} holds {column.type}, not image bytes (source.image_column)"
-        )
-    _, offsets_buffer, data_buffer = column.buffers()
-    width = np.int64 if pa.types.is_large_binary(column.type) else np.int32
-    offsets = np.frombuffer(offsets_buffer, width)[column.offset : column.offset + len(column) + 1]
-    data = memoryview(data_buffer) if data_buffer is not None else memoryview(b"")
-    valid = column.is_valid().to_numpy(zero_copy_only=False)
-    return [
-        (data[int(offsets[i]) : int(offsets[i + 1])] if valid[i] else None, paths[i])
-        for i in range(len(column))
-    ]
-
-
-LISTERS: dict[str, Callable[[Any, ListContext], SourceListing]] = {
-    "webdataset": list_webdataset,
-    "parquet": list_parquet,
-}
-"""Source kind -> lister, for etl.sources.listing.LISTERS."""

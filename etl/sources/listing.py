@@ -1,5 +1,5 @@
 """List the inputs -> sorted source records, by source kind (`LISTERS`): folders and listings
-in `files`, LMDB and Python sources in `records`, tar shards and tables in `containers`.
+in `files`, LMDB and Python sources in `records`, tar shards in `containers`, tables in `tables`.
 
 Folders and listings: only paths and `stat` are read here, never image bytes: a no-change rerun
 over 100k files stays a matter of seconds. LMDB and Python sources have no stat that proves a
@@ -45,11 +45,13 @@ def check_exists(config: SourceConfig) -> None:
 
 
 def _list_container(config: Any, context: ListContext) -> SourceListing:
-    # NOTE: imported here: etl.sources.containers reads tables with pyarrow, and pack workers import
-    # this module (NOTE [ worker start-up ] in etl/execute.py)
-    from etl.sources import containers
+    # NOTE: imported here: the container listers read tables with pyarrow, and pack workers
+    # import this module (NOTE [ worker start-up ] in etl/run/execute.py)
+    from etl.sources import containers, tables
 
-    return containers.LISTERS[config.kind](config, context)
+    if config.kind == "webdataset":
+        return containers.list_webdataset(config, context)
+    return tables.list_parquet(config, context)
 
 
 CONTAINER_KINDS = frozenset({"webdataset", "parquet"})

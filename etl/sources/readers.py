@@ -1,12 +1,12 @@
 """How a worker gets a source's bytes from its locator (`SourceFile.path`), by source kind.
 
-`sources.py` lists what exists and writes locators; this module reads them back, in a worker
-process or a Dask worker. It also owns what both sides must agree on: the pickle guard, the
-spool file of a Python source, and how a file is read safely (`read_regular_file`).
+`etl.sources.listing` lists what exists and writes locators; this module reads them back, in a
+worker process or a Dask worker. It also owns what both sides must agree on: the spool file of
+a Python source, and how a file is read safely (`read_regular_file`).
 
     folder, listing   locator = a file path                  -> the file's bytes
     lmdb              locator = the key as `source` spells it -> the value (or its image field)
-                      (see NOTE [names] in etl/names.py)
+                      (see NOTE [names] in etl/names.py; read by etl.sources.record_values)
     python, parquet   locator = "<offset>+<length>@<spool>"   -> that slice of the spool file
     webdataset        locator = "<offset>+<length>@<tar>"     -> the member, read in place
                       (a compressed tar's members are spooled)
@@ -17,9 +17,7 @@ Reader errors are OSError: the executor turns them into `io_error` rejects, or i
 
 from __future__ import annotations
 
-import io
 import os
-import pickle
 import queue
 import stat
 import threading
@@ -30,157 +28,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
-
-from etl.config import FolderSource, ListingSource, LmdbSource, SourceConfig
-from etl.errors import ConfigError, SourceError
-from etl.format import names
+from etl.config import FolderSource, ListingSource, SourceConfig
+from etl.errors import ConfigError
 from etl.format.checksums import digest, new_hasher
 from etl.format.shards import SHARDS_DIR
+from etl.sources.record_values import close_lmdb, read_lmdb
 
 T = TypeVar("T")
-
-# --- pickles ------------------------------------------------------------------------------------
-
-PICKLE_ADVICE = (
-    "set source.allow_pickle: true only if you trust whoever wrote the environment: "
-    "unpickling runs arbitrary code"
-)
-
-
-def is_pickle(data: bytes | memoryview) -> bool:
-    """A pickle of protocol 2 to 5 starts with PROTO (0x80) and the protocol number. Checked
-    before anything is unpickled; older protocols have no header and fail to decode instead."""
-    return len(data) >= 2 and data[0] == 0x80 and 2 <= data[1] <= 5
-
-
-def field_of(record: Any, name: str | int) -> Any:
-    """record[name] of an unpickled dict (a str name) or tuple/list (an int); else KeyError."""
-    if isinstance(record, dict) and isinstance(name, str) and name in record:
-        return record[name]
-    if (
-        isinstance(record, tuple | list)
-        and isinstance(name, int)
-        and -len(record) <= name < len(record)
-    ):
-        return record[name]
-    fields = sorted(map(str, record)) if isinstance(record, dict) else f"{len(record)} items"
-    raise KeyError(f"no field {name!r} (has {fields})")
-
-
-def image_bytes(value: Any, what: str) -> bytes:
-    """Encoded image bytes as they are, or a uint8 array as .npy bytes (decode reads both)."""
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value)
-    if isinstance(value, np.ndarray) and value.dtype != object:
-        buffer = io.BytesIO()
-        np.save(buffer, value, allow_pickle=False)
-        return buffer.getvalue()
-    raise ValueError(f"{what} is {type(value).__name__}, not encoded image bytes or an array")
-
-
-def lmdb_record(value: bytes | memoryview, config: LmdbSource) -> tuple[bytes | memoryview, Any]:
-    """(the bytes the decoder sees, the unpickled record or None) of one LMDB value: the value
-    itself, or with allow_pickle the image field of a pickled record. Raises ValueError,
-    KeyError or pickle's errors for a record without a usable image field."""
-    if not (config.allow_pickle and is_pickle(value)):
-        return value, None
-    record = pickle.loads(value)  # allowed explicitly by the config (allow_pickle)
-    image = image_bytes(field_of(record, config.image_field), f"field {config.image_field!r}")
-    return image, record
-
-
-UNPICKLE_ERRORS = (
-    pickle.UnpicklingError,
-    ValueError,
-    KeyError,
-    EOFError,
-    TypeError,
-    AttributeError,
-    ImportError,
-)
-"""What a damaged or unexpected pickled record raises while we take it apart."""
-
-
-# --- LMDB environments -----------------------------------------------------------------------
-
-_ENVS: dict[str, tuple[tuple[int, int, int, int], Any]] = {}
-"""Environments this process opened, by path, with (pid, dev, inode, size) of the data file
-when opened: a forked child, or a file that grew or was replaced, opens it again."""
-_ENVS_LOCK = threading.Lock()
-
-
-def _data_file(path: Path) -> Path:
-    return path / "data.mdb" if path.is_dir() else path
-
-
-def open_lmdb(path: Path) -> Any:
-    """The environment at `path` (a folder holding data.mdb, or the data file), read-only and
-    without the lock file, opened once per process until `close_lmdb`.
-
-    NOTE: lock=False means we never write lock.mdb, so a read-only mount works and a reader
-    never blocks a writer; the price is that a concurrent writer is not coordinated with. A
-    value changed during the run fails the hash check in the worker and is rejected `changed`.
-    """
-    try:
-        import lmdb
-    except ImportError:
-        raise SourceError(
-            "source kind 'lmdb' needs the lmdb package: pip install 'etl-memmap[lmdb]'"
-        ) from None
-    try:
-        st = os.stat(_data_file(path))
-    except OSError as exc:
-        raise SourceError(f"source.path: {path} is not an LMDB environment ({exc})") from None
-    identity = (os.getpid(), st.st_dev, st.st_ino, st.st_size)
-    cached = _ENVS.get(str(path))
-    if cached is not None and cached[0] == identity:
-        return cached[1]
-    with _ENVS_LOCK:  # threads of the 'threading' backend share this cache
-        cached = _ENVS.get(str(path))
-        if cached is not None:
-            if cached[0] == identity:
-                return cached[1]
-            if cached[0][0] == identity[0]:
-                cached[1].close()  # py-lmdb refuses a second open of one path in a process
-        try:
-            env = lmdb.open(str(path), subdir=path.is_dir(), readonly=True, lock=False)
-        except lmdb.Error as exc:
-            raise SourceError(
-                f"source.path: {path}: cannot open as LMDB ({exc}); if this process has it "
-                "open already, close it first"
-            ) from None
-        _ENVS[str(path)] = (identity, env)
-        return env
-
-
-def close_lmdb() -> None:
-    """Close every environment this process opened (the pipeline calls it at the end of a run,
-    so the caller may open the environment for writing afterwards)."""
-    pid = os.getpid()
-    with _ENVS_LOCK:
-        while _ENVS:
-            _, ((owner, *_), env) = _ENVS.popitem()
-            if owner == pid:
-                env.close()
-
-
-def _read_lmdb(config: LmdbSource, locator: str) -> bytes:
-    try:
-        env = open_lmdb(config.path)
-    except SourceError as exc:
-        raise OSError(str(exc)) from None
-    import lmdb  # open_lmdb succeeded: it is installed
-
-    try:
-        with env.begin(buffers=True) as txn:
-            value = txn.get(names.to_raw(locator))
-            if value is None:
-                raise FileNotFoundError(f"key {locator!r} is no longer in {config.path}")
-            return bytes(lmdb_record(value, config)[0])
-    except (lmdb.Error, *UNPICKLE_ERRORS) as exc:
-        raise OSError(f"key {locator!r}: {type(exc).__name__}: {exc}") from None
-
 
 # --- the spool of a Python source -------------------------------------------------------------
 
@@ -481,7 +335,7 @@ def _read_file(config: SourceConfig, locator: str) -> bytes:
 READERS: dict[str, Callable[[Any, str], bytes]] = {
     "folder": _read_file,
     "listing": _read_file,
-    "lmdb": _read_lmdb,
+    "lmdb": read_lmdb,
     "python": _read_slice,
     "webdataset": _read_slice,
     "parquet": _read_slice,

@@ -20,7 +20,7 @@ from etl.config import LmdbSource, PythonSource
 from etl.errors import SourceError
 from etl.format import names
 from etl.format.checksums import digest
-from etl.sources import readers
+from etl.sources import readers, record_values
 
 if TYPE_CHECKING:
     pass
@@ -41,7 +41,7 @@ def list_lmdb(config: LmdbSource, context: ListContext) -> SourceListing:
     (memory-mapped, no copy), so a value whose bytes changed is packed again even when its
     length did not change. A pickled value is a `pickle` reject unless allow_pickle."""
     labels = _key_labels(config.labels) if config.labels is not None else None
-    env = readers.open_lmdb(config.path)
+    env = record_values.open_lmdb(config.path)
     files: list[SourceFile] = []
     rejects: list[SourceReject] = []
     with env.begin(buffers=True) as txn:
@@ -82,13 +82,14 @@ def _lmdb_sample(
         return SourceReject(
             source, "file_too_large", readers.too_large(len(value), config.max_file_bytes)
         )
-    if readers.is_pickle(value) and not config.allow_pickle:
+    if record_values.is_pickle(value) and not config.allow_pickle:
         return reject(
-            "pickle", f"the value is a Python pickle (protocol {value[1]}); {readers.PICKLE_ADVICE}"
+            "pickle",
+            f"the value is a Python pickle (protocol {value[1]}); {record_values.PICKLE_ADVICE}",
         )
     try:
-        image, record = readers.lmdb_record(value, config)
-    except readers.UNPICKLE_ERRORS as exc:
+        image, record = record_values.lmdb_record(value, config)
+    except record_values.UNPICKLE_ERRORS as exc:
         return reject("unreadable", f"pickled record: {type(exc).__name__}: {exc}")
     split: str | None = None
     if labels is not None:
@@ -103,7 +104,7 @@ def _lmdb_sample(
                 f"not a pickled record, so it has no label field {config.label_field!r}",
             )
         try:
-            label = label_text(readers.field_of(record, config.label_field))
+            label = label_text(record_values.field_of(record, config.label_field))
         except (KeyError, TypeError) as exc:
             return reject("unknown_label", f"pickled record: {exc}")
         if label is None:
@@ -138,12 +139,12 @@ def _lmdb_keys(txn: Any, config: LmdbSource) -> list[bytes]:
 
 def _keys_entry_names(raw: bytes, config: LmdbSource, where: str) -> list[str | bytes]:
     """A JSON list of strings, one key per line, or (allow_pickle) a pickled list of str/bytes."""
-    if readers.is_pickle(raw):
+    if record_values.is_pickle(raw):
         if not config.allow_pickle:
-            raise SourceError(f"{where} is a Python pickle: refused; {readers.PICKLE_ADVICE}")
+            raise SourceError(f"{where} is a Python pickle: refused; {record_values.PICKLE_ADVICE}")
         try:
             names: Any = pickle.loads(raw)  # allowed explicitly by the config (allow_pickle)
-        except readers.UNPICKLE_ERRORS as exc:
+        except record_values.UNPICKLE_ERRORS as exc:
             raise SourceError(f"{where}: cannot unpickle ({exc})") from None
     else:
         try:
@@ -311,7 +312,7 @@ def _parse_record(record: Any, index: int, spec: str) -> tuple[str, bytes, str |
     if isinstance(data, np.ndarray) and data.dtype == object:
         raise SourceError(f"{where} ({source!r}): an object array; use a uint8 array")
     try:
-        payload = readers.image_bytes(data, "data")
+        payload = record_values.image_bytes(data, "data")
     except ValueError as exc:
         raise SourceError(f"{where} ({source!r}): {exc}") from None
     try:
