@@ -1,9 +1,10 @@
 """Tiny packed datasets for the loaders tests, written with the real format layer.
 
-Samples are random uint8 images; sources are named `<class>/<n>.png` and sorted, so shards are
-filled class by class as `etl run` fills them. Shards have uneven sizes, classes uneven counts,
-and the last shard holds an orphan row that no sample references (as after a deletion).
-Everything the tests compare against is kept here, independent of the code under test.
+Samples are random uint8 images; sources are named `<class>/<n>.png` and sorted, and shards
+are filled class by class (`etl run` fills them in a hash order of the paths, `plan.pack_order`;
+class-sorted shards are the harder case for a shuffle). Shards have uneven sizes, classes
+uneven counts, and the last shard holds an orphan row that no sample references (as after a
+deletion). Everything the tests compare against is kept here, independent of the code under test.
 """
 
 from __future__ import annotations
