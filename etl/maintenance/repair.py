@@ -171,7 +171,9 @@ def repair(
             tasks = _repair_tasks(located, manifest.version + 1, config.samples_per_shard)
             outcomes = [RepairOutcome(None, (), tuple(unlocated))]
             run = choose_run(jobs, backend, address, worth_workers=len(tasks) > 1)
-            readable = [location(config.source, source_root)]
+            # workers read spooled records from the output folder, files from the source
+            spooled = config.source.kind in readers.SPOOLED_KINDS
+            readable = [] if spooled else [location(config.source, source_root)]
             progress.start("repair", len(items))
             progress.advance(len(unlocated))
             try:
