@@ -18,6 +18,7 @@ BENCHMARKS = (
     "bench_lmdb",
     "bench_sources",
     "bench_augment",
+    "bench_scale",
 )
 
 

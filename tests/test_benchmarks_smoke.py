@@ -1,5 +1,5 @@
-"""The packing benchmarks still run end to end: `python -m benchmarks.bench_pack --tiny` and
-`python -m benchmarks.bench_sources --tiny`.
+"""The benchmarks still run end to end: `python -m benchmarks.bench_pack --tiny`,
+`python -m benchmarks.bench_sources --tiny` and `python -m benchmarks.bench_scale --tiny`.
 
 Numbers from 16 photos mean nothing; the test checks that every part runs (photo generation,
 bare loops, the pipeline on every backend, the memory runs) and that the pipeline's pixels equal
@@ -51,3 +51,18 @@ def test_bench_sources_tiny(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     for kind in ("folder", "webdataset", "parquet"):
         assert f"| {kind} | " in result.stdout, result.stdout
+
+
+def test_bench_scale_tiny(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_scale", "--tiny", "--work", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    # each operation ran in its own process and opened the manifest the commit path wrote
+    assert result.returncode == 0, result.stderr
+    for rows in ("| 20,000 |", "| 40,000 |"):
+        assert rows in result.stdout, result.stdout
+    assert list(tmp_path.iterdir()) == []  # the manifests are removed
