@@ -20,14 +20,19 @@ pytest.importorskip("psutil")
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_bench_pack_tiny(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_pack", "--tiny", "--work", str(tmp_path)],
-        cwd=REPO,  # `-m benchmarks...` imports from the checkout; the package is not installed
+def run_tiny(name: str, work: Path, timeout: int) -> subprocess.CompletedProcess[str]:
+    """`python -m benchmarks.<name> --tiny --work WORK` from the checkout (not installed)."""
+    return subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{name}", "--tiny", "--work", str(work)],
+        cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
+
+
+def test_bench_pack_tiny(tmp_path: Path) -> None:
+    result = run_tiny("bench_pack", tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr
     table = result.stdout
     assert "| goal | measured | target | met |" in table
@@ -40,13 +45,7 @@ def test_bench_pack_tiny(tmp_path: Path) -> None:
 
 
 def test_bench_sources_tiny(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_sources", "--tiny", "--work", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    result = run_tiny("bench_sources", tmp_path, timeout=180)
     # the benchmark stops before its table unless all three outputs hold the same pixels
     assert result.returncode == 0, result.stderr
     for kind in ("folder", "webdataset", "parquet"):
@@ -54,13 +53,7 @@ def test_bench_sources_tiny(tmp_path: Path) -> None:
 
 
 def test_bench_scale_tiny(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_scale", "--tiny", "--work", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    result = run_tiny("bench_scale", tmp_path, timeout=180)
     # each operation ran in its own process and opened the manifest the commit path wrote
     assert result.returncode == 0, result.stderr
     for rows in ("| 20,000 |", "| 40,000 |"):
