@@ -33,7 +33,7 @@ from etl.format.manifest import (
     table_from_rows,
 )
 from etl.format.shards import ShardInfo, ShardWriter, open_shard, shard_name
-from etl.images.rejects import Reject
+from etl.images.rejects import READ_REJECTS, Reject
 from etl.maintenance.audit import (
     SHARD_KINDS,
     AuditReport,
@@ -292,12 +292,9 @@ def _why(reject: Reject) -> str:
     """Why a sample could not be decoded again, in words."""
     if reject.reason == "changed":
         return f"source {reject.message}"
-    if reject.reason in READ_FAILURES:
+    if reject.reason in READ_REJECTS:
         return f"source cannot be read ({reject.reason}: {reject.message})"
     return f"the stages now reject the source ({reject})"
-
-
-READ_FAILURES = frozenset({"io_error", "not_a_file", "file_too_large", "io_timeout"})
 
 
 def _copy(
