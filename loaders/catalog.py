@@ -144,27 +144,31 @@ class Catalog(VersionView):
         return self._selection(np.flatnonzero(self.mask(split, classes, where)))
 
     def _selection(self, positions: NDArray[np.int64]) -> Selection:
-        samples, shards = self.manifest.samples, self.manifest.shards
-        codes = _codes(samples.column("shard"), shards.column("shard"))[positions]
-        used, shard_idx = np.unique(codes, return_inverse=True)
-        rows = samples.column("row").to_numpy()[positions]
-        order = np.lexsort((rows, shard_idx))
+        shards = self.manifest.shards
+        codes = self.manifest.shard_index[positions]
+        present = np.bincount(codes, minlength=shards.num_rows) > 0
+        used = np.flatnonzero(present)
+        shard_idx = (np.cumsum(present) - 1)[codes]  # renumbered 0.. over the shards used
+        rows = self.table.column("row").to_numpy()[positions]
+        shard_rows = shards.column("rows").to_numpy()[used]
+        order = _disk_order(shard_idx, rows)
         names = shards.column("shard").to_pylist()
         checksums = shards.column("checksum").to_pylist()
         shard_set = ShardSet(
             root=self.root,
             names=tuple(names[i] for i in used),
-            rows=_frozen(shards.column("rows").to_numpy()[used].astype(np.int64)),
+            rows=_frozen(shard_rows.astype(np.int64)),
             checksums=tuple(checksums[i] for i in used),
             algorithm=self.manifest.meta.checksum,
             sample_shape=self.sample_shape,
             version=self.version,
         )
+        labels = self.table.column("label").to_numpy()
         return Selection(
             shards=shard_set,
             shard_idx=_frozen(shard_idx[order].astype(np.int32)),
             rows=_frozen(rows[order].astype(np.int32)),
-            labels=_frozen(samples.column("label").to_numpy()[positions][order].astype(np.int32)),
+            labels=_frozen(labels[positions[order]].astype(np.int32)),
             positions=_frozen(positions[order].astype(np.int64)),
             classes=self.classes,
             layout=self.layout,
@@ -185,7 +189,10 @@ def open_catalog(
     return Catalog(read_manifest(path, version, verify=verify_manifest))
 
 
-def _codes(values: pa.ChunkedArray, names: pa.ChunkedArray) -> NDArray[np.int64]:
-    """Position of each value in `names` (the manifest guarantees every value is there)."""
-    found = pc.index_in(values, value_set=names.combine_chunks())
-    return found.to_numpy(zero_copy_only=False).astype(np.int64)
+def _disk_order(shard_idx: NDArray[np.intp], rows: NDArray[np.int64]) -> NDArray[np.intp]:
+    """The order that sorts samples by (shard, row): one stable sort of a combined 64-bit key,
+    twice as fast as a two-key lexsort on a 10M-row selection (and faster than scattering into
+    a table of stored rows, whose page faults cost more than the sort). Equal keys (two
+    samples sharing a stored row) keep their manifest order."""
+    key = shard_idx.astype(np.int64) << 32 | rows.astype(np.int64)
+    return np.argsort(key, kind="stable")

@@ -30,6 +30,7 @@ from etl.format.manifest import list_versions, read_manifest
 from etl.format.shards import HEADER_BYTES
 from etl.maintenance.audit import AuditOptions, audit
 from etl.run import pipeline
+from loaders import PackedDataset
 
 CONFIG = """\
 source:
@@ -268,6 +269,31 @@ def test_changed_checksum_string_in_manifest_bytes(
     assert finding["sample_id"] == victim["sample_id"] and finding["expected"] == new.decode()
     assert finding["actual"] == victim["checksum"]
     assert "manifest's checksum" in finding["message"]  # the shard itself verified
+
+
+def test_values_no_loader_reads_are_the_audits_to_judge(
+    ds: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A resealed manifest with a per-sample checksum that is no digest and a source listed
+    twice: a loader opens it (it reads neither value), the audit names both."""
+    path = ds / V1 / "manifest.arrow"
+    table = ipc.open_file(path).read_all()
+    sources = table.column("source").to_pylist()
+    checksums = table.column("checksum").to_pylist()
+    checksums[2] = "not-a-digest"
+    table = table.set_column(
+        table.schema.get_field_index("checksum"), "checksum", pa.array(checksums)
+    )
+    table = pa.concat_tables([table, table.slice(4, 1)]).sort_by("source")
+    rewrite_sealed(path, table)
+    assert len(PackedDataset.open(ds)) == len(sources) + 1
+    report = audit_json([str(ds)], capsys, expect=1)
+    messages = [f["message"] for f in report["findings"] if f["kind"] == "manifest"]
+    assert f"{V1}/manifest.arrow: checksum is not 16 lowercase hex digits: {sources[2]}" in messages
+    assert (
+        f"{V1}/manifest.arrow: rows not in strictly ascending source order (each source once): "
+        f"{sources[4]}"
+    ) in messages
 
 
 @pytest.mark.parametrize("damage", ["truncate", "footer"])

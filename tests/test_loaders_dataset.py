@@ -4,12 +4,16 @@ import pickle
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.ipc as ipc
 import pytest
 import torch
 from packed import Packed, commit_subset, make_packed
 
 from etl.format.checksums import digest
+from etl.format.manifest import RECORDED_FILES
+from etl.format.record import write_record
 from loaders import PackedDataset, open_catalog
 
 
@@ -33,6 +37,41 @@ def test_catalog_describes_the_manifest(packed: Packed) -> None:
     val = [packed.labels[i] for i in packed.indices("val")]
     assert list(catalog.class_counts("val").values()) == np.bincount(val, minlength=3).tolist()
     assert catalog.table.column("sample_id").to_pylist() == packed.sample_ids
+
+
+def test_a_manifest_in_many_record_batches_counts_and_selects_the_same(packed: Packed) -> None:
+    """A manifest written in 4-row record batches with a third split: the mapped columns come
+    in many chunks, and every count and selection still matches a plain Python count."""
+    path = packed.root / "versions/v000001/manifest.arrow"
+    table = ipc.open_file(path).read_all()
+    splits = [s if i % 5 else "test" for i, s in enumerate(table.column("split").to_pylist())]
+    table = table.set_column(table.schema.get_field_index("split"), "split", pa.array(splits))
+    path.unlink()
+    with ipc.new_file(str(path), table.schema) as writer:
+        writer.write_table(table, max_chunksize=4)
+    write_record(path.parent, 1, RECORDED_FILES)
+    catalog = open_catalog(packed.root)
+    assert catalog.table.column("split").num_chunks > 1
+    labels = table.column("label").to_pylist()
+    assert catalog.splits == ("train", "val", "test")
+    assert catalog.split_counts() == {s: splits.count(s) for s in ("train", "val", "test")}
+    for split in ("train", "val", "test"):
+        expected = [
+            sum(1 for s, x in zip(splits, labels, strict=True) if s == split and x == c)
+            for c in range(3)
+        ]
+        assert list(catalog.counts()[split].values()) == expected
+        assert list(catalog.class_counts(split).values()) == expected
+    selection = catalog.select(split=["test", "val"], classes=["bee", 2])
+    wanted = [
+        i
+        for i, (s, x) in enumerate(zip(splits, labels, strict=True))
+        if s != "train" and x in (1, 2)
+    ]
+    assert sorted(selection.positions.tolist()) == wanted
+    assert selection.labels.tolist() == [labels[i] for i in selection.positions]
+    pairs = list(zip(selection.shard_idx.tolist(), selection.rows.tolist(), strict=True))
+    assert pairs == sorted(pairs)  # disk order
 
 
 def test_every_sample_and_label_reads_back(packed: Packed) -> None:

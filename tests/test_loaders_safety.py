@@ -206,9 +206,9 @@ def test_tampered_values_are_refused_naming_the_column_and_first_row(packed: Pac
     assert "column 'checksum' is empty (null) at row 2" in refused(
         "checksum", pa.array([*original.column("checksum").to_pylist()[:2], *[None] * (n - 2)])
     )
-    assert "column 'checksum' is not a hex digest at row 0" in refused(
-        "checksum", pa.array([""] * n)
-    )
+    set_column(path, "checksum", pa.array([""] * n))  # a value no loader reads: the audit's
+    assert len(PackedDataset.open(packed.root)) == n  # (test_audit: values the loaders skip)
+    rewrite(path, original)
     rows = original.column("row").to_pylist()
     assert "column 'row' (99) is outside shard 'shards/v000001-00000.npy', which has 7 rows" in (
         refused("row", pa.array([*rows[:1], 99, *rows[2:]], pa.int64()))

@@ -6,6 +6,7 @@ means the same in each, and a bad filter is the same error."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -66,42 +67,50 @@ class VersionView:
         """'HWC' or 'CHW': the axis order of `sample_shape`."""
         return self.manifest.meta.layout
 
-    @property
+    @cached_property
+    def _split_codes(self) -> tuple[tuple[str, ...], NDArray[np.int32]]:
+        """The split names present and each sample's index into them: one hashing pass over
+        the split column, after which every split count and filter is integer work."""
+        return value_codes(self.table.column("split"))
+
+    @cached_property
     def splits(self) -> tuple[str, ...]:
         """The splits that hold samples: train, val, test, then any others by name."""
-        return tuple(ordered_splits(pc.unique(self.table.column("split")).to_pylist()))
+        return tuple(ordered_splits(self._split_codes[0]))
 
     def __len__(self) -> int:
         return int(self.table.num_rows)
 
     def split_counts(self) -> dict[str, int]:
         """Samples per split, in `splits` order."""
-        found = pc.value_counts(self.table.column("split")).to_pylist()
-        by_split = {c["values"]: int(c["counts"]) for c in found}
-        return {split: by_split[split] for split in self.splits}
+        names, codes = self._split_codes
+        found = dict(zip(names, np.bincount(codes, minlength=len(names)).tolist(), strict=True))
+        return {split: found[split] for split in self.splits}
 
     def class_counts(self, split: str | None = None) -> dict[str, int]:
         """Samples per class name (every class listed, zeros included), in one split or all."""
-        table = self.table
+        labels = self.table.column("label").to_numpy()
         if split is not None:
-            table = table.filter(pc.equal(table.column("split"), split))
-        labels = table.column("label").to_numpy()
+            labels = labels[self._in_splits([split])]
         found = np.bincount(labels, minlength=len(self.classes))
         return {name: int(n) for name, n in zip(self.classes, found, strict=True)}
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Samples per split and class: {split: {class: n}}, every class listed (zeros too);
-        one grouping pass over the table, not one filter per split."""
-        grouped = self.table.group_by(["split", "label"]).aggregate([("label", "count")])
-        out = {split: dict.fromkeys(self.classes, 0) for split in self.splits}
-        for split, label, n in zip(
-            grouped.column("split").to_pylist(),
-            grouped.column("label").to_pylist(),
-            grouped.column("label_count").to_pylist(),
-            strict=True,
-        ):
-            out[split][self.classes[label]] = int(n)
-        return out
+        one counting pass over (split, label) pairs, not one filter per split."""
+        names, codes = self._split_codes
+        n_classes = len(self.classes)
+        pairs = codes.astype(np.int64) * n_classes + self.table.column("label").to_numpy()
+        found = np.bincount(pairs, minlength=len(names) * n_classes).reshape(-1, n_classes)
+        by_split = {name: found[i] for i, name in enumerate(names)}
+        return {
+            split: {c: int(n) for c, n in zip(self.classes, by_split[split], strict=True)}
+            for split in self.splits
+        }
+
+    def _in_splits(self, wanted: Sequence[str]) -> NDArray[np.bool_]:
+        names, codes = self._split_codes
+        return np.isin(np.asarray(names, dtype=object), list(wanted)).astype(bool)[codes]
 
     def mask(
         self,
@@ -122,9 +131,11 @@ class VersionView:
                     f"{self.manifest.path}: no split {unknown} in version {self.version}; "
                     f"splits are {list(self.splits)}"
                 )
-            mask &= bool_mask(pc.is_in(table.column("split"), pa.array(wanted, pa.string())))
+            mask &= self._in_splits(wanted)
         if classes is not None:
-            mask &= np.isin(table.column("label").to_numpy(), self.labels_of(classes))
+            wanted_labels = np.zeros(len(self.classes), dtype=bool)
+            wanted_labels[self.labels_of(classes)] = True
+            mask &= wanted_labels[table.column("label").to_numpy()]  # a lookup, not a search
         if where is not None:
             mask &= self._where_mask(where)
         return mask
@@ -158,6 +169,19 @@ class VersionView:
                 f"{table.num_rows} rows; it must return one boolean per row"
             )
         return mask
+
+
+def value_codes(column: pa.ChunkedArray) -> tuple[tuple[str, ...], NDArray[np.int32]]:
+    """The distinct values of a non-null string column, in order of first appearance, and each
+    row's index into them (one dictionary encoding per chunk, merged)."""
+    names: dict[str, int] = {}
+    parts = [np.empty(0, dtype=np.int32)]
+    for chunk in column.chunks:
+        encoded = chunk.dictionary_encode()
+        local = [names.setdefault(v, len(names)) for v in encoded.dictionary.to_pylist()]
+        indices = encoded.indices.to_numpy(zero_copy_only=False)
+        parts.append(np.asarray(local, dtype=np.int32)[indices] if local else indices)
+    return tuple(names), np.concatenate(parts).astype(np.int32, copy=False)
 
 
 def bool_mask(result: Any) -> NDArray[np.bool_]:
