@@ -5,13 +5,18 @@
 For each size, writes a synthetic version 1 through the project's own commit path
 (`etl.format.commit.commit_version`; 1,000 classes, 90 % train / 10 % val, 10,000 rows per
 shard record, no shard files: nothing here reads pixels), then runs each operation in a fresh
-interpreter and reports the wall time of the operation itself (imports excluded) and the
-process's peak RSS (VmHWM):
+interpreter (the median of --repeat runs) and reports the wall time of the operation itself
+(imports excluded) and the process's peak RSS (VmHWM):
 
     open      loaders.open_catalog(root)                       (checks the commit record)
     select    PackedDataset.open(root, split="train", classes=<half>)
     inspect   etl inspect root --json                          (the whole command, wall and
-    versions  etl versions root --json                          its peak RSS, imports included)
+    versions  etl versions root --json                          its peak RSS, imports included;
+    diff      etl diff root 1 2                                 run after version 2 is written:
+                                                                1 % repacked, 0.5 % removed,
+                                                                0.5 % added)
+
+Every count is checked: the rows opened and selected, and what diff reports.
 
 Prints a markdown table, with time and memory per million rows.
 """
@@ -21,23 +26,33 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from benchmarks.common import cpu_model
 from etl.format.commit import commit_version
-from etl.format.manifest import REJECTS_SCHEMA, SAMPLES_SCHEMA, SHARDS_SCHEMA, ManifestMeta
-from etl.format.shards import shard_name
+from etl.format.manifest import (
+    REJECTS_SCHEMA,
+    SAMPLES_SCHEMA,
+    SHARDS_SCHEMA,
+    ManifestMeta,
+    read_manifest,
+)
+from etl.format.shards import ShardInfo, shard_name
 
 CLASSES = 1000
+OPS = ("open", "select", "inspect", "versions", "diff")
 ROWS_PER_SHARD = 10_000
 SHAPE = (64, 64, 3)
 
@@ -71,10 +86,11 @@ def hex16(values: np.ndarray) -> pa.Array:
     return pa.StringArray.from_buffers(len(values), pa.py_buffer(offsets), pa.py_buffer(chars))
 
 
-def synthetic_samples(n: int, seed: int = 0) -> pa.Table:
-    """n manifest rows, sorted by source, coherent enough for `read_manifest`."""
+def synthetic_samples(n: int, seed: int = 0, first: int = 0) -> pa.Table:
+    """n manifest rows (numbered from `first`), sorted by source, coherent enough for
+    `read_manifest`."""
     rng = np.random.default_rng(seed)
-    index = np.arange(n, dtype=np.int64)
+    index = np.arange(first, first + n, dtype=np.int64)
     label = (index % CLASSES).astype(np.int32)
     class_name = pa.array([f"c{i:04d}" for i in range(CLASSES)]).take(pa.array(label))
     number = pa.array(index).cast(pa.string())
@@ -95,8 +111,8 @@ def synthetic_samples(n: int, seed: int = 0) -> pa.Table:
             "label": label,
             "class_name": class_name,
             "split": split,
-            "shard": shard_names.take(pa.array(index // ROWS_PER_SHARD)),
-            "row": index % ROWS_PER_SHARD,
+            "shard": shard_names.take(pa.array((index - first) // ROWS_PER_SHARD)),
+            "row": (index - first) % ROWS_PER_SHARD,
             "checksum": hex16(rng.integers(0, 2**63, n, dtype=np.uint64)),
         },
         schema=SAMPLES_SCHEMA,
@@ -134,8 +150,44 @@ def write_version(root: Path, n: int) -> int:
     return int((train & even).sum())
 
 
+def write_next_version(root: Path, seed: int = 1) -> int:
+    """Commit version 2 of `root`: 1 % of the rows repacked (new checksum), 0.5 % removed and
+    as many added (new sources in a new shard). Returns how many rows `etl diff` must report."""
+    old = read_manifest(root, 1)
+    samples, n = old.samples, old.samples.num_rows
+    rng = np.random.default_rng(seed)
+    fate = rng.random(n)
+    changed, removed = fate < 0.01, (fate >= 0.01) & (fate < 0.015)
+    checksums = hex16(rng.integers(0, 2**63, n, dtype=np.uint64))
+    column = pc.if_else(pa.array(changed), checksums, samples.column("checksum"))
+    kept = samples.set_column(samples.schema.get_field_index("checksum"), "checksum", column)
+    kept = kept.filter(pa.array(~removed))
+    n_added = int(removed.sum())
+    added = synthetic_samples(n_added, seed=seed, first=n)
+    shard = shard_name(2, 0)
+    added = added.set_column(
+        added.schema.get_field_index("shard"), "shard", pa.array([shard] * n_added)
+    )
+    added = added.set_column(
+        added.schema.get_field_index("row"), "row", pa.array(np.arange(n_added))
+    )
+    record = ShardInfo(
+        name=shard,
+        rows=n_added,
+        bytes=n_added * int(np.prod(SHAPE)) + 128,
+        checksum="0" * 16,
+        blake3="0" * 64,
+    )
+    meta = replace(old.meta, version=2)
+    both = pa.concat_tables([kept.cast(SAMPLES_SCHEMA), added.cast(SAMPLES_SCHEMA)])
+    both = both.sort_by("source")
+    commit_version(root, meta, both, REJECTS_SCHEMA.empty_table(), [record], old.shards)
+    return int(changed.sum()) + 2 * n_added
+
+
 def measure(root: Path, op: str) -> dict[str, float]:
-    """One operation in a fresh interpreter: seconds of the operation, peak RSS of the process."""
+    """One operation in a fresh interpreter: seconds, peak RSS and (open, select, diff) the
+    number of rows it found."""
     if op in ("open", "select"):
         proc = subprocess.run(
             [sys.executable, "-c", CHILD, str(root), op, str(CLASSES)],
@@ -145,44 +197,64 @@ def measure(root: Path, op: str) -> dict[str, float]:
         )
         result: dict[str, float] = json.loads(proc.stdout)
         return result
-    started = time.perf_counter()
-    child = subprocess.Popen(
-        [sys.executable, "-m", "etl", op, str(root), "--json"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    _, status, usage = os.wait4(child.pid, 0)  # this child's own peak RSS, not the parent's
-    seconds = time.perf_counter() - started
+    command = ["diff", str(root), "1", "2"] if op == "diff" else [op, str(root), "--json"]
+    with tempfile.TemporaryFile("w+") as out:
+        started = time.perf_counter()
+        child = subprocess.Popen(
+            [sys.executable, "-m", "etl", *command], stdout=out, stderr=subprocess.DEVNULL
+        )
+        _, status, usage = os.wait4(child.pid, 0)  # this child's own peak RSS, not the parent's
+        seconds = time.perf_counter() - started
+        out.seek(0)
+        printed = out.read()
     if status:
-        raise RuntimeError(f"etl {op} {root} --json failed (status {status})")
-    return {"seconds": seconds, "rss": usage.ru_maxrss * 1024}
+        raise RuntimeError(f"etl {' '.join(command)} failed (status {status})")
+    found = {"seconds": seconds, "rss": usage.ru_maxrss * 1024}
+    if op == "diff":  # "version 1 -> 2: A added, R removed, C changed"
+        counts = re.search(r"(\d+) added, (\d+) removed, (\d+) changed", printed)
+        found["n"] = sum(int(c) for c in counts.groups()) if counts else -1
+    return found
+
+
+def median_of(root: Path, op: str, repeat: int, expected: int | None) -> dict[str, float]:
+    """The run with the median time of `repeat` runs (the machine is shared and noisy), after
+    checking each run found the expected number of rows."""
+    runs = []
+    for _ in range(repeat):
+        m = measure(root, op)
+        if expected is not None and m["n"] != expected:
+            raise SystemExit(f"{op} at {root.name} found {m['n']:,} rows, not {expected:,}")
+        runs.append(m)
+    return sorted(runs, key=lambda m: m["seconds"])[len(runs) // 2]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 4_000_000, 10_000_000])
     parser.add_argument("--work", type=Path, default=None, help="where the manifests go")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per operation (median)")
     parser.add_argument("--tiny", action="store_true", help="20k and 40k rows: a smoke test")
     args = parser.parse_args()
     sizes = [20_000, 40_000] if args.tiny else args.rows
+    repeat = 1 if args.tiny else args.repeat
     work = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=args.work))
-    ops = ("open", "select", "inspect", "versions")
-    print(f"# bench_scale, {datetime.now(UTC):%Y-%m-%d}, {cpu_model()}, {os.cpu_count()} cores\n")
-    print("| rows | write | " + " | ".join(f"{op} s / peak RSS" for op in ops) + " |")
-    print("|---:|---:|" + "---:|" * len(ops))
+    print(f"# bench_scale, {datetime.now(UTC):%Y-%m-%d}, {cpu_model()}, {os.cpu_count()} cores")
+    print(f"# median of {repeat} fresh processes per cell: seconds / peak RSS\n")
+    print("| rows | write v1 | " + " | ".join(OPS) + " |")
+    print("|---:|---:|" + "---:|" * len(OPS))
     try:
         for n in sizes:
             root = work / f"rows-{n}"
             started = time.perf_counter()
             expected = {"open": n, "select": write_version(root, n)}
             wrote = time.perf_counter() - started
-            cells = []
-            for op in ops:
-                m = measure(root, op)
-                if op in expected and m["n"] != expected[op]:
-                    raise SystemExit(f"{op} at {n:,} rows found {m['n']:,}, not {expected[op]:,}")
-                cells.append(f"{m['seconds']:.2f} s / {m['rss'] / 2**20:,.0f} MiB")
-            print(f"| {n:,} | {wrote:.1f} s | " + " | ".join(cells) + " |", flush=True)
+            cells = {}
+            for op in OPS:
+                if op == "versions":
+                    expected["diff"] = write_next_version(root)
+                cells[op] = median_of(root, op, repeat, expected.get(op))
+            shown = (f"{m['seconds']:.2f} s / {m['rss'] / 2**20:,.0f} MiB" for m in cells.values())
+            print(f"| {n:,} | {wrote:.1f} s | " + " | ".join(shown) + " |", flush=True)
             shutil.rmtree(root)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -184,6 +184,26 @@ def value_codes(column: pa.ChunkedArray) -> tuple[tuple[str, ...], NDArray[np.in
     return tuple(names), np.concatenate(parts).astype(np.int32, copy=False)
 
 
+def fixed_width(column: pa.ChunkedArray) -> NDArray[np.bytes_] | None:
+    """A string column whose values all have one length (hex digests), as a numpy array of
+    that many bytes per value (compared with memcmp, not per Python string); None for any
+    other column. A copy only when the column has several chunks."""
+    if column.type != pa.string() or column.null_count:
+        return None
+    array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if not len(array):
+        return None
+    _, offsets_buffer, data_buffer = array.buffers()
+    offsets = np.frombuffer(offsets_buffer, np.int32, len(array) + 1, array.offset * 4)
+    width = int(offsets[1] - offsets[0])
+    if width <= 0 or int(offsets[-1] - offsets[0]) != width * len(array):
+        return None
+    if not np.all(np.diff(offsets) == width):
+        return None
+    data = np.frombuffer(data_buffer, np.uint8, offsets[-1] - offsets[0], offsets[0])
+    return data.view(f"S{width}")
+
+
 def bool_mask(result: Any) -> NDArray[np.bool_]:
     """A boolean numpy array of an Arrow or numpy result; null counts as False."""
     if isinstance(result, pa.ChunkedArray | pa.Array):
