@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from benchmarks.common import cpu_model
+from benchmarks.common import cpu_model, run_measured
 from etl.format.commit import commit_version
 from etl.format.manifest import (
     REJECTS_SCHEMA,
@@ -198,18 +198,10 @@ def measure(root: Path, op: str) -> dict[str, float]:
         result: dict[str, float] = json.loads(proc.stdout)
         return result
     command = ["diff", str(root), "1", "2"] if op == "diff" else [op, str(root), "--json"]
-    with tempfile.TemporaryFile("w+") as out:
-        started = time.perf_counter()
-        child = subprocess.Popen(
-            [sys.executable, "-m", "etl", *command], stdout=out, stderr=subprocess.DEVNULL
-        )
-        _, status, usage = os.wait4(child.pid, 0)  # this child's own peak RSS, not the parent's
-        seconds = time.perf_counter() - started
-        out.seek(0)
-        printed = out.read()
+    seconds, rss, status, printed = run_measured("etl", *command)
     if status:
         raise RuntimeError(f"etl {' '.join(command)} failed (status {status})")
-    found = {"seconds": seconds, "rss": usage.ru_maxrss * 1024}
+    found = {"seconds": seconds, "rss": rss}
     if op == "diff":  # "version 1 -> 2: A added, R removed, C changed"
         counts = re.search(r"(\d+) added, (\d+) removed, (\d+) changed", printed)
         found["n"] = sum(int(c) for c in counts.groups()) if counts else -1

@@ -28,3 +28,37 @@ def peak_rss(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+_MEASURED = """
+import atexit, os, runpy, sys
+from benchmarks.common import peak_rss
+atexit.register(lambda: open(os.environ["BENCH_PEAK_FILE"], "w").write(str(peak_rss(os.getpid()))))
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+def run_measured(module: str, *args: str) -> tuple[float, int, int, str]:
+    """`python -m module args...` in a fresh interpreter: (wall seconds, its own peak RSS in
+    bytes, exit status, stdout). The child reads its VmHWM at exit; `wait4`'s ru_maxrss would
+    report the benchmark's own peak too (a spawned child inherits its parent's high-water mark
+    across exec)."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    with tempfile.NamedTemporaryFile("r") as peak, tempfile.TemporaryFile("w+") as out:
+        started = time.perf_counter()
+        status = subprocess.call(
+            [sys.executable, "-c", _MEASURED, module, *args],
+            stdout=out,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "BENCH_PEAK_FILE": peak.name},
+        )
+        seconds = time.perf_counter() - started
+        out.seek(0)
+        rss = int(peak.read() or 0)
+        return seconds, rss, status, out.read()

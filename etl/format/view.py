@@ -171,17 +171,20 @@ class VersionView:
         return mask
 
 
-def value_codes(column: pa.ChunkedArray) -> tuple[tuple[str, ...], NDArray[np.int32]]:
-    """The distinct values of a non-null string column, in order of first appearance, and each
-    row's index into them (one dictionary encoding per chunk, merged)."""
+def value_codes(
+    column: pa.ChunkedArray | pa.Array,
+) -> tuple[tuple[str, ...], NDArray[np.int32]]:
+    """The distinct values of a string column, in order of first appearance, and each row's
+    index into them, -1 for a null (one dictionary encoding per chunk, merged)."""
     names: dict[str, int] = {}
     parts = [np.empty(0, dtype=np.int32)]
-    for chunk in column.chunks:
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    for chunk in chunks:
         encoded = chunk.dictionary_encode()
         local = [names.setdefault(v, len(names)) for v in encoded.dictionary.to_pylist()]
-        indices = encoded.indices.to_numpy(zero_copy_only=False)
-        parts.append(np.asarray(local, dtype=np.int32)[indices] if local else indices)
-    return tuple(names), np.concatenate(parts).astype(np.int32, copy=False)
+        indices = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
+        parts.append(np.asarray([*local, -1], dtype=np.int32)[indices])
+    return tuple(names), np.concatenate(parts)
 
 
 def fixed_width(column: pa.ChunkedArray) -> NDArray[np.bytes_] | None:

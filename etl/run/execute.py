@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from joblib import Parallel, delayed, parallel_config
 from joblib.parallel import LokyBackend
@@ -28,9 +28,12 @@ from etl.format.shards import SHARDS_DIR, ShardInfo, ShardWriter, fsync_dir
 from etl.images.rejects import Reject
 from etl.images.stages import load_function, process_image
 from etl.run import cluster, interrupt
-from etl.run.tasks import PackItem, PackTask
+from etl.run.tasks import Chunks, PackItem, PackTask
 from etl.sources import readers
-from etl.sources.base import SourceFile, SourceReject
+from etl.sources.base import FileColumns, SourceReject
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 # NOTE [ worker start-up ]: every run waits for its worker processes to start (0.2 s for a
 # bare loky worker here) and to import this module with all it imports (0.2 s more). That is
@@ -210,36 +213,64 @@ def _read_failure(exc: OSError) -> tuple[str, str]:
 
 
 def hash_sources(
-    files: Sequence[SourceFile],
+    files: FileColumns,
     algorithm: str,
     run: RunConfig,
     on_progress: Callable[[int], None] = lambda n: None,
     *,
     source_config: SourceConfig,
-) -> tuple[dict[str, str], list[SourceReject]]:
-    """Content hashes of `files` of `source_config`; unreadable ones become rejects (io_error,
-    or the reason `readers.Refused` gives)."""
-    chunks = [
-        [(f.source, f.path) for f in files[i : i + HASH_CHUNK]]
-        for i in range(0, len(files), HASH_CHUNK)
-    ]
-    stat = {f.source: f for f in files}
-    hashes: dict[str, str] = {}
-    rejects: list[SourceReject] = []
+) -> tuple[pa.Table, list[SourceReject]]:
+    """Content hashes of `files` of `source_config` as a table (source, hash); unreadable
+    files become rejects (io_error, or the reason `readers.Refused` gives).
+
+    Chunks of (source, path) are made as workers take them and their hashes kept as Arrow
+    columns, so hashing 10M files holds no Python object per file in this process."""
+    import pyarrow as pa  # NOTE: here: workers import this module and never need pyarrow
+
+    table = files.table.select(["source", "path"])
+
+    def chunk(start: int, stop: int) -> list[tuple[str, str]]:
+        columns = table.slice(start, stop - start).to_pydict()
+        paths = (os.fsdecode(path) for path in columns["path"])
+        return list(zip(columns["source"], paths, strict=True))
+
+    chunks: Chunks[list[tuple[str, str]]] = Chunks(len(table), HASH_CHUNK, chunk)
+    sources: list[pa.Array] = []
+    hashes: list[pa.Array] = []
+    failures: list[tuple[str, str, str]] = []
     with parallel_map(_hash_chunk, chunks, run, algorithm, source_config) as chunk_results:
         for results in chunk_results:
-            for source, value, reason, message in results:
-                if value is None:
-                    f = stat[source]
-                    rejects.append(
-                        SourceReject(
-                            source, reason, message, f.size, f.mtime_ns, None, f.ctime_ns, f.inode
-                        )
-                    )
-                else:
-                    hashes[source] = value
+            done = [(source, value) for source, value, _, _ in results if value is not None]
+            sources.append(pa.array([source for source, _ in done], pa.string()))
+            hashes.append(pa.array([value for _, value in done], pa.string()))
+            failures += [
+                (s, reason, message) for s, value, reason, message in results if value is None
+            ]
             on_progress(len(results))
-    return hashes, rejects
+    found = pa.table(
+        {
+            "source": pa.chunked_array(sources, pa.string()),
+            "hash": pa.chunked_array(hashes, pa.string()),
+        }
+    )
+    return found, _hash_rejects(files, failures)
+
+
+def _hash_rejects(files: FileColumns, failures: list[tuple[str, str, str]]) -> list[SourceReject]:
+    """Rejects of the files that could not be hashed, with their listed stat."""
+    if not failures:
+        return []
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    failed = pa.array([source for source, _, _ in failures], pa.string())
+    rows = FileColumns(files.table.filter(pc.is_in(files.table.column("source"), value_set=failed)))
+    stat = {f.source: f for f in rows}
+    return [
+        SourceReject(source, reason, message, f.size, f.mtime_ns, None, f.ctime_ns, f.inode)
+        for source, reason, message in failures
+        for f in (stat[source],)
+    ]
 
 
 # --- packing ---------------------------------------------------------------------------------

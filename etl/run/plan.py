@@ -1,28 +1,39 @@
 """Pure planning: (sources, content hashes, previous manifest, config) -> pack, keep, reject.
 
-No I/O happens here. Work is decided by content: a source whose path and stat match the previous
-manifest keeps its stored pixels without being read; any source whose content hash equals
-pixels already stored (a moved, renamed or touched file) reuses them without decoding; a source
-whose hash matches a remembered reject is rejected again without decoding. Only the rest is
-packed, into new shards: shards are immutable.
+No I/O happens here, and nothing here makes a Python object per source: the listing, the
+previous manifest and the decisions are Arrow and numpy columns, so a plan over 10M files
+costs bytes per file. Objects are made only for what a worker will do (`PackTask`s, built as
+they are dispatched) and for rejects.
+
+Work is decided by content: a source whose path and stat match the previous manifest keeps its
+stored pixels without being read; any source whose content hash equals pixels already stored
+(a moved, renamed or touched file) reuses them without decoding; a source whose hash matches a
+remembered reject is rejected again without decoding. Only the rest is packed, into new
+shards: shards are immutable.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+import os
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
+from numpy.typing import NDArray
 
 from etl.config import PipelineConfig
 from etl.format.manifest import SAMPLES_SCHEMA, Manifest
 from etl.format.names import sample_id
 from etl.format.shards import shard_name
+from etl.format.view import value_codes
 from etl.images.rejects import CONTENT_REJECTS
-from etl.run.tasks import PackItem, PackTask
-from etl.sources.base import SourceFile, SourceListing, SourceReject
+from etl.run.tasks import Chunks, PackItem, PackTask
+from etl.sources.base import FileColumns, SourceFile, SourceListing, SourceReject
 
 TRAIN = "train"
 
@@ -31,17 +42,16 @@ TRAIN = "train"
 class Plan:
     version: int
     classes: tuple[str, ...]
-    tasks: tuple[PackTask, ...]
+    tasks: Sequence[PackTask]
+    """One task per new shard, built when taken (`Chunks`)."""
     reused: pa.Table
     """Manifest rows whose stored pixels are kept, with label, split and stat brought up to date
     (SAMPLES_SCHEMA, sorted by source)."""
     rejects: tuple[SourceReject, ...]
     counts: Mapping[str, int] = field(default_factory=dict)
     """unchanged, changed, new, moved, deleted, rejected: what the plan found."""
-
-    @property
-    def to_pack(self) -> int:
-        return sum(len(t.items) for t in self.tasks)
+    to_pack: int = 0
+    """Sources in `tasks`."""
 
 
 def pack_order(source: str) -> int:
@@ -52,13 +62,18 @@ def pack_order(source: str) -> int:
 def assign_split(source: str, fractions: Mapping[str, float]) -> str:
     """Deterministic split by a hash of the path: a sample keeps its split as other files come
     and go. Fractions are taken in sorted split-name order; the remainder is 'train'."""
-    u = xxhash.xxh3_64_intdigest(b"split:" + source.encode("utf-8")) / 2.0**64
-    edge = 0.0
-    for name in sorted(fractions):
-        edge += fractions[name]
-        if u < edge:
-            return name
-    return TRAIN
+    return split_names([source], fractions)[0]
+
+
+def split_names(sources: Iterable[str], fractions: Mapping[str, float]) -> list[str]:
+    """`assign_split` of many sources: one hash each, then one vectorised comparison."""
+    names = sorted(fractions)
+    edges = np.cumsum([fractions[name] for name in names], dtype=np.float64)
+    draws = np.fromiter(
+        (xxhash.xxh3_64_intdigest(b"split:" + s.encode("utf-8")) for s in sources), np.float64
+    )
+    choices = [*names, TRAIN]
+    return [choices[i] for i in np.searchsorted(edges, draws / 2.0**64, side="right").tolist()]
 
 
 StatKey = tuple[int, int, int, int]
@@ -75,47 +90,63 @@ def stat_key(size: int, mtime_ns: int, ctime_ns: int, inode: int) -> StatKey:
     return (size, mtime_ns, ctime_ns, inode)
 
 
-def _key_of(f: SourceFile) -> StatKey:
-    return stat_key(f.size, f.mtime_ns, f.ctime_ns, f.inode)
+_STAT_COLUMNS = ["source_size", "source_mtime_ns", "source_ctime_ns", "source_inode"]
+_FILE_STAT = ["size", "mtime_ns", "ctime_ns", "inode"]
 
 
-def _reused_rows(
-    previous: Manifest | None,
-    rows: list[int],
-    new_identity: list[tuple[SourceFile, int, str]],
-    classes: tuple[str, ...],
-) -> pa.Table:
-    """Previous rows `rows` (their pixels and checksums) under their current identity.
-
-    NOTE: built column-wise with Arrow, not as Python dicts: on a no-change rerun every sample
-    passes through here, and dicts cost seconds per 100k samples.
-    """
-    if previous is None or not rows:
-        return SAMPLES_SCHEMA.empty_table()
-    table = previous.samples.take(pa.array(rows, pa.int64()))
-    updates = {
-        "sample_id": pa.array([sample_id(f.source) for f, _, _ in new_identity], pa.string()),
-        "source": pa.array([f.source for f, _, _ in new_identity], pa.string()),
-        "source_size": pa.array([f.size for f, _, _ in new_identity], pa.int64()),
-        "source_mtime_ns": pa.array([f.mtime_ns for f, _, _ in new_identity], pa.int64()),
-        "source_ctime_ns": pa.array([f.ctime_ns for f, _, _ in new_identity], pa.int64()),
-        "source_inode": pa.array([f.inode for f, _, _ in new_identity], pa.uint64()),
-        "label": pa.array([label for _, label, _ in new_identity], pa.int32()),
-        "class_name": pa.array([classes[label] for _, label, _ in new_identity], pa.string()),
-        "split": pa.array([split for _, _, split in new_identity], pa.string()),
-    }
-    for name, column in updates.items():
-        table = table.set_column(table.schema.get_field_index(name), name, column)
-    return table.cast(SAMPLES_SCHEMA).sort_by("source")
+def _numbers(column: pa.ChunkedArray | pa.Array) -> tuple[NDArray[Any], NDArray[np.bool_]]:
+    """An integer column as numpy values (nulls as 0) and its validity."""
+    valid = np.asarray(pc.is_valid(column).to_numpy(zero_copy_only=False), dtype=bool)
+    values = pc.fill_null(column, 0).to_numpy(zero_copy_only=False)
+    return np.asarray(values), valid
 
 
-def files_to_hash(listing: SourceListing, previous: Manifest | None) -> list[SourceFile]:
+def positions_in(
+    values: pa.ChunkedArray | pa.Array, keys: pa.ChunkedArray | pa.Array
+) -> NDArray[np.int64]:
+    """Each value's first position in `keys`, -1 where it is not there (one hash lookup)."""
+    if not len(values):
+        return np.zeros(0, dtype=np.int64)
+    found = pc.index_in(values, value_set=keys) if len(keys) else pa.nulls(len(values), pa.int32())
+    return np.asarray(pc.fill_null(found, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _take(column: pa.ChunkedArray | pa.Array, positions: NDArray[np.int64]) -> pa.Array:
+    """column[positions], null where a position is -1."""
+    return pc.take(column, pa.array(np.maximum(positions, 0), mask=positions < 0))
+
+
+def known_digests(files: FileColumns, previous: Manifest | None) -> pa.Array:
+    """For each listed file, the content hash the previous version recorded for the same
+    source and the same whole stat key (null where none: a new, changed or touched file, or a
+    row written before ctime and inode were recorded)."""
+    table = files.table
+    known = pa.nulls(len(table), pa.string())
+    if previous is None or not len(table):
+        return known
+    mine = [_numbers(table.column(c))[0] for c in _FILE_STAT]
+    for rows in (previous.samples, previous.rejects):
+        if not rows.num_rows:
+            continue
+        where = positions_in(table.column("source"), rows.column("source"))
+        same = where >= 0
+        at = np.maximum(where, 0)
+        for ours, theirs in zip(mine, _STAT_COLUMNS, strict=True):
+            values, valid = _numbers(rows.column(theirs))
+            same &= valid[at] & (values[at].astype(np.int64) == ours.astype(np.int64))
+        digests = _take(rows.column("source_hash"), np.where(same, where, -1))
+        known = pc.coalesce(known, digests)
+    return known
+
+
+def files_to_hash(listing: SourceListing, previous: Manifest | None) -> FileColumns:
     """Sources whose content hash is known neither from listing (`content_hash`) nor from the
     previous manifest by path and stat."""
-    known = _known_by_stat(previous)
-    return [
-        f for f in listing.files if f.content_hash is None and (f.source, _key_of(f)) not in known
-    ]
+    table = listing.files.table
+    unknown = pc.and_(
+        pc.is_null(table.column("content_hash")), pc.is_null(known_digests(listing.files, previous))
+    )
+    return FileColumns(table.filter(unknown))
 
 
 def settled_hashes(previous: Manifest | None) -> frozenset[str]:
@@ -124,28 +155,17 @@ def settled_hashes(previous: Manifest | None) -> frozenset[str]:
     if previous is None:
         return frozenset()
     stored = set(previous.samples.column("source_hash").to_pylist())
-    rejects = previous.rejects.select(["reason", "source_hash"]).to_pylist()
-    stored.update(
-        r["source_hash"] for r in rejects if r["reason"] in CONTENT_REJECTS and r["source_hash"]
+    return frozenset(stored | set(_remembered(previous).column("source_hash").to_pylist()))
+
+
+def _remembered(previous: Manifest) -> pa.Table:
+    """The previous version's rejects that belong to content (a hash repeats the verdict)."""
+    rejects = previous.rejects
+    content = pc.and_(
+        pc.is_in(rejects.column("reason"), pa.array(sorted(CONTENT_REJECTS), pa.string())),
+        pc.invert(pc.fill_null(pc.equal(rejects.column("source_hash"), ""), True)),
     )
-    return frozenset(stored)
-
-
-_STAT_COLUMNS = ["source_size", "source_mtime_ns", "source_ctime_ns", "source_inode"]
-
-
-def _known_by_stat(previous: Manifest | None) -> dict[tuple[str, StatKey], str]:
-    """{(source, stat key): content hash} of the previous version's rows with a whole stat key
-    (rows written before ctime and inode were recorded have none: hashed once again)."""
-    if previous is None:
-        return {}
-    known: dict[tuple[str, StatKey], str] = {}
-    for table in (previous.samples, previous.rejects):
-        cols = table.select(["source", "source_hash", *_STAT_COLUMNS]).to_pydict()
-        for source, digest, *key in zip(*cols.values(), strict=True):
-            if digest is not None and None not in key:
-                known[(source, stat_key(*key))] = digest
-    return known
+    return rejects.filter(content)
 
 
 def _reject(f: SourceFile, reason: str, message: str, digest: str) -> SourceReject:
@@ -169,10 +189,35 @@ def resolve_classes(
     return (*prior, *ordered, *sorted(set(names) - known))
 
 
+def _hash_column(hashes: Mapping[str, str] | pa.Table, files: pa.Table) -> pa.Array:
+    """Each listed file's hash from the hash phase (a {source: hash} mapping or a table of
+    source and hash columns), null where it has none."""
+    if not isinstance(hashes, pa.Table):
+        hashes = pa.table(
+            {"source": list(hashes), "hash": list(hashes.values())},
+            schema=pa.schema([("source", pa.string()), ("hash", pa.string())]),
+        )
+    where = positions_in(files.column("source"), hashes.column("source"))
+    return _take(hashes.column("hash"), where)
+
+
+def _with_digests(
+    files: pa.Table, digests: pa.ChunkedArray | pa.Array, mask: NDArray[np.bool_]
+) -> Iterator[tuple[SourceFile, str]]:
+    """The listed files where `mask` holds, as objects with their content hash: for the few
+    that become rejects."""
+    chosen = pa.array(mask)
+    return zip(FileColumns(files.filter(chosen)), digests.filter(chosen).to_pylist(), strict=True)
+
+
+def _mask(result: pa.ChunkedArray | pa.Array) -> NDArray[np.bool_]:
+    return np.asarray(pc.fill_null(result, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
 def make_plan(
     config: PipelineConfig,
     listing: SourceListing,
-    hashes: Mapping[str, str],
+    hashes: Mapping[str, str] | pa.Table,
     hash_rejects: Iterable[SourceReject],
     previous: Manifest | None,
     version: int,
@@ -182,119 +227,80 @@ def make_plan(
     `files_to_hash` that could be read (a file with a `content_hash` from listing needs none);
     `hash_rejects` the ones that could not. `previous` is the manifest whose pixels may be
     reused (None for a first run or a rebuild); `prior_classes` the label order to extend."""
-    known = _known_by_stat(previous)
+    files = listing.files.table
     rejects: list[SourceReject] = list(listing.rejects) + list(hash_rejects)
-    failed = {r.source for r in rejects}
+    failed = pa.array(sorted({r.source for r in rejects}), pa.string())
+    readable = ~_mask(pc.is_in(files.column("source"), value_set=failed))
 
-    present_classes = {f.class_name for f in listing.files if f.class_name is not None}
-    classes = resolve_classes(config, present_classes, prior_classes, listing.classes)
+    class_names, class_codes = value_codes(files.column("class_name"))
+    classes = resolve_classes(config, class_names, prior_classes, listing.classes)
     label_of = {name: i for i, name in enumerate(classes)}
+    labels = np.array([*(label_of.get(c, -1) for c in class_names), -1])[class_codes]
 
     # 1. content hash and label of every readable source
-    candidates: list[tuple[SourceFile, str]] = []
-    for f in listing.files:
-        if f.source in failed:
-            continue
-        # NOTE: a hash from listing wins over the stat: those kinds have no stat that proves
-        # a value unchanged (an LMDB value rewritten with the same length keeps size and mtime 0)
-        digest = f.content_hash or known.get((f.source, _key_of(f))) or hashes.get(f.source)
-        if digest is None:
-            raise ValueError(f"no content hash for {f.source}: files_to_hash was not honoured")
-        if f.class_name not in label_of:
-            message = f"class {f.class_name!r} is not in source.classes"
-            rejects.append(_reject(f, "unknown_label", message, digest))
-            continue
-        candidates.append((f, digest))
+    # NOTE: a hash from listing wins over the stat: those kinds have no stat that proves a
+    # value unchanged (an LMDB value rewritten with the same length keeps size and mtime 0)
+    digests = pc.coalesce(
+        files.column("content_hash"),
+        known_digests(listing.files, previous),
+        _hash_column(hashes, files),
+    )
+    unhashed = readable & ~_mask(pc.is_valid(digests))
+    if unhashed.any():
+        source = files.column("source")[int(np.argmax(unhashed))].as_py()
+        raise ValueError(f"no content hash for {source}: files_to_hash was not honoured")
+    for f, digest in _with_digests(files, digests, readable & (labels < 0)):
+        message = f"class {f.class_name!r} is not in source.classes"
+        rejects.append(_reject(f, "unknown_label", message, digest))
+    candidate = readable & (labels >= 0)
 
     # 2. exact duplicates by content
-    policy = config.validate_stage.duplicates
-    if policy != "allow":
-        by_hash: dict[str, list[str]] = defaultdict(list)
-        for f, digest in candidates:
-            by_hash[digest].append(f.source)
-        losers: dict[str, str] = {}
-        for sources in by_hash.values():
-            if len(sources) > 1:
-                first = min(sources)
-                for s in sources:
-                    if s != first or policy == "reject_all":
-                        others = [o for o in sources if o != s]
-                        losers[s] = f"same bytes as {', '.join(sorted(others)[:3])}"
-        kept: list[tuple[SourceFile, str]] = []
-        for f, digest in candidates:
-            if f.source in losers:
-                rejects.append(_reject(f, "duplicate", losers[f.source], digest))
-            else:
-                kept.append((f, digest))
-        candidates = kept
+    if config.validate_stage.duplicates != "allow":
+        candidate = _drop_duplicates(files, digests, candidate, config, rejects)
 
     # 3. reuse stored pixels, repeat remembered rejects, or pack
-    stored: dict[str, int] = {}
-    old_by_source: dict[str, str] = {}
-    remembered: dict[str, tuple[str, str]] = {}
+    counts: dict[str, int] = {}
+    in_old = np.zeros(files.num_rows, dtype=bool)
+    old_pos = stored_pos = np.full(files.num_rows, -1, dtype=np.int64)
+    repeat = np.zeros(files.num_rows, dtype=bool)
     if previous is not None:
-        old_hashes = previous.samples.column("source_hash").to_pylist()
-        for index, digest in enumerate(old_hashes):
-            stored.setdefault(digest, index)
-        old_by_source = dict(
-            zip(previous.samples.column("source").to_pylist(), old_hashes, strict=True)
-        )
-        for row in previous.rejects.to_pylist():
-            if row["reason"] in CONTENT_REJECTS and row["source_hash"]:
-                remembered[row["source_hash"]] = (row["reason"], row["message"])
+        old = previous.samples
+        old_pos = positions_in(files.column("source"), old.column("source"))
+        in_old = old_pos >= 0
+        same = _mask(pc.equal(_take(old.column("source_hash"), old_pos), digests))
+        counts["unchanged"] = int((candidate & in_old & same).sum())
+        counts["changed"] = int((candidate & in_old & ~same).sum())
+        stored_pos = positions_in(digests, old.column("source_hash"))
+        remembered = _remembered(previous)
+        remembered_pos = positions_in(digests, remembered.column("source_hash"))
+        repeat = candidate & (stored_pos < 0) & (remembered_pos >= 0)
+        verdicts = remembered.select(["reason", "message"]).to_pylist()
+        for (f, digest), at in zip(
+            _with_digests(files, digests, repeat), remembered_pos[repeat].tolist(), strict=True
+        ):
+            rejects.append(_reject(f, verdicts[at]["reason"], verdicts[at]["message"], digest))
+        listed = np.zeros(old.num_rows, dtype=bool)
+        listed[old_pos[in_old]] = True
+        counts["deleted"] = int((~listed).sum())
+    reuse = candidate & (stored_pos >= 0)
+    pack = candidate & ~reuse & ~repeat
+    counts["moved"] = int((reuse & ~in_old).sum())
+    counts["new"] = int((pack & ~in_old).sum())
+    found = {k: v for k, v in counts.items() if v}
+    found["deleted"] = counts.get("deleted", 0)
+    found["rejected"] = len(rejects)
 
-    counts: Counter[str] = Counter()
-    reuse_from: list[int] = []
-    reuse_as: list[tuple[SourceFile, int, str]] = []
-    to_pack: list[PackItem] = []
-    for f, digest in candidates:
-        assert f.class_name is not None
-        split = f.split or assign_split(f.source, config.source.split)
-        label = label_of[f.class_name]
-        if f.source in old_by_source:
-            counts["unchanged" if old_by_source[f.source] == digest else "changed"] += 1
-        if digest in stored:
-            reuse_from.append(stored[digest])
-            reuse_as.append((f, label, split))
-            if f.source not in old_by_source:
-                counts["moved"] += 1
-        elif digest in remembered:
-            reason, message = remembered[digest]
-            rejects.append(_reject(f, reason, message, digest))
-        else:
-            if f.source not in old_by_source:
-                counts["new"] += 1
-            to_pack.append(
-                PackItem(
-                    source=f.source,
-                    path=f.path,
-                    source_hash=digest,
-                    size=f.size,
-                    mtime_ns=f.mtime_ns,
-                    ctime_ns=f.ctime_ns,
-                    inode=f.inode,
-                    sample_id=sample_id(f.source),
-                    label=label,
-                    class_name=f.class_name,
-                    split=split,
-                )
-            )
-    reused = _reused_rows(previous, reuse_from, reuse_as, classes)
-    counts["deleted"] = len(set(old_by_source) - {f.source for f in listing.files})
-    counts["rejected"] = len(rejects)
-
-    # NOTE: shards are filled in a hash order of the source path, not in path order: path order
-    # puts one class in a shard, which makes every locality-friendly read order (block shuffle,
-    # streaming whole shards) see one class at a time. The order is still a pure function of
-    # the paths, so loky, Dask and a rerun produce the same shards.
-    to_pack.sort(key=lambda item: pack_order(item.source))
+    identity = _identity(files, labels, classes, config)
+    reused = _reused_rows(previous, identity, reuse, stored_pos, old_pos)
+    to_pack = _to_pack(identity, digests, pack)
     per_shard = config.samples_per_shard
-    tasks = tuple(
-        PackTask(
-            shard=shard_name(version, i // per_shard),
-            items=tuple(to_pack[i : i + per_shard]),
-        )
-        for i in range(0, len(to_pack), per_shard)
+    tasks: Chunks[PackTask] = Chunks(
+        to_pack.num_rows,
+        per_shard,
+        lambda start, stop: PackTask(
+            shard=shard_name(version, start // per_shard),
+            items=_pack_items(to_pack.slice(start, stop - start)),
+        ),
     )
     return Plan(
         version=version,
@@ -302,5 +308,148 @@ def make_plan(
         tasks=tasks,
         reused=reused,
         rejects=tuple(sorted(rejects, key=lambda r: r.source)),
-        counts=dict(counts),
+        counts=found,
+        to_pack=to_pack.num_rows,
+    )
+
+
+def _drop_duplicates(
+    files: pa.Table,
+    digests: pa.ChunkedArray | pa.Array,
+    candidate: NDArray[np.bool_],
+    config: PipelineConfig,
+    rejects: list[SourceReject],
+) -> NDArray[np.bool_]:
+    """`candidate` without the files whose content another candidate has too: all but the
+    first by source ('keep_first') or all of them ('reject_all'), each a 'duplicate' reject
+    naming up to 3 others. Objects are made only for files that share a hash."""
+    rows = np.flatnonzero(candidate)
+    _, codes = value_codes(digests.filter(pa.array(candidate)))
+    shared = np.bincount(codes)[codes] > 1 if len(codes) else np.zeros(0, dtype=bool)
+    if not shared.any():
+        return candidate
+    by_hash: dict[str, list[tuple[int, SourceFile]]] = defaultdict(list)
+    mask = np.zeros(len(candidate), dtype=bool)
+    mask[rows[shared]] = True
+    for (f, digest), row in zip(
+        _with_digests(files, digests, mask), np.flatnonzero(mask).tolist(), strict=True
+    ):
+        by_hash[digest].append((row, f))
+    kept = candidate.copy()
+    for digest, group in by_hash.items():
+        sources = [f.source for _, f in group]
+        first = min(sources)
+        for row, f in group:
+            if f.source != first or config.validate_stage.duplicates == "reject_all":
+                others = sorted(s for s in sources if s != f.source)[:3]
+                message = f"same bytes as {', '.join(others)}"
+                rejects.append(_reject(f, "duplicate", message, digest))
+                kept[row] = False
+    return kept
+
+
+def _identity(
+    files: pa.Table, labels: NDArray[np.int64], classes: tuple[str, ...], config: PipelineConfig
+) -> pa.Table:
+    """The listed files with what a sample of each would be called: label, class name and
+    split (the listing's, else one drawn from a hash of the path)."""
+    splits: list[pa.Array] = []
+    for batch in files.select(["source", "split"]).to_batches(max_chunksize=1 << 16):
+        drawn = pa.array(split_names(batch.column(0).to_pylist(), config.source.split))
+        splits.append(pc.coalesce(batch.column(1), drawn))
+    safe = np.maximum(labels, 0)
+    return (
+        files.append_column("label", pa.array(safe.astype(np.int32)))
+        .append_column("class", pa.array(classes or ("",), pa.string()).take(pa.array(safe)))
+        .append_column("split_name", pa.chunked_array(splits, pa.string()))
+    )
+
+
+def _reused_rows(
+    previous: Manifest | None,
+    identity: pa.Table,
+    reuse: NDArray[np.bool_],
+    stored_pos: NDArray[np.int64],
+    old_pos: NDArray[np.int64],
+) -> pa.Table:
+    """Previous rows holding the pixels of the reused files (their pixels and checksums) under
+    the files' current identity, in source order (the listing's).
+
+    A sample_id is a hash of the source: taken from the previous row of the same source where
+    there is one, computed only for moved files."""
+    if previous is None or not reuse.any():
+        return SAMPLES_SCHEMA.empty_table()
+    table = previous.samples.take(pa.array(stored_pos[reuse]))
+    mine = identity.filter(pa.array(reuse))
+    same_source = old_pos[reuse]
+    ids = _take(previous.samples.column("sample_id"), same_source)
+    moved = same_source < 0
+    if moved.any():
+        computed = [sample_id(s) for s in mine.column("source").filter(pa.array(moved)).to_pylist()]
+        ids = pc.replace_with_mask(ids, pa.array(moved), pa.array(computed, pa.string()))
+    updates = {
+        "sample_id": ids,
+        "source": mine.column("source"),
+        "source_size": mine.column("size"),
+        "source_mtime_ns": mine.column("mtime_ns"),
+        "source_ctime_ns": mine.column("ctime_ns"),
+        "source_inode": mine.column("inode"),
+        "label": mine.column("label"),
+        "class_name": mine.column("class"),
+        "split": mine.column("split_name"),
+    }
+    for name, column in updates.items():
+        table = table.set_column(table.schema.get_field_index(name), name, column)
+    return table.cast(SAMPLES_SCHEMA)
+
+
+def _to_pack(
+    identity: pa.Table, digests: pa.ChunkedArray | pa.Array, pack: NDArray[np.bool_]
+) -> pa.Table:
+    """The files to pack with their content hash, in the order shards are filled.
+
+    NOTE: shards are filled in a hash order of the source path, not in path order: path order
+    puts one class in a shard, which makes every locality-friendly read order (block shuffle,
+    streaming whole shards) see one class at a time. The order is still a pure function of the
+    paths, so loky, Dask and a rerun produce the same shards."""
+    chosen = pa.array(pack)
+    table = identity.filter(chosen).append_column("digest", digests.filter(chosen))
+    order = np.fromiter(
+        (pack_order(s) for s in table.column("source").to_pylist()), np.uint64, table.num_rows
+    )
+    return table.take(pa.array(np.argsort(order, kind="stable")))
+
+
+def _pack_items(table: pa.Table) -> tuple[PackItem, ...]:
+    columns = table.select(
+        [
+            "source",
+            "path",
+            "digest",
+            "size",
+            "mtime_ns",
+            "ctime_ns",
+            "inode",
+            "label",
+            "class",
+            "split_name",
+        ]
+    ).to_pydict()
+    return tuple(
+        PackItem(
+            source=source,
+            path=os.fsdecode(path),
+            source_hash=digest,
+            size=size,
+            mtime_ns=mtime_ns,
+            ctime_ns=ctime_ns or 0,
+            inode=inode or 0,
+            sample_id=sample_id(source),
+            label=label,
+            class_name=class_name,
+            split=split,
+        )
+        for source, path, digest, size, mtime_ns, ctime_ns, inode, label, class_name, split in zip(
+            *columns.values(), strict=True
+        )
     )

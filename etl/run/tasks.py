@@ -7,7 +7,9 @@ of every run (see NOTE [ worker start-up ] in etl.run.execute).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,3 +35,28 @@ class PackTask:
 
     shard: str
     items: tuple[PackItem, ...]
+
+
+T = TypeVar("T")
+
+
+class Chunks(Sequence[T]):
+    """`count` items in fixed-size chunks, each made into a task only when it is asked for (a
+    worker is about to take it), so the parent never holds every task at once."""
+
+    def __init__(self, items: int, size: int, make: Callable[[int, int], T]) -> None:
+        self.items, self.size, self._make = items, size, make
+
+    def __len__(self) -> int:
+        return -(-self.items // self.size)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"chunk {index} of {len(self)}")
+        start = (index % len(self)) * self.size
+        return self._make(start, min(self.items, start + self.size))
+
+    def __iter__(self) -> Iterator[T]:
+        return (self[i] for i in range(len(self)))

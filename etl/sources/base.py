@@ -5,13 +5,17 @@ exist only while they are listed, and the rules that turn a label into a class n
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from etl.format.checksums import digest
 from etl.sources import readers
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,13 +84,114 @@ class FileStat(NamedTuple):
         )
 
 
+FILE_COLUMNS = (
+    "source",
+    "path",
+    "class_name",
+    "split",
+    "size",
+    "mtime_ns",
+    "content_hash",
+    "ctime_ns",
+    "inode",
+)
+"""The fields of `SourceFile`, in order: the columns of `FileColumns.table`. `path` is stored
+as bytes (`os.fsencode`): a file name need not be UTF-8."""
+
+
+def _file_schema() -> pa.Schema:
+    import pyarrow as pa  # NOTE: here, not above: pack workers import this module
+
+    text, number = pa.string(), pa.int64()
+    types = (text, pa.binary(), text, text, number, number, text, number, pa.uint64())
+    return pa.schema(list(zip(FILE_COLUMNS, types, strict=True)))
+
+
+class FileColumns:
+    """Listed files as Arrow columns, sorted by source: a few dozen bytes a file where a
+    `SourceFile` object costs hundreds, so a listing of 10M files fits in memory. Iterating
+    gives `SourceFile`s, a batch at a time, for the code that handles a few."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+
+    @classmethod
+    def of(cls, files: Iterable[SourceFile]) -> FileColumns:
+        """Columns of `files` (any order; sorted here)."""
+        import pyarrow as pa
+
+        rows = list(files)
+        columns = {name: [getattr(f, name) for f in rows] for name in FILE_COLUMNS}
+        columns["path"] = [os.fsencode(path) for path in columns["path"]]
+        table = pa.table(columns, schema=_file_schema())
+        return cls(table.sort_by("source") if len(rows) > 1 else table)
+
+    def __len__(self) -> int:
+        return int(self.table.num_rows)
+
+    def __iter__(self) -> Iterator[SourceFile]:
+        for batch in self.table.to_batches(max_chunksize=1 << 16):
+            columns = [batch.column(name).to_pylist() for name in FILE_COLUMNS]
+            columns[1] = [os.fsdecode(path) for path in columns[1]]
+            for values in zip(*columns, strict=True):
+                yield SourceFile(*values)
+
+    def __getitem__(self, index: int) -> SourceFile:
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"file {index} of a listing of {len(self)}")
+        row = self.table.slice(index % len(self), 1).to_pylist()[0]
+        return SourceFile(**{**row, "path": os.fsdecode(row["path"])})
+
+
+class FileColumnsBuilder:
+    """Collects files as plain Python lists and turns every `BATCH` of them into Arrow arrays,
+    so a listing holds Python objects for one batch at most."""
+
+    BATCH = 1 << 16
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[Any, ...]] = []
+        self._batches: list[pa.RecordBatch] = []
+
+    def add(self, source: str, path: str, class_name: str | None, stat: FileStat) -> None:
+        self._pending.append((source, path, class_name, stat))
+        if len(self._pending) >= self.BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+
+        if not self._pending:
+            return
+        source, path, class_name, stat = zip(*self._pending, strict=True)
+        n = len(source)
+        sizes, mtimes, ctimes, inodes = zip(*stat, strict=True)
+        paths = [os.fsencode(p) for p in path]
+        arrays = [source, paths, class_name, [None] * n, sizes, mtimes, [None] * n, ctimes, inodes]
+        self._batches.append(pa.record_batch(list(arrays), schema=_file_schema()))
+        self._pending.clear()
+
+    def build(self) -> FileColumns:
+        import pyarrow as pa
+
+        self._flush()
+        table = pa.Table.from_batches(self._batches, schema=_file_schema())
+        self._batches.clear()
+        return FileColumns(table.sort_by("source").combine_chunks() if len(table) else table)
+
+
 @dataclass(frozen=True)
 class SourceListing:
-    files: tuple[SourceFile, ...]
+    files: FileColumns
+    """Sorted by source. A tuple of `SourceFile`s is turned into columns."""
     rejects: tuple[SourceReject, ...]
     classes: tuple[str, ...] | None = None
     """The label order the source itself declares (a table's ClassLabel names; 0..max for
     integer labels), used when `source.classes` is not set; None: sorted class names."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.files, FileColumns):
+            object.__setattr__(self, "files", FileColumns.of(self.files))
 
     @property
     def listed(self) -> int:
@@ -190,9 +295,8 @@ class RecordIntake:
         self.rejects += [SourceReject(source, reason, message) for source in sorted(sources)]
 
     def listing(self, classes: tuple[str, ...] | None = None) -> SourceListing:
-        files = sorted(self.files, key=lambda f: f.source)
         rejects = sorted(self.rejects, key=lambda r: r.source)
-        return SourceListing(tuple(files), tuple(rejects), classes)
+        return SourceListing(FileColumns.of(self.files), tuple(rejects), classes)
 
 
 def class_name_of(value: Any, classes: tuple[str, ...] | None) -> str | None:

@@ -18,7 +18,15 @@ from etl.sources import readers
 
 if TYPE_CHECKING:
     import pyarrow as pa
-from etl.sources.base import FileStat, ListContext, SourceFile, SourceListing, SourceReject
+from etl.sources.base import (
+    FileColumns,
+    FileColumnsBuilder,
+    FileStat,
+    ListContext,
+    SourceFile,
+    SourceListing,
+    SourceReject,
+)
 
 
 def _pattern(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
@@ -73,7 +81,7 @@ def list_folder(config: FolderSource, context: ListContext | None = None) -> Sou
     prefix = len(top) + 1
     real_root = os.path.realpath(top) + os.sep
     include, exclude = _pattern(config.include), _pattern(config.exclude)
-    files: list[SourceFile] = []
+    files = FileColumnsBuilder()
     rejects: list[SourceReject] = []
     unlistable: list[tuple[str, OSError]] = []
     for entry in _walk(top, unlistable):
@@ -95,8 +103,7 @@ def list_folder(config: FolderSource, context: ListContext | None = None) -> Sou
         if slash < 0:
             rejects.append(outcome.reject(source, "no_class", "file is not inside a class folder"))
             continue
-        class_name = names.path_to_source(relative[:slash])
-        files.append(outcome.file(source, entry.path, class_name, None))
+        files.add(source, entry.path, names.path_to_source(relative[:slash]), outcome)
     for folder, exc in unlistable:
         rejects.append(
             SourceReject(
@@ -105,9 +112,8 @@ def list_folder(config: FolderSource, context: ListContext | None = None) -> Sou
                 f"cannot list this folder: {exc.strerror or exc}",
             )
         )
-    files.sort(key=lambda f: f.source)
     rejects.sort(key=lambda r: r.source)
-    return SourceListing(tuple(files), tuple(rejects))
+    return SourceListing(files.build(), tuple(rejects))
 
 
 def _stat_file(source: str, path: str, max_bytes: int) -> FileStat | SourceReject:
@@ -267,6 +273,5 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
             continue
         split = splits[i] if splits is not None else None
         files.append(outcome.file(source, full, label.strip(), split or None))
-    files.sort(key=lambda f: f.source)
     rejects.sort(key=lambda r: r.source)
-    return SourceListing(tuple(files), tuple(rejects))
+    return SourceListing(FileColumns.of(files), tuple(rejects))

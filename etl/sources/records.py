@@ -25,6 +25,7 @@ from etl.sources import readers, record_values
 if TYPE_CHECKING:
     pass
 from etl.sources.base import (
+    FileColumns,
     ListContext,
     RecordIntake,
     SourceFile,
@@ -60,9 +61,8 @@ def list_lmdb(config: LmdbSource, context: ListContext) -> SourceListing:
                 files.append(outcome)
             else:
                 rejects.append(outcome)
-    files.sort(key=lambda f: f.source)
     rejects.sort(key=lambda r: r.source)
-    return SourceListing(tuple(files), tuple(rejects))
+    return SourceListing(FileColumns.of(files), tuple(rejects))
 
 
 def _lmdb_sample(
