@@ -19,6 +19,7 @@ BENCHMARKS = (
     "bench_sources",
     "bench_augment",
     "bench_scale",
+    "bench_tree",
 )
 
 

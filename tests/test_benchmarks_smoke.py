@@ -1,5 +1,6 @@
 """The benchmarks still run end to end: `python -m benchmarks.bench_pack --tiny`,
-`python -m benchmarks.bench_sources --tiny` and `python -m benchmarks.bench_scale --tiny`.
+`python -m benchmarks.bench_sources --tiny`, `python -m benchmarks.bench_scale --tiny` and
+`python -m benchmarks.bench_tree --tiny`.
 
 Numbers from 16 photos mean nothing; the test checks that every part runs (photo generation,
 bare loops, the pipeline on every backend, the memory runs) and that the pipeline's pixels equal
@@ -59,3 +60,13 @@ def test_bench_scale_tiny(tmp_path: Path) -> None:
     for rows in ("| 20,000 |", "| 40,000 |"):
         assert rows in result.stdout, result.stdout
     assert list(tmp_path.iterdir()) == []  # the manifests are removed
+
+
+def test_bench_tree_tiny(tmp_path: Path) -> None:
+    result = run_tiny("bench_tree", tmp_path, timeout=300)
+    # the benchmark stops unless the first run packed every file, the rerun nothing and the
+    # +1% run exactly the new files
+    assert result.returncode == 0, result.stderr
+    for rows in ("| 2,000 |", "| 4,000 |", "| per file |"):
+        assert rows in result.stdout, result.stdout
+    assert list(tmp_path.iterdir()) == []  # the trees are removed
