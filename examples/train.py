@@ -17,6 +17,7 @@ with exactly the batches not yet trained on (also with another number of ranks).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 
@@ -92,6 +93,18 @@ def main() -> None:
     distributed = "WORLD_SIZE" in os.environ
     if distributed:
         dist.init_process_group("gloo")  # rank, world size and address from torchrun's env
+    train_and_evaluate(args, distributed)
+    if distributed:
+        # NOTE: the DDP model, its gradient reducer and the loaders' workers go with
+        # train_and_evaluate's frame, before the group: a gloo work object that outlived the
+        # group aborted a rank at exit now and then ("terminate called without an active
+        # exception", exit -6); so did a rank reaching destroy while rank 0 still evaluated.
+        gc.collect()
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def train_and_evaluate(args: argparse.Namespace, distributed: bool) -> None:
     rank = dist.get_rank() if distributed else 0
     world_size = dist.get_world_size() if distributed else 1
     torch.manual_seed(args.seed)
@@ -176,11 +189,6 @@ def main() -> None:
             )
     if rank == 0 and steps_run != args.stop_after:
         print(f"final validation accuracy: {accuracy:.3f} on {len(val)} samples", flush=True)
-    if distributed:
-        # NOTE: rank 1 reaching destroy_process_group while rank 0 still evaluates aborted it
-        # now and then ("terminate called without an active exception", exit -6) under gloo.
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 def checkpoint(
