@@ -154,14 +154,21 @@ def yaml_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, str | Path):
         text = str(value)
-        if _PLAIN.fullmatch(text) and yaml.safe_load(text) == text:
-            return text
-        return _double_quoted(text)
+        return text if _PLAIN.fullmatch(text) and _reads_back(text) else _double_quoted(text)
     if isinstance(value, list | tuple):
         return "[" + ", ".join(yaml_value(v) for v in value) + "]"
     if isinstance(value, dict):
         return "{" + ", ".join(f"{yaml_value(k)}: {yaml_value(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"no YAML form for {value!r}")
+
+
+def _reads_back(text: str) -> bool:
+    """Whether `text` unquoted is that same string to YAML; False for text YAML reads as
+    something else or refuses, such as '...' (a document end marker)."""
+    try:
+        return bool(yaml.safe_load(text) == text)
+    except yaml.YAMLError:
+        return False
 
 
 def _double_quoted(text: str) -> str:
