@@ -30,6 +30,7 @@ import pyarrow.ipc as ipc
 from numpy.typing import NDArray
 
 from etl.errors import ManifestError
+from etl.format.columns import positions_in
 from etl.format.record import RECORD_FILE, check_record
 from etl.format.shards import SHARDS_DIR
 
@@ -191,8 +192,8 @@ class Manifest:
     def shard_index(self) -> NDArray[np.int32]:
         """Each sample's position in `shards` (-1 for a shard not listed there), found once: the
         coherence check and every selection use it."""
-        found = pc.index_in(self.samples.column("shard"), value_set=self.shards.column("shard"))
-        return np.asarray(pc.fill_null(found, -1).to_numpy(zero_copy_only=False), dtype=np.int32)
+        index = positions_in(self.samples.column("shard"), self.shards.column("shard"))
+        return index.astype(np.int32)
 
 
 def version_name(version: int) -> str:

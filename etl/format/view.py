@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from etl.errors import SelectionError
+from etl.format.columns import bool_mask, value_codes
 from etl.format.manifest import Manifest, ordered_splits
 
 Where: TypeAlias = "pc.Expression | Callable[[pa.Table], Any]"
@@ -169,46 +170,3 @@ class VersionView:
                 f"{table.num_rows} rows; it must return one boolean per row"
             )
         return mask
-
-
-def value_codes(
-    column: pa.ChunkedArray | pa.Array,
-) -> tuple[tuple[str, ...], NDArray[np.int32]]:
-    """The distinct values of a string column, in order of first appearance, and each row's
-    index into them, -1 for a null (one dictionary encoding per chunk, merged)."""
-    names: dict[str, int] = {}
-    parts = [np.empty(0, dtype=np.int32)]
-    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-    for chunk in chunks:
-        encoded = chunk.dictionary_encode()
-        local = [names.setdefault(v, len(names)) for v in encoded.dictionary.to_pylist()]
-        indices = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
-        parts.append(np.asarray([*local, -1], dtype=np.int32)[indices])
-    return tuple(names), np.concatenate(parts)
-
-
-def fixed_width(column: pa.ChunkedArray) -> NDArray[np.bytes_] | None:
-    """A string column whose values all have one length (hex digests), as a numpy array of
-    that many bytes per value (compared with memcmp, not per Python string); None for any
-    other column. A copy only when the column has several chunks."""
-    if column.type != pa.string() or column.null_count:
-        return None
-    array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-    if not len(array):
-        return None
-    _, offsets_buffer, data_buffer = array.buffers()
-    offsets = np.frombuffer(offsets_buffer, np.int32, len(array) + 1, array.offset * 4)
-    width = int(offsets[1] - offsets[0])
-    if width <= 0 or int(offsets[-1] - offsets[0]) != width * len(array):
-        return None
-    if not np.all(np.diff(offsets) == width):
-        return None
-    data = np.frombuffer(data_buffer, np.uint8, offsets[-1] - offsets[0], offsets[0])
-    return data.view(f"S{width}")
-
-
-def bool_mask(result: Any) -> NDArray[np.bool_]:
-    """A boolean numpy array of an Arrow or numpy result; null counts as False."""
-    if isinstance(result, pa.ChunkedArray | pa.Array):
-        return np.asarray(pc.fill_null(result, False).to_numpy(zero_copy_only=False), dtype=bool)
-    return np.asarray(result, dtype=bool)

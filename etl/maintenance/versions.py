@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
+from etl.format.columns import bool_mask, fixed_width, positions_in, value_codes
 from etl.format.manifest import Manifest, list_versions, read_manifest, resolve
-from etl.format.view import fixed_width, value_codes
 
 
 @dataclass(frozen=True)
@@ -72,8 +72,7 @@ def diff(root: Path, a: int, b: int) -> VersionDiff:
     codes, fixed-width checksums as bytes; only the rows that differ are gathered. Every
     table comes out in source order, as both manifests are (docs/FORMAT.md)."""
     old, new = read_manifest(root, a), read_manifest(root, b)
-    found = pc.index_in(new.samples.column("source"), value_set=old.samples.column("source"))
-    old_pos = np.asarray(pc.fill_null(found, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+    old_pos = positions_in(new.samples.column("source"), old.samples.column("source"))
     matched = old_pos >= 0
     kept = np.zeros(old.samples.num_rows, dtype=bool)
     kept[old_pos[matched]] = True
@@ -128,5 +127,4 @@ def _same_strings(
     a_bytes, b_bytes = fixed_width(a), fixed_width(b)
     if a_bytes is not None and b_bytes is not None and a_bytes.dtype == b_bytes.dtype:
         return np.asarray(a_bytes[a_pos] == b_bytes[b_pos], dtype=bool)
-    equal = pc.equal(a.take(pa.array(a_pos)), b.take(pa.array(b_pos)))
-    return np.asarray(equal.to_numpy(zero_copy_only=False), dtype=bool)
+    return bool_mask(pc.equal(a.take(pa.array(a_pos)), b.take(pa.array(b_pos))))

@@ -267,9 +267,17 @@ def _hash_rejects(files: FileColumns, failures: list[tuple[str, str, str]]) -> l
     rows = FileColumns(files.table.filter(pc.is_in(files.table.column("source"), value_set=failed)))
     stat = {f.source: f for f in rows}
     return [
-        SourceReject(source, reason, message, f.size, f.mtime_ns, None, f.ctime_ns, f.inode)
+        SourceReject(
+            source,
+            reason,
+            message,
+            stat[source].size,
+            stat[source].mtime_ns,
+            None,
+            stat[source].ctime_ns,
+            stat[source].inode,
+        )
         for source, reason, message in failures
-        for f in (stat[source],)
     ]
 
 

@@ -27,10 +27,10 @@ import xxhash
 from numpy.typing import NDArray
 
 from etl.config import PipelineConfig
+from etl.format.columns import bool_mask, positions_in, take_or_null, value_codes
 from etl.format.manifest import SAMPLES_SCHEMA, Manifest
 from etl.format.names import sample_id
 from etl.format.shards import shard_name
-from etl.format.view import value_codes
 from etl.images.rejects import CONTENT_REJECTS
 from etl.run.tasks import Chunks, PackItem, PackTask
 from etl.sources.base import FileColumns, SourceFile, SourceListing, SourceReject
@@ -76,22 +76,14 @@ def split_names(sources: Iterable[str], fractions: Mapping[str, float]) -> list[
     return [choices[i] for i in np.searchsorted(edges, draws / 2.0**64, side="right").tolist()]
 
 
-StatKey = tuple[int, int, int, int]
-
-
-def stat_key(size: int, mtime_ns: int, ctime_ns: int, inode: int) -> StatKey:
-    """What must all match the previous manifest for a file to count as unchanged unread.
-
-    NOTE: size and mtime alone miss a file rewritten in place with its old mtime put back
-    (`touch -r`, `cp -p`, rsync, some editors); ctime cannot be set back from user space and
-    a replaced file has a new inode, as git's index compares too. A chmod, a rename or a copy
-    elsewhere changes them as well: that costs a re-hash, never a re-pack (same content).
-    """
-    return (size, mtime_ns, ctime_ns, inode)
-
-
 _STAT_COLUMNS = ["source_size", "source_mtime_ns", "source_ctime_ns", "source_inode"]
 _FILE_STAT = ["size", "mtime_ns", "ctime_ns", "inode"]
+"""What must all match the previous manifest for a file to count as unchanged unread.
+
+NOTE: size and mtime alone miss a file rewritten in place with its old mtime put back
+(`touch -r`, `cp -p`, rsync, some editors); ctime cannot be set back from user space and a
+replaced file has a new inode, as git's index compares too. A chmod, a rename or a copy
+elsewhere changes them as well: that costs a re-hash, never a re-pack (same content)."""
 
 
 def _numbers(column: pa.ChunkedArray | pa.Array) -> tuple[NDArray[Any], NDArray[np.bool_]]:
@@ -99,21 +91,6 @@ def _numbers(column: pa.ChunkedArray | pa.Array) -> tuple[NDArray[Any], NDArray[
     valid = np.asarray(pc.is_valid(column).to_numpy(zero_copy_only=False), dtype=bool)
     values = pc.fill_null(column, 0).to_numpy(zero_copy_only=False)
     return np.asarray(values), valid
-
-
-def positions_in(
-    values: pa.ChunkedArray | pa.Array, keys: pa.ChunkedArray | pa.Array
-) -> NDArray[np.int64]:
-    """Each value's first position in `keys`, -1 where it is not there (one hash lookup)."""
-    if not len(values):
-        return np.zeros(0, dtype=np.int64)
-    found = pc.index_in(values, value_set=keys) if len(keys) else pa.nulls(len(values), pa.int32())
-    return np.asarray(pc.fill_null(found, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
-
-
-def _take(column: pa.ChunkedArray | pa.Array, positions: NDArray[np.int64]) -> pa.Array:
-    """column[positions], null where a position is -1."""
-    return pc.take(column, pa.array(np.maximum(positions, 0), mask=positions < 0))
 
 
 def known_digests(files: FileColumns, previous: Manifest | None) -> pa.Array:
@@ -134,7 +111,7 @@ def known_digests(files: FileColumns, previous: Manifest | None) -> pa.Array:
         for ours, theirs in zip(mine, _STAT_COLUMNS, strict=True):
             values, valid = _numbers(rows.column(theirs))
             same &= valid[at] & (values[at].astype(np.int64) == ours.astype(np.int64))
-        digests = _take(rows.column("source_hash"), np.where(same, where, -1))
+        digests = take_or_null(rows.column("source_hash"), np.where(same, where, -1))
         known = pc.coalesce(known, digests)
     return known
 
@@ -198,7 +175,7 @@ def _hash_column(hashes: Mapping[str, str] | pa.Table, files: pa.Table) -> pa.Ar
             schema=pa.schema([("source", pa.string()), ("hash", pa.string())]),
         )
     where = positions_in(files.column("source"), hashes.column("source"))
-    return _take(hashes.column("hash"), where)
+    return take_or_null(hashes.column("hash"), where)
 
 
 def _with_digests(
@@ -208,10 +185,6 @@ def _with_digests(
     that become rejects."""
     chosen = pa.array(mask)
     return zip(FileColumns(files.filter(chosen)), digests.filter(chosen).to_pylist(), strict=True)
-
-
-def _mask(result: pa.ChunkedArray | pa.Array) -> NDArray[np.bool_]:
-    return np.asarray(pc.fill_null(result, False).to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def make_plan(
@@ -230,7 +203,7 @@ def make_plan(
     files = listing.files.table
     rejects: list[SourceReject] = list(listing.rejects) + list(hash_rejects)
     failed = pa.array(sorted({r.source for r in rejects}), pa.string())
-    readable = ~_mask(pc.is_in(files.column("source"), value_set=failed))
+    readable = ~bool_mask(pc.is_in(files.column("source"), value_set=failed))
 
     class_names, class_codes = value_codes(files.column("class_name"))
     classes = resolve_classes(config, class_names, prior_classes, listing.classes)
@@ -245,7 +218,7 @@ def make_plan(
         known_digests(listing.files, previous),
         _hash_column(hashes, files),
     )
-    unhashed = readable & ~_mask(pc.is_valid(digests))
+    unhashed = readable & ~bool_mask(pc.is_valid(digests))
     if unhashed.any():
         source = files.column("source")[int(np.argmax(unhashed))].as_py()
         raise ValueError(f"no content hash for {source}: files_to_hash was not honoured")
@@ -267,7 +240,7 @@ def make_plan(
         old = previous.samples
         old_pos = positions_in(files.column("source"), old.column("source"))
         in_old = old_pos >= 0
-        same = _mask(pc.equal(_take(old.column("source_hash"), old_pos), digests))
+        same = bool_mask(pc.equal(take_or_null(old.column("source_hash"), old_pos), digests))
         counts["unchanged"] = int((candidate & in_old & same).sum())
         counts["changed"] = int((candidate & in_old & ~same).sum())
         stored_pos = positions_in(digests, old.column("source_hash"))
@@ -382,7 +355,7 @@ def _reused_rows(
     table = previous.samples.take(pa.array(stored_pos[reuse]))
     mine = identity.filter(pa.array(reuse))
     same_source = old_pos[reuse]
-    ids = _take(previous.samples.column("sample_id"), same_source)
+    ids = take_or_null(previous.samples.column("sample_id"), same_source)
     moved = same_source < 0
     if moved.any():
         computed = [sample_id(s) for s in mine.column("source").filter(pa.array(moved)).to_pylist()]

@@ -37,7 +37,7 @@ class SourceFile:
     ctime_ns: int = 0
     inode: int = 0
     """With size and mtime, the stat key that lets an unchanged file skip hashing (see
-    `plan.stat_key`); 0 for kinds with no file."""
+    `plan._FILE_STAT`); 0 for kinds with no file."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 from etl.errors import ManifestError
 from etl.format import names
 from etl.format.checksums import HEX_LENGTH
+from etl.format.columns import bool_mask
 from etl.format.manifest import (
     MANIFEST_FILE,
     RECORDS_SINCE,
@@ -37,7 +38,6 @@ from etl.format.manifest import (
 )
 from etl.format.record import RECORD_FILE
 from etl.format.shards import HEADER_BYTES, shard_version
-from etl.format.view import bool_mask
 from etl.maintenance.audit.report import MAX_EXAMPLES, AuditReport, Finding
 from etl.maintenance.audit.sources import unsafe_path
 from etl.sources import readers
