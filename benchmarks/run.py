@@ -20,6 +20,7 @@ BENCHMARKS = (
     "bench_augment",
     "bench_scale",
     "bench_tree",
+    "bench_cold",
 )
 
 

@@ -42,7 +42,9 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
     `transform` (optional) maps one uint8 image tensor to a tensor; it runs per sample, also in
     `__getitems__`, which then stacks the results (prefer `DeviceLoader`'s batched conversion).
     `verify` checks each opened shard's checksum against the manifest, once per process.
-    `release_every` bounds resident memory per process (see `ShardReader`).
+    `release_every` bounds resident memory per process (see `ShardReader`). `readahead` (on by
+    default) has a batch that is not in the page cache read from disk all at once (see
+    `ShardReader` and NOTE [ readahead ] in `loaders.reader`).
 
     Under a plain `DataLoader(dataset, batch_size=B)` with the default collate, batches are
     `[images, labels]` (uint8 [B, *sample_shape], int64 [B]); `make_loader` yields the same as
@@ -55,10 +57,11 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         transform: Transform | None = None,
         verify: bool = False,
         release_every: int | None = None,
+        readahead: bool = True,
     ) -> None:
         self.selection = selection
         self.transform = transform
-        self.reader = ShardReader(selection.shards, verify, release_every)
+        self.reader = ShardReader(selection.shards, verify, release_every, readahead)
         self.memory = BatchMemory()
         """Where batches are gathered (`make_loader` sets pinning and the workers' ring)."""
         self.with_indices = False
@@ -76,6 +79,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         verify: bool = False,
         release_every: int | None = None,
         verify_manifest: bool = True,
+        readahead: bool = True,
     ) -> PackedDataset:
         """Open a dataset directory or manifest and select samples (see `Catalog.select`).
 
@@ -83,7 +87,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         (see `open_catalog`); `verify` is about shard bytes (see the class).
         """
         selection = open_catalog(path, version, verify_manifest).select(split, classes, where)
-        return cls(selection, transform, verify, release_every)
+        return cls(selection, transform, verify, release_every, readahead)
 
     @property
     def classes(self) -> tuple[str, ...]:

@@ -55,6 +55,19 @@ class ShardReader:
     read, so the process's RSS stays bounded even when an epoch touches far more: by a few times
     `release_every` for random reads, as the kernel maps 64 KiB around each page it faults in.
 
+    `readahead` (default on) has a batch whose rows are not in memory read from disk all at
+    once before the copy: `ShardSpan.resident` probes a few rows, and if any is missing,
+    `ShardSpan.advise` asks for every row, so the device gets a batch of requests in flight
+    instead of one page fault at a time. A page-cached batch costs the probe only. Without a
+    span (the row-by-row fallback) nothing is advised.
+
+    NOTE [ readahead ]: measured with benchmarks/bench_cold.py (5,000 samples of 147 KiB, page
+    cache dropped before each epoch, 2-core VM with a ~1 GB/s virtual disk): random batches
+    with 0 workers 6,725 -> 7,880 samples/s (0.89 -> 1.09 of 1-thread `pread` of the same
+    rows), blocks 7,005 -> 8,675; with 2 workers within noise (7,262 -> 7,337), as two
+    processes already keep two faults in flight. Page-cached: 30,773 vs 30,684 (the probe);
+    advising without the probe cost 10-20% there.
+
     NOTE [ RSS of memmaps ]: pages read through a mapping count in the reader's RSS (as
     file-backed, shared memory) until it is unmapped, although they are page cache that every
     worker shares and the kernel can reclaim. Tools that police RSS see a loader that "grows"
@@ -62,13 +75,18 @@ class ShardReader:
     """
 
     def __init__(
-        self, shards: ShardSet, verify: bool = False, release_every: int | None = None
+        self,
+        shards: ShardSet,
+        verify: bool = False,
+        release_every: int | None = None,
+        readahead: bool = True,
     ) -> None:
         if release_every is not None and release_every <= 0:
             raise ValueError(f"release_every must be a positive byte count, got {release_every}")
         self.shards = shards
         self.verify = verify
         self.release_every = release_every
+        self.readahead = readahead
         self.sample_bytes = int(np.prod(shards.sample_shape))
         self._arrays: dict[int, NDArray[np.uint8]] = {}
         self._flat: dict[int, memoryview] = {}
@@ -205,7 +223,10 @@ class ShardReader:
         with self._lock:
             span = self._spanned(shard) if self.use_span else None
             if span is not None:
-                span.take(span.first[shard] + row, out)
+                span_rows = span.first[shard] + row
+                if self.readahead and not span.resident(span_rows):
+                    span.advise(span_rows)
+                span.take(span_rows, out)
             else:
                 self._gather_rows(shard, row, out)
             self._count(n * self.sample_bytes)

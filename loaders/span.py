@@ -41,6 +41,7 @@ SUPPORTED = sys.platform in ("linux", "darwin") and hasattr(mmap, "MAP_ANONYMOUS
 _MAP_FIXED = 0x10  # the same value on Linux and macOS; the mmap module does not export it
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _PAGE = mmap.PAGESIZE
+_WILLNEED = getattr(mmap, "MADV_WILLNEED", 3)  # 3 on Linux and macOS
 
 
 def _libc() -> ctypes.CDLL:
@@ -56,6 +57,10 @@ def _libc() -> ctypes.CDLL:
     ]
     libc.munmap.restype = ctypes.c_int
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.madvise.restype = ctypes.c_int
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.mincore.restype = ctypes.c_int
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     return libc
 
 
@@ -155,6 +160,43 @@ class ShardSpan:
             address, length = self._slot(shard)
             _anonymous(address, length)
             self.mapped[shard] = False
+
+    def resident(self, span_rows: NDArray[np.int64], probes: int = 4) -> bool:
+        """Whether the first page of each of up to `probes` rows spread over `span_rows` is in
+        memory (`mincore`): a few system calls that tell a page-cached batch from a cold one."""
+        assert _LIBC is not None and self._array is not None, "span used after close"
+        picked = (
+            span_rows[
+                np.linspace(0, len(span_rows) - 1, min(probes, len(span_rows))).astype(np.int64)
+            ]
+            if len(span_rows)
+            else span_rows
+        )
+        state = ctypes.c_ubyte()
+        origin = self._base + _PAGE + self.offset
+        for row in picked.tolist():
+            start = origin + row * self.row_bytes
+            if _LIBC.mincore(start - start % _PAGE, 1, ctypes.byref(state)) or not state.value & 1:
+                return False
+        return True
+
+    def advise(self, span_rows: NDArray[np.int64]) -> None:
+        """Ask the kernel to start reading `span_rows` from disk now (MADV_WILLNEED), all of
+        them at once, so a cold batch is read with many requests in flight rather than one
+        page fault at a time. One call per run of consecutive rows; rows of unmapped shards
+        (zero pages) cost nothing. Advice only: errors are ignored, nothing is waited for."""
+        assert _LIBC is not None and self._array is not None, "span used after close"
+        rows = np.unique(span_rows)
+        if not len(rows):
+            return
+        cut = np.flatnonzero(np.diff(rows) != 1) + 1
+        firsts, lasts = rows[np.r_[0, cut]], rows[np.r_[cut - 1, len(rows) - 1]]
+        origin = self._base + _PAGE + self.offset
+        starts = origin + firsts * self.row_bytes
+        ends = origin + (lasts + 1) * self.row_bytes
+        aligned = starts - starts % _PAGE
+        for start, length in zip(aligned.tolist(), (ends - aligned).tolist(), strict=True):
+            _LIBC.madvise(start, length, _WILLNEED)
 
     def take(self, span_rows: NDArray[np.int64], out: NDArray[np.uint8]) -> None:
         """Copy span rows `span_rows` into the C-contiguous `out`, in order; their shards must

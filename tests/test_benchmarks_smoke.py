@@ -1,6 +1,6 @@
 """The benchmarks still run end to end: `python -m benchmarks.bench_pack --tiny`,
-`python -m benchmarks.bench_sources --tiny`, `python -m benchmarks.bench_scale --tiny` and
-`python -m benchmarks.bench_tree --tiny`.
+`python -m benchmarks.bench_sources --tiny`, `python -m benchmarks.bench_scale --tiny`,
+`python -m benchmarks.bench_tree --tiny` and `python -m benchmarks.bench_cold --tiny`.
 
 Numbers from 16 photos mean nothing; the test checks that every part runs (photo generation,
 bare loops, the pipeline on every backend, the memory runs) and that the pipeline's pixels equal
@@ -70,3 +70,12 @@ def test_bench_tree_tiny(tmp_path: Path) -> None:
     for rows in ("| 2,000 |", "| 4,000 |", "| per file |"):
         assert rows in result.stdout, result.stdout
     assert list(tmp_path.iterdir()) == []  # the trees are removed
+
+
+def test_bench_cold_tiny(tmp_path: Path) -> None:
+    result = run_tiny("bench_cold", tmp_path, timeout=180)
+    # every loader epoch delivered every sample once, or the benchmark stops before its table
+    assert result.returncode == 0, result.stderr
+    for name in ("device: pread, 16 threads", "per-row copy", "loaders blocks, 2 workers"):
+        assert f"| {name}" in result.stdout, result.stdout
+    assert list(tmp_path.iterdir()) == []  # the dataset is removed

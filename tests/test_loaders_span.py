@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import shutil
@@ -21,6 +22,8 @@ from loaders.span import SUPPORTED, ShardSpan, layout
 
 pytestmark = pytest.mark.skipif(not SUPPORTED, reason="shard spans need Linux or macOS")
 PAGE = mmap.PAGESIZE
+LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 
 
 @given(
@@ -165,3 +168,58 @@ def test_threads_gathering_while_another_releases_read_right(packed: Packed) -> 
     stop.set()
     churner.join()
     assert not failures
+
+
+def evicted(path: Path) -> bool:
+    """Drop a file's pages from the page cache; whether the kernel did (it does not on tmpfs),
+    checked with a plain `mincore` of a fresh private mapping."""
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        size = os.fstat(f.fileno()).st_size
+        mapped = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+    pages = (ctypes.c_ubyte * (-(-size // PAGE)))()
+    start = ctypes.c_char.from_buffer(mapped)
+    try:
+        if LIBC.mincore(ctypes.addressof(start), size, pages):
+            raise OSError(ctypes.get_errno(), "mincore failed")
+    finally:
+        del start
+        mapped.close()
+    return not any(page & 1 for page in pages)
+
+
+def test_readahead_advises_cold_batches_only_and_reads_the_file_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    packed = make_packed(tmp_path / "ds", shard_sizes=(11, 4, 9), sample_shape=(32, 32, 3))
+    shards = open_catalog(packed.root).select().shards
+    advised: list[int] = []
+    real_advise = ShardSpan.advise
+    monkeypatch.setattr(
+        ShardSpan, "advise", lambda span, rows: (advised.append(len(rows)), real_advise(span, rows))
+    )
+    rng = np.random.default_rng(0)
+    shard = rng.integers(0, 3, 16)
+    row = rng.integers(0, shards.rows[shard])
+    want = expected(packed, shard.tolist(), row.tolist())
+    cold = all(evicted(shards.path(s)) for s in range(3))
+
+    reader = ShardReader(shards, readahead=True)
+    out = np.empty((16, 32, 32, 3), dtype=np.uint8)
+    reader.gather(shard, row, out)
+    np.testing.assert_array_equal(out, want)
+    if cold:  # on tmpfs pages never leave memory: nothing to advise
+        assert advised == [16]
+    out[:] = 0
+    reader.gather(shard, row, out)  # now in memory: the probe finds it, no advice
+    np.testing.assert_array_equal(out, want)
+    assert len(advised) == (1 if cold else 0)
+
+    advised.clear()
+    for s in range(3):
+        evicted(shards.path(s))
+    plain = ShardReader(shards, readahead=False)
+    plain.gather(shard, row, out)
+    np.testing.assert_array_equal(out, want)
+    assert advised == []
