@@ -331,12 +331,13 @@ def _open_previous(run: _Run) -> None:
 def _list(run: _Run) -> SourceListing:
     """Every input of the source; record kinds spool what the plan may pack (NOTE [spool])."""
     config = run.config
+    reads_every_record = config.source.kind not in readers.FILE_KINDS
+    # NOTE: only record kinds look at `stored`, and as a Python set it costs ~250 B a sample
     context = ListContext(
         checksum=config.output.checksum,
-        stored=settled_hashes(run.reusable),
+        stored=settled_hashes(run.reusable) if reads_every_record else frozenset(),
         spool=None if run.dry_run else readers.spool_path(run.root),
     )
-    reads_every_record = config.source.kind not in readers.FILE_KINDS
     with (
         run.phase("list"),
         execute.workers_starting(config.run, reads_every_record and not run.dry_run),
@@ -382,7 +383,10 @@ def _pack(run: _Run, plan: Plan) -> _Packed:
             if result.shard is not None:
                 new_shards.append(result.shard)
     run.progress.stop()
-    samples = pa.concat_tables([plan.reused, *new_tables]).sort_by("source")  # one chunk
+    # the reused rows are in source order already: sorting (a copy) only merges in new ones
+    samples = plan.reused
+    if new_tables:
+        samples = pa.concat_tables([plan.reused, *new_tables]).sort_by("source")  # one chunk
     reject_rows = [_reject_row(r) for r in sorted(rejects, key=lambda r: r.source)]
     packed_new = sum(t.num_rows for t in new_tables)
     return _Packed(samples, table_from_rows(reject_rows, REJECTS_SCHEMA), new_shards, packed_new)

@@ -352,7 +352,6 @@ def _reused_rows(
     there is one, computed only for moved files."""
     if previous is None or not reuse.any():
         return SAMPLES_SCHEMA.empty_table()
-    table = previous.samples.take(pa.array(stored_pos[reuse]))
     mine = identity.filter(pa.array(reuse))
     same_source = old_pos[reuse]
     ids = take_or_null(previous.samples.column("sample_id"), same_source)
@@ -360,7 +359,7 @@ def _reused_rows(
     if moved.any():
         computed = [sample_id(s) for s in mine.column("source").filter(pa.array(moved)).to_pylist()]
         ids = pc.replace_with_mask(ids, pa.array(moved), pa.array(computed, pa.string()))
-    updates = {
+    columns = {
         "sample_id": ids,
         "source": mine.column("source"),
         "source_size": mine.column("size"),
@@ -371,9 +370,16 @@ def _reused_rows(
         "class_name": mine.column("class"),
         "split": mine.column("split_name"),
     }
-    for name, column in updates.items():
-        table = table.set_column(table.schema.get_field_index(name), name, column)
-    return table.cast(SAMPLES_SCHEMA)
+    # NOTE: only the columns that stay are taken from the previous version, and not at all
+    # when every row is kept in place (a no-change rerun): a take copies each column it gets.
+    kept = [name for name in SAMPLES_SCHEMA.names if name not in columns]
+    rows = stored_pos[reuse]
+    stored = previous.samples.select(kept)
+    if not (len(rows) == stored.num_rows and (rows == np.arange(len(rows))).all()):
+        stored = stored.take(pa.array(rows))
+    columns.update(zip(kept, stored.columns, strict=True))
+    names = SAMPLES_SCHEMA.names
+    return pa.table([columns[name] for name in names], names=names).cast(SAMPLES_SCHEMA)
 
 
 def _to_pack(
