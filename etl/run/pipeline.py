@@ -32,6 +32,7 @@ from etl.errors import (
     OutputError,
     output_error,
 )
+from etl.format.columns import sorted_by
 from etl.format.commit import clean_leftovers, commit_version
 from etl.format.lock import DatasetLock
 from etl.format.manifest import (
@@ -383,12 +384,13 @@ def _pack(run: _Run, plan: Plan) -> _Packed:
             if result.shard is not None:
                 new_shards.append(result.shard)
     run.progress.stop()
+    packed_new = sum(t.num_rows for t in new_tables)
     # the reused rows are in source order already: sorting (a copy) only merges in new ones
     samples = plan.reused
     if new_tables:
-        samples = pa.concat_tables([plan.reused, *new_tables]).sort_by("source")  # one chunk
+        samples = sorted_by(pa.concat_tables([plan.reused, *new_tables]), "source")
+        new_tables.clear()
     reject_rows = [_reject_row(r) for r in sorted(rejects, key=lambda r: r.source)]
-    packed_new = sum(t.num_rows for t in new_tables)
     return _Packed(samples, table_from_rows(reject_rows, REJECTS_SCHEMA), new_shards, packed_new)
 
 

@@ -120,11 +120,14 @@ class FileColumns:
         """Columns of `files` (any order; sorted here)."""
         import pyarrow as pa
 
+        from etl.format.columns import sorted_by
+
         rows = list(files)
         columns = {name: [getattr(f, name) for f in rows] for name in FILE_COLUMNS}
         columns["path"] = [os.fsencode(path) for path in columns["path"]]
         table = pa.table(columns, schema=_file_schema())
-        return cls(table.sort_by("source") if len(rows) > 1 else table)
+        del rows, columns
+        return cls(sorted_by(table, "source"))
 
     def __len__(self) -> int:
         return int(self.table.num_rows)
@@ -174,10 +177,12 @@ class FileColumnsBuilder:
     def build(self) -> FileColumns:
         import pyarrow as pa
 
+        from etl.format.columns import sorted_by
+
         self._flush()
         table = pa.Table.from_batches(self._batches, schema=_file_schema())
         self._batches.clear()
-        return FileColumns(table.sort_by("source").combine_chunks() if len(table) else table)
+        return FileColumns(sorted_by(table, "source"))
 
 
 @dataclass(frozen=True)
