@@ -165,15 +165,9 @@ class ShardSpan:
         """Whether the first page of each of up to `probes` rows spread over `span_rows` is in
         memory (`mincore`): a few system calls that tell a page-cached batch from a cold one."""
         assert _LIBC is not None and self._array is not None, "span used after close"
-        picked = (
-            span_rows[
-                np.linspace(0, len(span_rows) - 1, min(probes, len(span_rows))).astype(np.int64)
-            ]
-            if len(span_rows)
-            else span_rows
-        )
+        picked = span_rows[:: -(-len(span_rows) // probes) or 1]
         state = ctypes.c_ubyte()
-        origin = self._base + _PAGE + self.offset
+        origin = self._array.ctypes.data  # span row 0
         for row in picked.tolist():
             start = origin + row * self.row_bytes
             if _LIBC.mincore(start - start % _PAGE, 1, ctypes.byref(state)) or not state.value & 1:
@@ -191,7 +185,7 @@ class ShardSpan:
             return
         cut = np.flatnonzero(np.diff(rows) != 1) + 1
         firsts, lasts = rows[np.r_[0, cut]], rows[np.r_[cut - 1, len(rows) - 1]]
-        origin = self._base + _PAGE + self.offset
+        origin = self._array.ctypes.data  # span row 0
         starts = origin + firsts * self.row_bytes
         ends = origin + (lasts + 1) * self.row_bytes
         aligned = starts - starts % _PAGE
