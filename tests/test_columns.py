@@ -1,12 +1,14 @@
-"""`etl.format.columns.sorted_by` against Python's own stable sort of the same rows."""
+"""`etl.format.columns.sorted_by` and `merge_sorted` against Python's own sort of the same rows."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from etl.format.columns import sorted_by
+from etl.format.columns import merge_sorted, sorted_by
 
 SCHEMA = pa.schema(
     [
@@ -38,3 +40,36 @@ def test_sorted_by_is_a_stable_sort_that_keeps_the_schema(keys: list[str], chunk
     assert result.to_pylist() == want
     assert result.schema.equals(SCHEMA, check_metadata=True)
     assert all(column.num_chunks <= 1 for column in result.columns)
+
+
+@given(
+    keys=st.sets(st.text(max_size=5), max_size=60),
+    streams=st.integers(1, 5),
+    piece=st.integers(1, 7),
+    seed=st.randoms(use_true_random=False),
+)
+def test_merge_sorted_of_sorted_streams_is_their_sorted_union(
+    keys: set[str], streams: int, piece: int, seed: Any
+) -> None:
+    rows = [{"source": k, "n": i, "path": k.encode("utf-8")} for i, k in enumerate(keys)]
+    dealt: list[list[dict[str, Any]]] = [[] for _ in range(streams)]
+    for row in rows:
+        dealt[seed.randrange(streams)].append(row)
+
+    def pieces(part: list[dict[str, Any]]) -> list[pa.RecordBatch]:
+        part = sorted(part, key=lambda r: r["source"].encode("utf-8"))
+        cut = [part[i : i + piece] for i in range(0, len(part), piece)]
+        # an empty piece now and then: a stream may yield one
+        return [pa.RecordBatch.from_pylist(c, schema=SCHEMA) for c in [[], *cut, []]]
+
+    merged = list(merge_sorted([pieces(part) for part in dealt], "source"))
+    got = [r for table in merged for r in table.to_pylist()]
+    assert got == sorted(rows, key=lambda r: r["source"].encode("utf-8"))
+    assert all(table.schema.equals(SCHEMA) for table in merged)
+    # one piece of each stream at a time, never the whole of them
+    assert all(table.num_rows <= streams * piece for table in merged)
+
+
+def test_merge_sorted_of_no_streams_is_empty() -> None:
+    assert list(merge_sorted([], "source")) == []
+    assert list(merge_sorted([[], [SCHEMA.empty_table()]], "source")) == []

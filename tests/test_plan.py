@@ -65,17 +65,19 @@ def test_first_run_packs_everything_in_fixed_size_shards() -> None:
         "shards/v000001-00001.npy",
         "shards/v000001-00002.npy",
     ]
-    items = [i for t in plan.tasks for i in t.items]
-    assert sorted(i.source for i in items) == sorted(hashes)
-    assert [i.source for i in items] == sorted(hashes, key=pack_order), "shards mix the classes"
-    assert {i.source: i.label for i in items} == {
+    items = plan.packing.to_pylist()
+    assert [s for t in plan.tasks for s in t.sources] == [i["source"] for i in items]
+    assert [h for t in plan.tasks for h in t.hashes] == [hashes[i["source"]] for i in items]
+    assert sorted(i["source"] for i in items) == sorted(hashes)
+    assert [i["source"] for i in items] == sorted(hashes, key=pack_order), "shards mix classes"
+    assert {i["source"]: i["label"] for i in items} == {
         "a/1.jpg": 0,
         "a/2.jpg": 0,
         "b/0.jpg": 1,
         "b/1.jpg": 1,
         "c/9.png": 2,
     }
-    assert all(i.sample_id == sample_id(i.source) for i in items)
+    assert [t.start for t in plan.tasks] == [0, 2, 4]
     assert plan.counts["new"] == 5 and not plan.rejects
 
 
@@ -99,7 +101,7 @@ def test_fixed_classes_reject_unknown_labels() -> None:
     )
     assert plan.classes == ("b", "a")
     assert [(r.source, r.reason) for r in plan.rejects] == [("zzz/1.jpg", "unknown_label")]
-    assert plan.tasks[0].items[0].label == 1
+    assert plan.packing.column("label").to_pylist() == [1]
 
 
 def previous_manifest(
@@ -211,7 +213,7 @@ def test_incremental_plan_reads_only_what_changed() -> None:
         "a/replaced.jpg": "h9",
     }
     plan = make_plan(config(), src, hashes, [], prev, 2, prev.meta.classes)
-    packed = sorted(i.source for t in plan.tasks for i in t.items)
+    packed = sorted(s for t in plan.tasks for s in t.sources)
     assert packed == ["a/edited.jpg", "a/fresh.jpg", "a/rewritten.jpg", "b/first.jpg"]
     assert all(t.shard.startswith("shards/v000002-") for t in plan.tasks)
     reused = {r["source"]: (r["shard"], r["row"]) for r in plan.reused.to_pylist()}

@@ -28,8 +28,8 @@ def _print_plan(plan: Plan, verbose: bool) -> None:
     )
     if verbose:
         for task in plan.tasks:
-            for item in task.items:
-                out.print(f"  pack   {item.source}  -> {task.shard}")
+            for source in task.sources:
+                out.print(f"  pack   {source}  -> {task.shard}")
         for reject in plan.rejects:
             out.print(f"  reject {reject.source}  ({reject.reason}: {reject.message})")
 

@@ -4,6 +4,7 @@ object."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -86,3 +87,38 @@ def sorted_by(table: pa.Table, key: str) -> pa.Table:
         columns.append(table.column(0).take(order).combine_chunks())
         table = table.remove_column(0)
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def merge_sorted(
+    streams: Sequence[Iterable[pa.Table | pa.RecordBatch]], key: str
+) -> Iterator[pa.Table]:
+    """The rows of `streams`, each sorted by the string column `key` with no key in two
+    streams, as one stream of tables in `key` order.
+
+    NOTE: it holds one piece of each stream at a time. Each step takes from every stream the
+    rows up to the smallest last key among the pieces held (no row still to come from any
+    stream can sort before them), sorts those and refills the pieces used up, so the memory is
+    the streams' pieces, not their rows.
+    """
+    sources = [iter(stream) for stream in streams]
+    heads = [_next_rows(source) for source in sources]
+    while True:
+        live = [(i, head) for i, head in enumerate(heads) if head is not None]
+        if not live:
+            return
+        bound = pc.min(pa.array([head.column(key)[-1].as_py() for _, head in live], pa.string()))
+        taken: list[pa.Table] = []
+        for i, head in live:
+            n = int(pc.sum(pc.less_equal(head.column(key), bound)).as_py() or 0)
+            taken.append(head.slice(0, n))
+            heads[i] = head.slice(n) if n < head.num_rows else _next_rows(sources[i])
+        rows = pa.concat_tables(taken)
+        yield sorted_by(rows, key) if len(live) > 1 else rows
+
+
+def _next_rows(source: Iterator[pa.Table | pa.RecordBatch]) -> pa.Table | None:
+    """The next piece of `source` that has rows, as a table; None at its end."""
+    for piece in source:
+        if piece.num_rows:
+            return piece if isinstance(piece, pa.Table) else pa.Table.from_batches([piece])
+    return None

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from pathlib import Path
+from typing import TypeAlias
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -47,10 +48,14 @@ def tool_version() -> str:
         return "0+unknown"
 
 
+Rows: TypeAlias = "pa.Table | Iterable[pa.Table | pa.RecordBatch]"
+"""A table's rows: the table, or its pieces in order (written as they come, never all held)."""
+
+
 def commit_version(
     root: Path,
     meta: ManifestMeta,
-    samples: pa.Table,
+    samples: Rows,
     rejects: pa.Table,
     new_shards: Sequence[ShardInfo],
     previous_shards: pa.Table | None,
@@ -64,19 +69,21 @@ def commit_version(
     meta = replace(
         meta, tool_version=tool_version(), created=datetime.now(UTC).isoformat(timespec="seconds")
     )
-    referenced = set(samples.column("shard").unique().to_pylist())
-    kept = [] if previous_shards is None else previous_shards.to_pylist()
-    records = [r for r in kept if r["shard"] in referenced]
-    records += [info.record() for info in new_shards]
-    shards = table_from_rows(sorted(records, key=lambda r: r["shard"]), SHARDS_SCHEMA)
-    commit(root, meta, samples, shards, rejects)
+
+    def shards_used(referenced: set[str]) -> pa.Table:
+        kept = [] if previous_shards is None else previous_shards.to_pylist()
+        records = [r for r in kept if r["shard"] in referenced]
+        records += [info.record() for info in new_shards]
+        return table_from_rows(sorted(records, key=lambda r: r["shard"]), SHARDS_SCHEMA)
+
+    _publish(root, meta, samples, shards_used, rejects)
     return meta
 
 
 def commit(
     root: Path,
     meta: ManifestMeta,
-    samples: pa.Table,
+    samples: Rows,
     shards: pa.Table,
     rejects: pa.Table,
 ) -> Path:
@@ -84,6 +91,18 @@ def commit(
 
     Shards must already be durable: data first, manifest last.
     """
+    return _publish(root, meta, samples, lambda _: shards, rejects)
+
+
+def _publish(
+    root: Path,
+    meta: ManifestMeta,
+    samples: Rows,
+    shards_for: Callable[[set[str]], pa.Table],
+    rejects: pa.Table,
+) -> Path:
+    """`commit`, with the shards table made from the names of the shards the samples use
+    (known once every piece of `samples` is written)."""
     versions_dir = root / VERSIONS_DIR
     versions_dir.mkdir(parents=True, exist_ok=True)
     final = version_dir(root, meta.version)
@@ -94,12 +113,18 @@ def commit(
     temp.mkdir()
     try:
         metadata = meta.to_metadata()
-        _write_table(temp / MANIFEST_FILE, samples.cast(SAMPLES_SCHEMA.with_metadata(metadata)))
+        used: set[str] = set()
+        _write_rows(
+            temp / MANIFEST_FILE,
+            SAMPLES_SCHEMA.with_metadata(metadata),
+            samples,
+            lambda piece: used.update(piece.column("shard").unique().to_pylist()),
+        )
         small_meta = {
             k: v for k, v in metadata.items() if k in (b"etl.version", b"etl.format_version")
         }
-        _write_table(temp / SHARDS_FILE, shards.cast(SHARDS_SCHEMA.with_metadata(small_meta)))
-        _write_table(temp / REJECTS_FILE, rejects.cast(REJECTS_SCHEMA.with_metadata(small_meta)))
+        _write_rows(temp / SHARDS_FILE, SHARDS_SCHEMA.with_metadata(small_meta), shards_for(used))
+        _write_rows(temp / REJECTS_FILE, REJECTS_SCHEMA.with_metadata(small_meta), rejects)
         write_record(temp, meta.version, RECORDED_FILES)
         fsync_dir(temp)
         os.rename(temp, final)
@@ -110,9 +135,21 @@ def commit(
     return final
 
 
-def _write_table(path: Path, table: pa.Table) -> None:
-    with ipc.new_file(str(path), table.schema) as writer:
-        writer.write_table(table)
+def _write_rows(
+    path: Path,
+    schema: pa.Schema,
+    rows: Rows,
+    written: Callable[[pa.Table], object] = lambda piece: None,
+) -> None:
+    """Write `rows` as the Arrow file at `path` (fsynced), a piece at a time; `written` is
+    called with each piece as it was written."""
+    pieces = [rows] if isinstance(rows, pa.Table) else rows
+    with ipc.new_file(str(path), schema) as writer:
+        for piece in pieces:
+            table = piece if isinstance(piece, pa.Table) else pa.Table.from_batches([piece])
+            table = table.cast(schema)
+            writer.write_table(table)
+            written(table)
     with open(path, "rb+") as f:
         os.fsync(f.fileno())
 

@@ -32,7 +32,6 @@ from etl.errors import (
     OutputError,
     output_error,
 )
-from etl.format.columns import sorted_by
 from etl.format.commit import clean_leftovers, commit_version
 from etl.format.lock import DatasetLock
 from etl.format.manifest import (
@@ -48,6 +47,8 @@ from etl.format.shards import ShardInfo
 from etl.progress import Progress
 from etl.run import execute, interrupt
 from etl.run.plan import Plan, files_to_hash, make_plan, settled_hashes
+from etl.run.results import packed_rejects, packed_samples
+from etl.run.spill import SortedSpill
 from etl.sources import readers
 from etl.sources.base import ListContext, SourceListing, SourceReject
 from etl.sources.listing import check_exists, list_sources
@@ -262,12 +263,16 @@ class _Run:
 
 @dataclass(frozen=True)
 class _Packed:
-    """What the pack phase produced: the new version's tables and its new shards."""
+    """What the pack phase produced: the new samples (on disk until the commit), the new
+    version's rejects and its new shards."""
 
-    samples: pa.Table
+    new_samples: SortedSpill
     rejects: pa.Table
     new_shards: list[ShardInfo]
-    packed_new: int
+
+    @property
+    def packed_new(self) -> int:
+        return self.new_samples.rows
 
 
 def _run_locked(
@@ -304,13 +309,15 @@ def _run_locked(
             samples_total=plan.reused.num_rows + plan.to_pack,
             dry_run=True,
         )
-    packed = _pack(run, plan)
-    if packed.samples.num_rows + packed.rejects.num_rows != listing.listed:
-        raise RuntimeError(
-            f"accounting bug: {packed.samples.num_rows} packed + {packed.rejects.num_rows} "
-            f"rejected != {listing.listed} listed"
-        )
-    return _commit(run, listing.listed, plan, packed)
+    with SortedSpill(root, SAMPLES_SCHEMA, "source") as new_samples:
+        packed = _pack(run, plan, new_samples)
+        samples = plan.reused.num_rows + packed.packed_new
+        if samples + packed.rejects.num_rows != listing.listed:
+            raise RuntimeError(
+                f"accounting bug: {samples} packed + {packed.rejects.num_rows} "
+                f"rejected != {listing.listed} listed"
+            )
+        return _commit(run, listing.listed, plan, packed)
 
 
 def _open_previous(run: _Run) -> None:
@@ -364,13 +371,15 @@ def _hash(run: _Run, listing: SourceListing) -> tuple[dict[str, str], list[Sourc
             run.progress.stop()
 
 
-def _pack(run: _Run, plan: Plan) -> _Packed:
-    """Fill the plan's shards in the workers; the new version's samples and rejects tables.
+def _pack(run: _Run, plan: Plan, new_samples: SortedSpill) -> _Packed:
+    """Fill the plan's shards in the workers; their samples go to `new_samples` as each shard
+    finishes.
 
-    NOTE: each shard's rows become Arrow columns as they arrive: as Python dicts they took
-    ~1 KB an image in this process until the commit (tracemalloc, 12,000 photos).
+    NOTE [ new samples on disk ]: workers send back columns (`PackResult`) and each shard's rows
+    leave memory for a sorted run on disk (`SortedSpill`); the commit merges them with the
+    reused rows a piece at a time. Kept in memory as dicts they cost ~1 KB an image (tracemalloc,
+    12,000 photos), and as Arrow tables ~175 B a row plus a second copy to sort at the commit.
     """
-    new_tables: list[pa.Table] = []
     rejects = list(plan.rejects)
     new_shards: list[ShardInfo] = []
     run.progress.start("pack", plan.to_pack)
@@ -379,19 +388,13 @@ def _pack(run: _Run, plan: Plan) -> _Packed:
     results = execute.pack(plan.tasks, run.config, run.root, run.progress.advance)
     with run.phase("pack"), contextlib.closing(results) as packed:
         for result in packed:
-            new_tables.append(table_from_rows(result.samples, SAMPLES_SCHEMA))
-            rejects.extend(result.rejects)
+            new_samples.add(packed_samples(plan.packing, result))
+            rejects.extend(packed_rejects(plan.packing, result))
             if result.shard is not None:
                 new_shards.append(result.shard)
     run.progress.stop()
-    packed_new = sum(t.num_rows for t in new_tables)
-    # the reused rows are in source order already: sorting (a copy) only merges in new ones
-    samples = plan.reused
-    if new_tables:
-        samples = sorted_by(pa.concat_tables([plan.reused, *new_tables]), "source")
-        new_tables.clear()
     reject_rows = [_reject_row(r) for r in sorted(rejects, key=lambda r: r.source)]
-    return _Packed(samples, table_from_rows(reject_rows, REJECTS_SCHEMA), new_shards, packed_new)
+    return _Packed(new_samples, table_from_rows(reject_rows, REJECTS_SCHEMA), new_shards)
 
 
 def _commit(run: _Run, listed: int, plan: Plan, packed: _Packed) -> RunReport:
@@ -407,7 +410,7 @@ def _commit(run: _Run, listed: int, plan: Plan, packed: _Packed) -> RunReport:
         plan_counts=plan.counts,
         shards_written=len(packed.new_shards),
         bytes_written=sum(s.bytes for s in packed.new_shards),
-        samples_total=packed.samples.num_rows,
+        samples_total=plan.reused.num_rows + packed.packed_new,
     )
     notes: list[str] = []
     workers = execute.worker_count(config.run)
@@ -420,7 +423,7 @@ def _commit(run: _Run, listed: int, plan: Plan, packed: _Packed) -> RunReport:
     if (
         previous is not None
         and not packed.new_shards
-        and _same_content(previous, packed.samples, rejects)
+        and _same_content(previous, plan.reused, rejects)
     ):
         notes.append(f"nothing changed since version {run.latest}")
         return run.report(version=run.latest, committed=False, notes=notes, **counts)
@@ -436,7 +439,8 @@ def _commit(run: _Run, listed: int, plan: Plan, packed: _Packed) -> RunReport:
     # deferred: no commit after a signal; none cut short by one
     with run.phase("commit"), interrupt.deferred():
         builds_on = previous.shards if previous is not None else None
-        commit_version(run.root, meta, packed.samples, rejects, packed.new_shards, builds_on)
+        samples = packed.new_samples.merged(plan.reused)
+        commit_version(run.root, meta, samples, rejects, packed.new_shards, builds_on)
     return run.report(version=plan.version, committed=True, notes=notes, **counts)
 
 

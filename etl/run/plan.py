@@ -2,8 +2,8 @@
 
 No I/O happens here, and nothing here makes a Python object per source: the listing, the
 previous manifest and the decisions are Arrow and numpy columns, so a plan over 10M files
-costs bytes per file. Objects are made only for what a worker will do (`PackTask`s, built as
-they are dispatched) and for rejects.
+costs bytes per file. Objects are made only for rejects; what a worker will do (`PackTask`s) is
+built as it is dispatched, a few buffers a shard.
 
 Work is decided by content: a source whose path and stat match the previous manifest keeps its
 stored pixels without being read; any source whose content hash equals pixels already stored
@@ -14,7 +14,6 @@ shards: shards are immutable.
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from etl.format.manifest import SAMPLES_SCHEMA, Manifest
 from etl.format.names import sample_id
 from etl.format.shards import shard_name
 from etl.images.rejects import CONTENT_REJECTS
-from etl.run.tasks import Chunks, PackItem, PackTask
+from etl.run.tasks import Chunks, PackTask, Texts
 from etl.sources.base import FileColumns, SourceFile, SourceListing, SourceReject
 
 TRAIN = "train"
@@ -42,16 +41,22 @@ TRAIN = "train"
 class Plan:
     version: int
     classes: tuple[str, ...]
+    packing: pa.Table
+    """The sources to pack, in the order shards are filled, with what their samples will be
+    called: the listing's columns, label, class, split_name and digest (the content hash)."""
     tasks: Sequence[PackTask]
-    """One task per new shard, built when taken (`Chunks`)."""
+    """One task per new shard, a slice of `packing`, built when taken (`Chunks`)."""
     reused: pa.Table
     """Manifest rows whose stored pixels are kept, with label, split and stat brought up to date
     (SAMPLES_SCHEMA, sorted by source)."""
     rejects: tuple[SourceReject, ...]
     counts: Mapping[str, int] = field(default_factory=dict)
     """unchanged, changed, new, moved, deleted, rejected: what the plan found."""
-    to_pack: int = 0
-    """Sources in `tasks`."""
+
+    @property
+    def to_pack(self) -> int:
+        """Sources in `tasks`."""
+        return int(self.packing.num_rows)
 
 
 def pack_order(source: str) -> int:
@@ -265,24 +270,23 @@ def make_plan(
 
     identity = _identity(files, labels, classes, config)
     reused = _reused_rows(previous, identity, reuse, stored_pos, old_pos)
-    to_pack = _to_pack(identity, digests, pack)
+    packing = _to_pack(identity, digests, pack)
     per_shard = config.samples_per_shard
     tasks: Chunks[PackTask] = Chunks(
-        to_pack.num_rows,
+        packing.num_rows,
         per_shard,
-        lambda start, stop: PackTask(
-            shard=shard_name(version, start // per_shard),
-            items=_pack_items(to_pack.slice(start, stop - start)),
+        lambda start, stop: _pack_task(
+            shard_name(version, start // per_shard), start, packing.slice(start, stop - start)
         ),
     )
     return Plan(
         version=version,
         classes=classes,
+        packing=packing,
         tasks=tasks,
         reused=reused,
         rejects=tuple(sorted(rejects, key=lambda r: r.source)),
         counts=found,
-        to_pack=to_pack.num_rows,
     )
 
 
@@ -399,36 +403,11 @@ def _to_pack(
     return table.take(pa.array(np.argsort(order, kind="stable")))
 
 
-def _pack_items(table: pa.Table) -> tuple[PackItem, ...]:
-    columns = table.select(
-        [
-            "source",
-            "path",
-            "digest",
-            "size",
-            "mtime_ns",
-            "ctime_ns",
-            "inode",
-            "label",
-            "class",
-            "split_name",
-        ]
-    ).to_pydict()
-    return tuple(
-        PackItem(
-            source=source,
-            path=os.fsdecode(path),
-            source_hash=digest,
-            size=size,
-            mtime_ns=mtime_ns,
-            ctime_ns=ctime_ns or 0,
-            inode=inode or 0,
-            sample_id=sample_id(source),
-            label=label,
-            class_name=class_name,
-            split=split,
-        )
-        for source, path, digest, size, mtime_ns, ctime_ns, inode, label, class_name, split in zip(
-            *columns.values(), strict=True
-        )
+def _pack_task(shard: str, start: int, rows: pa.Table) -> PackTask:
+    return PackTask(
+        shard,
+        start,
+        Texts.of_arrow(rows.column("source")),
+        Texts.of_arrow(rows.column("path")),
+        Texts.of_arrow(rows.column("digest")),
     )

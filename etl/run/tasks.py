@@ -9,32 +9,90 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from itertools import pairwise
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
-@dataclass(frozen=True, slots=True)
-class PackItem:
-    """One source to decode and store; everything the worker needs, nothing large."""
+@dataclass(frozen=True)
+class Texts(Sequence[str]):
+    """Strings as one bytes buffer and their offsets: what Arrow stores, without pyarrow, so a
+    shard of 87k tiny images travels and waits as a few buffers, not 87k objects per column.
+    Items decode as the OS decodes file names (UTF-8, other bytes kept by surrogateescape)."""
 
-    source: str
-    path: str
-    source_hash: str
-    size: int
-    mtime_ns: int
-    ctime_ns: int
-    inode: int
-    sample_id: str
-    label: int
-    class_name: str
-    split: str
+    data: bytes
+    offsets: NDArray[np.int64]
+    """len + 1 positions in `data`: item i is data[offsets[i]:offsets[i + 1]]."""
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"text {index} of {len(self)}")
+        index %= len(self)
+        start, stop = int(self.offsets[index]), int(self.offsets[index + 1])
+        return self.data[start:stop].decode("utf-8", "surrogateescape")
+
+    def __iter__(self) -> Iterator[str]:
+        data, bounds = self.data, self.offsets.tolist()
+        for start, stop in pairwise(bounds):
+            yield data[start:stop].decode("utf-8", "surrogateescape")
+
+    @classmethod
+    def of(cls, values: Sequence[str]) -> Texts:
+        encoded = [v.encode("utf-8", "surrogateescape") for v in values]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(b) for b in encoded], out=offsets[1:])
+        return cls(b"".join(encoded), offsets)
+
+    @classmethod
+    def of_arrow(cls, column: pa.ChunkedArray | pa.Array) -> Texts:
+        """A string or binary column without nulls: a copy of its bytes and offsets."""
+        import pyarrow as pa  # NOTE: here: workers unpickle Texts and never need pyarrow
+
+        array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        if array.null_count:
+            raise ValueError("a column with nulls has no Texts")
+        array = array.cast(pa.large_binary())
+        if not len(array):
+            return cls(b"", np.zeros(1, dtype=np.int64))
+        _, offsets_buffer, data_buffer = array.buffers()
+        offsets = np.frombuffer(offsets_buffer, np.int64, len(array) + 1, array.offset * 8)
+        first, last = int(offsets[0]), int(offsets[-1])
+        data = memoryview(data_buffer)[first:last].tobytes() if last > first else b""
+        return cls(data, offsets - first)
+
+    def to_arrow(self) -> pa.Array:
+        """As an Arrow string array (the bytes must be UTF-8, as hex checksums are)."""
+        import pyarrow as pa
+
+        buffers = [None, pa.py_buffer(self.offsets.astype(np.int64)), pa.py_buffer(self.data)]
+        return pa.Array.from_buffers(pa.large_string(), len(self), buffers).cast(pa.string())
 
 
 @dataclass(frozen=True)
 class PackTask:
-    """One shard's worth of work: a worker fills exactly one shard file."""
+    """One shard's worth of work: a worker fills exactly one shard file with the sources
+    `start` .. `start + len(sources)` of the plan's `packing` table, in that order."""
 
     shard: str
-    items: tuple[PackItem, ...]
+    start: int
+    sources: Texts
+    locators: Texts
+    """Where `etl.sources.readers` reads each source (a file path, an LMDB key, ...)."""
+    hashes: Texts
+    """The content hash each source had when planned: one that differs is a 'changed' reject."""
+
+    def __len__(self) -> int:
+        return len(self.sources)
 
 
 T = TypeVar("T")

@@ -1,0 +1,63 @@
+"""A pack result joined back to the rows the plan made for its task: the new manifest rows of
+one shard, as Arrow columns, and its rejects. Pure: no I/O."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from etl.format.manifest import SAMPLES_SCHEMA
+from etl.format.names import sample_id
+from etl.run.execute import PackResult
+from etl.sources.base import SourceReject
+
+
+def packed_samples(packing: pa.Table, result: PackResult) -> pa.Table:
+    """The manifest rows of the sources `result` stored (SAMPLES_SCHEMA, in shard order).
+    `packing` is the plan's table of sources to pack, whose rows the task was cut from."""
+    stored = result.rows >= 0
+    rows = packing.slice(result.start, result.items).filter(pa.array(stored))
+    if result.shard is None or not rows.num_rows:
+        return SAMPLES_SCHEMA.empty_table()
+    ids = [sample_id(source) for source in rows.column("source").to_pylist()]
+    columns = {
+        "sample_id": pa.array(ids, pa.string()),
+        "source": rows.column("source"),
+        "source_size": rows.column("size"),
+        "source_mtime_ns": rows.column("mtime_ns"),
+        "source_ctime_ns": pc.fill_null(rows.column("ctime_ns"), 0),
+        "source_inode": pc.fill_null(rows.column("inode"), 0),
+        "source_hash": rows.column("digest"),
+        "source_height": pa.array(result.heights[stored].astype(np.int32)),
+        "source_width": pa.array(result.widths[stored].astype(np.int32)),
+        "label": rows.column("label"),
+        "class_name": rows.column("class"),
+        "split": rows.column("split_name"),
+        "shard": pa.repeat(pa.scalar(result.shard.name), rows.num_rows),
+        "row": pa.array(result.rows[stored]),
+        "checksum": result.checksums.to_arrow(),
+    }
+    names = SAMPLES_SCHEMA.names
+    return pa.table([columns[name] for name in names], names=names).cast(SAMPLES_SCHEMA)
+
+
+def packed_rejects(packing: pa.Table, result: PackResult) -> list[SourceReject]:
+    """The rejects of `result`, with the stat and content hash their sources were planned with."""
+    if not result.rejects:
+        return []
+    at = [result.start + index for index, _, _ in result.rejects]
+    planned = packing.take(pa.array(at, pa.int64())).to_pylist()
+    return [
+        SourceReject(
+            row["source"],
+            reason,
+            message,
+            row["size"],
+            row["mtime_ns"],
+            row["digest"],
+            row["ctime_ns"] or 0,
+            row["inode"] or 0,
+        )
+        for row, (_, reason, message) in zip(planned, result.rejects, strict=True)
+    ]

@@ -1,0 +1,156 @@
+"""New samples leave memory as sorted runs on disk and come back merged at the commit
+(`etl.run.spill`). Runs are made tiny here so that every run of a few dozen images writes
+several of them and reads them back in many pieces; the manifests are checked with plain
+pyarrow and numpy against a Pillow decode of each source."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from encoded import SIZE, picture, reasons, reference, stored
+
+from etl.config import load_config
+from etl.format.manifest import SAMPLES_SCHEMA, list_versions
+from etl.run import execute, pipeline, spill
+
+CLASSES = ("ant", "bee", "cat")
+
+
+@pytest.fixture
+def tiny_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(spill, "RUN_ROWS", 5)
+    monkeypatch.setattr(spill, "PIECE_ROWS", 3)
+
+
+def rows(keys: list[str]) -> pa.Table:
+    return pa.table(
+        {"source": keys, "n": [len(k) for k in keys]},
+        schema=pa.schema([("source", pa.string()), ("n", pa.int64())]),
+    )
+
+
+def test_spilled_runs_merge_back_in_order(tmp_path: Path, tiny_runs: None) -> None:
+    keys = [f"k{i:03d}" for i in range(60)]
+    random.Random(3).shuffle(keys)
+    kept_sorted = sorted(keys[:17])
+    added = keys[17:]
+    schema = rows([]).schema
+    with spill.SortedSpill(tmp_path, schema, "source") as runs:
+        for start in range(0, len(added), 4):
+            runs.add(rows(added[start : start + 4]))
+        on_disk = sorted(runs.folder.iterdir())
+        assert len(on_disk) == len(added) // 8, "every 5+ rows (two adds) make a run on disk"
+        pieces = list(runs.merged(rows(kept_sorted)))
+        assert runs.rows == len(added)
+    assert not runs.folder.exists(), "the runs outlived the spill"
+    merged = [r["source"] for piece in pieces for r in piece.to_pylist()]
+    assert merged == sorted(keys)
+    # one piece of each run (and of the table, and of the rows not yet written) at a time
+    assert max(piece.num_rows for piece in pieces) <= (len(on_disk) + 2) * spill.PIECE_ROWS
+
+
+def write_tree(root: Path, seeds: range) -> dict[str, bytes]:
+    """Pictures spread over CLASSES, and one file in each class that is not an image."""
+    files: dict[str, bytes] = {}
+    for seed in seeds:
+        files[f"{CLASSES[seed % 3]}/p{seed:03d}.{'png' if seed % 2 else 'jpg'}"] = picture(seed)
+    for name in CLASSES:
+        files.setdefault(f"{name}/broken.png", b"\x89PNG\r\n\x1a\nnot an image")
+    for source, data in files.items():
+        (root / source).parent.mkdir(parents=True, exist_ok=True)
+        (root / source).write_bytes(data)
+    return files
+
+
+CONFIG = """\
+source: {{kind: folder, path: {source}}}
+stages:
+  - decode: {{}}
+  - resize: {{size: [{height}, {width}]}}
+output: {{dir: {out}, samples_per_shard: 4}}
+run: {{n_jobs: 2, backend: threading}}
+"""
+
+
+def check_output(out: Path, files: dict[str, bytes]) -> dict[str, Any]:
+    """Every picture stored as Pillow decodes it, once, in source order; the rest rejected."""
+    samples = stored(out)
+    sources = list(samples)
+    assert sources == sorted(sources, key=lambda s: s.encode()), "manifest not in source order"
+    pictures = {s for s in files if not s.endswith("broken.png")}
+    assert set(samples) == pictures
+    assert reasons(out) == {s: "unreadable" for s in set(files) - pictures}
+    for source, (pixels, row) in samples.items():
+        np.testing.assert_array_equal(pixels, reference(files[source]), err_msg=source)
+        assert row["class_name"] == source.split("/")[0]
+    locations = [(row["shard"], row["row"]) for _, row in samples.values()]
+    assert len(set(locations)) == len(locations)
+    leftovers = [p.name for p in (out / "versions").iterdir() if p.name.startswith(".tmp-")]
+    assert not leftovers
+    return {source: row for source, (_, row) in samples.items()}
+
+
+def test_a_run_and_a_rerun_through_tiny_runs(tmp_path: Path, tiny_runs: None) -> None:
+    source, out = tmp_path / "src", tmp_path / "out"
+    files = write_tree(source, range(23))
+    path = tmp_path / "p.yaml"
+    height, width = SIZE
+    path.write_text(CONFIG.format(source=source, out=out, height=height, width=width))
+    config = load_config(path)
+
+    first = pipeline.run(config)
+    assert first.packed_new == 23 and first.rejected == 3
+    before = check_output(out, files)
+
+    files.update(write_tree(source, range(23, 35)))
+    second = pipeline.run(config)
+    assert (second.reused, second.packed_new, second.version) == (23, 12, 2)
+    after = check_output(out, files)
+    assert all(after[s]["shard"] == before[s]["shard"] for s in before), "reused rows moved"
+    assert list_versions(out) == [1, 2]
+
+
+def test_a_failed_pack_leaves_no_runs_behind(
+    tmp_path: Path, tiny_runs: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source, out = tmp_path / "src", tmp_path / "out"
+    write_tree(source, range(30))
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        CONFIG.format(source=source, out=out, height=12, width=16).replace(
+            "threading", "sequential"
+        )
+    )
+    real, calls = execute.process_image, [0]
+    written: list[int] = []
+    real_write = spill.SortedSpill._write_run
+
+    def write_run(self: spill.SortedSpill) -> None:
+        real_write(self)
+        written.append(len(list(self.folder.iterdir())))
+
+    monkeypatch.setattr(spill.SortedSpill, "_write_run", write_run)
+
+    def failing(*args: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 25:  # in the 7th shard: 6 were packed, 3 runs written
+            raise RuntimeError("a bug in a stage")
+        return real(*args)
+
+    monkeypatch.setattr(execute, "process_image", failing)
+    with pytest.raises(execute.WorkerError, match="a bug in a stage"):
+        pipeline.run(load_config(path))
+    assert written == [1, 2, 3]
+    assert list_versions(out) == []
+    assert not [p.name for p in (out / "versions").iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_spill_keeps_the_manifest_schema(tmp_path: Path) -> None:
+    with spill.SortedSpill(tmp_path, SAMPLES_SCHEMA, "source") as runs:
+        runs.add(SAMPLES_SCHEMA.empty_table())
+        assert list(runs.merged(SAMPLES_SCHEMA.empty_table())) == []
