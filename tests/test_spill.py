@@ -1,11 +1,15 @@
-"""New samples leave memory as sorted runs on disk and come back merged at the commit
-(`etl.run.spill`). Runs are made tiny here so that every run of a few dozen images writes
-several of them and reads them back in many pieces; the manifests are checked with plain
-pyarrow and numpy against a Pillow decode of each source."""
+"""What a run's parent keeps by position and on disk instead of as objects (#13): new samples
+leave memory as sorted runs and come back merged at the commit (`etl.run.spill`), and hashes
+are placed by their chunk's position, whatever order workers finish in. Runs are made tiny
+here so that a run of a few dozen images writes several and reads them back in many pieces;
+the manifests are checked with plain pyarrow and numpy against a Pillow decode of each
+source."""
 
 from __future__ import annotations
 
+import hashlib
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -154,3 +158,38 @@ def test_a_spill_keeps_the_manifest_schema(tmp_path: Path) -> None:
     with spill.SortedSpill(tmp_path, SAMPLES_SCHEMA, "source") as runs:
         runs.add(SAMPLES_SCHEMA.empty_table())
         assert list(runs.merged(SAMPLES_SCHEMA.empty_table())) == []
+
+
+def test_hashes_land_on_their_files_whatever_order_chunks_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of 3 files hashed by 2 threads finish out of order; each hash must still be its
+    own file's (sha256 by hashlib, not etl's code), unreadable files null and rejected."""
+    from etl.config import FolderSource, RunConfig
+    from etl.sources.files import list_folder
+
+    source = tmp_path / "src"
+    files = write_tree(source, range(40))
+    listing = list_folder(FolderSource(kind="folder", path=source))
+    gone = sorted(files)[5::9]
+    for name in gone:
+        (source / name).unlink()
+    monkeypatch.setattr(execute, "HASH_CHUNK", 3)
+    real = execute.readers.digest_many
+
+    def shuffled_delay(config: Any, paths: Any, algorithm: str) -> Any:
+        paths = list(paths)
+        time.sleep(random.Random(paths[0]).random() / 50)  # finish out of order
+        return real(config, paths, algorithm)
+
+    monkeypatch.setattr(execute.readers, "digest_many", shuffled_delay)
+    hashes, rejects = execute.hash_sources(
+        listing.files,
+        "sha256",
+        RunConfig(n_jobs=2, backend="threading"),
+        source_config=FolderSource(kind="folder", path=source),
+    )
+    sources = listing.files.table.column("source").to_pylist()
+    want = [None if s in gone else hashlib.sha256(files[s]).hexdigest() for s in sources]
+    assert hashes.to_pylist() == want
+    assert sorted(r.source for r in rejects) == gone

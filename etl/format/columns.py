@@ -75,16 +75,21 @@ def sorted_by(table: pa.Table, key: str) -> pa.Table:
     """`table` sorted by column `key` (stable), each column in one chunk.
 
     NOTE: `Table.sort_by` takes every column before letting go of any, so a listing of 10M
-    files briefly needs two copies of itself; this takes a column at a time and drops the
-    unsorted one, so the peak is the table, its largest column and 8 bytes a row. The caller
-    must hold no other reference to `table` for the memory to go.
+    files briefly needs two copies of itself; this takes a column at a time (`taken`). The
+    caller must hold no other reference to `table` for the memory to go.
     """
     if table.num_rows < 2:
         return table.combine_chunks()
-    order = pc.sort_indices(table.column(key))
+    return taken(table, pc.sort_indices(table.column(key)))
+
+
+def taken(table: pa.Table, indices: pa.Array | NDArray[np.integer[Any]]) -> pa.Table:
+    """`table.take(indices)`, each column in one chunk, made a column at a time and dropping
+    each column of `table` once taken: the peak is the result, what else holds `table`'s
+    buffers, and one column, not two copies of the table."""
     schema, columns = table.schema, []
     for _ in schema.names:
-        columns.append(table.column(0).take(order).combine_chunks())
+        columns.append(table.column(0).take(indices).combine_chunks())
         table = table.remove_column(0)
     return pa.Table.from_arrays(columns, schema=schema)
 

@@ -212,9 +212,11 @@ def _started(_: int) -> None:
 
 
 def _hash_chunk(
-    files: Sequence[tuple[str, str]], algorithm: str, source_config: SourceConfig
-) -> list[tuple[str, str | None, str, str]]:
-    """(source, digest or None, reject reason, message) for each (source, locator)."""
+    chunk: tuple[int, Sequence[tuple[str, str]]], algorithm: str, source_config: SourceConfig
+) -> tuple[int, list[tuple[str, str | None, str, str]]]:
+    """For a chunk (its start, its (source, locator)s): its start, and (source, digest or None,
+    reject reason, message) for each file."""
+    start, files = chunk
     out: list[tuple[str, str | None, str, str]] = []
     digests = readers.digest_many(source_config, (path for _, path in files), algorithm)
     for (source, _), value in zip(files, digests, strict=True):
@@ -222,7 +224,7 @@ def _hash_chunk(
             out.append((source, None, *_read_failure(value)))
         else:
             out.append((source, value, "", ""))
-    return out
+    return start, out
 
 
 def _read_failure(exc: OSError) -> tuple[str, str]:
@@ -239,41 +241,35 @@ def hash_sources(
     on_progress: Callable[[int], None] = lambda n: None,
     *,
     source_config: SourceConfig,
-) -> tuple[pa.Table, list[SourceReject]]:
-    """Content hashes of `files` of `source_config` as a table (source, hash); unreadable
-    files become rejects (io_error, or the reason `readers.Refused` gives).
+) -> tuple[pa.Array, list[SourceReject]]:
+    """Content hashes of `files` of `source_config`, one per file in their order (null where
+    it could not be read); unreadable files become rejects (io_error, or the reason
+    `readers.Refused` gives).
 
     Chunks of (source, path) are made as workers take them and their hashes kept as Arrow
-    columns, so hashing 10M files holds no Python object per file in this process."""
+    arrays placed by position, so hashing 10M files holds no Python object per file in this
+    process, and no second copy of the sources."""
     import pyarrow as pa  # NOTE: here: workers import this module and never need pyarrow
 
     table = files.table.select(["source", "path"])
 
-    def chunk(start: int, stop: int) -> list[tuple[str, str]]:
+    def chunk(start: int, stop: int) -> tuple[int, list[tuple[str, str]]]:
         columns = table.slice(start, stop - start).to_pydict()
         paths = (os.fsdecode(path) for path in columns["path"])
-        return list(zip(columns["source"], paths, strict=True))
+        return start, list(zip(columns["source"], paths, strict=True))
 
-    chunks: Chunks[list[tuple[str, str]]] = Chunks(len(table), HASH_CHUNK, chunk)
-    sources: list[pa.Array] = []
-    hashes: list[pa.Array] = []
+    chunks: Chunks[tuple[int, list[tuple[str, str]]]] = Chunks(len(table), HASH_CHUNK, chunk)
+    found: dict[int, pa.Array] = {}
     failures: list[tuple[str, str, str]] = []
     with parallel_map(_hash_chunk, chunks, run, algorithm, source_config) as chunk_results:
-        for results in chunk_results:
-            done = [(source, value) for source, value, _, _ in results if value is not None]
-            sources.append(pa.array([source for source, _ in done], pa.string()))
-            hashes.append(pa.array([value for _, value in done], pa.string()))
+        for start, results in chunk_results:
+            found[start] = pa.array([value for _, value, _, _ in results], pa.string())
             failures += [
                 (s, reason, message) for s, value, reason, message in results if value is None
             ]
             on_progress(len(results))
-    found = pa.table(
-        {
-            "source": pa.chunked_array(sources, pa.string()),
-            "hash": pa.chunked_array(hashes, pa.string()),
-        }
-    )
-    return found, _hash_rejects(files, failures)
+    hashes = pa.chunked_array([found[start] for start in sorted(found)], pa.string())
+    return hashes.combine_chunks(), _hash_rejects(files, failures)
 
 
 def _hash_rejects(files: FileColumns, failures: list[tuple[str, str, str]]) -> list[SourceReject]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from joblib.externals.loky.process_executor import TerminatedWorkerError
 
 from etl.config import FolderSource, PipelineConfig
@@ -46,11 +47,11 @@ from etl.format.manifest import (
 from etl.format.shards import ShardInfo
 from etl.progress import Progress
 from etl.run import execute, interrupt
-from etl.run.plan import Plan, files_to_hash, make_plan, settled_hashes
+from etl.run.plan import Plan, make_plan, needs_hash, settled_hashes
 from etl.run.results import packed_rejects, packed_samples
 from etl.run.spill import SortedSpill
 from etl.sources import readers
-from etl.sources.base import ListContext, SourceListing, SourceReject
+from etl.sources.base import FileColumns, ListContext, SourceListing, SourceReject
 from etl.sources.listing import check_exists, list_sources
 
 
@@ -353,15 +354,17 @@ def _list(run: _Run) -> SourceListing:
         return list_sources(config.source, context)
 
 
-def _hash(run: _Run, listing: SourceListing) -> tuple[dict[str, str], list[SourceReject]]:
-    """Content hashes of the files whose stat does not prove them unchanged."""
+def _hash(run: _Run, listing: SourceListing) -> tuple[pa.Array, list[SourceReject]]:
+    """Content hashes of the files whose stat does not prove them unchanged, one per listed
+    file (null for the others and for the unreadable, which are rejects)."""
     with run.phase("hash"):
         _convert_while_waiting()
-        needs_hash = files_to_hash(listing, run.reusable)
-        run.progress.start("hash", len(needs_hash))
+        wanted = needs_hash(listing, run.reusable)
+        run.progress.start("hash", int(wanted.sum()))
+        chosen = pa.array(wanted)
         try:
-            return execute.hash_sources(
-                needs_hash,
+            hashed, rejects = execute.hash_sources(
+                FileColumns(listing.files.table.filter(chosen)),
                 run.config.output.checksum,
                 run.config.run,
                 run.progress.advance,
@@ -369,6 +372,8 @@ def _hash(run: _Run, listing: SourceListing) -> tuple[dict[str, str], list[Sourc
             )
         finally:
             run.progress.stop()
+        none = pa.nulls(len(listing.files), pa.string())
+        return pc.replace_with_mask(none, chosen, hashed), rejects
 
 
 def _pack(run: _Run, plan: Plan, new_samples: SortedSpill) -> _Packed:
