@@ -296,6 +296,39 @@ def test_values_no_loader_reads_are_the_audits_to_judge(
     ) in messages
 
 
+def test_ids_classes_and_rejects_that_contradict_the_manifest_are_named(
+    ds: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A resealed manifest whose row 1 has another source's sample_id, whose row 3 names a
+    class its label does not, and whose rejects list a packed source: the audit names each
+    row (checked against xxhash itself, not etl's sample_id)."""
+    path = ds / V1 / "manifest.arrow"
+    table = ipc.open_file(path).read_all()
+    sources = table.column("source").to_pylist()
+    assert all(
+        i == xxhash.xxh3_64_hexdigest(s.encode())
+        for s, i in zip(sources, table.column("sample_id").to_pylist(), strict=True)
+    )
+    ids = table.column("sample_id").to_pylist()
+    ids[1] = ids[0]
+    names = table.column("class_name").to_pylist()
+    names[3] = next(n for n in set(names) if n != names[3])
+    for column, values in (("sample_id", ids), ("class_name", names)):
+        index = table.schema.get_field_index(column)
+        table = table.set_column(index, column, pa.array(values, pa.string()))
+    rewrite_sealed(path, table)
+    rejects_path = ds / V1 / "rejects.arrow"
+    rejects = ipc.open_file(rejects_path).read_all()
+    packed_too = rejects.slice(0, 1).set_column(0, "source", pa.array([sources[5]], pa.string()))
+    packed_too = packed_too.cast(rejects.schema)
+    rewrite_sealed(rejects_path, pa.concat_tables([rejects, packed_too]).sort_by("source"))
+    report = audit_json([str(ds)], capsys, expect=1)
+    messages = [f["message"] for f in report["findings"] if f["kind"] == "manifest"]
+    assert f"{V1}/manifest.arrow: sample_id is not xxh3_64 of source: {sources[1]}" in messages
+    assert f"{V1}/manifest.arrow: class_name is not classes[label]: {sources[3]}" in messages
+    assert f"{V1}/rejects.arrow: also in manifest: {sources[5]}" in messages
+
+
 @pytest.mark.parametrize("damage", ["truncate", "footer"])
 def test_unreadable_manifest_is_a_finding(
     ds: Path, damage: str, capsys: pytest.CaptureFixture[str]

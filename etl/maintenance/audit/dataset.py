@@ -94,9 +94,11 @@ def check_manifest(manifest: Manifest) -> list[Finding]:
     found: list[Finding] = []
 
     def check(ok: NDArray[np.bool_], file: str, what: str, label: Sequence[Any]) -> None:
+        """A finding naming the first rows where `ok` fails, by `label` (a column: only those
+        rows become Python values)."""
         bad = np.flatnonzero(~ok)
         if len(bad):
-            examples = ", ".join(str(label[i]) for i in bad[:MAX_EXAMPLES])
+            examples = ", ".join(_text(label[int(i)]) for i in bad[:MAX_EXAMPLES])
             more = f" (and {len(bad) - MAX_EXAMPLES} more)" if len(bad) > MAX_EXAMPLES else ""
             found.append(Finding("manifest", f"{where}/{file}: {what}: {examples}{more}"))
 
@@ -104,13 +106,9 @@ def check_manifest(manifest: Manifest) -> list[Finding]:
     if width is None:
         found.append(Finding("manifest", f"{where}/{MANIFEST_FILE}: unknown {meta.checksum!r}"))
         return found
-    sources = samples.column("source").to_pylist()
-    ids = samples.column("sample_id").to_pylist()
+    sources = samples.column("source")
     check(
-        np.array(
-            [names.sample_id(s) == i for s, i in zip(sources, ids, strict=True)],
-            bool,
-        ),
+        _ids_match(sources, samples.column("sample_id")),
         MANIFEST_FILE,
         "sample_id is not xxh3_64 of source",
         sources,
@@ -124,27 +122,30 @@ def check_manifest(manifest: Manifest) -> list[Finding]:
         )
     if meta.config.get("source_kind", "folder") in readers.FILE_KINDS:  # keys are no paths
         check(
-            ~unsafe_path(samples.column("source")),
+            ~unsafe_path(sources),
             MANIFEST_FILE,
             "source path leaves the source root",
             sources,
         )
-    classes = np.array([*meta.classes, ""], dtype=object)
-    labels = samples.column("label").to_numpy()
-    named = np.array(samples.column("class_name").to_pylist(), dtype=object)
-    check(classes[labels] == named, MANIFEST_FILE, "class_name is not classes[label]", sources)
-    source = samples.column("source")
-    if len(source) > 1:
-        ascending = pc.greater(source.slice(1), source.slice(0, len(source) - 1))
+    labels = np.asarray(samples.column("label").to_numpy(), dtype=np.int64)
+    inside = (labels >= 0) & (labels < len(meta.classes))
+    named = pc.take(
+        pa.array([*meta.classes, ""], pa.string()),
+        pa.array(np.where(inside, labels, len(meta.classes))),
+    )
+    same = bool_mask(pc.equal(named, samples.column("class_name")))
+    check(same & inside, MANIFEST_FILE, "class_name is not classes[label]", sources)
+    if len(sources) > 1:
+        ascending = pc.greater(sources.slice(1), sources.slice(0, len(sources) - 1))
         check(
             np.concatenate([[True], bool_mask(ascending)]),
             MANIFEST_FILE,
             "rows not in strictly ascending source order (each source once)",
             sources,
         )
-    both = pc.is_in(manifest.rejects.column("source"), value_set=samples.column("source"))
-    rejected = manifest.rejects.column("source").to_pylist()
-    check(~both.to_numpy(zero_copy_only=False), REJECTS_FILE, "also in manifest", rejected)
+    rejected = manifest.rejects.column("source")
+    both = bool_mask(pc.is_in(rejected, value_set=sources))
+    check(~both, REJECTS_FILE, "also in manifest", rejected)
 
     shard_names = shards.column("shard").to_pylist()
     sample_bytes = math.prod(meta.sample_shape)
@@ -156,6 +157,22 @@ def check_manifest(manifest: Manifest) -> list[Finding]:
     if len(set(shard_names)) != len(shard_names):
         found.append(Finding("manifest", f"{where}/{SHARDS_FILE}: a shard is listed twice"))
     return found
+
+
+def _text(value: Any) -> str:
+    """A row's label in a finding: an Arrow scalar as its Python value."""
+    return str(value.as_py() if isinstance(value, pa.Scalar) else value)
+
+
+def _ids_match(sources: pa.ChunkedArray, ids: pa.ChunkedArray) -> NDArray[np.bool_]:
+    """Whether each row's sample_id is `names.sample_id` of its source, a batch of rows at a
+    time: no Python list of every source at 10M rows."""
+    ok = np.empty(len(sources), dtype=bool)
+    for start in range(0, len(sources), 1 << 16):
+        batch = sources.slice(start, 1 << 16).to_pylist()
+        want = pa.array([names.sample_id(s) for s in batch], pa.string())
+        ok[start : start + len(batch)] = bool_mask(pc.equal(want, ids.slice(start, len(batch))))
+    return ok
 
 
 ShardRecord = tuple[int, int, str, str]
