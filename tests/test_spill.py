@@ -154,7 +154,7 @@ def test_a_failed_pack_leaves_no_runs_behind(
     assert not [p.name for p in (out / "versions").iterdir() if p.name.startswith(".tmp-")]
 
 
-def test_a_spill_keeps_the_manifest_schema(tmp_path: Path) -> None:
+def test_empty_tables_spill_and_merge_to_nothing(tmp_path: Path) -> None:
     with spill.SortedSpill(tmp_path, SAMPLES_SCHEMA, "source") as runs:
         runs.add(SAMPLES_SCHEMA.empty_table())
         assert list(runs.merged(SAMPLES_SCHEMA.empty_table())) == []

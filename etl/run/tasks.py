@@ -74,7 +74,8 @@ class Texts(Sequence[str]):
         """As an Arrow string array (the bytes must be UTF-8, as hex checksums are)."""
         import pyarrow as pa
 
-        buffers = [None, pa.py_buffer(self.offsets.astype(np.int64)), pa.py_buffer(self.data)]
+        offsets = np.ascontiguousarray(self.offsets, dtype=np.int64)  # a copy only if not so
+        buffers = [None, pa.py_buffer(offsets), pa.py_buffer(self.data)]
         return pa.Array.from_buffers(pa.large_string(), len(self), buffers).cast(pa.string())
 
 
