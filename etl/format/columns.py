@@ -97,8 +97,8 @@ def taken(table: pa.Table, indices: pa.Array | NDArray[np.integer[Any]]) -> pa.T
 def merge_sorted(
     streams: Sequence[Iterable[pa.Table | pa.RecordBatch]], key: str
 ) -> Iterator[pa.Table]:
-    """The rows of `streams`, each sorted by the string column `key` with no key in two
-    streams, as one stream of tables in `key` order.
+    """The rows of `streams`, each sorted by column `key` (text or numbers) with no key in
+    two streams, as one stream of tables in `key` order.
 
     NOTE: it holds one piece of each stream at a time. Each step takes from every stream the
     rows up to the smallest last key among the pieces held (no row still to come from any
@@ -111,7 +111,8 @@ def merge_sorted(
         live = [(i, head) for i, head in enumerate(heads) if head is not None]
         if not live:
             return
-        bound = pc.min(pa.array([head.column(key)[-1].as_py() for _, head in live], pa.string()))
+        kind = live[0][1].schema.field(key).type
+        bound = pc.min(pa.array([head.column(key)[-1].as_py() for _, head in live], kind))
         taken: list[pa.Table] = []
         for i, head in live:
             n = int(pc.sum(pc.less_equal(head.column(key), bound)).as_py() or 0)
@@ -127,3 +128,17 @@ def _next_rows(source: Iterator[pa.Table | pa.RecordBatch]) -> pa.Table | None:
         if piece.num_rows:
             return piece if isinstance(piece, pa.Table) else pa.Table.from_batches([piece])
     return None
+
+
+def bisect_right(column: pa.ChunkedArray | pa.Array, value: Any, lo: int = 0) -> int:
+    """The first position at or after `lo` whose value sorts after `value`, in a column sorted
+    in ascending order: ~log2(n) values read, so a merge join can find its next slice of a
+    memory-mapped 10M-row column without touching the rest."""
+    hi = len(column)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if column[mid].as_py() <= value:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

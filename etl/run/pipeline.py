@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from joblib.externals.loky.process_executor import TerminatedWorkerError
 
 from etl.config import FolderSource, PipelineConfig
@@ -46,10 +45,10 @@ from etl.format.manifest import (
 )
 from etl.format.shards import ShardInfo
 from etl.progress import Progress
-from etl.run import execute, interrupt
-from etl.run.plan import Plan, make_plan, needs_hash, settled_hashes
+from etl.run import execute, interrupt, spill
+from etl.run.plan import Plan, settled_hashes
 from etl.run.results import packed_rejects, packed_samples
-from etl.run.spill import SortedSpill
+from etl.run.staged import staged_plan
 from etl.sources import readers
 from etl.sources.base import FileColumns, ListContext, SourceListing, SourceReject
 from etl.sources.listing import check_exists, list_sources
@@ -267,7 +266,7 @@ class _Packed:
     """What the pack phase produced: the new samples (on disk until the commit), the new
     version's rejects and its new shards."""
 
-    new_samples: SortedSpill
+    new_samples: spill.SortedSpill
     rejects: pa.Table
     new_shards: list[ShardInfo]
 
@@ -289,36 +288,34 @@ def _run_locked(
     run = _Run(config, root, dry_run, rebuild, progress, started)
     _open_previous(run)
     listing = _list(run)
-    hashes, hash_rejects = _hash(run, listing)
-    with run.phase("plan"):
-        prior = tuple(run.previous.meta.classes) if run.previous is not None else ()
-        plan = make_plan(config, listing, hashes, hash_rejects, run.reusable, run.latest + 1, prior)
-    if on_plan is not None:
-        on_plan(plan)
-    if dry_run:
-        return run.report(
-            version=run.latest or None,
-            committed=False,
-            listed=listing.listed,
-            packed_new=0,
-            reused=plan.reused.num_rows,
-            rejected=len(plan.rejects),
-            rejects_by_reason=dict(Counter(r.reason for r in plan.rejects)),
-            plan_counts={**plan.counts, "to_pack": plan.to_pack},
-            shards_written=0,
-            bytes_written=0,
-            samples_total=plan.reused.num_rows + plan.to_pack,
-            dry_run=True,
-        )
-    with SortedSpill(root, SAMPLES_SCHEMA, "source") as new_samples:
-        packed = _pack(run, plan, new_samples)
-        samples = plan.reused.num_rows + packed.packed_new
-        if samples + packed.rejects.num_rows != listing.listed:
-            raise RuntimeError(
-                f"accounting bug: {samples} packed + {packed.rejects.num_rows} "
-                f"rejected != {listing.listed} listed"
+    with spill.scratch(None if dry_run else root) as folder:
+        plan = _plan(run, listing, folder)
+        if on_plan is not None:
+            on_plan(plan)
+        if dry_run:
+            return run.report(
+                version=run.latest or None,
+                committed=False,
+                listed=listing.listed,
+                packed_new=0,
+                reused=plan.reused.num_rows,
+                rejected=len(plan.rejects),
+                rejects_by_reason=dict(Counter(r.reason for r in plan.rejects)),
+                plan_counts={**plan.counts, "to_pack": plan.to_pack},
+                shards_written=0,
+                bytes_written=0,
+                samples_total=plan.reused.num_rows + plan.to_pack,
+                dry_run=True,
             )
-        return _commit(run, listing.listed, plan, packed)
+        with spill.SortedSpill(folder, SAMPLES_SCHEMA, "source", "samples") as new_samples:
+            packed = _pack(run, plan, new_samples)
+            samples = plan.reused.num_rows + packed.packed_new
+            if samples + packed.rejects.num_rows != listing.listed:
+                raise RuntimeError(
+                    f"accounting bug: {samples} packed + {packed.rejects.num_rows} "
+                    f"rejected != {listing.listed} listed"
+                )
+            return _commit(run, listing.listed, plan, packed)
 
 
 def _open_previous(run: _Run) -> None:
@@ -354,29 +351,49 @@ def _list(run: _Run) -> SourceListing:
         return list_sources(config.source, context)
 
 
-def _hash(run: _Run, listing: SourceListing) -> tuple[pa.Array, list[SourceReject]]:
-    """Content hashes of the files whose stat does not prove them unchanged, one per listed
-    file (null for the others and for the unreadable, which are rejects)."""
-    with run.phase("hash"):
-        _convert_while_waiting()
-        wanted = needs_hash(listing, run.reusable)
-        run.progress.start("hash", int(wanted.sum()))
-        chosen = pa.array(wanted)
+def _plan(run: _Run, listing: SourceListing, folder: Path) -> Plan:
+    """Hash what the previous version does not vouch for, and decide every file's fate
+    (`etl.run.staged`), a window of the listing at a time; the time spent hashing is the
+    'hash' phase, the rest 'plan'."""
+    config = run.config
+    hashing = [0.0]
+
+    def hash_files(files: pa.Table) -> tuple[pa.Array, list[SourceReject]]:
+        start = time.perf_counter()
         try:
-            hashed, rejects = execute.hash_sources(
-                FileColumns(listing.files.table.filter(chosen)),
-                run.config.output.checksum,
-                run.config.run,
+            return execute.hash_sources(
+                FileColumns(files),
+                config.output.checksum,
+                config.run,
                 run.progress.advance,
-                source_config=run.config.source,
+                source_config=config.source,
             )
         finally:
-            run.progress.stop()
-        none = pa.nulls(len(listing.files), pa.string())
-        return pc.replace_with_mask(none, chosen, hashed), rejects
+            hashing[0] += time.perf_counter() - start
+
+    _convert_while_waiting()
+    prior = tuple(run.previous.meta.classes) if run.previous is not None else ()
+    start = time.perf_counter()
+    run.progress.start("hash", len(listing.files))
+    try:
+        plan = staged_plan(
+            config,
+            listing,
+            hash_files,
+            run.reusable,
+            run.latest + 1,
+            prior,
+            folder,
+            run.progress.advance,
+        )
+    finally:
+        run.progress.stop()
+    run.phases["hash"] = hashing[0]
+    run.phases["plan"] = time.perf_counter() - start - hashing[0]
+    return plan
 
 
-def _pack(run: _Run, plan: Plan, new_samples: SortedSpill) -> _Packed:
+def _pack(run: _Run, plan: Plan, new_samples: spill.SortedSpill) -> _Packed:
     """Fill the plan's shards in the workers; their samples go to `new_samples` as each shard
     finishes.
 

@@ -14,7 +14,7 @@ shards: shards are immutable.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
@@ -32,7 +32,13 @@ from etl.format.names import sample_id
 from etl.format.shards import shard_name
 from etl.images.rejects import CONTENT_REJECTS
 from etl.run.tasks import Chunks, PackTask, Texts
-from etl.sources.base import FileColumns, SourceFile, SourceListing, SourceReject
+from etl.sources.base import (
+    FILE_COLUMNS,
+    FileColumns,
+    SourceFile,
+    SourceListing,
+    SourceReject,
+)
 
 TRAIN = "train"
 
@@ -98,19 +104,21 @@ def _numbers(column: pa.ChunkedArray | pa.Array) -> tuple[NDArray[Any], NDArray[
     return np.asarray(values), valid
 
 
-def known_digests(files: FileColumns, previous: Manifest | None) -> pa.Array:
+def known_digests(
+    files: pa.Table, samples: pa.Table | None, rejects: pa.Table | None = None
+) -> pa.Array:
     """For each listed file, the content hash the previous version recorded for the same
     source and the same whole stat key (null where none: a new, changed or touched file, or a
-    row written before ctime and inode were recorded)."""
-    table = files.table
-    known = pa.nulls(len(table), pa.string())
-    if previous is None or not len(table):
+    row written before ctime and inode were recorded). `samples` and `rejects` are the
+    previous version's rows, or the slice of them a window of the listing can match."""
+    known = pa.nulls(files.num_rows, pa.string())
+    if not files.num_rows:
         return known
-    mine = [_numbers(table.column(c))[0] for c in _FILE_STAT]
-    for rows in (previous.samples, previous.rejects):
-        if not rows.num_rows:
+    mine = [_numbers(files.column(c))[0] for c in _FILE_STAT]
+    for rows in (samples, rejects):
+        if rows is None or not rows.num_rows:
             continue
-        where = positions_in(table.column("source"), rows.column("source"))
+        where = positions_in(files.column("source"), rows.column("source"))
         same = where >= 0
         at = np.maximum(where, 0)
         for ours, theirs in zip(mine, _STAT_COLUMNS, strict=True):
@@ -121,16 +129,19 @@ def known_digests(files: FileColumns, previous: Manifest | None) -> pa.Array:
     return known
 
 
+def hash_wanted(files: pa.Table, known: pa.Array | pa.ChunkedArray) -> NDArray[np.bool_]:
+    """Which files have a content hash known neither from listing (`content_hash`) nor from
+    the previous version (`known`, by path and stat)."""
+    return bool_mask(pc.and_(pc.is_null(files.column("content_hash")), pc.is_null(known)))
+
+
 def needs_hash(listing: SourceListing, previous: Manifest | None) -> NDArray[np.bool_]:
     """Which listed files have a content hash known neither from listing (`content_hash`) nor
     from the previous manifest by path and stat."""
-    table = listing.files.table
-    return bool_mask(
-        pc.and_(
-            pc.is_null(table.column("content_hash")),
-            pc.is_null(known_digests(listing.files, previous)),
-        )
-    )
+    files = listing.files.table
+    if previous is None:
+        return hash_wanted(files, pa.nulls(files.num_rows, pa.string()))
+    return hash_wanted(files, known_digests(files, previous.samples, previous.rejects))
 
 
 def files_to_hash(listing: SourceListing, previous: Manifest | None) -> FileColumns:
@@ -144,10 +155,10 @@ def settled_hashes(previous: Manifest | None) -> frozenset[str]:
     if previous is None:
         return frozenset()
     stored = set(previous.samples.column("source_hash").to_pylist())
-    return frozenset(stored | set(_remembered(previous).column("source_hash").to_pylist()))
+    return frozenset(stored | set(remembered_rejects(previous).column("source_hash").to_pylist()))
 
 
-def _remembered(previous: Manifest) -> pa.Table:
+def remembered_rejects(previous: Manifest) -> pa.Table:
     """The previous version's rejects that belong to content (a hash repeats the verdict)."""
     rejects = previous.rejects
     content = pc.and_(
@@ -200,88 +211,129 @@ def _with_digests(
     """The listed files where `mask` holds, as objects with their content hash: for the few
     that become rejects."""
     chosen = pa.array(mask)
-    return zip(FileColumns(files.filter(chosen)), digests.filter(chosen).to_pylist(), strict=True)
+    table = files.select(list(FILE_COLUMNS)).filter(chosen)
+    return zip(FileColumns(table), digests.filter(chosen).to_pylist(), strict=True)
 
 
-def make_plan(
-    config: PipelineConfig,
-    listing: SourceListing,
-    hashes: Hashes,
-    hash_rejects: Iterable[SourceReject],
-    previous: Manifest | None,
-    version: int,
-    prior_classes: tuple[str, ...] = (),
-) -> Plan:
-    """Decide every source's fate. `hashes` holds the content hash of each file `needs_hash`
-    picks that could be read (a file with a `content_hash` from listing needs none);
-    `hash_rejects` the ones that could not. `previous` is the manifest whose pixels may be
-    reused (None for a first run or a rebuild); `prior_classes` the label order to extend."""
-    files = listing.files.table
-    rejects: list[SourceReject] = list(listing.rejects) + list(hash_rejects)
-    failed = pa.array(sorted({r.source for r in rejects}), pa.string())
+def same_source_rows(
+    files: pa.Table, samples: pa.Table | None, first: int = 0
+) -> NDArray[np.int64]:
+    """Each file's row in the previous version's samples (-1: none), where `samples` are that
+    version's rows from row `first` on (a window's slice of them)."""
+    if samples is None:
+        return np.full(files.num_rows, -1, dtype=np.int64)
+    where = positions_in(files.column("source"), samples.column("source"))
+    return np.where(where >= 0, where + first, -1)
+
+
+def check_window(
+    files: pa.Table,
+    digests: pa.ChunkedArray | pa.Array,
+    failed: pa.Array,
+    old_rows: NDArray[np.int64],
+) -> pa.Table:
+    """The files not already rejects (`failed` names those) with what the content-keyed
+    decisions need of each: its content hash ('digest') and the previous version's row of the
+    same source ('old_row', -1 for none)."""
     readable = ~bool_mask(pc.is_in(files.column("source"), value_set=failed))
-
-    class_names, class_codes = value_codes(files.column("class_name"))
-    classes = resolve_classes(config, class_names, prior_classes, listing.classes)
-    label_of = {name: i for i, name in enumerate(classes)}
-    labels = np.array([*(label_of.get(c, -1) for c in class_names), -1])[class_codes]
-
-    # 1. content hash and label of every readable source
-    # NOTE: a hash from listing wins over the stat: those kinds have no stat that proves a
-    # value unchanged (an LMDB value rewritten with the same length keeps size and mtime 0)
-    digests = pc.coalesce(
-        files.column("content_hash"),
-        known_digests(listing.files, previous),
-        _hash_column(hashes, files),
-    )
     unhashed = readable & ~bool_mask(pc.is_valid(digests))
     if unhashed.any():
         source = files.column("source")[int(np.argmax(unhashed))].as_py()
         raise ValueError(f"no content hash for {source}: files_to_hash was not honoured")
-    for f, digest in _with_digests(files, digests, readable & (labels < 0)):
+    checked = files.append_column("digest", digests).append_column("old_row", pa.array(old_rows))
+    return checked if readable.all() else checked.filter(pa.array(readable))
+
+
+@dataclass(frozen=True)
+class Decided:
+    """What `decide` made of some checked files: rows to keep, rows to pack, rejects, counts."""
+
+    reused: pa.Table
+    packing: pa.Table
+    rejects: list[SourceReject]
+    counts: Counter[str]
+
+
+def decide(
+    config: PipelineConfig,
+    checked: pa.Table,
+    classes: tuple[str, ...],
+    previous: Manifest | None,
+    stored_rows: NDArray[np.int64] | None = None,
+    remembered: pa.Table | None = None,
+) -> Decided:
+    """Reuse stored pixels, repeat remembered rejects, drop duplicates, or pack: every choice
+    keyed by content, for `checked` files (`check_window`'s columns) that hold every file
+    sharing a content hash with any of them. `stored_rows` are the previous samples whose
+    hash may match (None: all), `remembered` the previous content rejects that may (None: all);
+    a bucket of content hashes passes its own."""
+    rejects: list[SourceReject] = []
+    class_names, class_codes = value_codes(checked.column("class_name"))
+    label_of = {name: i for i, name in enumerate(classes)}
+    labels = np.array([*(label_of.get(c, -1) for c in class_names), -1])[class_codes]
+    digests = checked.column("digest")
+    for f, digest in _with_digests(checked, digests, labels < 0):
         message = f"class {f.class_name!r} is not in source.classes"
         rejects.append(_reject(f, "unknown_label", message, digest))
-    candidate = readable & (labels >= 0)
+    candidate = labels >= 0
 
-    # 2. exact duplicates by content
+    # exact duplicates by content
     if config.validate_stage.duplicates != "allow":
-        candidate = _drop_duplicates(files, digests, candidate, config, rejects)
+        candidate = _drop_duplicates(checked, digests, candidate, config, rejects)
 
-    # 3. reuse stored pixels, repeat remembered rejects, or pack
-    counts: dict[str, int] = {}
-    in_old = np.zeros(files.num_rows, dtype=bool)
-    old_pos = stored_pos = np.full(files.num_rows, -1, dtype=np.int64)
-    repeat = np.zeros(files.num_rows, dtype=bool)
+    # reuse stored pixels, repeat remembered rejects, or pack
+    counts: Counter[str] = Counter()
+    old_pos = np.asarray(checked.column("old_row").to_numpy(), dtype=np.int64)
+    in_old = old_pos >= 0
+    stored_pos = np.full(checked.num_rows, -1, dtype=np.int64)
+    repeat = np.zeros(checked.num_rows, dtype=bool)
     if previous is not None:
-        old = previous.samples
-        old_pos = positions_in(files.column("source"), old.column("source"))
-        in_old = old_pos >= 0
-        same = bool_mask(pc.equal(take_or_null(old.column("source_hash"), old_pos), digests))
+        old_hashes = previous.samples.column("source_hash")
+        same = bool_mask(pc.equal(take_or_null(old_hashes, old_pos), digests))
         counts["unchanged"] = int((candidate & in_old & same).sum())
         counts["changed"] = int((candidate & in_old & ~same).sum())
-        stored_pos = positions_in(digests, old.column("source_hash"))
-        remembered = _remembered(previous)
+        if stored_rows is None:
+            stored_pos = positions_in(digests, old_hashes)
+        else:
+            local = positions_in(digests, old_hashes.take(pa.array(stored_rows, pa.int64())))
+            stored_pos = np.append(stored_rows, -1)[local]  # -1 stays -1
+        if remembered is None:
+            remembered = remembered_rejects(previous)
         remembered_pos = positions_in(digests, remembered.column("source_hash"))
         repeat = candidate & (stored_pos < 0) & (remembered_pos >= 0)
         verdicts = remembered.select(["reason", "message"]).to_pylist()
         for (f, digest), at in zip(
-            _with_digests(files, digests, repeat), remembered_pos[repeat].tolist(), strict=True
+            _with_digests(checked, digests, repeat), remembered_pos[repeat].tolist(), strict=True
         ):
             rejects.append(_reject(f, verdicts[at]["reason"], verdicts[at]["message"], digest))
-        listed = np.zeros(old.num_rows, dtype=bool)
-        listed[old_pos[in_old]] = True
-        counts["deleted"] = int((~listed).sum())
     reuse = candidate & (stored_pos >= 0)
     pack = candidate & ~reuse & ~repeat
     counts["moved"] = int((reuse & ~in_old).sum())
     counts["new"] = int((pack & ~in_old).sum())
-    found = {k: v for k, v in counts.items() if v}
-    found["deleted"] = counts.get("deleted", 0)
-    found["rejected"] = len(rejects)
 
-    identity = _identity(files, labels, classes, config)
+    identity = _identity(checked, labels, classes, config)
     reused = _reused_rows(previous, identity, reuse, stored_pos, old_pos)
-    packing = _to_pack(identity, digests, pack)
+    return Decided(reused, _to_pack(identity, pack), rejects, counts)
+
+
+COUNTED = ("unchanged", "changed", "deleted", "moved", "new")
+
+
+def assemble(
+    config: PipelineConfig,
+    version: int,
+    classes: tuple[str, ...],
+    decided: Decided,
+    rejects: list[SourceReject],
+) -> Plan:
+    """The plan of `decided` (the whole listing's decisions; its counts with 'deleted' in
+    them), with the rejects made before deciding: its shards, one task each, made when a
+    worker takes it."""
+    counts, packing = decided.counts, decided.packing
+    everything = rejects + decided.rejects
+    found = {name: counts[name] for name in COUNTED if counts.get(name)}
+    found["deleted"] = counts.get("deleted", 0)
+    found["rejected"] = len(everything)
     per_shard = config.samples_per_shard
     tasks: Chunks[PackTask] = Chunks(
         packing.num_rows,
@@ -295,10 +347,42 @@ def make_plan(
         classes=classes,
         packing=packing,
         tasks=tasks,
-        reused=reused,
-        rejects=tuple(sorted(rejects, key=lambda r: r.source)),
+        reused=decided.reused,
+        rejects=tuple(sorted(everything, key=lambda r: r.source)),
         counts=found,
     )
+
+
+def make_plan(
+    config: PipelineConfig,
+    listing: SourceListing,
+    hashes: Hashes,
+    hash_rejects: Iterable[SourceReject],
+    previous: Manifest | None,
+    version: int,
+    prior_classes: tuple[str, ...] = (),
+) -> Plan:
+    """Decide every source's fate, with the whole listing in memory (`etl.run.staged` makes
+    the same plan a window and a bucket at a time). `hashes` holds the content hash of each
+    file `needs_hash` picks that could be read (a file with a `content_hash` from listing needs
+    none); `hash_rejects` the ones that could not. `previous` is the manifest whose pixels may
+    be reused (None for a first run or a rebuild); `prior_classes` the label order to extend."""
+    files = listing.files.table
+    rejects: list[SourceReject] = list(listing.rejects) + list(hash_rejects)
+    failed = pa.array(sorted({r.source for r in rejects}), pa.string())
+    samples = previous.samples if previous is not None else None
+    known = known_digests(files, samples, previous.rejects if previous is not None else None)
+    # NOTE: a hash from listing wins over the stat: those kinds have no stat that proves a
+    # value unchanged (an LMDB value rewritten with the same length keeps size and mtime 0)
+    digests = pc.coalesce(files.column("content_hash"), known, _hash_column(hashes, files))
+    old_rows = same_source_rows(files, samples)
+    checked = check_window(files, digests, failed, old_rows)
+    names = value_codes(files.column("class_name"))[0]
+    classes = resolve_classes(config, names, prior_classes, listing.classes)
+    decided = decide(config, checked, classes, previous)
+    if previous is not None:
+        decided.counts["deleted"] = previous.samples.num_rows - int((old_rows >= 0).sum())
+    return assemble(config, version, classes, decided, rejects)
 
 
 def _drop_duplicates(
@@ -397,9 +481,12 @@ def _reused_rows(
     return pa.table([columns[name] for name in names], names=names).cast(SAMPLES_SCHEMA)
 
 
-def _to_pack(
-    identity: pa.Table, digests: pa.ChunkedArray | pa.Array, pack: NDArray[np.bool_]
-) -> pa.Table:
+PACKING_COLUMNS = (*FILE_COLUMNS, "label", "class", "split_name", "digest", "order")
+"""The columns of `Plan.packing`: the listing's, what the sample will be called, its content
+hash, and its position key in the shards (`pack_order`)."""
+
+
+def _to_pack(identity: pa.Table, pack: NDArray[np.bool_]) -> pa.Table:
     """The files to pack with their content hash, in the order shards are filled.
 
     NOTE: shards are filled in a hash order of the source path, not in path order: path order
@@ -414,7 +501,9 @@ def _to_pack(
         batch = sources.slice(start, 1 << 16).to_pylist()
         order[start : start + len(batch)] = [pack_order(s) for s in batch]
     del sources
-    return taken(identity.append_column("digest", digests), rows[np.argsort(order, kind="stable")])
+    sort = np.argsort(order, kind="stable")
+    chosen = identity.select(list(PACKING_COLUMNS[:-1]))
+    return taken(chosen, rows[sort]).append_column("order", pa.array(order[sort]))
 
 
 def _pack_task(shard: str, start: int, rows: pa.Table) -> PackTask:

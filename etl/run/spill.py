@@ -1,15 +1,19 @@
-"""Rows a run makes faster than it can keep: new manifest rows leave memory in sorted runs on
-disk as shards finish, and come back merged in source order, a piece at a time, as the commit
-writes them. So the parent's memory follows the shards in flight, not the dataset.
+"""Rows a run makes faster than it can keep: tables leave memory in sorted runs on disk and
+come back merged in key order, a piece at a time, so the parent's memory follows the pieces in
+flight, not the dataset.
 
-The runs are Arrow files in a `.tmp-` folder of the output's versions/, written by this
-process under the dataset lock: a run that dies leaves them to `clean_leftovers`.
+Everything lives in one scratch folder per run (`scratch`): a `.tmp-` folder of the output's
+versions/, written by this process under the dataset lock, removed when the run ends; a run
+that dies leaves it to `clean_leftovers`. A dry run with no output folder yet uses a system
+temporary folder instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,11 +31,30 @@ PIECE_ROWS = 1 << 12
 """Rows of a run read back at a time: the merge holds one piece of every run."""
 
 
-class SortedSpill:
-    """Tables of one schema, kept sorted by `key` in runs on disk; `merged` reads them back."""
+@contextlib.contextmanager
+def scratch(root: Path | None) -> Iterator[Path]:
+    """A folder for one run's temporary files, removed when the block ends, error or not:
+    `root`/versions/.tmp-scratch-<pid> (on the output's disk, cleaned after a kill by the
+    next run), or a system temporary folder when `root` is None."""
+    if root is None:
+        with tempfile.TemporaryDirectory(prefix="etl-scratch-") as temporary:
+            yield Path(temporary)
+        return
+    folder = root / VERSIONS_DIR / f".tmp-scratch-{os.getpid()}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
-    def __init__(self, root: Path, schema: pa.Schema, key: str) -> None:
-        self.folder = root / VERSIONS_DIR / f".tmp-spill-{os.getpid()}"
+
+class SortedSpill:
+    """Tables of one schema, kept sorted by `key` in runs on disk under `folder` (files named
+    `name`-NNNNN.arrow); `merged` reads them back, `written` writes them as one file."""
+
+    def __init__(self, folder: Path, schema: pa.Schema, key: str, name: str = "run") -> None:
+        self.folder, self.name = folder, name
         self.schema, self.key = schema, key
         self.rows = 0
         self._pending: list[pa.Table] = []
@@ -42,7 +65,8 @@ class SortedSpill:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+        for path in self._runs:
+            path.unlink(missing_ok=True)
 
     def add(self, table: pa.Table) -> None:
         self._pending.append(table.cast(self.schema))
@@ -55,7 +79,7 @@ class SortedSpill:
         rows = sorted_by(pa.concat_tables(self._pending), self.key)
         self._pending, self._pending_rows = [], 0
         self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / f"run-{len(self._runs):05d}.arrow"
+        path = self.folder / f"{self.name}-{len(self._runs):05d}.arrow"
         with ipc.new_file(str(path), self.schema) as writer:
             writer.write_table(rows, max_chunksize=PIECE_ROWS)
         self._runs.append(path)
@@ -72,6 +96,24 @@ class SortedSpill:
             streams.append(iter(rows.to_batches(max_chunksize=PIECE_ROWS)))
         streams += [_pieces(path) for path in self._runs]
         return merge_sorted(streams, self.key)
+
+    def written(self, path: Path) -> pa.Table:
+        """Every row added, in `key` order, written to the Arrow file `path` a piece at a time
+        and read back memory-mapped: a table the rest of the run can slice and take from while
+        its pages stay the page cache's. The runs are removed."""
+        with ipc.new_file(str(path), self.schema) as writer:
+            for piece in self.merged():
+                writer.write_table(piece, max_chunksize=PIECE_ROWS)
+        for run in self._runs:
+            run.unlink(missing_ok=True)
+        self._runs = []
+        return mapped(path)
+
+
+def mapped(path: Path) -> pa.Table:
+    """The table of the Arrow file at `path`, memory-mapped (the buffers keep the map open)."""
+    with pa.memory_map(str(path)) as source:
+        return ipc.open_file(source).read_all()
 
 
 def _pieces(path: Path) -> Iterator[pa.RecordBatch]:

@@ -1,0 +1,189 @@
+"""The plan of a listing of any size, made a window and a bucket at a time with its tables on
+disk, so the parent's memory follows `WINDOW_ROWS` and `buckets.BUCKET_ROWS`, not the number
+of files. It is `plan.make_plan`'s plan, made by the same functions:
+
+1. Windows of the listing in source order, each merge-joined with the slice of the previous
+   version's rows (sorted by source) it can match: the stat proves some hashes known; the
+   rest are hashed (`hash_files`) right then. Each checked row goes to the bucket of its
+   content hash (`etl.run.buckets`).
+2. Once every class name is known (the labels need them all), each bucket is decided
+   (`plan.decide`) with the previous samples and remembered rejects whose hash falls in it.
+   Rows to keep go to a spill sorted by source, rows to pack to one sorted by pack order.
+3. Both spills are written out as one Arrow file each and mapped: `Plan.reused` and
+   `Plan.packing`, which the pack phase and the commit read a piece at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from etl.config import PipelineConfig
+from etl.format.columns import bisect_right, bool_mask, sorted_by, value_codes
+from etl.format.manifest import SAMPLES_SCHEMA, Manifest
+from etl.run.buckets import Buckets, bucket_count, buckets_of
+from etl.run.plan import (
+    Decided,
+    Plan,
+    assemble,
+    check_window,
+    decide,
+    hash_wanted,
+    known_digests,
+    remembered_rejects,
+    resolve_classes,
+    same_source_rows,
+)
+from etl.run.spill import SortedSpill
+from etl.sources.base import SourceListing, SourceReject
+
+WINDOW_ROWS = 1 << 18
+"""Listed files checked at a time: hashed together, then dealt out to the buckets."""
+
+HashFiles = Callable[[pa.Table], tuple[pa.Array, list[SourceReject]]]
+"""Content hashes of the listed files given, one per file in order (null where a file could
+not be read), and the rejects of those that could not."""
+
+
+def staged_plan(
+    config: PipelineConfig,
+    listing: SourceListing,
+    hash_files: HashFiles,
+    previous: Manifest | None,
+    version: int,
+    prior_classes: tuple[str, ...],
+    folder: Path,
+    on_known: Callable[[int], None] = lambda n: None,
+) -> Plan:
+    """`make_plan` of `listing`, hashing what the previous version does not vouch for as it
+    goes; temporary files go in `folder`, and the plan's two tables stay there (mapped) until
+    the caller removes it. `on_known(n)`: n more files needed no hashing."""
+    files = listing.files.table
+    previous = _in_source_order(previous)
+    rejects: list[SourceReject] = list(listing.rejects)
+    listed_rejects = {r.source for r in rejects}
+    count = bucket_count(files.num_rows)
+    names: set[str] = set()
+    matched = 0
+    schema = files.schema.append(pa.field("digest", pa.string())).append(
+        pa.field("old_row", pa.int64())
+    )
+    with Buckets(folder, schema, count) as buckets:
+        window_of = _PreviousBySource(previous)
+        for start in range(0, files.num_rows, WINDOW_ROWS):
+            window = files.slice(start, WINDOW_ROWS)
+            samples, previous_rejects, first = window_of.upto(window.column("source")[-1].as_py())
+            known = known_digests(window, samples, previous_rejects)
+            wanted = hash_wanted(window, known)
+            on_known(int((~wanted).sum()))
+            hashed: pa.Array = pa.nulls(window.num_rows, pa.string())
+            failed = set(listed_rejects)
+            if wanted.any():
+                found, unreadable = hash_files(window.filter(pa.array(wanted)))
+                hashed = pc.replace_with_mask(hashed, pa.array(wanted), found)
+                rejects += unreadable
+                failed |= {r.source for r in unreadable}
+            digests = pc.coalesce(window.column("content_hash"), known, hashed)
+            old_rows = same_source_rows(window, samples, first)
+            matched += int((old_rows >= 0).sum())
+            names.update(value_codes(window.column("class_name"))[0])
+            checked = check_window(window, digests, pa.array(sorted(failed), pa.string()), old_rows)
+            buckets.add(checked, buckets_of(checked.column("digest"), count))
+        classes = resolve_classes(config, names, prior_classes, listing.classes)
+        decided = _decide_buckets(config, buckets, classes, previous, folder)
+    if previous is not None:
+        decided.counts["deleted"] = previous.samples.num_rows - matched
+    return assemble(config, version, classes, decided, rejects)
+
+
+def _decide_buckets(
+    config: PipelineConfig,
+    buckets: Buckets,
+    classes: tuple[str, ...],
+    previous: Manifest | None,
+    folder: Path,
+) -> Decided:
+    """`decide` of each bucket with the previous rows whose content hash falls in it; the rows
+    to keep and to pack gathered in key order into mapped files in `folder`."""
+    count = buckets.count
+    stored = remembered = remembered_bucket = None
+    if previous is not None:
+        stored = buckets_of(previous.samples.column("source_hash"), count)
+        remembered = remembered_rejects(previous)
+        remembered_bucket = buckets_of(remembered.column("source_hash"), count)
+    counts: Counter[str] = Counter()
+    rejects: list[SourceReject] = []
+    packing: SortedSpill | None = None
+    with SortedSpill(folder, SAMPLES_SCHEMA, "source", "reused") as reused:
+        for bucket in range(count):
+            rows = buckets.take(bucket)
+            mine = remembered
+            if remembered is not None:
+                mine = remembered.filter(pa.array(remembered_bucket == bucket))
+            stored_rows = np.flatnonzero(stored == bucket) if stored is not None else None
+            decided = decide(config, rows, classes, previous, stored_rows, mine)
+            del rows
+            reused.add(decided.reused)
+            if packing is None:
+                packing = SortedSpill(folder, decided.packing.schema, "order", "packing")
+            packing.add(decided.packing)
+            counts.update(decided.counts)
+            rejects += decided.rejects
+        assert packing is not None, "a listing makes at least one bucket"
+        with packing:
+            return Decided(
+                reused.written(folder / "reused.arrow"),
+                packing.written(folder / "packing.arrow"),
+                rejects,
+                counts,
+            )
+
+
+class _PreviousBySource:
+    """The previous version's samples and rejects, sorted by source, handed out in
+    consecutive slices: each window of the listing (sorted too) gets the rows up to its last
+    source, found by bisection, so no window looks at more than its share."""
+
+    def __init__(self, previous: Manifest | None) -> None:
+        self._samples = previous.samples if previous is not None else None
+        self._rejects = previous.rejects if previous is not None else None
+        self._at = [0, 0]
+
+    def upto(self, last: str) -> tuple[pa.Table | None, pa.Table | None, int]:
+        """(samples, rejects, the first sample's row) with sources after the previous call's
+        `last` and up to this one's."""
+        if self._samples is None or self._rejects is None:
+            return None, None, 0
+        slices = []
+        for i, table in enumerate((self._samples, self._rejects)):
+            end = bisect_right(table.column("source"), last, self._at[i])
+            slices.append(table.slice(self._at[i], end - self._at[i]))
+            self._at[i] = end
+        first = self._at[0] - slices[0].num_rows
+        return slices[0], slices[1], first
+
+
+def _in_source_order(previous: Manifest | None) -> Manifest | None:
+    """`previous` with its samples and rejects each sorted by source: as this tool writes
+    them, and re-sorted in memory only for a version written out of order."""
+    if previous is None:
+        return None
+    tables = {}
+    for name in ("samples", "rejects"):
+        table = getattr(previous, name)
+        if not _ascending(table.column("source")):
+            tables[name] = sorted_by(table, "source")
+    return dataclasses.replace(previous, **tables) if tables else previous
+
+
+def _ascending(column: pa.ChunkedArray) -> bool:
+    """Whether each value sorts after the one before it."""
+    if len(column) < 2:
+        return True
+    return not bool_mask(pc.less(column.slice(1), column.slice(0, len(column) - 1))).any()
