@@ -31,6 +31,7 @@ from numpy.typing import NDArray
 
 from etl.errors import ManifestError
 from etl.format.columns import positions_in
+from etl.format.mapped import Mapped
 from etl.format.record import RECORD_FILE, check_record
 from etl.format.shards import SHARDS_DIR
 
@@ -176,10 +177,18 @@ class Manifest:
     samples: pa.Table
     shards: pa.Table
     rejects: pa.Table
+    maps: tuple[Mapped, ...] = field(default=(), repr=False, compare=False)
+    """The maps `samples` and `rejects` were read through, when read from disk."""
 
     @property
     def version(self) -> int:
         return self.meta.version
+
+    def release_pages(self) -> None:
+        """Let go of the manifest pages read so far (`Mapped.release`): a pass over a version
+        larger than memory calls this as it goes."""
+        for mapped in self.maps:
+            mapped.release()
 
     @property
     def path(self) -> Path:
@@ -268,20 +277,19 @@ def refuse_other_format(manifest_path: Path) -> None:
         )
 
 
-def _read_table(path: Path, schema: pa.Schema) -> tuple[pa.Table, Mapping[bytes, bytes]]:
-    """The table of an Arrow IPC file, memory-mapped, and its schema metadata.
+def _read_table(path: Path, schema: pa.Schema) -> tuple[pa.Table, Mapping[bytes, bytes], Mapped]:
+    """The table of an Arrow IPC file, memory-mapped, its schema metadata and its map.
 
     Mapped, not read: a column's pages are read from the page cache only when a value of it is
     used, so opening a 10M-row manifest to select by split and class touches those columns
-    alone (the buffers keep the mapping alive after the file object is closed). Versions are
-    immutable, so nothing rewrites a mapped file in place."""
+    alone (the buffers keep the mapping alive). Versions are immutable, so nothing rewrites a
+    mapped file in place."""
     try:
-        with pa.memory_map(str(path)) as source:
-            reader = ipc.open_file(source)
-            table, metadata = reader.read_all(), reader.schema.metadata or {}
+        mapped = Mapped(path)
+        table, metadata = mapped.table, mapped.reader.schema.metadata or {}
     except FileNotFoundError:
         raise ManifestError(f"{path}: missing") from None
-    except (pa.ArrowInvalid, OSError) as exc:
+    except (pa.ArrowInvalid, OSError, ValueError) as exc:  # ValueError: an empty file
         raise ManifestError(f"{path}: not a readable Arrow IPC file ({exc})") from None
     missing = [f.name for f in schema if f.name not in table.schema.names]
     if set(missing) - ADDED_COLUMNS:
@@ -301,7 +309,7 @@ def _read_table(path: Path, schema: pa.Schema) -> tuple[pa.Table, Mapping[bytes,
         if not f.nullable and column.null_count:
             first = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
             raise ManifestError(f"{path}: column {f.name!r} is empty (null) at row {first}")
-    return pa.Table.from_arrays(columns, schema=schema), metadata
+    return pa.Table.from_arrays(columns, schema=schema), metadata, mapped
 
 
 def resolve(path: Path, version: int | None = None) -> tuple[Path, int]:
@@ -363,15 +371,22 @@ def read_manifest(path: Path | str, version: int | None = None, verify: bool = T
             f"{root / problems[0]}; run 'etl audit {root}' to see every damaged file "
             "(in Python, verify_manifest=False reads the version anyway)"
         )
-    samples, metadata = _read_table(manifest_path, SAMPLES_SCHEMA)
+    samples, metadata, samples_map = _read_table(manifest_path, SAMPLES_SCHEMA)
     meta = ManifestMeta.from_metadata(metadata, manifest_path)
     if meta.version != number:
         raise ManifestError(
             f"{manifest_path}: says version {meta.version}, lives in {version_name(number)}"
         )
-    shards, _ = _read_table(folder / SHARDS_FILE, SHARDS_SCHEMA)
-    rejects, _ = _read_table(folder / REJECTS_FILE, REJECTS_SCHEMA)
-    manifest = Manifest(root=root, meta=meta, samples=samples, shards=shards, rejects=rejects)
+    shards, _, _ = _read_table(folder / SHARDS_FILE, SHARDS_SCHEMA)
+    rejects, _, rejects_map = _read_table(folder / REJECTS_FILE, REJECTS_SCHEMA)
+    manifest = Manifest(
+        root=root,
+        meta=meta,
+        samples=samples,
+        shards=shards,
+        rejects=rejects,
+        maps=(samples_map, rejects_map),
+    )
     _check_coherent(manifest_path, manifest)
     return manifest
 

@@ -128,8 +128,24 @@ def _reject_row(r: SourceReject) -> dict[str, Any]:
     }
 
 
-def _same_content(previous: Manifest, samples: pa.Table, rejects: pa.Table) -> bool:
-    return previous.samples.equals(samples) and previous.rejects.equals(rejects)
+def _same_content(previous: Manifest, plan: Plan, rejects: pa.Table) -> bool:
+    """Whether the plan's kept rows and these rejects are the previous version's, compared a
+    slice at a time with the mapped pages let go of after each (both may exceed memory)."""
+    samples = plan.reused
+    if samples.num_rows != previous.samples.num_rows or not previous.rejects.equals(rejects):
+        return False
+    for start in range(0, samples.num_rows, COMPARED_ROWS):
+        same = previous.samples.slice(start, COMPARED_ROWS).equals(
+            samples.slice(start, COMPARED_ROWS)
+        )
+        previous.release_pages()
+        plan.release_pages()
+        if not same:
+            return False
+    return True
+
+
+COMPARED_ROWS = 1 << 16
 
 
 def run(
@@ -287,8 +303,8 @@ def _run_locked(
     """The phases of a run, in order: list, hash, plan, pack, commit."""
     run = _Run(config, root, dry_run, rebuild, progress, started)
     _open_previous(run)
-    listing = _list(run)
     with spill.scratch(None if dry_run else root) as folder:
+        listing = _list(run, folder)
         plan = _plan(run, listing, folder)
         if on_plan is not None:
             on_plan(plan)
@@ -334,8 +350,9 @@ def _open_previous(run: _Run) -> None:
         )
 
 
-def _list(run: _Run) -> SourceListing:
-    """Every input of the source; record kinds spool what the plan may pack (NOTE [spool])."""
+def _list(run: _Run, scratch: Path) -> SourceListing:
+    """Every input of the source; record kinds spool what the plan may pack (NOTE [spool]), a
+    folder's listing goes to `scratch`."""
     config = run.config
     reads_every_record = config.source.kind not in readers.FILE_KINDS
     # NOTE: only record kinds look at `stored`, and as a Python set it costs ~250 B a sample
@@ -343,6 +360,7 @@ def _list(run: _Run) -> SourceListing:
         checksum=config.output.checksum,
         stored=settled_hashes(run.reusable) if reads_every_record else frozenset(),
         spool=None if run.dry_run else readers.spool_path(run.root),
+        scratch=scratch,
     )
     with (
         run.phase("list"),
@@ -414,6 +432,7 @@ def _pack(run: _Run, plan: Plan, new_samples: spill.SortedSpill) -> _Packed:
             rejects.extend(packed_rejects(plan.packing, result))
             if result.shard is not None:
                 new_shards.append(result.shard)
+            plan.release_pages()
     run.progress.stop()
     reject_rows = [_reject_row(r) for r in sorted(rejects, key=lambda r: r.source)]
     return _Packed(new_samples, table_from_rows(reject_rows, REJECTS_SCHEMA), new_shards)
@@ -442,11 +461,7 @@ def _commit(run: _Run, listed: int, plan: Plan, packed: _Packed) -> RunReport:
             "a smaller output.shard_size would spread the work"
         )
     previous = run.reusable
-    if (
-        previous is not None
-        and not packed.new_shards
-        and _same_content(previous, plan.reused, rejects)
-    ):
+    if previous is not None and not packed.new_shards and _same_content(previous, plan, rejects):
         notes.append(f"nothing changed since version {run.latest}")
         return run.report(version=run.latest, committed=False, notes=notes, **counts)
     meta = ManifestMeta(
@@ -461,9 +476,20 @@ def _commit(run: _Run, listed: int, plan: Plan, packed: _Packed) -> RunReport:
     # deferred: no commit after a signal; none cut short by one
     with run.phase("commit"), interrupt.deferred():
         builds_on = previous.shards if previous is not None else None
-        samples = packed.new_samples.merged(plan.reused)
+        samples = _releasing(packed.new_samples.merged(plan.reused), plan)
         commit_version(run.root, meta, samples, rejects, packed.new_shards, builds_on)
     return run.report(version=plan.version, committed=True, notes=notes, **counts)
+
+
+def _releasing(pieces: Iterator[pa.Table], plan: Plan) -> Iterator[pa.Table]:
+    """`pieces`, letting go of the plan's mapped pages read so far every `COMPARED_ROWS`."""
+    since = 0
+    for piece in pieces:
+        yield piece
+        since += piece.num_rows
+        if since >= COMPARED_ROWS:
+            plan.release_pages()
+            since = 0
 
 
 def _convert_while_waiting() -> None:

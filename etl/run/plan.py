@@ -28,6 +28,7 @@ from numpy.typing import NDArray
 from etl.config import PipelineConfig
 from etl.format.columns import bool_mask, positions_in, take_or_null, taken, value_codes
 from etl.format.manifest import SAMPLES_SCHEMA, Manifest
+from etl.format.mapped import Mapped
 from etl.format.names import sample_id
 from etl.format.shards import shard_name
 from etl.images.rejects import CONTENT_REJECTS
@@ -58,6 +59,13 @@ class Plan:
     rejects: tuple[SourceReject, ...]
     counts: Mapping[str, int] = field(default_factory=dict)
     """unchanged, changed, new, moved, deleted, rejected: what the plan found."""
+    maps: tuple[Mapped, ...] = ()
+    """The files `packing` and `reused` are mapped from, when the plan was made on disk."""
+
+    def release_pages(self) -> None:
+        """Let go of the pages of `packing` and `reused` read so far (`Mapped.release`)."""
+        for mapped in self.maps:
+            mapped.release()
 
     @property
     def to_pack(self) -> int:
@@ -325,6 +333,7 @@ def assemble(
     classes: tuple[str, ...],
     decided: Decided,
     rejects: list[SourceReject],
+    maps: tuple[Mapped, ...] = (),
 ) -> Plan:
     """The plan of `decided` (the whole listing's decisions; its counts with 'deleted' in
     them), with the rejects made before deciding: its shards, one task each, made when a
@@ -350,6 +359,7 @@ def assemble(
         reused=decided.reused,
         rejects=tuple(sorted(everything, key=lambda r: r.source)),
         counts=found,
+        maps=maps,
     )
 
 

@@ -22,6 +22,7 @@ import pyarrow.ipc as ipc
 
 from etl.format.columns import merge_sorted, sorted_by
 from etl.format.manifest import VERSIONS_DIR
+from etl.format.mapped import Mapped
 
 RUN_ROWS = 1 << 18
 """Rows gathered before they are sorted and written as one run: few runs to merge (40 at
@@ -40,13 +41,18 @@ def scratch(root: Path | None) -> Iterator[Path]:
         with tempfile.TemporaryDirectory(prefix="etl-scratch-") as temporary:
             yield Path(temporary)
         return
-    folder = root / VERSIONS_DIR / f".tmp-scratch-{os.getpid()}"
+    versions = root / VERSIONS_DIR
+    made = not versions.exists()
+    folder = versions / f".tmp-scratch-{os.getpid()}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     try:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        if made:  # a run that stopped before its first commit leaves the output as it found it
+            with contextlib.suppress(OSError):
+                versions.rmdir()
 
 
 class SortedSpill:
@@ -97,23 +103,17 @@ class SortedSpill:
         streams += [_pieces(path) for path in self._runs]
         return merge_sorted(streams, self.key)
 
-    def written(self, path: Path) -> pa.Table:
+    def written(self, path: Path) -> Mapped:
         """Every row added, in `key` order, written to the Arrow file `path` a piece at a time
-        and read back memory-mapped: a table the rest of the run can slice and take from while
-        its pages stay the page cache's. The runs are removed."""
+        and mapped back: a table the rest of the run can slice and take from while its pages
+        stay the page cache's. The runs are removed."""
         with ipc.new_file(str(path), self.schema) as writer:
             for piece in self.merged():
                 writer.write_table(piece, max_chunksize=PIECE_ROWS)
         for run in self._runs:
             run.unlink(missing_ok=True)
         self._runs = []
-        return mapped(path)
-
-
-def mapped(path: Path) -> pa.Table:
-    """The table of the Arrow file at `path`, memory-mapped (the buffers keep the map open)."""
-    with pa.memory_map(str(path)) as source:
-        return ipc.open_file(source).read_all()
+        return Mapped(path)
 
 
 def _pieces(path: Path) -> Iterator[pa.RecordBatch]:

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from etl.config import PipelineConfig
 from etl.format.columns import bisect_right, bool_mask, sorted_by, value_codes
 from etl.format.manifest import SAMPLES_SCHEMA, Manifest
+from etl.format.mapped import Mapped
 from etl.run.buckets import Buckets, bucket_count, buckets_of
 from etl.run.plan import (
     Decided,
@@ -95,11 +96,13 @@ def staged_plan(
             names.update(value_codes(window.column("class_name"))[0])
             checked = check_window(window, digests, pa.array(sorted(failed), pa.string()), old_rows)
             buckets.add(checked, buckets_of(checked.column("digest"), count))
+            del window, checked
+            _release(listing, previous)
         classes = resolve_classes(config, names, prior_classes, listing.classes)
-        decided = _decide_buckets(config, buckets, classes, previous, folder)
+        decided, maps = _decide_buckets(config, buckets, classes, previous, folder)
     if previous is not None:
         decided.counts["deleted"] = previous.samples.num_rows - matched
-    return assemble(config, version, classes, decided, rejects)
+    return assemble(config, version, classes, decided, rejects, maps)
 
 
 def _decide_buckets(
@@ -108,7 +111,7 @@ def _decide_buckets(
     classes: tuple[str, ...],
     previous: Manifest | None,
     folder: Path,
-) -> Decided:
+) -> tuple[Decided, tuple[Mapped, Mapped]]:
     """`decide` of each bucket with the previous rows whose content hash falls in it; the rows
     to keep and to pack gathered in key order into mapped files in `folder`."""
     count = buckets.count
@@ -129,6 +132,7 @@ def _decide_buckets(
             stored_rows = np.flatnonzero(stored == bucket) if stored is not None else None
             decided = decide(config, rows, classes, previous, stored_rows, mine)
             del rows
+            _release(None, previous)
             reused.add(decided.reused)
             if packing is None:
                 packing = SortedSpill(folder, decided.packing.schema, "order", "packing")
@@ -137,12 +141,20 @@ def _decide_buckets(
             rejects += decided.rejects
         assert packing is not None, "a listing makes at least one bucket"
         with packing:
-            return Decided(
+            kept, packed = (
                 reused.written(folder / "reused.arrow"),
                 packing.written(folder / "packing.arrow"),
-                rejects,
-                counts,
             )
+        return Decided(kept.table, packed.table, rejects, counts), (kept, packed)
+
+
+def _release(listing: SourceListing | None, previous: Manifest | None) -> None:
+    """Let go of the mapped pages of the listing and the previous version read so far: each
+    window and bucket reads its own share of them, and the next one never needs those."""
+    if listing is not None:
+        listing.files.release_pages()
+    if previous is not None:
+        previous.release_pages()
 
 
 class _PreviousBySource:

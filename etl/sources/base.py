@@ -17,6 +17,8 @@ from etl.sources import readers
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from etl.format.mapped import Mapped
+
 
 @dataclass(frozen=True, slots=True)
 class SourceFile:
@@ -112,8 +114,15 @@ class FileColumns:
     `SourceFile` object costs hundreds, so a listing of 10M files fits in memory. Iterating
     gives `SourceFile`s, a batch at a time, for the code that handles a few."""
 
-    def __init__(self, table: pa.Table) -> None:
+    def __init__(self, table: pa.Table, mapped: Mapped | None = None) -> None:
         self.table = table
+        self._mapped = mapped
+        """The file `table` is mapped from, when the listing went to disk."""
+
+    def release_pages(self) -> None:
+        """Let go of the listing's pages read so far, when it is mapped (`Mapped.release`)."""
+        if self._mapped is not None:
+            self._mapped.release()
 
     @classmethod
     def of(cls, files: Iterable[SourceFile]) -> FileColumns:
@@ -148,13 +157,21 @@ class FileColumns:
 
 class FileColumnsBuilder:
     """Collects files as plain Python lists and turns every `BATCH` of them into Arrow arrays,
-    so a listing holds Python objects for one batch at most."""
+    so a listing holds Python objects for one batch at most. With a `scratch` folder the
+    batches go to sorted runs on disk there and the listing is built as a mapped file, so
+    listing 10M files holds one run in memory, not every file."""
 
     BATCH = 1 << 16
 
-    def __init__(self) -> None:
+    def __init__(self, scratch: Path | None = None) -> None:
         self._pending: list[tuple[Any, ...]] = []
         self._batches: list[pa.RecordBatch] = []
+        self._spill: Any = None
+        if scratch is not None:
+            from etl.run.spill import SortedSpill  # NOTE: here: pack workers import this module
+
+            self._spill = SortedSpill(scratch, _file_schema(), "source", "listing")
+            self._scratch = scratch
 
     def add(self, source: str, path: str, class_name: str | None, stat: FileStat) -> None:
         self._pending.append((source, path, class_name, stat))
@@ -171,8 +188,12 @@ class FileColumnsBuilder:
         sizes, mtimes, ctimes, inodes = zip(*stat, strict=True)
         paths = [os.fsencode(p) for p in path]
         arrays = [source, paths, class_name, [None] * n, sizes, mtimes, [None] * n, ctimes, inodes]
-        self._batches.append(pa.record_batch(list(arrays), schema=_file_schema()))
+        batch = pa.record_batch(list(arrays), schema=_file_schema())
         self._pending.clear()
+        if self._spill is not None:
+            self._spill.add(pa.Table.from_batches([batch]))
+        else:
+            self._batches.append(batch)
 
     def build(self) -> FileColumns:
         import pyarrow as pa
@@ -180,6 +201,9 @@ class FileColumnsBuilder:
         from etl.format.columns import sorted_by
 
         self._flush()
+        if self._spill is not None:
+            mapped = self._spill.written(self._scratch / "listing.arrow")
+            return FileColumns(mapped.table, mapped)
         table = pa.Table.from_batches(self._batches, schema=_file_schema())
         self._batches.clear()
         return FileColumns(sorted_by(table, "source"))
@@ -216,6 +240,9 @@ class ListContext:
     wanted: frozenset[str] | None = None
     """When set, only records with these content hashes are spooled: what a repair or a reject
     sheet reads back (`etl.sources.locate`), not the whole source."""
+    scratch: Path | None = None
+    """A folder for the run's temporary files: a lister that can keeps its listing there, on
+    disk, instead of in memory."""
 
 
 def label_text(value: Any) -> str | None:

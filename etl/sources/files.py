@@ -81,7 +81,7 @@ def list_folder(config: FolderSource, context: ListContext | None = None) -> Sou
     prefix = len(top) + 1
     real_root = os.path.realpath(top) + os.sep
     include, exclude = _pattern(config.include), _pattern(config.exclude)
-    files = FileColumnsBuilder()
+    files = FileColumnsBuilder(context.scratch if context is not None else None)
     rejects: list[SourceReject] = []
     unlistable: list[tuple[str, OSError]] = []
     for entry in _walk(top, unlistable):
