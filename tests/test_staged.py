@@ -157,3 +157,13 @@ def test_previous_rows_out_of_source_order_still_match(tiny: None, tmp_path: Pat
     assert not asked, "every file is vouched for by its stat"
     assert plan.counts == {"unchanged": 8, "deleted": 0, "rejected": 0}
     assert plan.reused.column("source").to_pylist() == [s for s, _, _ in rows]
+
+
+def test_buckets_are_the_same_worked_out_a_slice_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    digests = pa.chunked_array(
+        [[digest_of(i) for i in range(5)], [None, "short", *(digest_of(i) for i in range(5, 40))]]
+    )
+    whole = buckets.buckets_of(digests, 7)
+    monkeypatch.setattr(buckets, "SLICE_ROWS", 3)
+    assert buckets.buckets_of(digests, 7).tolist() == whole.tolist()
+    assert set(whole.tolist()) == set(range(7)), "40 hex digests reach every one of 7 buckets"

@@ -128,24 +128,25 @@ def _reject_row(r: SourceReject) -> dict[str, Any]:
     }
 
 
+RELEASE_ROWS = 1 << 16
+"""Rows read from mapped files between two `release_pages`: a few MB of pages resident."""
+
+
 def _same_content(previous: Manifest, plan: Plan, rejects: pa.Table) -> bool:
     """Whether the plan's kept rows and these rejects are the previous version's, compared a
     slice at a time with the mapped pages let go of after each (both may exceed memory)."""
     samples = plan.reused
     if samples.num_rows != previous.samples.num_rows or not previous.rejects.equals(rejects):
         return False
-    for start in range(0, samples.num_rows, COMPARED_ROWS):
-        same = previous.samples.slice(start, COMPARED_ROWS).equals(
-            samples.slice(start, COMPARED_ROWS)
+    for start in range(0, samples.num_rows, RELEASE_ROWS):
+        same = previous.samples.slice(start, RELEASE_ROWS).equals(
+            samples.slice(start, RELEASE_ROWS)
         )
         previous.release_pages()
         plan.release_pages()
         if not same:
             return False
     return True
-
-
-COMPARED_ROWS = 1 << 16
 
 
 def run(
@@ -482,12 +483,12 @@ def _commit(run: _Run, listed: int, plan: Plan, packed: _Packed) -> RunReport:
 
 
 def _releasing(pieces: Iterator[pa.Table], plan: Plan) -> Iterator[pa.Table]:
-    """`pieces`, letting go of the plan's mapped pages read so far every `COMPARED_ROWS`."""
+    """`pieces`, letting go of the plan's mapped pages read so far every RELEASE_ROWS."""
     since = 0
     for piece in pieces:
         yield piece
         since += piece.num_rows
-        if since >= COMPARED_ROWS:
+        if since >= RELEASE_ROWS:
             plan.release_pages()
             since = 0
 

@@ -68,7 +68,7 @@ def staged_plan(
     files = listing.files.table
     previous = _in_source_order(previous)
     rejects: list[SourceReject] = list(listing.rejects)
-    listed_rejects = {r.source for r in rejects}
+    listed_rejects = pa.array([r.source for r in rejects], pa.string())
     count = bucket_count(files.num_rows)
     names: set[str] = set()
     matched = 0
@@ -84,17 +84,18 @@ def staged_plan(
             wanted = hash_wanted(window, known)
             on_known(int((~wanted).sum()))
             hashed: pa.Array = pa.nulls(window.num_rows, pa.string())
-            failed = set(listed_rejects)
+            failed = listed_rejects
             if wanted.any():
                 found, unreadable = hash_files(window.filter(pa.array(wanted)))
                 hashed = pc.replace_with_mask(hashed, pa.array(wanted), found)
                 rejects += unreadable
-                failed |= {r.source for r in unreadable}
+                unread = pa.array([r.source for r in unreadable], pa.string())
+                failed = pa.concat_arrays([listed_rejects, unread])
             digests = pc.coalesce(window.column("content_hash"), known, hashed)
             old_rows = same_source_rows(window, samples, first)
             matched += int((old_rows >= 0).sum())
             names.update(value_codes(window.column("class_name"))[0])
-            checked = check_window(window, digests, pa.array(sorted(failed), pa.string()), old_rows)
+            checked = check_window(window, digests, failed, old_rows)
             buckets.add(checked, buckets_of(checked.column("digest"), count))
             del window, checked
             _release(listing, previous)
@@ -141,10 +142,8 @@ def _decide_buckets(
             rejects += decided.rejects
         assert packing is not None, "a listing makes at least one bucket"
         with packing:
-            kept, packed = (
-                reused.written(folder / "reused.arrow"),
-                packing.written(folder / "packing.arrow"),
-            )
+            kept = reused.written(folder / "reused.arrow")
+            packed = packing.written(folder / "packing.arrow")
         return Decided(kept.table, packed.table, rejects, counts), (kept, packed)
 
 

@@ -166,12 +166,12 @@ class FileColumnsBuilder:
     def __init__(self, scratch: Path | None = None) -> None:
         self._pending: list[tuple[Any, ...]] = []
         self._batches: list[pa.RecordBatch] = []
+        self._scratch = scratch
         self._spill: Any = None
         if scratch is not None:
             from etl.run.spill import SortedSpill  # NOTE: here: pack workers import this module
 
             self._spill = SortedSpill(scratch, _file_schema(), "source", "listing")
-            self._scratch = scratch
 
     def add(self, source: str, path: str, class_name: str | None, stat: FileStat) -> None:
         self._pending.append((source, path, class_name, stat))
@@ -201,7 +201,7 @@ class FileColumnsBuilder:
         from etl.format.columns import sorted_by
 
         self._flush()
-        if self._spill is not None:
+        if self._scratch is not None:
             mapped = self._spill.written(self._scratch / "listing.arrow")
             return FileColumns(mapped.table, mapped)
         table = pa.Table.from_batches(self._batches, schema=_file_schema())
