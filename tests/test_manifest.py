@@ -10,8 +10,10 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 from packed import rewrite_sealed
+from test_mapped import resident_file_kib
 
 from etl.errors import ManifestError
+from etl.format import manifest as manifest_module
 from etl.format.commit import commit
 from etl.format.manifest import (
     FORMAT_VERSION,
@@ -158,6 +160,40 @@ def test_label_out_of_range_is_refused(tmp_path: Path) -> None:
         read_manifest(tmp_path)
 
 
+@pytest.mark.parametrize("bad", ["label", "row"])
+def test_a_check_made_a_slice_at_a_time_names_the_versions_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: str
+) -> None:
+    monkeypatch.setattr(manifest_module, "CHECK_ROWS", 3)
+    samples, shards, rejects = tables(10, rows=10)
+    column = samples.column(bad).to_numpy().copy()
+    column[7] = 99
+    at = samples.schema.get_field_index(bad)
+    samples = samples.set_column(at, bad, pa.array(column, samples.schema.field(bad).type))
+    commit(tmp_path, meta(1), samples, shards, rejects)
+    with pytest.raises(ManifestError, match=r"at row 7 \(source 'a/7.png'\)"):
+        read_manifest(tmp_path)
+
+
+def test_the_shard_index_made_a_slice_at_a_time_is_each_samples_shard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(manifest_module, "CHECK_ROWS", 3)
+    names = [f"shards/v000001-{i:05d}.npy" for i in range(3)]
+    picks = [2, 0, 1, 1, 2, 0, 0, 2, 1, 2]
+    rows = [sample_row(i, names[k]) | {"row": 0} for i, k in enumerate(picks)]
+    samples = table_from_rows(rows, SAMPLES_SCHEMA)
+    shard_rows = [
+        {"shard": name, "rows": 1, "bytes": 1, "checksum": "0" * 16, "blake3": "0" * 64}
+        for name in reversed(names)
+    ]
+    shards = table_from_rows(shard_rows, SHARDS_SCHEMA)
+    commit(tmp_path, meta(1), samples, shards, tables()[2])
+    opened = read_manifest(tmp_path)
+    listed = opened.shards.column("shard").to_pylist()
+    assert opened.shard_index.tolist() == [listed.index(names[k]) for k in picks]
+
+
 def test_missing_dataset(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match="no manifest version"):
         read_manifest(tmp_path)
@@ -214,3 +250,36 @@ def test_a_manifest_without_the_later_stat_columns_reads_them_as_nulls(tmp_path:
     samples = read_manifest(tmp_path).samples
     assert samples.column("source_inode").null_count == samples.num_rows == 3
     assert samples.schema == SAMPLES_SCHEMA.with_metadata(samples.schema.metadata)
+
+
+def test_opening_a_version_leaves_its_pages_to_the_page_cache(tmp_path: Path) -> None:
+    """Opening (and checking) a version touches a page of every batch and of the columns it
+    checks; none of them stays in the process's resident set (`etl.format.mapped`)."""
+    n, shard = 1 << 19, "shards/v000001-00000.npy"
+    keys = [f"{k:016x}" for k in range(n)]
+    numbers = pa.array(np.arange(n, dtype=np.int64))
+    columns = {
+        "sample_id": keys,
+        "source": [f"a/{k}.png" for k in keys],
+        "source_size": numbers,
+        "source_mtime_ns": numbers,
+        "source_ctime_ns": numbers,
+        "source_inode": pa.array(np.arange(n, dtype=np.uint64)),
+        "source_hash": [k * 4 for k in keys],
+        "source_height": pa.array(np.full(n, 4, np.int32)),
+        "source_width": pa.array(np.full(n, 4, np.int32)),
+        "label": pa.array(np.arange(n, dtype=np.int32) % 2),
+        "class_name": ["ab"[k % 2] for k in range(n)],
+        "split": ["train"] * n,
+        "shard": [shard] * n,
+        "row": numbers,
+        "checksum": keys,
+    }
+    samples = pa.table(columns, schema=SAMPLES_SCHEMA)
+    _, shards, rejects = tables(shard=shard, rows=n)
+    commit(tmp_path, meta(1), samples.to_batches(max_chunksize=1 << 12), shards, rejects)
+    size_kib = (version_dir(tmp_path, 1) / "manifest.arrow").stat().st_size >> 10
+    before = resident_file_kib()
+    opened = read_manifest(tmp_path)
+    assert resident_file_kib() - before < size_kib // 10
+    assert opened.samples.column("source")[-1].as_py() == columns["source"][-1]
