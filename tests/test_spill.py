@@ -27,10 +27,11 @@ CLASSES = ("ant", "bee", "cat")
 
 @pytest.fixture
 def tiny_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Spill runs of 5 rows read back 3 at a time; the plan in windows of 4 files and
-    buckets of about 3."""
+    """Spill runs of 5 rows in batches of 2, merged 6 rows at a time; the plan in windows of
+    4 files and buckets of about 3."""
     monkeypatch.setattr(spill, "RUN_ROWS", 5)
-    monkeypatch.setattr(spill, "PIECE_ROWS", 3)
+    monkeypatch.setattr(spill, "BATCH_ROWS", 2)
+    monkeypatch.setattr(spill, "MERGE_ROWS", 6)
     monkeypatch.setattr(staged, "WINDOW_ROWS", 4)
     monkeypatch.setattr(buckets, "BUCKET_ROWS", 3)
 
@@ -58,8 +59,28 @@ def test_spilled_runs_merge_back_in_order(tmp_path: Path, tiny_runs: None) -> No
     assert not list(tmp_path.iterdir()), "the runs outlived the spill"
     merged = [r["source"] for piece in pieces for r in piece.to_pylist()]
     assert merged == sorted(keys)
-    # one piece of each run (and of the table, and of the rows not yet written) at a time
-    assert max(piece.num_rows for piece in pieces) <= (len(on_disk) + 2) * spill.PIECE_ROWS
+    # a piece of each run (and of the table, and of the rows not yet written) at a time
+    streams = len(on_disk) + 2
+    piece = max(spill.BATCH_ROWS, spill.MERGE_ROWS // streams)
+    assert max(piece.num_rows for piece in pieces) <= streams * piece
+
+
+@pytest.mark.parametrize("runs", [3, 40])
+def test_sorted_runs_merge_a_bounded_number_of_rows_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runs: int
+) -> None:
+    monkeypatch.setattr(spill, "BATCH_ROWS", 4)
+    monkeypatch.setattr(spill, "MERGE_ROWS", 64)
+    keys = [f"k{i:04d}" for i in range(runs * 50)]
+    random.Random(runs).shuffle(keys)
+    with spill.SortedSpill(tmp_path, rows([]).schema, "source") as spilled:
+        for start in range(0, len(keys), 50):
+            spilled.add_sorted(rows(sorted(keys[start : start + 50])))
+        assert len(list(tmp_path.iterdir())) == runs, "each sorted table is a run at once"
+        pieces = list(spilled.merged())
+    assert [r["source"] for piece in pieces for r in piece.to_pylist()] == sorted(keys)
+    # a piece of each run is MERGE_ROWS / runs rows, never less than a batch
+    assert max(piece.num_rows for piece in pieces) <= max(64, runs * 4)
 
 
 def write_tree(root: Path, seeds: range) -> dict[str, bytes]:
@@ -138,8 +159,8 @@ def test_a_failed_pack_leaves_no_runs_behind(
     written: list[int] = []
     real_write = spill.SortedSpill._write_run
 
-    def write_run(self: spill.SortedSpill) -> None:
-        real_write(self)
+    def write_run(self: spill.SortedSpill, rows: pa.Table) -> None:
+        real_write(self, rows)
         if self.name == "samples":  # the new samples, not the plan's spills
             written.append(len(list(self.folder.glob("samples-*"))))
 

@@ -78,7 +78,8 @@ def tiny() -> Iterator[None]:
         patch.setattr(staged, "WINDOW_ROWS", 3)
         patch.setattr(buckets, "BUCKET_ROWS", 2)
         patch.setattr(spill, "RUN_ROWS", 4)
-        patch.setattr(spill, "PIECE_ROWS", 2)
+        patch.setattr(spill, "BATCH_ROWS", 2)
+        patch.setattr(spill, "MERGE_ROWS", 3)
         yield
 
 

@@ -58,11 +58,12 @@ def _buckets_of_slice(digests: pa.ChunkedArray | pa.Array, count: int) -> NDArra
 
 
 class Buckets:
-    """`count` append-only Arrow stream files of one schema under `folder`; `add` deals a
-    table's rows out by bucket, `take` reads one bucket back (and removes its file)."""
+    """`count` append-only Arrow stream files of one schema under `folder` (`name`-NNNNN.arrow);
+    `add` deals a table's rows out by bucket, `take` reads one bucket back (and removes its
+    file)."""
 
-    def __init__(self, folder: Path, schema: pa.Schema, count: int) -> None:
-        self.folder, self.schema, self.count = folder, schema, count
+    def __init__(self, folder: Path, schema: pa.Schema, count: int, name: str = "bucket") -> None:
+        self.folder, self.schema, self.count, self.name = folder, schema, count, name
         self.rows = 0
         self._writers: dict[int, ipc.RecordBatchStreamWriter] = {}
 
@@ -75,7 +76,7 @@ class Buckets:
             self._path(b).unlink(missing_ok=True)
 
     def _path(self, bucket: int) -> Path:
-        return self.folder / f"bucket-{bucket:05d}.arrow"
+        return self.folder / f"{self.name}-{bucket:05d}.arrow"
 
     def add(self, table: pa.Table, buckets: NDArray[np.int32]) -> None:
         """Append each row of `table` to the file of its bucket (`buckets`, one per row). The

@@ -223,33 +223,49 @@ def _with_digests(
     return zip(FileColumns(table), digests.filter(chosen).to_pylist(), strict=True)
 
 
-def same_source_rows(
-    files: pa.Table, samples: pa.Table | None, first: int = 0
-) -> NDArray[np.int64]:
-    """Each file's row in the previous version's samples (-1: none), where `samples` are that
-    version's rows from row `first` on (a window's slice of them)."""
-    if samples is None:
-        return np.full(files.num_rows, -1, dtype=np.int64)
+def same_source(files: pa.Table, samples: pa.Table | None) -> tuple[pa.Array, pa.Array]:
+    """For each file, the sample id and the content hash of the previous version's row of the
+    same source (null where there is none), where `samples` are that version's rows or the
+    slice of them a window of the listing can match."""
+    if samples is None or not samples.num_rows:
+        none = pa.nulls(files.num_rows, pa.string())
+        return none, none
     where = positions_in(files.column("source"), samples.column("source"))
-    return np.where(where >= 0, where + first, -1)
+    ids = take_or_null(samples.column("sample_id"), where)
+    return ids, take_or_null(samples.column("source_hash"), where)
 
 
 def check_window(
     files: pa.Table,
     digests: pa.ChunkedArray | pa.Array,
     failed: pa.Array,
-    old_rows: NDArray[np.int64],
+    old_ids: pa.ChunkedArray | pa.Array,
+    old_hashes: pa.ChunkedArray | pa.Array,
 ) -> pa.Table:
     """The files not already rejects (`failed` names those) with what the content-keyed
-    decisions need of each: its content hash ('digest') and the previous version's row of the
-    same source ('old_row', -1 for none)."""
+    decisions need of each: its content hash ('digest') and, from the previous version's row
+    of the same source (`same_source`), its sample id ('old_id', null for none) and whether it
+    held the same content ('old_same'). So deciding never looks a file's old row up again."""
     readable = ~bool_mask(pc.is_in(files.column("source"), value_set=failed))
     unhashed = readable & ~bool_mask(pc.is_valid(digests))
     if unhashed.any():
         source = files.column("source")[int(np.argmax(unhashed))].as_py()
         raise ValueError(f"no content hash for {source}: files_to_hash was not honoured")
-    checked = files.append_column("digest", digests).append_column("old_row", pa.array(old_rows))
+    same = pc.fill_null(pc.equal(old_hashes, digests), False)
+    checked = (
+        files.append_column("digest", digests)
+        .append_column("old_id", old_ids)
+        .append_column("old_same", same)
+    )
     return checked if readable.all() else checked.filter(pa.array(readable))
+
+
+CHECKED_COLUMNS = (
+    pa.field("digest", pa.string()),
+    pa.field("old_id", pa.string()),
+    pa.field("old_same", pa.bool_()),
+)
+"""The columns `check_window` adds to the listing's."""
 
 
 @dataclass(frozen=True)
@@ -266,15 +282,14 @@ def decide(
     config: PipelineConfig,
     checked: pa.Table,
     classes: tuple[str, ...],
-    previous: Manifest | None,
-    stored_rows: NDArray[np.int64] | None = None,
+    stored: pa.Table | None = None,
     remembered: pa.Table | None = None,
 ) -> Decided:
     """Reuse stored pixels, repeat remembered rejects, drop duplicates, or pack: every choice
     keyed by content, for `checked` files (`check_window`'s columns) that hold every file
-    sharing a content hash with any of them. `stored_rows` are the previous samples whose
-    hash may match (None: all), `remembered` the previous content rejects that may (None: all);
-    a bucket of content hashes passes its own."""
+    sharing a content hash with any of them. `stored` are the previous version's samples whose
+    hash may match, `remembered` its content rejects that may (both None: a first run or a
+    rebuild); a bucket of content hashes passes its own share of each."""
     rejects: list[SourceReject] = []
     class_names, class_codes = value_codes(checked.column("class_name"))
     label_of = {name: i for i, name in enumerate(classes)}
@@ -291,22 +306,15 @@ def decide(
 
     # reuse stored pixels, repeat remembered rejects, or pack
     counts: Counter[str] = Counter()
-    old_pos = np.asarray(checked.column("old_row").to_numpy(), dtype=np.int64)
-    in_old = old_pos >= 0
+    in_old = bool_mask(pc.is_valid(checked.column("old_id")))
+    same = bool_mask(checked.column("old_same"))
+    counts["unchanged"] = int((candidate & in_old & same).sum())
+    counts["changed"] = int((candidate & in_old & ~same).sum())
     stored_pos = np.full(checked.num_rows, -1, dtype=np.int64)
     repeat = np.zeros(checked.num_rows, dtype=bool)
-    if previous is not None:
-        old_hashes = previous.samples.column("source_hash")
-        same = bool_mask(pc.equal(take_or_null(old_hashes, old_pos), digests))
-        counts["unchanged"] = int((candidate & in_old & same).sum())
-        counts["changed"] = int((candidate & in_old & ~same).sum())
-        if stored_rows is None:
-            stored_pos = positions_in(digests, old_hashes)
-        else:
-            local = positions_in(digests, old_hashes.take(pa.array(stored_rows, pa.int64())))
-            stored_pos = np.append(stored_rows, -1)[local]  # -1 stays -1
-        if remembered is None:
-            remembered = remembered_rejects(previous)
+    if stored is not None:
+        stored_pos = positions_in(digests, stored.column("source_hash"))
+    if remembered is not None:
         remembered_pos = positions_in(digests, remembered.column("source_hash"))
         repeat = candidate & (stored_pos < 0) & (remembered_pos >= 0)
         verdicts = remembered.select(["reason", "message"]).to_pylist()
@@ -320,7 +328,7 @@ def decide(
     counts["new"] = int((pack & ~in_old).sum())
 
     identity = _identity(checked, labels, classes, config)
-    reused = _reused_rows(previous, identity, reuse, stored_pos, old_pos)
+    reused = _reused_rows(stored, identity, reuse, stored_pos)
     return Decided(reused, _to_pack(identity, pack), rejects, counts)
 
 
@@ -385,13 +393,14 @@ def make_plan(
     # NOTE: a hash from listing wins over the stat: those kinds have no stat that proves a
     # value unchanged (an LMDB value rewritten with the same length keeps size and mtime 0)
     digests = pc.coalesce(files.column("content_hash"), known, _hash_column(hashes, files))
-    old_rows = same_source_rows(files, samples)
-    checked = check_window(files, digests, failed, old_rows)
+    old_ids, old_hashes = same_source(files, samples)
+    checked = check_window(files, digests, failed, old_ids, old_hashes)
     names = value_codes(files.column("class_name"))[0]
     classes = resolve_classes(config, names, prior_classes, listing.classes)
-    decided = decide(config, checked, classes, previous)
-    if previous is not None:
-        decided.counts["deleted"] = previous.samples.num_rows - int((old_rows >= 0).sum())
+    if previous is None:
+        return assemble(config, version, classes, decide(config, checked, classes), rejects)
+    decided = decide(config, checked, classes, previous.samples, remembered_rejects(previous))
+    decided.counts["deleted"] = previous.samples.num_rows - (len(old_ids) - old_ids.null_count)
     return assemble(config, version, classes, decided, rejects)
 
 
@@ -448,23 +457,21 @@ def _identity(
 
 
 def _reused_rows(
-    previous: Manifest | None,
+    stored: pa.Table | None,
     identity: pa.Table,
     reuse: NDArray[np.bool_],
     stored_pos: NDArray[np.int64],
-    old_pos: NDArray[np.int64],
 ) -> pa.Table:
     """Previous rows holding the pixels of the reused files (their pixels and checksums) under
     the files' current identity, in source order (the listing's).
 
     A sample_id is a hash of the source: taken from the previous row of the same source where
-    there is one, computed only for moved files."""
-    if previous is None or not reuse.any():
+    there is one ('old_id'), computed only for moved files."""
+    if stored is None or not reuse.any():
         return SAMPLES_SCHEMA.empty_table()
     mine = identity.filter(pa.array(reuse))
-    same_source = old_pos[reuse]
-    ids = take_or_null(previous.samples.column("sample_id"), same_source)
-    moved = same_source < 0
+    ids = mine.column("old_id")
+    moved = bool_mask(pc.is_null(ids))
     if moved.any():
         computed = [sample_id(s) for s in mine.column("source").filter(pa.array(moved)).to_pylist()]
         ids = pc.replace_with_mask(ids, pa.array(moved), pa.array(computed, pa.string()))
@@ -483,10 +490,10 @@ def _reused_rows(
     # when every row is kept in place (a no-change rerun): a take copies each column it gets.
     kept = [name for name in SAMPLES_SCHEMA.names if name not in columns]
     rows = stored_pos[reuse]
-    stored = previous.samples.select(kept)
-    if not (len(rows) == stored.num_rows and (rows == np.arange(len(rows))).all()):
-        stored = stored.take(pa.array(rows))
-    columns.update(zip(kept, stored.columns, strict=True))
+    kept_rows = stored.select(kept)
+    if not (len(rows) == kept_rows.num_rows and (rows == np.arange(len(rows))).all()):
+        kept_rows = kept_rows.take(pa.array(rows))
+    columns.update(zip(kept, kept_rows.columns, strict=True))
     names = SAMPLES_SCHEMA.names
     return pa.table([columns[name] for name in names], names=names).cast(SAMPLES_SCHEMA)
 

@@ -28,8 +28,12 @@ RUN_ROWS = 1 << 18
 """Rows gathered before they are sorted and written as one run: few runs to merge (40 at
 10M rows), each written once."""
 
-PIECE_ROWS = 1 << 12
-"""Rows of a run read back at a time: the merge holds one piece of every run."""
+BATCH_ROWS = 1 << 9
+"""Rows of each record batch of a run on disk: the smallest piece the merge can read."""
+
+MERGE_ROWS = 1 << 15
+"""Rows the merge holds across all its runs: a piece of each is MERGE_ROWS / runs rows (one
+batch at least), so merging the 80 runs of 10M rows costs what merging the 8 of 1M does."""
 
 
 @contextlib.contextmanager
@@ -79,28 +83,32 @@ class SortedSpill:
         self._pending_rows += table.num_rows
         self.rows += table.num_rows
         if self._pending_rows >= RUN_ROWS:
-            self._write_run()
+            self._write_run(sorted_by(pa.concat_tables(self._pending), self.key))
+            self._pending, self._pending_rows = [], 0
 
-    def _write_run(self) -> None:
-        rows = sorted_by(pa.concat_tables(self._pending), self.key)
-        self._pending, self._pending_rows = [], 0
+    def add_sorted(self, table: pa.Table) -> None:
+        """Rows sorted by `key` already: written as a run of their own, never sorted again or
+        kept waiting."""
+        if table.num_rows:
+            self._write_run(table.cast(self.schema))
+            self.rows += table.num_rows
+
+    def _write_run(self, rows: pa.Table) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"{self.name}-{len(self._runs):05d}.arrow"
         with ipc.new_file(str(path), self.schema) as writer:
-            writer.write_table(rows, max_chunksize=PIECE_ROWS)
+            writer.write_table(rows, max_chunksize=BATCH_ROWS)
         self._runs.append(path)
 
     def merged(self, *sorted_tables: pa.Table) -> Iterator[pa.Table]:
         """Every row added, and those of `sorted_tables` (each sorted by `key` already), in
         `key` order, a piece at a time. Call once, after the last `add`."""
-        streams: list[Iterator[pa.Table | pa.RecordBatch]] = [
-            iter(table.to_batches(max_chunksize=PIECE_ROWS)) for table in sorted_tables
-        ]
-        if self._pending:
-            rows = sorted_by(pa.concat_tables(self._pending), self.key)
-            self._pending = []
-            streams.append(iter(rows.to_batches(max_chunksize=PIECE_ROWS)))
-        streams += [_pieces(path) for path in self._runs]
+        pending = [sorted_by(pa.concat_tables(self._pending), self.key)] if self._pending else []
+        self._pending = []
+        tables = [*sorted_tables, *pending]
+        piece = max(BATCH_ROWS, MERGE_ROWS // max(1, len(tables) + len(self._runs)))
+        streams = [_slices(table, piece) for table in tables]
+        streams += [_pieces(path, piece) for path in self._runs]
         return merge_sorted(streams, self.key)
 
     def written(self, path: Path) -> Mapped:
@@ -109,17 +117,32 @@ class SortedSpill:
         stay the page cache's. The runs are removed."""
         with ipc.new_file(str(path), self.schema) as writer:
             for piece in self.merged():
-                writer.write_table(piece, max_chunksize=PIECE_ROWS)
+                writer.write_table(piece)
         for run in self._runs:
             run.unlink(missing_ok=True)
         self._runs = []
         return Mapped(path)
 
 
-def _pieces(path: Path) -> Iterator[pa.RecordBatch]:
-    """The record batches of the Arrow file at `path`, read one at a time (no memory map:
-    mapped pages would stay resident)."""
+def _slices(table: pa.Table, rows: int) -> Iterator[pa.Table]:
+    """`table` in slices of `rows`, each made when asked for (a 10M-row table would otherwise
+    be 20,000 batch objects at once)."""
+    for start in range(0, table.num_rows, rows):
+        yield table.slice(start, rows)
+
+
+def _pieces(path: Path, rows: int) -> Iterator[pa.Table]:
+    """The rows of the Arrow file at `path`, `rows` (or a batch more) at a time, read batch by
+    batch (no memory map: mapped pages would stay resident)."""
     with pa.OSFile(str(path)) as file:
         reader = ipc.open_file(file)
+        batches: list[pa.RecordBatch] = []
+        held = 0
         for i in range(reader.num_record_batches):
-            yield reader.get_batch(i)
+            batches.append(reader.get_batch(i))
+            held += batches[-1].num_rows
+            if held >= rows:
+                yield pa.Table.from_batches(batches)
+                batches, held = [], 0
+        if batches:
+            yield pa.Table.from_batches(batches)

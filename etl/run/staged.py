@@ -5,9 +5,11 @@ of files. It is `plan.make_plan`'s plan, made by the same functions:
 1. Windows of the listing in source order, each merge-joined with the slice of the previous
    version's rows (sorted by source) it can match: the stat proves some hashes known; the
    rest are hashed (`hash_files`) right then. Each checked row goes to the bucket of its
-   content hash (`etl.run.buckets`).
+   content hash (`etl.run.buckets`), and so does each previous sample the window passed, so
+   the manifest is read once, in order.
 2. Once every class name is known (the labels need them all), each bucket is decided
-   (`plan.decide`) with the previous samples and remembered rejects whose hash falls in it.
+   (`plan.decide`) with its previous samples and the remembered rejects whose hash falls in
+   it.
    Rows to keep go to a spill sorted by source, rows to pack to one sorted by pack order.
 3. Both spills are written out as one Arrow file each and mapped: `Plan.reused` and
    `Plan.packing`, which the pack phase and the commit read a piece at a time.
@@ -20,7 +22,6 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -28,8 +29,9 @@ from etl.config import PipelineConfig
 from etl.format.columns import bisect_right, bool_mask, sorted_by, value_codes
 from etl.format.manifest import SAMPLES_SCHEMA, Manifest
 from etl.format.mapped import Mapped
-from etl.run.buckets import Buckets, bucket_count, buckets_of
+from etl.run.buckets import SLICE_ROWS, Buckets, bucket_count, buckets_of
 from etl.run.plan import (
+    CHECKED_COLUMNS,
     Decided,
     Plan,
     assemble,
@@ -39,7 +41,7 @@ from etl.run.plan import (
     known_digests,
     remembered_rejects,
     resolve_classes,
-    same_source_rows,
+    same_source,
 )
 from etl.run.spill import SortedSpill
 from etl.sources.base import SourceListing, SourceReject
@@ -69,17 +71,18 @@ def staged_plan(
     previous = _in_source_order(previous)
     rejects: list[SourceReject] = list(listing.rejects)
     listed_rejects = pa.array([r.source for r in rejects], pa.string())
-    count = bucket_count(files.num_rows)
+    count = bucket_count(max(files.num_rows, previous.samples.num_rows if previous else 0))
     names: set[str] = set()
     matched = 0
-    schema = files.schema.append(pa.field("digest", pa.string())).append(
-        pa.field("old_row", pa.int64())
-    )
-    with Buckets(folder, schema, count) as buckets:
+    schema = pa.schema([*files.schema, *CHECKED_COLUMNS])
+    with (
+        Buckets(folder, schema, count) as buckets,
+        Buckets(folder, SAMPLES_SCHEMA, count, "stored") as stored,
+    ):
         window_of = _PreviousBySource(previous)
         for start in range(0, files.num_rows, WINDOW_ROWS):
             window = files.slice(start, WINDOW_ROWS)
-            samples, previous_rejects, first = window_of.upto(window.column("source")[-1].as_py())
+            samples, previous_rejects = window_of.upto(window.column("source")[-1].as_py())
             known = known_digests(window, samples, previous_rejects)
             wanted = hash_wanted(window, known)
             on_known(int((~wanted).sum()))
@@ -92,35 +95,50 @@ def staged_plan(
                 unread = pa.array([r.source for r in unreadable], pa.string())
                 failed = pa.concat_arrays([listed_rejects, unread])
             digests = pc.coalesce(window.column("content_hash"), known, hashed)
-            old_rows = same_source_rows(window, samples, first)
-            matched += int((old_rows >= 0).sum())
+            old_ids, old_hashes = same_source(window, samples)
+            matched += len(old_ids) - old_ids.null_count
             names.update(value_codes(window.column("class_name"))[0])
-            checked = check_window(window, digests, failed, old_rows)
+            checked = check_window(window, digests, failed, old_ids, old_hashes)
             buckets.add(checked, buckets_of(checked.column("digest"), count))
-            del window, checked
+            _store(stored, samples)
+            del window, checked, samples
             _release(listing, previous)
+        _store(stored, window_of.rest())
         classes = resolve_classes(config, names, prior_classes, listing.classes)
-        decided, maps = _decide_buckets(config, buckets, classes, previous, folder)
+        stored_by_bucket = stored if previous is not None else None
+        decided, maps = _decide_buckets(
+            config, buckets, stored_by_bucket, classes, previous, folder
+        )
     if previous is not None:
         decided.counts["deleted"] = previous.samples.num_rows - matched
     return assemble(config, version, classes, decided, rejects, maps)
 
 
+def _store(stored: Buckets, samples: pa.Table | None) -> None:
+    """Deal previous samples out to the buckets of their content hash: each bucket is decided
+    with its own share of them, read back from disk in one piece, instead of taking rows from
+    all over the mapped manifest (a bucket's rows are spread across every page of it)."""
+    if samples is not None and samples.num_rows:
+        stored.add(samples, buckets_of(samples.column("source_hash"), stored.count))
+
+
 def _decide_buckets(
     config: PipelineConfig,
     buckets: Buckets,
+    stored: Buckets | None,
     classes: tuple[str, ...],
     previous: Manifest | None,
     folder: Path,
 ) -> tuple[Decided, tuple[Mapped, Mapped]]:
-    """`decide` of each bucket with the previous rows whose content hash falls in it; the rows
-    to keep and to pack gathered in key order into mapped files in `folder`."""
+    """`decide` of each bucket with the previous samples (`stored`) and remembered rejects
+    whose content hash falls in it; the rows to keep and to pack gathered in key order into
+    mapped files in `folder`."""
     count = buckets.count
-    stored = remembered = remembered_bucket = None
+    remembered = remembered_bucket = None
     if previous is not None:
-        stored = buckets_of(previous.samples.column("source_hash"), count)
         remembered = remembered_rejects(previous)
         remembered_bucket = buckets_of(remembered.column("source_hash"), count)
+        _release(None, previous)
     counts: Counter[str] = Counter()
     rejects: list[SourceReject] = []
     packing: SortedSpill | None = None
@@ -130,14 +148,14 @@ def _decide_buckets(
             mine = remembered
             if remembered is not None:
                 mine = remembered.filter(pa.array(remembered_bucket == bucket))
-            stored_rows = np.flatnonzero(stored == bucket) if stored is not None else None
-            decided = decide(config, rows, classes, previous, stored_rows, mine)
-            del rows
-            _release(None, previous)
-            reused.add(decided.reused)
+            samples = stored.take(bucket) if stored is not None else None
+            decided = decide(config, rows, classes, samples, mine)
+            del rows, samples
+            # each bucket's rows come in source order and are packed in pack order: runs
+            reused.add_sorted(decided.reused)
             if packing is None:
                 packing = SortedSpill(folder, decided.packing.schema, "order", "packing")
-            packing.add(decided.packing)
+            packing.add_sorted(decided.packing)
             counts.update(decided.counts)
             rejects += decided.rejects
         assert packing is not None, "a listing makes at least one bucket"
@@ -166,18 +184,23 @@ class _PreviousBySource:
         self._rejects = previous.rejects if previous is not None else None
         self._at = [0, 0]
 
-    def upto(self, last: str) -> tuple[pa.Table | None, pa.Table | None, int]:
-        """(samples, rejects, the first sample's row) with sources after the previous call's
-        `last` and up to this one's."""
+    def upto(self, last: str) -> tuple[pa.Table | None, pa.Table | None]:
+        """(samples, rejects) with sources after the previous call's `last` and up to this
+        one's."""
         if self._samples is None or self._rejects is None:
-            return None, None, 0
+            return None, None
         slices = []
         for i, table in enumerate((self._samples, self._rejects)):
             end = bisect_right(table.column("source"), last, self._at[i])
             slices.append(table.slice(self._at[i], end - self._at[i]))
             self._at[i] = end
-        first = self._at[0] - slices[0].num_rows
-        return slices[0], slices[1], first
+        return slices[0], slices[1]
+
+    def rest(self) -> pa.Table | None:
+        """The samples after the last call's `last`: sources no longer listed."""
+        if self._samples is None:
+            return None
+        return self._samples.slice(self._at[0])
 
 
 def _in_source_order(previous: Manifest | None) -> Manifest | None:
@@ -188,13 +211,17 @@ def _in_source_order(previous: Manifest | None) -> Manifest | None:
     tables = {}
     for name in ("samples", "rejects"):
         table = getattr(previous, name)
-        if not _ascending(table.column("source")):
+        if not _ascending(table.column("source"), previous.release_pages):
             tables[name] = sorted_by(table, "source")
     return dataclasses.replace(previous, **tables) if tables else previous
 
 
-def _ascending(column: pa.ChunkedArray) -> bool:
-    """Whether each value sorts after the one before it."""
-    if len(column) < 2:
-        return True
-    return not bool_mask(pc.less(column.slice(1), column.slice(0, len(column) - 1))).any()
+def _ascending(column: pa.ChunkedArray, release: Callable[[], None]) -> bool:
+    """Whether each value sorts after the one before it, looked at a slice at a time with the
+    pages read let go of (`release`) after each."""
+    for start in range(0, len(column) - 1, SLICE_ROWS):
+        part = column.slice(start, SLICE_ROWS + 1)  # one value more: pairs across slices
+        if bool_mask(pc.less(part.slice(1), part.slice(0, len(part) - 1))).any():
+            return False
+        release()
+    return True
