@@ -161,3 +161,33 @@ def test_listing_kind_must_be_known(tmp_path: Path) -> None:
     (tmp_path / "list.json").write_text("{}")
     with pytest.raises(SourceError, match=r"must be \.csv"):
         list_listing(ListingSource(path=tmp_path / "list.json"))
+
+
+@pytest.mark.parametrize("scratch", [False, True])
+def test_the_listing_builder_keeps_every_stat_value_and_name(tmp_path: Path, scratch: bool) -> None:
+    """Numbers are collected in 8-byte arrays, not objects: the extremes of each must come
+    back as they went in, in source order, on disk (a scratch folder, in batches) or not."""
+    from etl.sources.base import FileColumnsBuilder, FileStat
+
+    builder = FileColumnsBuilder(tmp_path if scratch else None)
+    builder.BATCH = 2  # every third file starts a new batch
+    added = [
+        ("b/x.jpg", "/r/b/x.jpg", "b", FileStat(0, -(2**62), 2**62, 2**64 - 1)),
+        (
+            names.path_to_source("a/\udcff.jpg"),
+            "/r/a/\udcff.jpg",
+            "a",
+            FileStat(2**63 - 1, 0, -1, 0),
+        ),
+        ("a/z.jpg", "/r/a/z.jpg", None, FileStat(5, 1, 2, 3)),
+    ]
+    for source, path, class_name, stat in added:
+        builder.add(source, path, class_name, stat)
+    table = builder.build().table
+    expected = sorted(added, key=lambda file: file[0].encode())
+    assert table.column("source").to_pylist() == [s for s, *_ in expected]
+    assert table.column("path").to_pylist() == [os.fsencode(p) for _, p, *_ in expected]
+    assert table.column("class_name").to_pylist() == [c for *_, c, _ in expected]
+    for i, name in enumerate(("size", "mtime_ns", "ctime_ns", "inode")):
+        assert table.column(name).to_pylist() == [stat[i] for *_, stat in expected]
+    assert table.column("content_hash").null_count == table.column("split").null_count == 3

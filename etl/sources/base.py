@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numbers
 import os
+from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,15 +157,17 @@ class FileColumns:
 
 
 class FileColumnsBuilder:
-    """Collects files as plain Python lists and turns every `BATCH` of them into Arrow arrays,
-    so a listing holds Python objects for one batch at most. With a `scratch` folder the
-    batches go to sorted runs on disk there and the listing is built as a mapped file, so
-    listing 10M files holds one run in memory, not every file."""
+    """Collects files column by column (texts in lists, numbers in `array`s: no object per
+    number) and turns every `BATCH` of them into Arrow arrays, so a listing holds Python values
+    for one batch at most. With a `scratch` folder the batches go to sorted runs on disk there
+    and the listing is built as a mapped file, so listing 10M files holds one run in memory,
+    not every file."""
 
     BATCH = 1 << 16
 
     def __init__(self, scratch: Path | None = None) -> None:
-        self._pending: list[tuple[Any, ...]] = []
+        self._texts: tuple[list[str], list[str], list[str | None]] = ([], [], [])
+        self._numbers = _number_columns()
         self._batches: list[pa.RecordBatch] = []
         self._scratch = scratch
         self._spill: Any = None
@@ -174,22 +177,32 @@ class FileColumnsBuilder:
             self._spill = SortedSpill(scratch, _file_schema(), "source", "listing")
 
     def add(self, source: str, path: str, class_name: str | None, stat: FileStat) -> None:
-        self._pending.append((source, path, class_name, stat))
-        if len(self._pending) >= self.BATCH:
+        sources, paths, classes = self._texts
+        sources.append(source)
+        paths.append(path)
+        classes.append(class_name)
+        for column, value in zip(self._numbers, stat, strict=True):
+            column.append(value)
+        if len(sources) >= self.BATCH:
             self._flush()
 
     def _flush(self) -> None:
+        import numpy as np
         import pyarrow as pa
 
-        if not self._pending:
+        sources, paths, classes = self._texts
+        if not sources:
             return
-        source, path, class_name, stat = zip(*self._pending, strict=True)
-        n = len(source)
-        sizes, mtimes, ctimes, inodes = zip(*stat, strict=True)
-        paths = [os.fsencode(p) for p in path]
-        arrays = [source, paths, class_name, [None] * n, sizes, mtimes, [None] * n, ctimes, inodes]
-        batch = pa.record_batch(list(arrays), schema=_file_schema())
-        self._pending.clear()
+        none = pa.nulls(len(sources), pa.string())
+        sizes, mtimes, ctimes, inodes = (
+            pa.array(np.frombuffer(column, dtype=column.typecode)) for column in self._numbers
+        )
+        encoded = [os.fsencode(p) for p in paths]
+        arrays = [sources, encoded, classes, none, sizes, mtimes, none, ctimes, inodes]
+        batch = pa.record_batch(arrays, schema=_file_schema())
+        del encoded, arrays
+        self._texts = ([], [], [])
+        self._numbers = _number_columns()
         if self._spill is not None:
             self._spill.add(pa.Table.from_batches([batch]))
         else:
@@ -207,6 +220,11 @@ class FileColumnsBuilder:
         table = pa.Table.from_batches(self._batches, schema=_file_schema())
         self._batches.clear()
         return FileColumns(sorted_by(table, "source"))
+
+
+def _number_columns() -> tuple[array[int], ...]:
+    """Size, mtime and ctime (signed) and inode (unsigned), 8 bytes each: `FileStat`'s order."""
+    return array("q"), array("q"), array("q"), array("Q")
 
 
 @dataclass(frozen=True)
