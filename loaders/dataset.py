@@ -44,7 +44,9 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
     `verify` checks each opened shard's checksum against the manifest, once per process.
     `release_every` bounds resident memory per process (see `ShardReader`). `readahead` (on by
     default) has a batch that is not in the page cache read from disk all at once (see
-    `ShardReader` and NOTE [ readahead ] in `loaders.reader`).
+    `ShardReader` and NOTE [ readahead ] in `loaders.reader`). `drop_behind` (with
+    `release_every`) drops what was read from the page cache at each release: for a dataset
+    larger than memory, which would otherwise evict everything else cached.
 
     Under a plain `DataLoader(dataset, batch_size=B)` with the default collate, batches are
     `[images, labels]` (uint8 [B, *sample_shape], int64 [B]); `make_loader` yields the same as
@@ -58,10 +60,11 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         verify: bool = False,
         release_every: int | None = None,
         readahead: bool = True,
+        drop_behind: bool = False,
     ) -> None:
         self.selection = selection
         self.transform = transform
-        self.reader = ShardReader(selection.shards, verify, release_every, readahead)
+        self.reader = ShardReader(selection.shards, verify, release_every, readahead, drop_behind)
         self.memory = BatchMemory()
         """Where batches are gathered (`make_loader` sets pinning and the workers' ring)."""
         self.with_indices = False
@@ -80,6 +83,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         release_every: int | None = None,
         verify_manifest: bool = True,
         readahead: bool = True,
+        drop_behind: bool = False,
     ) -> PackedDataset:
         """Open a dataset directory or manifest and select samples (see `Catalog.select`).
 
@@ -87,7 +91,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         (see `open_catalog`); `verify` is about shard bytes (see the class).
         """
         selection = open_catalog(path, version, verify_manifest).select(split, classes, where)
-        return cls(selection, transform, verify, release_every, readahead)
+        return cls(selection, transform, verify, release_every, readahead, drop_behind)
 
     @property
     def classes(self) -> tuple[str, ...]:

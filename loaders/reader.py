@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,21 @@ def verify_shard(path: os.PathLike[str] | str, algorithm: str, expected: str) ->
     _VERIFIED.add(key)
 
 
+def drop_cached(path: Path) -> None:
+    """Ask the kernel to drop the page cache of the file at `path` (clean pages no process has
+    mapped). Advice only: where it cannot be given, nothing happens."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except (OSError, AttributeError):  # AttributeError: no posix_fadvise (macOS)
+        pass
+    finally:
+        os.close(fd)
+
+
 class ShardReader:
     """Lazily opened, read-only views of the shards of a `ShardSet`, one set per process.
 
@@ -60,6 +75,12 @@ class ShardReader:
     `ShardSpan.advise` asks for every row, so the device gets a batch of requests in flight
     instead of one page fault at a time. A page-cached batch costs the probe only. Without a
     span (the row-by-row fallback) nothing is advised.
+
+    `drop_behind` (default off; needs `release_every`) also asks the kernel, at each release,
+    to drop the page cache of the shards read since the last one (`posix_fadvise` DONTNEED), so
+    an epoch over a dataset larger than memory leaves at most about `release_every` of it
+    cached per process instead of evicting everything else. Off for a dataset that fits in
+    memory: the next epoch would read it from disk again.
 
     NOTE [ readahead ]: measured with benchmarks/bench_cold.py (5,000 samples of 147 KiB, page
     cache dropped before each epoch, 2-core VM with a ~1 GB/s virtual disk): random batches
@@ -80,13 +101,19 @@ class ShardReader:
         verify: bool = False,
         release_every: int | None = None,
         readahead: bool = True,
+        drop_behind: bool = False,
     ) -> None:
         if release_every is not None and release_every <= 0:
             raise ValueError(f"release_every must be a positive byte count, got {release_every}")
+        if drop_behind and release_every is None:
+            raise ValueError("drop_behind needs release_every: the bytes read between two drops")
         self.shards = shards
         self.verify = verify
         self.release_every = release_every
         self.readahead = readahead
+        self.drop_behind = drop_behind
+        self._read_shards: set[int] = set()
+        """Shards read since the last release: what `drop_behind` drops."""
         self.sample_bytes = int(np.prod(shards.sample_shape))
         self._arrays: dict[int, NDArray[np.uint8]] = {}
         self._flat: dict[int, memoryview] = {}
@@ -145,16 +172,19 @@ class ShardReader:
     def row(self, shard: int, row: int) -> NDArray[np.uint8]:
         """A copy of one sample."""
         sample = np.array(self.array(shard)[row])
-        self._count(sample.nbytes)
+        self._count(sample.nbytes, (shard,))
         return sample
 
-    def _count(self, nbytes: int) -> None:
+    def _count(self, nbytes: int, shards: Iterable[int]) -> None:
         self._read_since_release += nbytes
+        if self.drop_behind:
+            self._read_shards.update(shards)
         if self.release_every is not None and self._read_since_release >= self.release_every:
             self.release()
 
     def release(self) -> None:
-        """Unmap every shard; the next read reopens (and re-checks) what it needs."""
+        """Unmap every shard; the next read reopens (and re-checks) what it needs. With
+        `drop_behind`, the page cache of the shards read since the last release is dropped."""
         with self._lock:
             self._arrays.clear()
             self._flat.clear()
@@ -162,6 +192,9 @@ class ShardReader:
                 self._span.close()
                 self._span = None
             self._read_since_release = 0
+            for shard in sorted(self._read_shards):
+                drop_cached(self.shards.path(shard))
+            self._read_shards.clear()
 
     def close(self, shard: int) -> None:
         """Drop one shard's mapping (its pages leave this process's RSS; the page cache keeps
@@ -229,7 +262,8 @@ class ShardReader:
                 span.take(span_rows, out)
             else:
                 self._gather_rows(shard, row, out)
-            self._count(n * self.sample_bytes)
+            read = np.unique(shard).tolist() if self.drop_behind else ()
+            self._count(n * self.sample_bytes, read)
 
     def _gather_rows(
         self, shard: NDArray[np.int64], row: NDArray[np.int64], out: NDArray[np.uint8]

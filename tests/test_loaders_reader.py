@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 from packed import Packed, make_packed
 
 from loaders import ShardReader, open_catalog
+from loaders.reader import drop_cached
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +88,48 @@ def test_empty_and_wrong_outputs(packed: Packed, use_span: bool) -> None:
     for shard, row in [(1, 8), (0, -1), (3, 5)]:  # shard 1 has 8 rows, shard 3 has 5
         with pytest.raises(IndexError, match="is not in shard"):
             reader.gather(np.array([0, shard]), np.array([0, row]), two)
+
+
+def cached_fraction(path: Path) -> float:
+    """The fraction of the file's pages in the page cache (`mincore` on a fresh mapping)."""
+    size = path.stat().st_size
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        view = np.frombuffer(mapped, dtype=np.uint8)
+        pages = -(-size // mmap.PAGESIZE)
+        state = (ctypes.c_ubyte * pages)()
+        assert libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size), state) == 0
+        del view
+    return sum(s & 1 for s in state) / pages
+
+
+@pytest.mark.parametrize("drop_behind", [False, True])
+def test_drop_behind_takes_what_was_read_out_of_the_page_cache(tmp_path: Path, drop_behind: bool) -> None:
+    """Read every sample of 4 shards of 768 KiB, a shard at a time, releasing after each: with
+    `drop_behind` the shards read before the last release leave the page cache; without it they
+    stay. The samples read are the same either way."""
+    built = make_packed(tmp_path, shard_sizes=(64, 64, 64, 64), sample_shape=(64, 64, 3), orphans=0)
+    shards = open_catalog(built.root).select().shards
+    paths = [shards.path(s) for s in range(4)]
+    expected = [np.load(path) for path in paths]  # read before: np.load caches pages too
+    for path in paths:
+        with open(path, "rb+") as f:
+            os.fsync(f.fileno())  # clean pages: only those can be dropped
+        drop_cached(path)
+    if max(cached_fraction(path) for path in paths) > 0.5:
+        pytest.skip("this filesystem keeps its page cache on advice (tmpfs?)")
+    reader = ShardReader(shards, release_every=64 * 64 * 64 * 3, drop_behind=drop_behind)
+    for s in range(4):
+        out = np.empty((64, 64, 64, 3), dtype=np.uint8)
+        reader.gather(np.full(64, s), np.arange(64), out)
+        np.testing.assert_array_equal(out, expected[s])
+    cached = [cached_fraction(path) for path in paths]
+    if drop_behind:
+        assert max(cached) < 0.1, cached
+    else:
+        assert min(cached) > 0.9, cached
+
+
+def test_drop_behind_needs_a_window(packed: Packed) -> None:
+    with pytest.raises(ValueError, match="drop_behind needs release_every"):
+        ShardReader(open_catalog(packed.root).select().shards, drop_behind=True)
