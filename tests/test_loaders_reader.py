@@ -104,10 +104,12 @@ def cached_fraction(path: Path) -> float:
 
 
 @pytest.mark.parametrize("drop_behind", [False, True])
-def test_drop_behind_takes_what_was_read_out_of_the_page_cache(tmp_path: Path, drop_behind: bool) -> None:
+def test_drop_behind_takes_what_was_read_out_of_the_page_cache(
+    tmp_path: Path, drop_behind: bool
+) -> None:
     """Read every sample of 4 shards of 768 KiB, a shard at a time, releasing after each: with
-    `drop_behind` the shards read before the last release leave the page cache; without it they
-    stay. The samples read are the same either way."""
+    `drop_behind` the shards read leave the page cache at each release; without it they stay.
+    The samples read are the same either way."""
     built = make_packed(tmp_path, shard_sizes=(64, 64, 64, 64), sample_shape=(64, 64, 3), orphans=0)
     shards = open_catalog(built.root).select().shards
     paths = [shards.path(s) for s in range(4)]
