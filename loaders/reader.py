@@ -48,16 +48,21 @@ def verify_shard(path: os.PathLike[str] | str, algorithm: str, expected: str) ->
     _VERIFIED.add(key)
 
 
-def drop_cached(path: Path) -> None:
-    """Ask the kernel to drop the page cache of the file at `path` (clean pages no process has
-    mapped). Advice only: where it cannot be given, nothing happens."""
+def advise_file(path: Path, advice: str) -> None:
+    """`posix_fadvise` of the whole file at `path`: 'WILLNEED' (read it ahead) or 'DONTNEED'
+    (drop its clean, unmapped pages from the page cache). Advice only: where it cannot be given
+    (a file that cannot be opened, which reading it names; no posix_fadvise, as on macOS),
+    nothing happens."""
+    fadvise, flag = getattr(os, "posix_fadvise", None), getattr(os, f"POSIX_FADV_{advice}", None)
+    if fadvise is None or flag is None:
+        return
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return
     try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    except (OSError, AttributeError):  # AttributeError: no posix_fadvise (macOS)
+        fadvise(fd, 0, 0, flag)
+    except OSError:
         pass
     finally:
         os.close(fd)
@@ -193,7 +198,7 @@ class ShardReader:
                 self._span = None
             self._read_since_release = 0
             for shard in sorted(self._read_shards):
-                drop_cached(self.shards.path(shard))
+                advise_file(self.shards.path(shard), "DONTNEED")
             self._read_shards.clear()
 
     def close(self, shard: int) -> None:

@@ -18,7 +18,6 @@ order of an uninterrupted one.
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
@@ -33,7 +32,7 @@ from loaders.batches import AnyBatch, BatchMemory
 from loaders.catalog import Selection
 from loaders.dist import rank_and_world
 from loaders.orders import Order, seeded_rng
-from loaders.reader import ShardReader
+from loaders.reader import ShardReader, advise_file
 
 
 def slot_share(n: int, n_slots: int, drop_last: bool = False) -> int:
@@ -320,11 +319,4 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
         instead of page faults scattered by the shuffle. Cached files cost a syscall each.
         """
         for shard in shards:
-            try:
-                fd = os.open(self.selection.shards.path(shard), os.O_RDONLY)
-            except OSError:
-                continue  # opening for real will raise ShardError with the path
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-            finally:
-                os.close(fd)
+            advise_file(self.selection.shards.path(shard), "WILLNEED")

@@ -12,7 +12,7 @@ import pytest
 from packed import Packed, make_packed
 
 from loaders import ShardReader, open_catalog
-from loaders.reader import drop_cached
+from loaders.reader import advise_file
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,7 @@ def test_drop_behind_takes_what_was_read_out_of_the_page_cache(
     for path in paths:
         with open(path, "rb+") as f:
             os.fsync(f.fileno())  # clean pages: only those can be dropped
-        drop_cached(path)
+        advise_file(path, "DONTNEED")
     if max(cached_fraction(path) for path in paths) > 0.5:
         pytest.skip("this filesystem keeps its page cache on advice (tmpfs?)")
     reader = ShardReader(shards, release_every=64 * 64 * 64 * 3, drop_behind=drop_behind)
