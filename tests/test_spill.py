@@ -27,9 +27,10 @@ CLASSES = ("ant", "bee", "cat")
 
 @pytest.fixture
 def tiny_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Spill runs of 5 rows in batches of 2, merged 6 rows at a time; the plan in windows of
-    4 files and buckets of about 3."""
+    """Spill runs of 5 rows in batches of 2, merged 6 rows at a time, 3 runs of a size merged
+    into one; the plan in windows of 4 files and buckets of about 3."""
     monkeypatch.setattr(spill, "RUN_ROWS", 5)
+    monkeypatch.setattr(spill, "FAN_IN", 3)
     monkeypatch.setattr(spill, "BATCH_ROWS", 2)
     monkeypatch.setattr(spill, "MERGE_ROWS", 6)
     monkeypatch.setattr(staged, "WINDOW_ROWS", 4)
@@ -53,7 +54,9 @@ def test_spilled_runs_merge_back_in_order(tmp_path: Path, tiny_runs: None) -> No
         for start in range(0, len(added), 4):
             runs.add(rows(added[start : start + 4]))
         on_disk = sorted(tmp_path.iterdir())
-        assert len(on_disk) == len(added) // 8, "every 5+ rows (two adds) make a run on disk"
+        # every 5+ rows (two adds) make a run: 5 runs, the first 3 of them merged into one
+        assert len(added) // 8 == 5
+        assert len(on_disk) == 3
         pieces = list(runs.merged(rows(kept_sorted)))
         assert runs.rows == len(added)
     assert not list(tmp_path.iterdir()), "the runs outlived the spill"
@@ -65,22 +68,48 @@ def test_spilled_runs_merge_back_in_order(tmp_path: Path, tiny_runs: None) -> No
     assert max(piece.num_rows for piece in pieces) <= streams * piece
 
 
-@pytest.mark.parametrize("runs", [3, 40])
+@pytest.mark.parametrize(("runs", "on_disk"), [(3, 3), (40, 2 + 8)])
 def test_sorted_runs_merge_a_bounded_number_of_rows_at_a_time(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runs: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runs: int, on_disk: int
 ) -> None:
     monkeypatch.setattr(spill, "BATCH_ROWS", 4)
     monkeypatch.setattr(spill, "MERGE_ROWS", 64)
+    assert spill.FAN_IN == 16
     keys = [f"k{i:04d}" for i in range(runs * 50)]
     random.Random(runs).shuffle(keys)
     with spill.SortedSpill(tmp_path, rows([]).schema, "source") as spilled:
         for start in range(0, len(keys), 50):
             spilled.add_sorted(rows(sorted(keys[start : start + 50])))
-        assert len(list(tmp_path.iterdir())) == runs, "each sorted table is a run at once"
+        # each sorted table is a run at once; each 16 of them became one (40: 16 + 16 + 8)
+        assert len(list(tmp_path.iterdir())) == on_disk
         pieces = list(spilled.merged())
+    assert not list(tmp_path.iterdir()), "the runs outlived the spill"
     assert [r["source"] for piece in pieces for r in piece.to_pylist()] == sorted(keys)
     # a piece of each run is MERGE_ROWS / runs rows, never less than a batch
-    assert max(piece.num_rows for piece in pieces) <= max(64, runs * 4)
+    assert max(piece.num_rows for piece in pieces) <= max(64, on_disk * 4)
+
+
+def test_runs_cascade_into_few_whatever_the_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs of one size merge into one of the next as soon as there are FAN_IN of them, so the
+    files the final merge reads stay few: 200 runs in 3s leave 2 + 1 + 1 + 0 + 2 (200 in base
+    3 is 21102)."""
+    monkeypatch.setattr(spill, "FAN_IN", 3)
+    monkeypatch.setattr(spill, "BATCH_ROWS", 2)
+    monkeypatch.setattr(spill, "MERGE_ROWS", 6)
+    keys = [f"k{i:05d}" for i in range(200 * 3)]
+    random.Random(7).shuffle(keys)
+    most = 0
+    with spill.SortedSpill(tmp_path, rows([]).schema, "source") as spilled:
+        for start in range(0, len(keys), 3):
+            spilled.add_sorted(rows(sorted(keys[start : start + 3])))
+            most = max(most, len(list(tmp_path.iterdir())))
+        assert len(list(tmp_path.iterdir())) == 2 + 1 + 1 + 0 + 2
+        merged = spilled.written(tmp_path / "all.arrow")
+        assert [p.name for p in tmp_path.iterdir()] == ["all.arrow"]
+    assert most <= 2 * 5, "at most FAN_IN - 1 runs of each of the 5 sizes"
+    assert merged.table.column("source").to_pylist() == sorted(keys)
 
 
 def write_tree(root: Path, seeds: range) -> dict[str, bytes]:
@@ -168,14 +197,14 @@ def test_a_failed_pack_leaves_no_runs_behind(
 
     def failing(*args: Any) -> Any:
         calls[0] += 1
-        if calls[0] == 25:  # in the 7th shard: 6 were packed, 3 runs written
+        if calls[0] == 25:  # in the 7th shard: 6 were packed, 3 runs written, merged into 1
             raise RuntimeError("a bug in a stage")
         return real(*args)
 
     monkeypatch.setattr(execute, "process_image", failing)
     with pytest.raises(execute.WorkerError, match="a bug in a stage"):
         pipeline.run(load_config(path))
-    assert written == [1, 2, 3]
+    assert written == [1, 2, 1]
     assert list_versions(out) == []
     assert not (out / "versions").exists(), "a first run that failed leaves no versions/"
 

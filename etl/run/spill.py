@@ -14,7 +14,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,16 +24,22 @@ from etl.format.columns import merge_sorted, sorted_by
 from etl.format.manifest import VERSIONS_DIR
 from etl.format.mapped import Mapped
 
-RUN_ROWS = 1 << 18
-"""Rows gathered before they are sorted and written as one run: few runs to merge (40 at
-10M rows), each written once."""
+RUN_ROWS = 1 << 16
+"""Rows gathered before they are sorted and written as one run. Sorting copies them, so this
+bounds what the parent holds twice while it packs: 1 << 18 rows of samples swung its resident
+memory by 150 MB a run."""
+
+FAN_IN = 16
+"""Runs of one size merged into one run of the next as soon as there are this many, so a merge
+never reads from more than (FAN_IN - 1) runs a size, whatever the count of rows: 10M rows of
+runs of RUN_ROWS leave 9 + 9 runs, each row written twice."""
 
 BATCH_ROWS = 1 << 9
 """Rows of each record batch of a run on disk: the smallest piece the merge can read."""
 
 MERGE_ROWS = 1 << 15
 """Rows the merge holds across all its runs: a piece of each is MERGE_ROWS / runs rows (one
-batch at least), so merging the 80 runs of 10M rows costs what merging the 8 of 1M does."""
+batch at least). FAN_IN bounds the runs, so merging 10M rows costs what merging 1M does."""
 
 
 @contextlib.contextmanager
@@ -69,14 +75,15 @@ class SortedSpill:
         self.rows = 0
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
-        self._runs: list[Path] = []
+        self._runs: list[tuple[int, Path]] = []
+        """(level, path) of each run on disk: a run of level L merged FAN_IN ** L runs."""
+        self._written = 0
 
     def __enter__(self) -> SortedSpill:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for path in self._runs:
-            path.unlink(missing_ok=True)
+        self._remove_runs()
 
     def add(self, table: pa.Table) -> None:
         self._pending.append(table.cast(self.schema))
@@ -94,11 +101,39 @@ class SortedSpill:
             self.rows += table.num_rows
 
     def _write_run(self, rows: pa.Table) -> None:
+        path = self._write_file([rows])
+        self._runs.append((0, path))
+        self._cascade()
+
+    def _write_file(self, pieces: Iterable[pa.Table]) -> Path:
+        """A new run file holding `pieces`, in batches of BATCH_ROWS."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / f"{self.name}-{len(self._runs):05d}.arrow"
-        with ipc.new_file(str(path), self.schema) as writer:
-            writer.write_table(rows, max_chunksize=BATCH_ROWS)
-        self._runs.append(path)
+        path = self.folder / f"{self.name}-{self._written:05d}.arrow"
+        self._written += 1
+        try:
+            with ipc.new_file(str(path), self.schema) as writer:
+                for piece in pieces:
+                    writer.write_table(piece, max_chunksize=BATCH_ROWS)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return path
+
+    def _cascade(self) -> None:
+        """While the last FAN_IN runs are of one level, merge them into one of the next. Runs
+        are added in order and merged from the end, so levels never rise along the list (a
+        counter in base FAN_IN)."""
+        while len(self._runs) >= FAN_IN:
+            last = self._runs[-FAN_IN:]
+            level = last[0][0]
+            if any(run_level != level for run_level, _ in last):
+                return
+            piece = max(BATCH_ROWS, MERGE_ROWS // FAN_IN)
+            streams = [_pieces(path, piece) for _, path in last]
+            merged = self._write_file(merge_sorted(streams, self.key))
+            for _, path in last:
+                path.unlink(missing_ok=True)
+            self._runs[-FAN_IN:] = [(level + 1, merged)]
 
     def merged(self, *sorted_tables: pa.Table) -> Iterator[pa.Table]:
         """Every row added, and those of `sorted_tables` (each sorted by `key` already), in
@@ -108,7 +143,7 @@ class SortedSpill:
         tables = [*sorted_tables, *pending]
         piece = max(BATCH_ROWS, MERGE_ROWS // max(1, len(tables) + len(self._runs)))
         streams = [_slices(table, piece) for table in tables]
-        streams += [_pieces(path, piece) for path in self._runs]
+        streams += [_pieces(path, piece) for _, path in self._runs]
         return merge_sorted(streams, self.key)
 
     def written(self, path: Path) -> Mapped:
@@ -118,10 +153,13 @@ class SortedSpill:
         with ipc.new_file(str(path), self.schema) as writer:
             for piece in self.merged():
                 writer.write_table(piece)
-        for run in self._runs:
-            run.unlink(missing_ok=True)
-        self._runs = []
+        self._remove_runs()
         return Mapped(path)
+
+    def _remove_runs(self) -> None:
+        for _, path in self._runs:
+            path.unlink(missing_ok=True)
+        self._runs = []
 
 
 def _slices(table: pa.Table, rows: int) -> Iterator[pa.Table]:
