@@ -8,7 +8,7 @@ import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from etl.format.columns import merge_sorted, sorted_by
+from etl.format.columns import DigestSet, merge_sorted, sorted_by
 
 SCHEMA = pa.schema(
     [
@@ -73,3 +73,24 @@ def test_merge_sorted_of_sorted_streams_is_their_sorted_union(
 def test_merge_sorted_of_no_streams_is_empty() -> None:
     assert list(merge_sorted([], "source")) == []
     assert list(merge_sorted([[], [SCHEMA.empty_table()]], "source")) == []
+
+
+@given(
+    stored=st.lists(st.integers(0, 60), max_size=40),
+    asked=st.lists(st.integers(0, 60), max_size=20),
+    algorithm=st.sampled_from(["xxh3_64", "xxh3_128", "sha256", "blake3"]),
+)
+def test_a_digest_set_answers_as_a_set_of_strings(
+    stored: list[int], asked: list[int], algorithm: str
+) -> None:
+    """Digests of every length the tool writes, slices with nulls and empty values, and
+    texts that are no digest: `in` agrees with a Python set of the strings."""
+    from etl.format.checksums import digest
+
+    texts = [digest(str(i).encode(), algorithm) for i in stored]
+    pieces = [pa.array([*texts[:5], None, ""]), pa.chunked_array([texts[5:]], pa.string())]
+    digests = DigestSet(pieces)
+    plain = set(texts)
+    assert len(digests) == len(plain)
+    for text in [digest(str(i).encode(), algorithm) for i in asked] + ["", "zz", "abc"]:
+        assert (text in digests) == (text in plain), text

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from etl.config import FolderSource, ListingSource
 from etl.errors import SourceError
@@ -191,3 +194,46 @@ def test_the_listing_builder_keeps_every_stat_value_and_name(tmp_path: Path, scr
     for i, name in enumerate(("size", "mtime_ns", "ctime_ns", "inode")):
         assert table.column(name).to_pylist() == [stat[i] for *_, stat in expected]
     assert table.column("content_hash").null_count == table.column("split").null_count == 3
+
+
+SOURCES = [f"s{i:02d}" for i in range(30)] + ["é", "z/ü", "a b"]
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    taken=st.lists(st.sampled_from(SOURCES), max_size=60),
+    drop=st.sets(st.sampled_from(SOURCES), max_size=8),
+    scratch=st.booleans(),
+)
+@example(taken=["s00", "s01", "s01"], drop=set(), scratch=True)  # copies in two pieces
+def test_the_builder_leaves_out_what_repeats_or_is_dropped(
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    taken: list[str],
+    drop: set[str],
+    scratch: bool,
+) -> None:
+    """A source added twice is found on the sorted listing, also when its copies fall in
+    different batches, runs and merge pieces; checked against a plain Counter."""
+    from etl.run import spill
+    from etl.sources.base import FileColumnsBuilder, FileStat
+
+    monkeypatch.setattr(spill, "RUN_ROWS", 3)
+    monkeypatch.setattr(spill, "BATCH_ROWS", 2)
+    monkeypatch.setattr(spill, "MERGE_ROWS", 2)
+    monkeypatch.setattr(spill, "FAN_IN", 3)
+    builder = FileColumnsBuilder(tmp_path_factory.mktemp("scratch") if scratch else None)
+    builder.BATCH = 2
+    for i, source in enumerate(taken):
+        builder.add(source, f"/r/{source}", "c", FileStat(i, 0, 0, 0))
+    table = builder.build(drop=drop).table
+    counts = Counter(taken)
+    once = [s for s, n in counts.items() if n == 1]
+    kept = sorted((s for s in once if s not in drop), key=str.encode)
+    assert table.column("source").to_pylist() == kept
+    assert builder.duplicates == sorted(s for s, n in counts.items() if n > 1)
+    assert builder.dropped == sorted(s for s in once if s in drop)
+    # each kept row is the one added for it
+    assert [taken[i] for i in table.column("size").to_pylist()] == kept

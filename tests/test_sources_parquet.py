@@ -249,3 +249,34 @@ def test_files_by_split_give_their_records_that_split(tmp_path: Path, tables: Pa
     both = load_config(write_config(tmp_path, files='{train: ["*.parquet"], test: ["test-*"]}'))
     with pytest.raises(SourceError, match=r"'test-0.parquet' is in splits 'train' and 'test'"):
         pipeline.run(both)
+
+
+def test_an_id_twice_far_apart_in_a_table_is_a_duplicate_of_that_table(
+    tmp_path: Path, tables: Path
+) -> None:
+    """Ids are checked on the sorted listing, not in a set of every id: two rows of one table
+    with one id (150 rows and two read batches apart) become one `duplicate_key` reject naming
+    the table, whose message comes from a plain pyarrow read of the rejects; the same id in
+    another table is another sample."""
+    count = 200
+    ids = [f"img-{i:03d}" for i in range(count)]
+    ids[153] = "img-003"
+    images = [picture(i % 5) for i in range(count)]
+    pq.write_table(
+        pa.table({"id": ids, "image": pa.array(images, pa.binary()), "label": ["a"] * count}),
+        tables / "big.parquet",
+    )
+    pq.write_table(
+        pa.table({"id": ["img-003"], "image": pa.array([picture(9)], pa.binary()), "label": ["b"]}),
+        tables / "other.parquet",
+    )
+    config_path = write_config(tmp_path, "  id_column: id")
+    report = etl_run(config_path)
+    out = load_config(config_path).output.dir
+    assert reasons(out) == {"big.parquet/img-003": "duplicate_key"}
+    got = stored(out)
+    assert len(got) == count - 2 + 1 and "other.parquet/img-003" in got
+    assert np.array_equal(got["other.parquet/img-003"][0], reference(picture(9)))
+    [reject] = encoded.latest(out, "rejects")
+    assert reject["message"] == "the id appears more than once in big.parquet"
+    assert report["rejected"] == 1

@@ -26,8 +26,15 @@ import xxhash
 from numpy.typing import NDArray
 
 from etl.config import PipelineConfig
-from etl.format.columns import bool_mask, positions_in, take_or_null, taken, value_codes
-from etl.format.manifest import SAMPLES_SCHEMA, Manifest
+from etl.format.columns import (
+    DigestSet,
+    bool_mask,
+    positions_in,
+    take_or_null,
+    taken,
+    value_codes,
+)
+from etl.format.manifest import CHECK_ROWS, SAMPLES_SCHEMA, Manifest
 from etl.format.mapped import Mapped
 from etl.format.names import sample_id
 from etl.format.shards import shard_name
@@ -157,13 +164,23 @@ def files_to_hash(listing: SourceListing, previous: Manifest | None) -> FileColu
     return FileColumns(listing.files.table.filter(pa.array(needs_hash(listing, previous))))
 
 
-def settled_hashes(previous: Manifest | None) -> frozenset[str]:
+def settled_hashes(previous: Manifest | None) -> DigestSet:
     """Contents `make_plan` never packs: pixels already stored, or a remembered content reject.
     A lister that must copy what is to be packed (a Python source's spool) skips these."""
     if previous is None:
-        return frozenset()
-    stored = set(previous.samples.column("source_hash").to_pylist())
-    return frozenset(stored | set(remembered_rejects(previous).column("source_hash").to_pylist()))
+        return DigestSet()
+    columns = (
+        previous.samples.column("source_hash"),
+        remembered_rejects(previous).column("source_hash"),
+    )
+
+    def pieces() -> Iterator[pa.ChunkedArray]:
+        for column in columns:
+            for start in range(0, len(column), CHECK_ROWS):
+                yield column.slice(start, CHECK_ROWS)
+                previous.release_pages()
+
+    return DigestSet(pieces())
 
 
 def remembered_rejects(previous: Manifest) -> pa.Table:

@@ -14,7 +14,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -146,12 +146,18 @@ class SortedSpill:
         streams += [_pieces(path, piece) for _, path in self._runs]
         return merge_sorted(streams, self.key)
 
-    def written(self, path: Path) -> Mapped:
+    def written(
+        self,
+        path: Path,
+        through: Callable[[Iterator[pa.Table]], Iterator[pa.Table]] | None = None,
+    ) -> Mapped:
         """Every row added, in `key` order, written to the Arrow file `path` a piece at a time
         and mapped back: a table the rest of the run can slice and take from while its pages
-        stay the page cache's. The runs are removed."""
+        stay the page cache's. `through` may filter the pieces on their way. The runs are
+        removed."""
+        pieces = self.merged()
         with ipc.new_file(str(path), self.schema) as writer:
-            for piece in self.merged():
+            for piece in through(pieces) if through is not None else pieces:
                 writer.write_table(piece)
         self._remove_runs()
         return Mapped(path)

@@ -7,10 +7,13 @@ from __future__ import annotations
 import numbers
 import os
 from array import array
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Callable, Collection, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
+
+import xxhash
 
 from etl.format.checksums import digest
 from etl.sources import readers
@@ -161,65 +164,143 @@ class FileColumnsBuilder:
     number) and turns every `BATCH` of them into Arrow arrays, so a listing holds Python values
     for one batch at most. With a `scratch` folder the batches go to sorted runs on disk there
     and the listing is built as a mapped file, so listing 10M files holds one run in memory,
-    not every file."""
+    not every file.
+
+    A source added more than once is left out of the listing altogether and named in
+    `duplicates` after `build`: what a duplicate means (an error, a reject) is the lister's to
+    say, and finding it on the sorted listing costs no set of every source seen."""
 
     BATCH = 1 << 16
 
     def __init__(self, scratch: Path | None = None) -> None:
-        self._texts: tuple[list[str], list[str], list[str | None]] = ([], [], [])
+        self._texts = _text_columns()
         self._numbers = _number_columns()
         self._batches: list[pa.RecordBatch] = []
         self._scratch = scratch
         self._spill: Any = None
+        self.duplicates: list[str] = []
+        """After `build`: each source that was added more than once (sorted)."""
+        self.dropped: list[str] = []
+        """After `build`: each source of `build(drop=...)` that was added (sorted)."""
         if scratch is not None:
             from etl.run.spill import SortedSpill  # NOTE: here: pack workers import this module
 
             self._spill = SortedSpill(scratch, _file_schema(), "source", "listing")
 
-    def add(self, source: str, path: str, class_name: str | None, stat: FileStat) -> None:
-        sources, paths, classes = self._texts
-        sources.append(source)
-        paths.append(path)
-        classes.append(class_name)
-        for column, value in zip(self._numbers, stat, strict=True):
-            column.append(value)
-        if len(sources) >= self.BATCH:
+    def add(
+        self,
+        source: str,
+        path: str,
+        class_name: str | None,
+        stat: FileStat,
+        split: str | None = None,
+        content_hash: str | None = None,
+    ) -> None:
+        for texts, text in zip(
+            self._texts, (source, path, class_name, split, content_hash), strict=True
+        ):
+            texts.append(text)
+        for column, number in zip(self._numbers, stat, strict=True):
+            column.append(number)
+        if len(self._texts[0]) >= self.BATCH:
             self._flush()
 
     def _flush(self) -> None:
         import numpy as np
         import pyarrow as pa
 
-        sources, paths, classes = self._texts
+        sources, paths, classes, splits, hashes = self._texts
         if not sources:
             return
-        none = pa.nulls(len(sources), pa.string())
         sizes, mtimes, ctimes, inodes = (
             pa.array(np.frombuffer(column, dtype=column.typecode)) for column in self._numbers
         )
-        encoded = [os.fsencode(p) for p in paths]
-        arrays = [sources, encoded, classes, none, sizes, mtimes, none, ctimes, inodes]
+        encoded = [os.fsencode(p or "") for p in paths]  # a path is never None
+        arrays = [sources, encoded, classes, splits, sizes, mtimes, hashes, ctimes, inodes]
         batch = pa.record_batch(arrays, schema=_file_schema())
         del encoded, arrays
-        self._texts = ([], [], [])
+        self._texts = _text_columns()
         self._numbers = _number_columns()
         if self._spill is not None:
             self._spill.add(pa.Table.from_batches([batch]))
         else:
             self._batches.append(batch)
 
-    def build(self) -> FileColumns:
+    def build(self, drop: Collection[str] = ()) -> FileColumns:
+        """The listing, sorted by source, without the sources in `drop` or added twice."""
         import pyarrow as pa
 
         from etl.format.columns import sorted_by
 
         self._flush()
+        unique = _UniqueSources(drop)
         if self._scratch is not None:
-            mapped = self._spill.written(self._scratch / "listing.arrow")
-            return FileColumns(mapped.table, mapped)
-        table = pa.Table.from_batches(self._batches, schema=_file_schema())
-        self._batches.clear()
-        return FileColumns(sorted_by(table, "source"))
+            mapped = self._spill.written(self._scratch / "listing.arrow", unique.rows)
+            files = FileColumns(mapped.table, mapped)
+        else:
+            table = pa.Table.from_batches(self._batches, schema=_file_schema())
+            self._batches.clear()
+            kept = list(unique.rows(iter([sorted_by(table, "source")])))
+            files = FileColumns(pa.concat_tables(kept) if kept else table.slice(0, 0))
+        self.duplicates, self.dropped = sorted(unique.duplicates), sorted(unique.dropped)
+        return files
+
+
+class _UniqueSources:
+    """Passes sorted pieces of a listing on without the rows whose source repeats or is in
+    `drop`, noting which did. Rows that share the last source of a piece wait for the next
+    piece, which may hold more of them."""
+
+    def __init__(self, drop: Collection[str]) -> None:
+        self.drop = drop
+        self.duplicates: list[str] = []
+        self.dropped: list[str] = []
+
+    def rows(self, pieces: Iterator[pa.Table]) -> Iterator[pa.Table]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        held: pa.Table | None = None
+        for piece in pieces:
+            if held is not None:
+                piece = pa.concat_tables([held, piece])
+            if not piece.num_rows:
+                continue
+            sources = piece.column("source")
+            tail = pc.index(sources, sources[-1]).as_py()
+            held = piece.slice(tail)
+            yield self._kept(piece.slice(0, tail))
+        if held is not None:
+            yield self._kept(held)
+
+    def _kept(self, rows: pa.Table) -> pa.Table:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if not rows.num_rows:
+            return rows
+        sources = rows.column("source").combine_chunks()
+        repeats = pc.equal(sources.slice(1), sources.slice(0, len(sources) - 1))
+        repeated = np.zeros(len(sources), dtype=bool)
+        if len(sources) > 1:
+            twice = repeats.to_numpy(zero_copy_only=False)
+            repeated[1:] |= twice
+            repeated[:-1] |= twice
+        keep = ~repeated
+        if repeated.any():
+            self.duplicates += pc.unique(sources.filter(pa.array(repeated))).to_pylist()
+        if self.drop:
+            listed = pc.is_in(sources, value_set=pa.array(list(self.drop), pa.string()))
+            dropped = listed.to_numpy(zero_copy_only=False) & keep
+            self.dropped += sources.filter(pa.array(dropped)).to_pylist()
+            keep &= ~dropped
+        return rows if keep.all() else rows.filter(pa.array(keep))
+
+
+def _text_columns() -> tuple[list[str | None], ...]:
+    """Source, path, class name, split and content hash: the text fields of `SourceFile`."""
+    return [], [], [], [], []
 
 
 def _number_columns() -> tuple[array[int], ...]:
@@ -251,8 +332,9 @@ class ListContext:
 
     checksum: str
     """Algorithm of content hashes computed while listing (output.checksum)."""
-    stored: frozenset[str] = field(default_factory=frozenset)
-    """Content hashes the plan will reuse or reject without reading: not spooled again."""
+    stored: Container[str] = field(default_factory=frozenset)
+    """Content hashes the plan will reuse or reject without reading: not spooled again (a
+    `DigestSet` in a run: no object per hash)."""
     spool: Path | None = None
     """Where a Python source writes the records to pack; None (a dry run) writes nothing."""
     wanted: frozenset[str] | None = None
@@ -275,20 +357,87 @@ def label_text(value: Any) -> str | None:
     raise TypeError(f"label {value!r} is a {type(value).__name__}, not text or an integer")
 
 
+class Occurrences:
+    """Where each source was met, in order, as 8-byte hashes: enough to name the records or
+    lines of a duplicate found on the sorted listing, without a set of every source."""
+
+    def __init__(self) -> None:
+        self._hashes = array("Q")
+
+    def meet(self, source: str) -> None:
+        self._hashes.append(_source_hash(source))
+
+    def positions(self, source: str) -> list[int]:
+        """Where `source` was met (and any source sharing its 64-bit hash)."""
+        import numpy as np
+
+        met = np.frombuffer(self._hashes, dtype=np.uint64)
+        return [int(i) for i in np.flatnonzero(met == np.uint64(_source_hash(source)))]
+
+
+def _source_hash(source: str) -> int:
+    return xxhash.xxh3_64_intdigest(source.encode("utf-8", "surrogateescape"))
+
+
+DuplicateReject = Callable[[str], tuple[str, str]]
+"""source -> (reason, message) of a source taken more than once."""
+
+
+class ListingBuilder:
+    """A listing's files (as columns, `FileColumnsBuilder`) and rejects as a lister meets
+    them. A source taken more than once, as files or rejects, becomes one reject of the reason
+    the lister gives (`build`), found on the sorted listing: no set of every source is kept."""
+
+    def __init__(self, scratch: Path | None) -> None:
+        self.files = FileColumnsBuilder(scratch)
+        """Where the lister adds each file."""
+        self.rejects: list[SourceReject] = []
+        self._withdrawn: dict[str, tuple[str, str]] = {}
+        self.duplicated: list[str] = []
+        """After `build`: each source taken more than once (sorted)."""
+
+    def reject(self, reject: SourceReject) -> None:
+        self.rejects.append(reject)
+
+    def withdraw(self, sources: Iterable[str], reason: str, message: str) -> None:
+        """Make `sources` one reject each, whatever was taken of them before or after."""
+        for source in sources:
+            self._withdrawn[source] = (reason, message)
+
+    def build(
+        self, duplicate: DuplicateReject, classes: tuple[str, ...] | None = None
+    ) -> SourceListing:
+        rejected = Counter(r.source for r in self.rejects)
+        files = self.files.build(drop={*rejected, *self._withdrawn})
+        duplicated = {*self.files.duplicates, *(s for s, n in rejected.items() if n > 1)}
+        duplicated.update(s for s in self.files.dropped if s in rejected)
+        duplicated.difference_update(self._withdrawn)
+        self.duplicated = sorted(duplicated)
+        gone = duplicated | self._withdrawn.keys()
+        rejects = [r for r in self.rejects if r.source not in gone]
+        rejects += [SourceReject(s, *why) for s, why in self._withdrawn.items()]
+        rejects += [SourceReject(s, *duplicate(s)) for s in self.duplicated]
+        rejects.sort(key=lambda r: r.source)
+        return SourceListing(files, tuple(rejects), classes)
+
+
 class RecordIntake:
     """Takes the records of a source that has no file per sample (a Python function, tar
     shards, tables): each is hashed here, in this process, and the ones whose content is not
     already stored (`context.stored`) go into the spool (`context.spool`, NOTE [spool] in
-    etl/readers.py) for the workers. A dry run (no spool) writes nothing."""
+    etl/readers.py) for the workers. A dry run (no spool) writes nothing.
+
+    NOTE: a record is spooled even when an earlier one had the same content: remembering
+    every content spooled would cost an object per record, and duplicate content is rare."""
 
     def __init__(self, context: ListContext) -> None:
         self._checksum = context.checksum
         self._stored = context.stored
         self._wanted = context.wanted
         self._spool = readers.SpoolWriter(context.spool) if context.spool is not None else None
-        self._spooled: dict[str, str] = {}
-        self.files: list[SourceFile] = []
-        self.rejects: list[SourceReject] = []
+        self._taken = ListingBuilder(context.scratch)
+        self.class_names: set[str] = set()
+        """The class name of every record added."""
 
     def __enter__(self) -> RecordIntake:
         return self
@@ -309,22 +458,19 @@ class RecordIntake:
         locator workers can read the same bytes from (a member of an uncompressed tar), so the
         record is not spooled."""
         content = digest(payload, self._checksum)
-        locator = in_place or self._spool_once(content, payload)
-        self.files.append(
-            SourceFile(source, locator, class_name, split, len(payload), 0, content_hash=content)
-        )
+        locator = in_place or self._spooled(content, payload)
+        stat = FileStat(len(payload), 0, 0, 0)
+        self._taken.files.add(source, locator, class_name, stat, split, content)
+        self.class_names.add(class_name)
 
-    def _spool_once(self, content: str, payload: bytes | memoryview) -> str:
-        """The spool locator of `content`, appended the first time; NOT_SPOOLED for content
-        stored already (never read) and in a dry run."""
-        if content in self._spooled:
-            return self._spooled[content]
+    def _spooled(self, content: str, payload: bytes | memoryview) -> str:
+        """The spool locator of `payload`; NOT_SPOOLED for content stored already (never
+        read), content not `wanted`, and in a dry run."""
         if self._spool is None or content in self._stored:
             return readers.NOT_SPOOLED
         if self._wanted is not None and content not in self._wanted:
             return readers.NOT_SPOOLED
-        locator = self._spooled[content] = self._spool.append(payload)
-        return locator
+        return self._spool.append(payload)
 
     def reject(
         self, source: str, reason: str, message: str, payload: bytes | memoryview | None = None
@@ -332,21 +478,26 @@ class RecordIntake:
         """A record that cannot be a sample; with its bytes, when it has them, so the reject
         carries their size and hash."""
         if payload is None:
-            self.rejects.append(SourceReject(source, reason, message))
+            self._taken.reject(SourceReject(source, reason, message))
         else:
             size, content = len(payload), digest(payload, self._checksum)
-            self.rejects.append(SourceReject(source, reason, message, size, 0, content))
+            self._taken.reject(SourceReject(source, reason, message, size, 0, content))
 
     def withdraw(self, sources: set[str], reason: str, message: str) -> None:
         """Make `sources` one reject each, whatever was taken of them before (a key found twice:
         its first record may have been taken, its second rejected)."""
-        self.files = [f for f in self.files if f.source not in sources]
-        self.rejects = [r for r in self.rejects if r.source not in sources]
-        self.rejects += [SourceReject(source, reason, message) for source in sorted(sources)]
+        self._taken.withdraw(sources, reason, message)
 
-    def listing(self, classes: tuple[str, ...] | None = None) -> SourceListing:
-        rejects = sorted(self.rejects, key=lambda r: r.source)
-        return SourceListing(FileColumns.of(self.files), tuple(rejects), classes)
+    def listing(
+        self, duplicate: DuplicateReject, classes: tuple[str, ...] | None = None
+    ) -> SourceListing:
+        """The records taken; one taken twice is a reject `duplicate` names."""
+        return self._taken.build(duplicate, classes)
+
+    @property
+    def duplicated(self) -> list[str]:
+        """After `listing`: each source taken more than once."""
+        return self._taken.duplicated
 
 
 def class_name_of(value: Any, classes: tuple[str, ...] | None) -> str | None:

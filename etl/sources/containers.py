@@ -24,7 +24,7 @@ import os
 import re
 import tarfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -35,6 +35,7 @@ from etl.errors import SourceError
 from etl.format import names
 from etl.sources import readers
 from etl.sources.base import (
+    DuplicateReject,
     ListContext,
     RecordIntake,
     SourceListing,
@@ -101,7 +102,20 @@ def opened_file(root: Path, relative: str, intake: RecordIntake) -> Iterator[IO[
 def declared_classes(
     intake: RecordIntake, table_names: tuple[str, ...] | None
 ) -> tuple[str, ...] | None:
-    return table_names or integer_classes({f.class_name or "" for f in intake.files})
+    return table_names or integer_classes(intake.class_names)
+
+
+def duplicate_in(relatives: Iterable[str], what: str) -> DuplicateReject:
+    """The reject of a record whose key is taken twice in one of the files at `relatives`
+    (`what`: "key", "id"), naming the file."""
+    folders = sorted((os.fsencode(r) + b"/" for r in relatives), key=len, reverse=True)
+
+    def duplicate(source: str) -> tuple[str, str]:
+        raw = names.to_raw(source)
+        inside = next((os.fsdecode(f[:-1]) for f in folders if raw.startswith(f)), None)
+        return "duplicate_key", f"the {what} appears more than once in {inside or 'its file'}"
+
+    return duplicate
 
 
 # --- WebDataset tar shards ----------------------------------------------------------------------
@@ -126,12 +140,14 @@ class _Sample:
 
 def list_webdataset(config: WebDatasetSource, context: ListContext) -> SourceListing:
     """Every sample of every tar shard `config.files` matches (plain, .gz, .bz2 or .xz)."""
+    matched = match_files(config.path, config.files)
     with RecordIntake(context) as intake:
-        for relative, split in match_files(config.path, config.files):
+        for relative, split in matched:
             with opened_file(config.path, relative, intake) as f:
                 if f is not None:
                     _take_shard(f, relative, split, config, intake)
-    return intake.listing(None if config.classes else declared_classes(intake, None))
+    classes = None if config.classes else declared_classes(intake, None)
+    return intake.listing(duplicate_in((r for r, _ in matched), "key"), classes)
 
 
 def _take_shard(

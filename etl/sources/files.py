@@ -5,6 +5,7 @@ the root or a listed file that is missing becomes a `SourceReject`."""
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import os
 import re
 from collections.abc import Iterator
@@ -19,11 +20,11 @@ from etl.sources import readers
 if TYPE_CHECKING:
     import pyarrow as pa
 from etl.sources.base import (
-    FileColumns,
     FileColumnsBuilder,
     FileStat,
     ListContext,
-    SourceFile,
+    ListingBuilder,
+    Occurrences,
     SourceListing,
     SourceReject,
 )
@@ -198,80 +199,89 @@ def table_column(table: pa.Table, name: str, path: Path, required: bool) -> list
     ]
 
 
-def _line_names(path: Path, rows: int, bad_rows: list[tuple[int, str]]) -> list[str]:
-    """How an error names each row of the table: 'row i' in Parquet; in CSV its line (the
-    header is line 1), counting the skipped bad rows' lines."""
+def _line_names(path: Path, bad_rows: list[tuple[int, str]]) -> Iterator[str]:
+    """How an error names each row of the table, in order: 'row i' in Parquet; in CSV its
+    line (the header is line 1), counting the skipped bad rows' lines."""
     if path.suffix.lower() == ".parquet":
-        return [f"row {i}" for i in range(rows)]
+        return (f"row {i}" for i in itertools.count())
     skipped = {number for number, _ in bad_rows}
-    lines = (n for n in range(2, 2 + rows + len(skipped)) if n not in skipped)
-    return [f"line {n}" for n in lines]
+    return (f"line {n}" for n in itertools.count(2) if n not in skipped)
+
+
+def _line_name(path: Path, bad_rows: list[tuple[int, str]], row: int) -> str:
+    """`_line_names` of row `row` alone."""
+    return next(itertools.islice(_line_names(path, bad_rows), row, None))
 
 
 def list_listing(config: ListingSource, context: ListContext | None = None) -> SourceListing:
     """Read a listing; paths are relative to the listing file's folder. A row that cannot be a
     sample (malformed, empty, absolute, leading out of the folder, not a regular file) is a
-    reject naming its line; only a path listed twice stops the run, naming both lines."""
+    reject naming its line; only a path listed twice stops the run, naming both lines.
+
+    The table is read whole (Arrow), its cells a batch of rows at a time as Python values; a
+    path listed twice is found on the sorted listing (`ListingBuilder`), not in a set."""
     listing = config.path
     if not listing.is_file():
         raise SourceError(f"source.path: {listing} is not a file")
     bad_rows: list[tuple[int, str]] = []
     table = read_listing_table(listing, bad_rows=bad_rows, byte_columns=(config.path_column,))
-    paths = table_column(table, config.path_column, listing, required=True)
-    labels = table_column(table, config.label_column, listing, required=True)
-    splits = table_column(table, config.split_column, listing, required=False)
-    assert paths is not None and labels is not None
+    for name in (config.path_column, config.label_column):
+        table_column(table.slice(0, 0), name, listing, required=True)
     base = listing.parent
     real_base = os.path.realpath(base) + os.sep
-    line_of = _line_names(listing, len(paths), bad_rows)
-    rejects = [
-        SourceReject(
-            f"{listing.name} line {number}",
-            "bad_row",
-            f"{listing}:{number}: malformed row {text[:80]!r}",
+    taken = ListingBuilder(context.scratch if context is not None else None)
+    for number, text in bad_rows:
+        where = f"{listing}:{number}"
+        taken.reject(
+            SourceReject(
+                f"{listing.name} line {number}", "bad_row", f"{where}: malformed row {text[:80]!r}"
+            )
         )
-        for number, text in bad_rows
-    ]
-    seen: dict[str, int] = {}
-    files: list[SourceFile] = []
-    for i, (raw, label) in enumerate(zip(paths, labels, strict=True)):
-        where = f"{listing}:{line_of[i]}"
-        if raw is None or not raw.strip():
-            rejects.append(
-                SourceReject(f"{listing.name} {line_of[i]}", "bad_row", f"{where}: empty path")
-            )
-            continue
-        pure = PurePosixPath(raw.strip().replace("\\", "/"))
-        relative = os.path.normpath(pure.as_posix())
-        source = names.to_source(os.fsencode(relative))
-        if pure.is_absolute() or relative == ".." or relative.startswith("../"):
-            rejects.append(
-                SourceReject(
-                    source, "outside_root", f"{where}: path {raw!r} is outside the listing's folder"
+    line_of = _line_names(listing, bad_rows)
+    met = Occurrences()
+    for batch in table.to_batches(max_chunksize=FileColumnsBuilder.BATCH):
+        rows = batch.num_rows
+        paths = table_column(batch, config.path_column, listing, required=True)
+        labels = table_column(batch, config.label_column, listing, required=True)
+        splits = table_column(batch, config.split_column, listing, required=False) or [None] * rows
+        assert paths is not None and labels is not None
+        for raw, label, split in zip(paths, labels, splits, strict=True):
+            line = next(line_of)
+            where = f"{listing}:{line}"
+            if raw is None or not raw.strip():
+                taken.reject(
+                    SourceReject(f"{listing.name} {line}", "bad_row", f"{where}: empty path")
                 )
-            )
-            continue
-        if relative in seen:
-            raise SourceError(
-                f"{where}: path {raw!r} is listed twice (also {line_of[seen[relative]]})"
-            )
-        seen[relative] = i
-        full = os.path.join(base, relative)
-        if not os.path.realpath(full).startswith(real_base):
-            rejects.append(
-                SourceReject(
-                    source, "outside_root", f"{where}: a link leads outside the listing's folder"
-                )
-            )
-            continue
-        outcome = _stat_file(source, full, config.max_file_bytes)
-        if isinstance(outcome, SourceReject):
-            rejects.append(outcome)
-            continue
-        if label is None or not label.strip():
-            rejects.append(outcome.reject(source, "unknown_label", f"{line_of[i]} has no label"))
-            continue
-        split = splits[i] if splits is not None else None
-        files.append(outcome.file(source, full, label.strip(), split or None))
-    rejects.sort(key=lambda r: r.source)
-    return SourceListing(FileColumns.of(files), tuple(rejects))
+                met.meet("")
+                continue
+            pure = PurePosixPath(raw.strip().replace("\\", "/"))
+            relative = os.path.normpath(pure.as_posix())
+            source = names.to_source(os.fsencode(relative))
+            met.meet(source)
+            if pure.is_absolute() or relative == ".." or relative.startswith("../"):
+                why = f"{where}: path {raw!r} is outside the listing's folder"
+                taken.reject(SourceReject(source, "outside_root", why))
+                continue
+            full = os.path.join(base, relative)
+            if not os.path.realpath(full).startswith(real_base):
+                why = f"{where}: a link leads outside the listing's folder"
+                taken.reject(SourceReject(source, "outside_root", why))
+                continue
+            outcome = _stat_file(source, full, config.max_file_bytes)
+            if isinstance(outcome, SourceReject):
+                taken.reject(outcome)
+            elif label is None or not label.strip():
+                taken.reject(outcome.reject(source, "unknown_label", f"{line} has no label"))
+            else:
+                taken.files.add(source, full, label.strip(), outcome, split or None)
+    found = taken.build(lambda source: ("duplicate_path", "listed twice"))
+    if taken.duplicated:
+        *before, last = met.positions(taken.duplicated[0])
+        cell = table_column(table.slice(last, 1), config.path_column, listing, required=True)
+        assert cell is not None
+        also = ", ".join(_line_name(listing, bad_rows, i) for i in before)
+        raise SourceError(
+            f"{listing}:{_line_name(listing, bad_rows, last)}: path {cell[0]!r} is listed twice "
+            f"(also {also})"
+        )
+    return found

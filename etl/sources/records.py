@@ -10,9 +10,9 @@ import numbers
 import pickle
 import sys
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -21,14 +21,12 @@ from etl.errors import SourceError
 from etl.format import names
 from etl.format.checksums import digest
 from etl.sources import readers, record_values
-
-if TYPE_CHECKING:
-    pass
 from etl.sources.base import (
-    FileColumns,
+    FileStat,
     ListContext,
+    ListingBuilder,
+    Occurrences,
     RecordIntake,
-    SourceFile,
     SourceListing,
     SourceReject,
     label_text,
@@ -43,26 +41,22 @@ def list_lmdb(config: LmdbSource, context: ListContext) -> SourceListing:
     length did not change. A pickled value is a `pickle` reject unless allow_pickle."""
     labels = _key_labels(config.labels) if config.labels is not None else None
     env = record_values.open_lmdb(config.path)
-    files: list[SourceFile] = []
-    rejects: list[SourceReject] = []
+    taken = ListingBuilder(context.scratch)
     with env.begin(buffers=True) as txn:
         for key in _lmdb_keys(txn, config):
             source = names.to_source(key)
             value = txn.get(key)
             if value is None:
-                rejects.append(
-                    SourceReject(
-                        source, "missing", f"keys entry {config.keys_entry!r} lists it; no such key"
-                    )
-                )
+                why = f"keys entry {config.keys_entry!r} lists it; no such key"
+                taken.reject(SourceReject(source, "missing", why))
                 continue
             outcome = _lmdb_sample(source, value, config, labels, context.checksum)
-            if isinstance(outcome, SourceFile):
-                files.append(outcome)
+            if isinstance(outcome, SourceReject):
+                taken.reject(outcome)
             else:
-                rejects.append(outcome)
-    rejects.sort(key=lambda r: r.source)
-    return SourceListing(FileColumns.of(files), tuple(rejects))
+                taken.files.add(source, source, *outcome)
+    # keys are unique (a scan, or a keys entry checked for repeats): nothing is taken twice
+    return taken.build(lambda source: ("duplicate_key", "the key is listed twice"))
 
 
 def _lmdb_sample(
@@ -71,9 +65,10 @@ def _lmdb_sample(
     config: LmdbSource,
     labels: Mapping[str, tuple[str | None, str | None]] | None,
     checksum: str,
-) -> SourceFile | SourceReject:
-    """One key's record or reject. size and content_hash describe the bytes the decoder will
-    see: the value, or a pickled record's image field."""
+) -> tuple[str, FileStat, str | None, str] | SourceReject:
+    """One key's (class name, stat, split, content hash), or its reject. The stat's size and
+    the hash describe the bytes the decoder will see: the value, or a pickled record's image
+    field."""
 
     def reject(reason: str, message: str) -> SourceReject:
         return SourceReject(source, reason, message, len(value), 0, digest(value, checksum))
@@ -109,16 +104,14 @@ def _lmdb_sample(
             return reject("unknown_label", f"pickled record: {exc}")
         if label is None:
             return reject("unknown_label", f"label field {config.label_field!r} is empty")
-    return SourceFile(
-        source, source, label, split, len(image), 0, content_hash=digest(image, checksum)
-    )
+    return label, FileStat(len(image), 0, 0, 0), split, digest(image, checksum)
 
 
-def _lmdb_keys(txn: Any, config: LmdbSource) -> list[bytes]:
+def _lmdb_keys(txn: Any, config: LmdbSource) -> Iterable[bytes]:
+    """The keys to list: the keys entry's, or every key of a scan as the cursor reaches it
+    (a list of 10M keys would be 10M objects)."""
     if config.keys_entry is None:
-        skip = {names.to_raw(k) for k in config.meta_keys}
-        cursor = txn.cursor()
-        return [bytes(k) for k in cursor.iternext(keys=True, values=False) if bytes(k) not in skip]
+        return _scanned_keys(txn, {names.to_raw(k) for k in config.meta_keys})
     where = f"{config.path}: keys_entry {config.keys_entry!r}"
     raw = txn.get(names.to_raw(config.keys_entry))
     if raw is None:
@@ -135,6 +128,13 @@ def _lmdb_keys(txn: Any, config: LmdbSource) -> list[bytes]:
     if dupes:
         raise SourceError(f"{where} lists keys twice: {dupes[:5]}")
     return keys
+
+
+def _scanned_keys(txn: Any, skip: set[bytes]) -> Iterator[bytes]:
+    for found in txn.cursor().iternext(keys=True, values=False):
+        key = bytes(found)  # a copy: the buffer is the cursor's
+        if key not in skip:
+            yield key
 
 
 def _keys_entry_names(raw: bytes, config: LmdbSource, where: str) -> list[str | bytes]:
@@ -211,8 +211,7 @@ def list_python(config: PythonSource, context: ListContext) -> SourceListing:
         iterator = iter(function(**config.options))
     except Exception as exc:
         raise SourceError(f"source.function {spec!r} raised {type(exc).__name__}: {exc}") from exc
-    first: dict[str, int] = {}
-    dupes: dict[str, list[int]] = {}
+    met = Occurrences()
     index = 0
     try:
         with RecordIntake(context) as intake:
@@ -227,10 +226,7 @@ def list_python(config: PythonSource, context: ListContext) -> SourceListing:
                         f"record(s): {exc}"
                     ) from exc
                 source, payload, label, split = _parse_record(record, index, spec)
-                if source in first:
-                    dupes.setdefault(source, [first[source]]).append(index)
-                else:
-                    first[source] = index
+                met.meet(source)
                 index += 1
                 if label is None:
                     intake.reject(source, "unknown_label", "the record has no label", payload)
@@ -240,16 +236,18 @@ def list_python(config: PythonSource, context: ListContext) -> SourceListing:
         close = getattr(iterator, "close", None)
         if close is not None:
             close()  # a generator stopped early releases its connection or files now
+    listing = intake.listing(lambda source: ("duplicate_id", "the id is not unique"))
+    dupes = intake.duplicated
     if dupes:
         named = ", ".join(
-            f"{s!r} (records {', '.join(map(str, at))})" for s, at in sorted(dupes.items())[:5]
+            f"{s!r} (records {', '.join(map(str, met.positions(s)))})" for s in dupes[:5]
         )
         more = f" and {len(dupes) - 5} more" if len(dupes) > 5 else ""
         raise SourceError(
             f"source.function {spec!r}: ids are not unique: {named}{more}; every record needs "
             "its own id, stable across runs"
         )
-    return intake.listing()
+    return listing
 
 
 def _records_function(config: PythonSource) -> Callable[..., Any]:

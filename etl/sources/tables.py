@@ -24,7 +24,13 @@ from etl.sources.base import (
     SourceListing,
     class_name_of,
 )
-from etl.sources.containers import declared_classes, match_files, opened_file, record_source
+from etl.sources.containers import (
+    declared_classes,
+    duplicate_in,
+    match_files,
+    opened_file,
+    record_source,
+)
 
 ROWS_PER_BATCH = 64
 """Rows a Parquet file is read in at a time (its row groups stream; memory stays flat)."""
@@ -35,12 +41,15 @@ TABLE_ERRORS = (pa.ArrowException, OSError, ValueError)
 def list_parquet(config: ParquetSource, context: ListContext) -> SourceListing:
     """Every row of every table `config.files` matches (Parquet, Arrow IPC file or stream)."""
     declared: tuple[str, ...] | None = None
+    matched = match_files(config.path, config.files)
     with RecordIntake(context) as intake:
-        for relative, split in match_files(config.path, config.files):
+        for relative, split in matched:
             with opened_file(config.path, relative, intake) as f:
                 if f is not None:
                     declared = _take_table(f, relative, split, config, intake) or declared
-    return intake.listing(None if config.classes else declared_classes(intake, declared))
+    classes = None if config.classes else declared_classes(intake, declared)
+    # NOTE: an id twice in one table is found on the sorted listing, not in a set of every id
+    return intake.listing(duplicate_in((r for r, _ in matched), "id"), classes)
 
 
 def _take_table(
@@ -61,8 +70,6 @@ def _take_table(
     columns = _columns(schema, config, where)
     class_names = _class_label_names(schema, config.label_column)
     classes = config.classes or class_names
-    first: dict[bytes, int] = {}
-    twice: set[bytes] = set()
     row = 0
     try:
         for batch in batches(columns):
@@ -82,10 +89,6 @@ def _take_table(
                         "a non-empty text, integer or bytes",
                     )
                     continue
-                if key in first:
-                    twice.add(key)
-                    continue
-                first[key] = row - 1
                 row_split = splits[i] if splits is not None else split
                 _take_row(relative, key, image, path, labels[i], row_split, classes, config, intake)
     except TABLE_ERRORS as exc:
@@ -93,12 +96,6 @@ def _take_table(
             names.path_to_source(relative),
             "unreadable",
             f"{relative}: cannot read past row {row}: {exc}",
-        )
-    if twice:
-        intake.withdraw(
-            {record_source(relative, key) for key in twice},
-            "duplicate_key",
-            f"the id appears more than once in {relative}",
         )
     return class_names
 
