@@ -78,7 +78,7 @@ def test_first_run_packs_everything_in_fixed_size_shards() -> None:
         "c/9.png": 2,
     }
     assert [t.start for t in plan.tasks] == [0, 2, 4]
-    assert plan.counts["new"] == 5 and not plan.rejects
+    assert plan.counts["new"] == 5 and not plan.rejects.num_rows
 
 
 @pytest.mark.parametrize(
@@ -89,9 +89,9 @@ def test_duplicates_policy(policy: str, rejected: set[str]) -> None:
     src = listing(file("a/1.jpg"), file("a/2.jpg"), file("a/3.jpg"))
     hashes = {"a/1.jpg": "same", "a/2.jpg": "same", "a/3.jpg": "other"}
     plan = make_plan(config(duplicates=policy), src, hashes, [], None, 1)
-    assert {r.source for r in plan.rejects} == rejected
-    assert all(r.reason == "duplicate" for r in plan.rejects)
-    assert plan.to_pack + len(plan.rejects) == 3
+    assert set(plan.rejects.column("source").to_pylist()) == rejected
+    assert set(plan.rejects.column("reason").to_pylist()) == ({"duplicate"} if rejected else set())
+    assert plan.to_pack + plan.rejects.num_rows == 3
 
 
 def test_fixed_classes_reject_unknown_labels() -> None:
@@ -100,7 +100,8 @@ def test_fixed_classes_reject_unknown_labels() -> None:
         config(classes=["b", "a"]), src, {"a/1.jpg": "1", "zzz/1.jpg": "2"}, [], None, 1
     )
     assert plan.classes == ("b", "a")
-    assert [(r.source, r.reason) for r in plan.rejects] == [("zzz/1.jpg", "unknown_label")]
+    rejects = plan.rejects.select(["source", "reason"]).to_pylist()
+    assert rejects == [{"source": "zzz/1.jpg", "reason": "unknown_label"}]
     assert plan.packing.column("label").to_pylist() == [1]
 
 
@@ -226,7 +227,8 @@ def test_incremental_plan_reads_only_what_changed() -> None:
     rows = {r["source"]: r for r in plan.reused.to_pylist()}
     assert rows["a/touched.jpg"]["source_mtime_ns"] == 2
     assert rows["a/replaced.jpg"]["source_inode"] == 8  # the stat key is brought up to date
-    assert [(r.source, r.reason) for r in plan.rejects] == [("a/bad.jpg", "truncated")]
+    rejects = plan.rejects.select(["source", "reason"]).to_pylist()
+    assert rejects == [{"source": "a/bad.jpg", "reason": "truncated"}]
     assert plan.classes == ("a", "b"), "a new class is appended, existing labels keep their number"
     assert plan.counts == {
         "unchanged": 3,

@@ -80,6 +80,7 @@ def tiny() -> Iterator[None]:
         patch.setattr(spill, "RUN_ROWS", 4)
         patch.setattr(spill, "BATCH_ROWS", 2)
         patch.setattr(spill, "MERGE_ROWS", 3)
+        patch.setattr(spill, "FAN_IN", 3)
         yield
 
 
@@ -88,7 +89,7 @@ def facts(plan: Plan) -> dict[str, object]:
     return {
         "classes": plan.classes,
         "counts": dict(plan.counts),
-        "rejects": [(r.source, r.reason, r.message, r.source_hash) for r in plan.rejects],
+        "rejects": plan.rejects.to_pylist(),
         "reused": plan.reused.to_pylist(),
         "packing": plan.packing.select(list(PACKING_COLUMNS)).to_pylist(),
         "tasks": [(t.shard, t.start, list(t.sources), list(t.hashes)) for t in plan.tasks],
@@ -134,7 +135,7 @@ def test_staged_plan_is_the_plan_made_in_memory(tiny: None, scenario: dict) -> N
     _, hash_rejects = hash_wanted(listing.files.table.filter(chosen))
     expected = make_plan(cfg, listing, hashes, hash_rejects, previous, 2, prior)
     assert got == facts(expected)
-    assert left == ["packing.arrow", "reused.arrow"], "buckets and runs are removed as read"
+    assert left == ["packing.arrow", "rejects.arrow", "reused.arrow"], "runs are removed as read"
 
 
 def test_previous_rows_out_of_source_order_still_match(tiny: None, tmp_path: Path) -> None:

@@ -30,8 +30,9 @@ def _print_plan(plan: Plan, verbose: bool) -> None:
         for task in plan.tasks:
             for source in task.sources:
                 out.print(f"  pack   {source}  -> {task.shard}")
-        for reject in plan.rejects:
-            out.print(f"  reject {reject.source}  ({reject.reason}: {reject.message})")
+        for batch in plan.rejects.to_batches(max_chunksize=1 << 12):
+            for reject in batch.select(["source", "reason", "message"]).to_pylist():
+                out.print(f"  reject {reject['source']}  ({reject['reason']}: {reject['message']})")
 
 
 def _print_report(report: pipeline.RunReport) -> None:

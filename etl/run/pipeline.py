@@ -14,13 +14,13 @@ import re
 import signal
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from joblib.externals.loky.process_executor import TerminatedWorkerError
 
 from etl.config import FolderSource, PipelineConfig
@@ -41,7 +41,6 @@ from etl.format.manifest import (
     ManifestMeta,
     list_versions,
     read_manifest,
-    table_from_rows,
 )
 from etl.format.shards import ShardInfo
 from etl.progress import Progress
@@ -115,17 +114,10 @@ def check_paths(config: PipelineConfig) -> None:
         raise ConfigError(f"output.dir: {out} exists and is not a folder")
 
 
-def _reject_row(r: SourceReject) -> dict[str, Any]:
-    return {
-        "source": r.source,
-        "reason": r.reason,
-        "message": r.message,
-        "source_size": r.size,
-        "source_mtime_ns": r.mtime_ns,
-        "source_ctime_ns": r.ctime_ns,
-        "source_inode": r.inode,
-        "source_hash": r.source_hash,
-    }
+def _by_reason(rejects: pa.Table) -> dict[str, int]:
+    """How many rejects there are of each reason, sorted by reason."""
+    counts = pc.value_counts(rejects.column("reason")).to_pylist()
+    return {c["values"]: c["counts"] for c in sorted(counts, key=lambda c: c["values"])}
 
 
 RELEASE_ROWS = 1 << 16
@@ -316,16 +308,19 @@ def _run_locked(
                 listed=listing.listed,
                 packed_new=0,
                 reused=plan.reused.num_rows,
-                rejected=len(plan.rejects),
-                rejects_by_reason=dict(Counter(r.reason for r in plan.rejects)),
+                rejected=plan.rejects.num_rows,
+                rejects_by_reason=_by_reason(plan.rejects),
                 plan_counts={**plan.counts, "to_pack": plan.to_pack},
                 shards_written=0,
                 bytes_written=0,
                 samples_total=plan.reused.num_rows + plan.to_pack,
                 dry_run=True,
             )
-        with spill.SortedSpill(folder, SAMPLES_SCHEMA, "source", "samples") as new_samples:
-            packed = _pack(run, plan, new_samples)
+        with (
+            spill.SortedSpill(folder, SAMPLES_SCHEMA, "source", "samples") as new_samples,
+            spill.SortedSpill(folder, REJECTS_SCHEMA, "source", "rejects-new") as new_rejects,
+        ):
+            packed = _pack(run, plan, new_samples, new_rejects, folder)
             samples = plan.reused.num_rows + packed.packed_new
             if samples + packed.rejects.num_rows != listing.listed:
                 raise RuntimeError(
@@ -412,16 +407,22 @@ def _plan(run: _Run, listing: SourceListing, folder: Path) -> Plan:
     return plan
 
 
-def _pack(run: _Run, plan: Plan, new_samples: spill.SortedSpill) -> _Packed:
-    """Fill the plan's shards in the workers; their samples go to `new_samples` as each shard
-    finishes.
+def _pack(
+    run: _Run,
+    plan: Plan,
+    new_samples: spill.SortedSpill,
+    new_rejects: spill.SortedSpill,
+    folder: Path,
+) -> _Packed:
+    """Fill the plan's shards in the workers; their samples go to `new_samples` and their
+    rejects to `new_rejects` as each shard finishes. The version's rejects (the plan's and
+    these) are written to `folder` and mapped.
 
     NOTE [ new samples on disk ]: workers send back columns (`PackResult`) and each shard's rows
     leave memory for a sorted run on disk (`SortedSpill`); the commit merges them with the
     reused rows a piece at a time. Kept in memory as dicts they cost ~1 KB an image (tracemalloc,
     12,000 photos), and as Arrow tables ~175 B a row plus a second copy to sort at the commit.
     """
-    rejects = list(plan.rejects)
     new_shards: list[ShardInfo] = []
     run.progress.start("pack", plan.to_pack)
     # closing: an interrupted loop stops the workers before the run cleans up (see
@@ -430,25 +431,26 @@ def _pack(run: _Run, plan: Plan, new_samples: spill.SortedSpill) -> _Packed:
     with run.phase("pack"), contextlib.closing(results) as packed:
         for result in packed:
             new_samples.add(packed_samples(plan.packing, result))
-            rejects.extend(packed_rejects(plan.packing, result))
+            if result.rejects:
+                new_rejects.add(packed_rejects(plan.packing, result))
             if result.shard is not None:
                 new_shards.append(result.shard)
             plan.release_pages()
     run.progress.stop()
-    reject_rows = [_reject_row(r) for r in sorted(rejects, key=lambda r: r.source)]
-    return _Packed(new_samples, table_from_rows(reject_rows, REJECTS_SCHEMA), new_shards)
+    rejects = new_rejects.written(folder / "rejects-all.arrow", plan.rejects)
+    plan.release_pages()
+    return _Packed(new_samples, rejects.table, new_shards)
 
 
 def _commit(run: _Run, listed: int, plan: Plan, packed: _Packed) -> RunReport:
     """Publish the new version, unless nothing changed since the latest one."""
     config, rejects = run.config, packed.rejects
-    reasons = Counter(rejects.column("reason").to_pylist())
     counts: dict[str, Any] = dict(
         listed=listed,
         packed_new=packed.packed_new,
         reused=plan.reused.num_rows,
         rejected=rejects.num_rows,
-        rejects_by_reason=dict(sorted(reasons.items())),
+        rejects_by_reason=_by_reason(rejects),
         plan_counts=plan.counts,
         shards_written=len(packed.new_shards),
         bytes_written=sum(s.bytes for s in packed.new_shards),

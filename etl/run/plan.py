@@ -30,6 +30,7 @@ from etl.format.columns import (
     DigestSet,
     bool_mask,
     positions_in,
+    sorted_by,
     take_or_null,
     taken,
     value_codes,
@@ -46,6 +47,7 @@ from etl.sources.base import (
     SourceFile,
     SourceListing,
     SourceReject,
+    rejects_table,
 )
 
 TRAIN = "train"
@@ -63,14 +65,16 @@ class Plan:
     reused: pa.Table
     """Manifest rows whose stored pixels are kept, with label, split and stat brought up to date
     (SAMPLES_SCHEMA, sorted by source)."""
-    rejects: tuple[SourceReject, ...]
+    rejects: pa.Table
+    """Every source that will not be a sample, with why (REJECTS_SCHEMA, sorted by source)."""
     counts: Mapping[str, int] = field(default_factory=dict)
     """unchanged, changed, new, moved, deleted, rejected: what the plan found."""
     maps: tuple[Mapped, ...] = ()
-    """The files `packing` and `reused` are mapped from, when the plan was made on disk."""
+    """The files `packing`, `reused` and `rejects` are mapped from, when the plan was made on
+    disk."""
 
     def release_pages(self) -> None:
-        """Let go of the pages of `packing` and `reused` read so far (`Mapped.release`)."""
+        """Let go of the pages of the plan's tables read so far (`Mapped.release`)."""
         for mapped in self.maps:
             mapped.release()
 
@@ -357,17 +361,21 @@ def assemble(
     version: int,
     classes: tuple[str, ...],
     decided: Decided,
-    rejects: list[SourceReject],
+    rejects: pa.Table,
     maps: tuple[Mapped, ...] = (),
 ) -> Plan:
     """The plan of `decided` (the whole listing's decisions; its counts with 'deleted' in
-    them), with the rejects made before deciding: its shards, one task each, made when a
-    worker takes it."""
+    them), with the rejects made before deciding (sorted by source): its shards, one task each,
+    made when a worker takes it."""
     counts, packing = decided.counts, decided.packing
-    everything = rejects + decided.rejects
+    everything = rejects
+    if decided.rejects:
+        everything = sorted_by(
+            pa.concat_tables([rejects, rejects_table(decided.rejects)]), "source"
+        )
     found = {name: counts[name] for name in COUNTED if counts.get(name)}
     found["deleted"] = counts.get("deleted", 0)
-    found["rejected"] = len(everything)
+    found["rejected"] = everything.num_rows
     per_shard = config.samples_per_shard
     tasks: Chunks[PackTask] = Chunks(
         packing.num_rows,
@@ -382,7 +390,7 @@ def assemble(
         packing=packing,
         tasks=tasks,
         reused=decided.reused,
-        rejects=tuple(sorted(everything, key=lambda r: r.source)),
+        rejects=everything,
         counts=found,
         maps=maps,
     )
@@ -414,11 +422,12 @@ def make_plan(
     checked = check_window(files, digests, failed, old_ids, old_hashes)
     names = value_codes(files.column("class_name"))[0]
     classes = resolve_classes(config, names, prior_classes, listing.classes)
+    before = sorted_by(rejects_table(rejects), "source")
     if previous is None:
-        return assemble(config, version, classes, decide(config, checked, classes), rejects)
+        return assemble(config, version, classes, decide(config, checked, classes), before)
     decided = decide(config, checked, classes, previous.samples, remembered_rejects(previous))
     decided.counts["deleted"] = previous.samples.num_rows - (len(old_ids) - old_ids.null_count)
-    return assemble(config, version, classes, decided, rejects)
+    return assemble(config, version, classes, decided, before)
 
 
 def _drop_duplicates(

@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 from etl.format.manifest import SAMPLES_SCHEMA
 from etl.format.names import sample_id
 from etl.run.execute import PackResult
-from etl.sources.base import SourceReject
+from etl.sources.base import SourceReject, rejects_table
 
 
 def packed_samples(packing: pa.Table, result: PackResult) -> pa.Table:
@@ -42,13 +42,14 @@ def packed_samples(packing: pa.Table, result: PackResult) -> pa.Table:
     return pa.table([columns[name] for name in names], names=names).cast(SAMPLES_SCHEMA)
 
 
-def packed_rejects(packing: pa.Table, result: PackResult) -> list[SourceReject]:
-    """The rejects of `result`, with the stat and content hash their sources were planned with."""
+def packed_rejects(packing: pa.Table, result: PackResult) -> pa.Table:
+    """The rejects of `result` (REJECTS_SCHEMA, in shard order), with the stat and content
+    hash their sources were planned with."""
     if not result.rejects:
-        return []
+        return rejects_table(())
     at = [result.start + index for index, _, _ in result.rejects]
     planned = packing.take(pa.array(at, pa.int64())).to_pylist()
-    return [
+    return rejects_table(
         SourceReject(
             row["source"],
             reason,
@@ -60,4 +61,4 @@ def packed_rejects(packing: pa.Table, result: PackResult) -> list[SourceReject]:
             row["inode"] or 0,
         )
         for row, (_, reason, message) in zip(planned, result.rejects, strict=True)
-    ]
+    )

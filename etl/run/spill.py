@@ -149,13 +149,14 @@ class SortedSpill:
     def written(
         self,
         path: Path,
+        *sorted_tables: pa.Table,
         through: Callable[[Iterator[pa.Table]], Iterator[pa.Table]] | None = None,
     ) -> Mapped:
-        """Every row added, in `key` order, written to the Arrow file `path` a piece at a time
-        and mapped back: a table the rest of the run can slice and take from while its pages
-        stay the page cache's. `through` may filter the pieces on their way. The runs are
-        removed."""
-        pieces = self.merged()
+        """Every row added, and those of `sorted_tables` (as `merged`), in `key` order,
+        written to the Arrow file `path` a piece at a time and mapped back: a table the rest of
+        the run can slice and take from while its pages stay the page cache's. `through` may
+        filter the pieces on their way. The runs are removed."""
+        pieces = self.merged(*sorted_tables)
         with ipc.new_file(str(path), self.schema) as writer:
             for piece in through(pieces) if through is not None else pieces:
                 writer.write_table(piece)

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from etl.config import PipelineConfig
 from etl.format.columns import bisect_right, bool_mask, sorted_by, value_codes
-from etl.format.manifest import SAMPLES_SCHEMA, Manifest
+from etl.format.manifest import REJECTS_SCHEMA, SAMPLES_SCHEMA, Manifest
 from etl.format.mapped import Mapped
 from etl.run.buckets import SLICE_ROWS, Buckets, bucket_count, buckets_of
 from etl.run.plan import (
@@ -44,7 +44,7 @@ from etl.run.plan import (
     same_source,
 )
 from etl.run.spill import SortedSpill
-from etl.sources.base import SourceListing, SourceReject
+from etl.sources.base import SourceListing, SourceReject, rejects_table
 
 WINDOW_ROWS = 1 << 18
 """Listed files checked at a time: hashed together, then dealt out to the buckets."""
@@ -69,13 +69,15 @@ def staged_plan(
     the caller removes it. `on_known(n)`: n more files needed no hashing."""
     files = listing.files.table
     previous = _in_source_order(previous)
-    rejects: list[SourceReject] = list(listing.rejects)
-    listed_rejects = pa.array([r.source for r in rejects], pa.string())
+    rejects = SortedSpill(folder, REJECTS_SCHEMA, "source", "rejects")
+    rejects.add(rejects_table(listing.rejects))
+    listed_rejects = pa.array([r.source for r in listing.rejects], pa.string())
     count = bucket_count(max(files.num_rows, previous.samples.num_rows if previous else 0))
     names: set[str] = set()
     matched = 0
     schema = pa.schema([*files.schema, *CHECKED_COLUMNS])
     with (
+        rejects,
         Buckets(folder, schema, count) as buckets,
         Buckets(folder, SAMPLES_SCHEMA, count, "stored") as stored,
     ):
@@ -91,7 +93,7 @@ def staged_plan(
             if wanted.any():
                 found, unreadable = hash_files(window.filter(pa.array(wanted)))
                 hashed = pc.replace_with_mask(hashed, pa.array(wanted), found)
-                rejects += unreadable
+                rejects.add(rejects_table(unreadable))
                 unread = pa.array([r.source for r in unreadable], pa.string())
                 failed = pa.concat_arrays([listed_rejects, unread])
             digests = pc.coalesce(window.column("content_hash"), known, hashed)
@@ -107,11 +109,12 @@ def staged_plan(
         classes = resolve_classes(config, names, prior_classes, listing.classes)
         stored_by_bucket = stored if previous is not None else None
         decided, maps = _decide_buckets(
-            config, buckets, stored_by_bucket, classes, previous, folder
+            config, buckets, stored_by_bucket, classes, previous, folder, rejects
         )
+        rejected = rejects.written(folder / "rejects.arrow")
     if previous is not None:
         decided.counts["deleted"] = previous.samples.num_rows - matched
-    return assemble(config, version, classes, decided, rejects, maps)
+    return assemble(config, version, classes, decided, rejected.table, (*maps, rejected))
 
 
 def _store(stored: Buckets, samples: pa.Table | None) -> None:
@@ -129,10 +132,11 @@ def _decide_buckets(
     classes: tuple[str, ...],
     previous: Manifest | None,
     folder: Path,
+    rejects: SortedSpill,
 ) -> tuple[Decided, tuple[Mapped, Mapped]]:
     """`decide` of each bucket with the previous samples (`stored`) and remembered rejects
     whose content hash falls in it; the rows to keep and to pack gathered in key order into
-    mapped files in `folder`."""
+    mapped files in `folder`, the rejects into `rejects`."""
     count = buckets.count
     remembered = remembered_bucket = None
     if previous is not None:
@@ -140,7 +144,6 @@ def _decide_buckets(
         remembered_bucket = buckets_of(remembered.column("source_hash"), count)
         _release(None, previous)
     counts: Counter[str] = Counter()
-    rejects: list[SourceReject] = []
     packing: SortedSpill | None = None
     with SortedSpill(folder, SAMPLES_SCHEMA, "source", "reused") as reused:
         for bucket in range(count):
@@ -157,12 +160,12 @@ def _decide_buckets(
                 packing = SortedSpill(folder, decided.packing.schema, "order", "packing")
             packing.add_sorted(decided.packing)
             counts.update(decided.counts)
-            rejects += decided.rejects
+            rejects.add(rejects_table(decided.rejects))
         assert packing is not None, "a listing makes at least one bucket"
         with packing:
             kept = reused.written(folder / "reused.arrow")
             packed = packing.written(folder / "packing.arrow")
-        return Decided(kept.table, packed.table, rejects, counts), (kept, packed)
+        return Decided(kept.table, packed.table, [], counts), (kept, packed)
 
 
 def _release(listing: SourceListing | None, previous: Manifest | None) -> None:

@@ -58,6 +58,20 @@ class SourceReject:
     inode: int | None = None
 
 
+def rejects_table(rejects: Iterable[SourceReject]) -> pa.Table:
+    """Rejects as rows of a version's rejects table (REJECTS_SCHEMA), in the order given: how
+    rejects leave Python objects behind a window, a bucket or a shard at a time."""
+    import pyarrow as pa  # NOTE: here, not above: pack workers import this module
+
+    from etl.format.manifest import REJECTS_SCHEMA
+
+    fields = ("source", "reason", "message", "size", "mtime_ns", "ctime_ns", "inode")
+    rows = list(rejects)
+    columns = [[getattr(r, name) for r in rows] for name in fields]
+    columns.append([r.source_hash for r in rows])
+    return pa.table(columns, schema=REJECTS_SCHEMA)
+
+
 class FileStat(NamedTuple):
     """What `os.stat` says of a source file, as far as deciding "unchanged" goes."""
 
@@ -235,7 +249,7 @@ class FileColumnsBuilder:
         self._flush()
         unique = _UniqueSources(drop)
         if self._scratch is not None:
-            mapped = self._spill.written(self._scratch / "listing.arrow", unique.rows)
+            mapped = self._spill.written(self._scratch / "listing.arrow", through=unique.rows)
             files = FileColumns(mapped.table, mapped)
         else:
             table = pa.Table.from_batches(self._batches, schema=_file_schema())
