@@ -11,6 +11,7 @@ from packed import Packed, make_packed
 
 from etl.format.commit import commit
 from etl.format.manifest import ManifestMeta, read_manifest
+from etl.maintenance import versions
 from etl.maintenance.versions import diff
 
 COMPARED = ("checksum", "class_name", "split")
@@ -21,14 +22,17 @@ def packed(tmp_path: Path) -> Packed:
     return make_packed(tmp_path / "ds")
 
 
-def commit_edited(packed: Packed, version: int, edit: Any, classes: tuple[str, ...]) -> None:
+def commit_edited(
+    packed: Packed, version: int, edit: Any, classes: tuple[str, ...], ordered: bool = True
+) -> None:
     """Commit `version`: version 1's rows as dicts, edited by `edit(rows)`, relabelled by
-    class name for `classes` and sorted by source (as every manifest is)."""
+    class name for `classes` and sorted by source (as this tool writes every manifest), or
+    reversed (as another writer might)."""
     first = read_manifest(packed.root, 1)
     rows = edit(first.samples.to_pylist())
     for row in rows:
         row["label"] = classes.index(row["class_name"])
-    rows.sort(key=lambda r: r["source"])
+    rows.sort(key=lambda r: r["source"], reverse=not ordered)
     meta = ManifestMeta(**{**first.meta.__dict__, "version": version, "classes": classes})
     table = pa.Table.from_pylist(rows, schema=first.samples.schema)
     commit(packed.root, meta, table, first.shards, first.rejects)
@@ -60,9 +64,19 @@ def edit(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("classes", [("ant", "bee", "cat"), ("cat", "ant", "bee", "dog")])
-def test_diff_matches_a_plain_comparison(packed: Packed, classes: tuple[str, ...]) -> None:
-    """Reordered classes change every label but no class name: only real edits show."""
-    commit_edited(packed, 2, edit, classes)
+@pytest.mark.parametrize(("rows", "ordered"), [(1 << 16, True), (2, True), (3, False)])
+def test_diff_matches_a_plain_comparison(
+    packed: Packed,
+    classes: tuple[str, ...],
+    monkeypatch: pytest.MonkeyPatch,
+    rows: int,
+    ordered: bool,
+) -> None:
+    """Reordered classes change every label but no class name: only real edits show. The two
+    versions are walked side by side `rows` at a time (2: every step ends inside a run of
+    added or removed sources); a version written out of source order is sorted first."""
+    monkeypatch.setattr(versions, "DIFF_ROWS", rows)
+    commit_edited(packed, 2, edit, classes, ordered)
     added, removed, changed = expected_diff(packed.root, 1, 2)
     assert len(added) == 2 and len(removed) == 2 and len(changed) == 3
     d = diff(packed.root, 1, 2)

@@ -4,7 +4,7 @@ object."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -128,6 +128,19 @@ def _next_rows(source: Iterator[pa.Table | pa.RecordBatch]) -> pa.Table | None:
         if piece.num_rows:
             return piece if isinstance(piece, pa.Table) else pa.Table.from_batches([piece])
     return None
+
+
+def ascending(
+    column: pa.ChunkedArray, release: Callable[[], None] = lambda: None, rows: int = 1 << 18
+) -> bool:
+    """Whether each value sorts after the one before it, looked at `rows` at a time with the
+    pages read let go of (`release`) after each."""
+    for start in range(0, len(column) - 1, rows):
+        part = column.slice(start, rows + 1)  # one value more: pairs across slices
+        if bool_mask(pc.less(part.slice(1), part.slice(0, len(part) - 1))).any():
+            return False
+        release()
+    return True
 
 
 def bisect_right(column: pa.ChunkedArray | pa.Array, value: Any, lo: int = 0) -> int:

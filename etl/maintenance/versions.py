@@ -8,9 +8,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from numpy.typing import NDArray
 
-from etl.format.columns import bool_mask, fixed_width, positions_in, value_codes
+from etl.format.columns import ascending, bisect_right, bool_mask, positions_in, sorted_by
 from etl.format.manifest import Manifest, list_versions, read_manifest, resolve
 
 
@@ -65,66 +64,73 @@ _CHANGED_COLUMNS = ["sample_id", "source"] + [
 ]
 
 
+DIFF_ROWS = 1 << 16
+"""Rows of each version compared at a time."""
+
+
 def diff(root: Path, a: int, b: int) -> VersionDiff:
     """What changed between two versions, by source: pixels (checksum), class or split.
 
-    One hash lookup of b's sources in a's, then integer work: classes and splits compare as
-    codes, fixed-width checksums as bytes; only the rows that differ are gathered. Every
-    table comes out in source order, as both manifests are (docs/FORMAT.md)."""
+    Both manifests are in source order (docs/FORMAT.md; one that is not is sorted first), so
+    they are walked side by side, DIFF_ROWS of each at a time, with the pages read let go of
+    after each step: 10M-row versions cost what their differences cost, not a hash table of
+    every source. Every table comes out in source order."""
     old, new = read_manifest(root, a), read_manifest(root, b)
-    old_pos = positions_in(new.samples.column("source"), old.samples.column("source"))
-    matched = old_pos >= 0
-    kept = np.zeros(old.samples.num_rows, dtype=bool)
-    kept[old_pos[matched]] = True
-    new_pos = np.flatnonzero(matched)
-    old_pos = old_pos[matched]
-    differs = _differ_by_name(old, old_pos, new, new_pos) | ~_same_strings(
-        old.samples.column("checksum"), old_pos, new.samples.column("checksum"), new_pos
+    before, after = _in_source_order(old), _in_source_order(new)
+    added: list[pa.Table] = [after.slice(0, 0)]
+    removed: list[pa.Table] = [before.slice(0, 0)]
+    changed: list[pa.Table] = [_changed(before.slice(0, 0), after.slice(0, 0))]
+    i = j = 0
+    while i < after.num_rows or j < before.num_rows:
+        later, earlier = after.slice(i, DIFF_ROWS), before.slice(j, DIFF_ROWS)
+        if later.num_rows and earlier.num_rows:
+            bound = min(_last_source(later), _last_source(earlier))
+            later = later.slice(0, bisect_right(later.column("source"), bound))
+            earlier = earlier.slice(0, bisect_right(earlier.column("source"), bound))
+        i, j = i + later.num_rows, j + earlier.num_rows
+        at = positions_in(later.column("source"), earlier.column("source"))
+        matched = at >= 0
+        kept = np.zeros(earlier.num_rows, dtype=bool)
+        kept[at[matched]] = True
+        added.append(later.filter(pa.array(~matched)))
+        removed.append(earlier.filter(pa.array(~kept)))
+        changed.append(_changed(earlier.take(pa.array(at[matched])), later.filter(matched)))
+        old.release_pages()
+        new.release_pages()
+    return VersionDiff(
+        a=a,
+        b=b,
+        added=pa.concat_tables(added).combine_chunks(),
+        removed=pa.concat_tables(removed).combine_chunks(),
+        changed=pa.concat_tables(changed).combine_chunks(),
     )
-    old_rows = old.samples.take(pa.array(old_pos[differs]))
-    new_rows = new.samples.take(pa.array(new_pos[differs]))
-    changed = pa.table(
+
+
+def _in_source_order(version: Manifest) -> pa.Table:
+    """The version's samples in source order: as this tool writes them, sorted in memory only
+    for a version written otherwise."""
+    samples = version.samples
+    if ascending(samples.column("source"), version.release_pages):
+        return samples
+    return sorted_by(samples, "source")
+
+
+def _last_source(rows: pa.Table) -> str:
+    return str(rows.column("source")[-1].as_py())
+
+
+def _changed(old_rows: pa.Table, new_rows: pa.Table) -> pa.Table:
+    """The pairs (same source, in order) whose checksum, class name or split differ, as
+    `VersionDiff.changed` rows."""
+    differs = np.zeros(new_rows.num_rows, dtype=bool)
+    for name in _COMPARED:
+        same = pc.equal(
+            pc.fill_null(old_rows.column(name), ""), pc.fill_null(new_rows.column(name), "")
+        )
+        differs |= ~bool_mask(same)
+    old_rows, new_rows = old_rows.filter(differs), new_rows.filter(differs)
+    return pa.table(
         [new_rows.column("sample_id"), new_rows.column("source")]
         + [rows.column(c) for rows in (old_rows, new_rows) for c in _COMPARED],
         names=_CHANGED_COLUMNS,
     )
-    return VersionDiff(
-        a=a,
-        b=b,
-        added=new.samples.filter(pa.array(~matched)),
-        removed=old.samples.filter(pa.array(~kept)),
-        changed=changed,
-    )
-
-
-def _differ_by_name(
-    old: Manifest, old_pos: NDArray[np.int64], new: Manifest, new_pos: NDArray[np.int64]
-) -> NDArray[np.bool_]:
-    """Which matched pairs differ in class name or split, compared as codes: each version's
-    names are mapped onto the other's once, not compared row by row."""
-    differs = np.zeros(len(new_pos), dtype=bool)
-    for old_names, old_codes, new_names, new_codes in (
-        (
-            old.meta.classes,
-            old.samples.column("label").to_numpy(),
-            new.meta.classes,
-            new.samples.column("label").to_numpy(),
-        ),
-        (*value_codes(old.samples.column("split")), *value_codes(new.samples.column("split"))),
-    ):
-        index = {name: i for i, name in enumerate(new_names)}
-        as_new = np.array([index.get(name, -1) for name in old_names], dtype=np.int64)
-        if len(as_new):
-            differs |= as_new[old_codes[old_pos]] != new_codes[new_pos]
-    return differs
-
-
-def _same_strings(
-    a: pa.ChunkedArray, a_pos: NDArray[np.int64], b: pa.ChunkedArray, b_pos: NDArray[np.int64]
-) -> NDArray[np.bool_]:
-    """a[a_pos] == b[b_pos] element-wise: as fixed-width bytes when every value of both has
-    the same length (hex digests of one algorithm), else by Arrow's string comparison."""
-    a_bytes, b_bytes = fixed_width(a), fixed_width(b)
-    if a_bytes is not None and b_bytes is not None and a_bytes.dtype == b_bytes.dtype:
-        return np.asarray(a_bytes[a_pos] == b_bytes[b_pos], dtype=bool)
-    return bool_mask(pc.equal(a.take(pa.array(a_pos)), b.take(pa.array(b_pos))))

@@ -26,10 +26,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl.config import PipelineConfig
-from etl.format.columns import bisect_right, bool_mask, sorted_by, value_codes
+from etl.format.columns import ascending, bisect_right, sorted_by, value_codes
 from etl.format.manifest import REJECTS_SCHEMA, SAMPLES_SCHEMA, Manifest
 from etl.format.mapped import Mapped
-from etl.run.buckets import SLICE_ROWS, Buckets, bucket_count, buckets_of
+from etl.run.buckets import Buckets, bucket_count, buckets_of
 from etl.run.plan import (
     CHECKED_COLUMNS,
     Decided,
@@ -214,17 +214,6 @@ def _in_source_order(previous: Manifest | None) -> Manifest | None:
     tables = {}
     for name in ("samples", "rejects"):
         table = getattr(previous, name)
-        if not _ascending(table.column("source"), previous.release_pages):
+        if not ascending(table.column("source"), previous.release_pages):
             tables[name] = sorted_by(table, "source")
     return dataclasses.replace(previous, **tables) if tables else previous
-
-
-def _ascending(column: pa.ChunkedArray, release: Callable[[], None]) -> bool:
-    """Whether each value sorts after the one before it, looked at a slice at a time with the
-    pages read let go of (`release`) after each."""
-    for start in range(0, len(column) - 1, SLICE_ROWS):
-        part = column.slice(start, SLICE_ROWS + 1)  # one value more: pairs across slices
-        if bool_mask(pc.less(part.slice(1), part.slice(0, len(part) - 1))).any():
-            return False
-        release()
-    return True
