@@ -12,10 +12,13 @@ Writes a packed dataset of `--samples` random 224x224x3 samples (147 KiB each) i
     per-row copy      a plain single-threaded loop copying one row at a time from
                       `np.load(mmap_mode="r")` of each shard, in a random order
     loaders           `make_loader(PackedDataset.open(...), batch_size=256)`, random and
-                      block-shuffled orders, 0 and 2 workers, `readahead` off and on
+                      block-shuffled orders, 0 and 2 workers, `readahead` off and on; and
+                      with `drop_behind` (each process's reads released and dropped from
+                      the page cache every 64 MiB)
 
-The tables give medians over rounds of samples/s, and the ratio to the best device reading of
-the same round (per-round ratios, then the median). A last table reads the same loaders from
+The tables give medians over rounds of samples/s, the ratio to the best device reading of
+the same round (per-round ratios, then the median), and how much of the dataset the page cache
+holds after the contender's epoch (`mincore`). A last table reads the same loaders from
 the page cache (warm), to show what `readahead` costs when the data is in memory. Beside each
 order, its shuffle quality on class-sorted labels (`loaders.class_mix_distance`, 1.00 = as
 mixed as a full shuffle). Without permission to drop the cache (or with `--warm-only`), every
@@ -35,17 +38,20 @@ import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks.bench_loaders import write_synthetic
-from benchmarks.common import cpu_model
+from benchmarks.common import cached_bytes, cpu_model
 from loaders import PackedDataset, block_order, class_mix_distance, make_loader, random_order
 
 SHAPE = (224, 224, 3)
 BATCH = 256
 CLASSES = 100
+DROP_EVERY = 64 << 20
+"""`release_every` of the drop_behind contenders: bytes a process reads between two drops."""
 
 
 def drop_page_cache() -> bool:
@@ -110,9 +116,14 @@ def per_row_copy(rows: Rows, order: np.ndarray) -> None:
         np.copyto(out, arrays[s][r])
 
 
-def loader_epoch(root: Path, shuffle: str, workers: int, readahead: bool) -> None:
+def loader_epoch(
+    root: Path, shuffle: str, workers: int, readahead: bool, drop_behind: bool = False
+) -> None:
     """One epoch through `make_loader`; a fresh dataset and workers each time (cold maps)."""
-    ds = PackedDataset.open(root, readahead=readahead)
+    release = DROP_EVERY if drop_behind else None
+    ds = PackedDataset.open(
+        root, readahead=readahead, release_every=release, drop_behind=drop_behind
+    )
     loader = make_loader(ds, batch_size=BATCH, shuffle=shuffle, num_workers=workers)
     delivered = sum(len(batch.labels) for batch in loader)
     if delivered != len(ds):
@@ -132,12 +143,18 @@ def contenders(root: Path, rows: Rows) -> dict[str, Callable[[], None]]:
                 ahead = "on" if readahead else "off"
                 name = f"loaders {shuffle}, {workers} workers, readahead {ahead}"
                 runs[name] = lambda s=shuffle, w=workers, r=readahead: loader_epoch(root, s, w, r)
+        name = f"loaders {shuffle}, 2 workers, readahead on, drop_behind"
+        runs[name] = partial(loader_epoch, root, shuffle, 2, True, True)
     return runs
 
 
-def measure(runs: dict[str, Callable[[], None]], rounds: int, cold: bool) -> dict[str, list[float]]:
-    """Seconds of each contender in each round, the page cache dropped before each if `cold`."""
-    seconds: dict[str, list[float]] = {name: [] for name in runs}
+Measured = dict[str, list[tuple[float, int]]]
+"""Per contender, per round: seconds, and bytes of the dataset in the page cache after."""
+
+
+def measure(runs: dict[str, Callable[[], None]], rows: Rows, rounds: int, cold: bool) -> Measured:
+    """Each contender in each round, the page cache dropped before each if `cold`."""
+    measured: Measured = {name: [] for name in runs}
     for _ in range(rounds):
         for name, run in runs.items():
             if cold:
@@ -146,25 +163,31 @@ def measure(runs: dict[str, Callable[[], None]], rounds: int, cold: bool) -> dic
                 run()  # once to fill the page cache
             started = time.perf_counter()
             run()
-            seconds[name].append(time.perf_counter() - started)
-    return seconds
+            seconds = time.perf_counter() - started
+            measured[name].append((seconds, cached_bytes(rows.files)))
+    return measured
 
 
-def report(seconds: dict[str, list[float]], n: int, quality: dict[str, str]) -> None:
+def report(measured: Measured, n: int, quality: dict[str, str]) -> None:
+    seconds = {name: [t for t, _ in rounds] for name, rounds in measured.items()}
     device = [
         min(a, b)
         for a, b in zip(
             seconds["device: pread, 1 thread"], seconds["device: pread, 16 threads"], strict=True
         )
     ]
-    print("| contender | samples/s | MiB/s | vs device | order's shuffle quality |")
-    print("|---|---:|---:|---:|---:|")
+    print(
+        "| contender | samples/s | MiB/s | vs device | cached after (MiB) "
+        "| order's shuffle quality |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
     for name, times in seconds.items():
         rate = statistics.median(n / t for t in times)
         ratio = statistics.median(d / t for d, t in zip(device, times, strict=True))
         mib = rate * int(np.prod(SHAPE)) / 2**20
+        cached = statistics.median(c for _, c in measured[name]) / 2**20
         order = next((q for key, q in quality.items() if key in name), "")
-        print(f"| {name} | {rate:,.0f} | {mib:,.0f} | {ratio:.2f} | {order} |")
+        print(f"| {name} | {rate:,.0f} | {mib:,.0f} | {ratio:.2f} | {cached:,.0f} | {order} |")
 
 
 def quality_of_orders(rows: Rows) -> dict[str, str]:
@@ -206,13 +229,13 @@ def main() -> None:
         )
         if cold:
             print("## Cold: page cache dropped before each contender\n")
-            report(measure(runs, args.rounds, cold=True), len(rows), quality)
+            report(measure(runs, rows, args.rounds, cold=True), len(rows), quality)
             warm_runs = {k: v for k, v in runs.items() if "device" in k or "loaders" in k}
         else:
             warm_runs = runs
             print("(--warm-only, or the page cache could not be dropped: every figure is warm)")
         print("\n## Warm: the same reads from the page cache\n")
-        report(measure(warm_runs, args.rounds, cold=False), len(rows), quality)
+        report(measure(warm_runs, rows, args.rounds, cold=False), len(rows), quality)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
