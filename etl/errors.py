@@ -72,3 +72,13 @@ def output_error(exc: OSError, root: Path) -> OutputError:
     else:
         what, fix = f"{where}: {exc.strerror} writing the output", "check the disk"
     return OutputError(f"{what}; {fix}")
+
+
+def temporary_error(exc: OSError, folder: Path) -> OutputError:
+    """One line for a failed write of temporary files in `folder` (a dry run with no output
+    folder yet keeps them in the system's temporary folder, TMPDIR)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        what = f"{folder}: no space left for temporary files ({exc.strerror})"
+    else:
+        what = f"{exc.filename or folder}: {exc.strerror} writing temporary files"
+    return OutputError(f"{what}; free some space there or set TMPDIR to a folder with room")

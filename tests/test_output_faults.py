@@ -161,3 +161,26 @@ def test_a_worker_killed_mid_run_is_one_line(tmp_path: Path) -> None:
     assert "out of memory? lower run.n_jobs or output.shard_size" in line
     assert line.endswith("nothing committed; no version existed")
     assert list_versions(out) == [] and not leftovers(out)
+
+
+def test_a_dry_run_with_a_full_temporary_folder_is_one_line(tmp_path: Path, tmpfs: Path) -> None:
+    """A dry run with no output folder yet keeps its scratch files in TMPDIR: a full one is
+    one line naming it and the fix, and nothing is left there or in the output."""
+    make_source(tmp_path / "src", 1500)
+    config = write_config(tmp_path, tmp_path / "out")
+    stat = os.statvfs(tmpfs)
+    free = stat.f_bavail * stat.f_frsize
+    (tmpfs / "filler").write_bytes(b"\0" * (free - 16384))  # room for Python's probe, no more
+    done = subprocess.run(
+        [sys.executable, "-m", "etl", "run", str(config), "--dry-run"],
+        cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(tmpfs)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    line = one_error_line(done)
+    assert line.startswith(f"error: {tmpfs}: no space left for temporary files (")
+    assert line.endswith("free some space there or set TMPDIR to a folder with room")
+    assert sorted(p.name for p in tmpfs.iterdir()) == ["filler"]
+    assert not (tmp_path / "out").exists()

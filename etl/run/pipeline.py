@@ -12,6 +12,7 @@ import contextlib
 import os
 import re
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -31,6 +32,7 @@ from etl.errors import (
     ManifestError,
     OutputError,
     output_error,
+    temporary_error,
 )
 from etl.format.commit import clean_leftovers, commit_version
 from etl.format.lock import DatasetLock
@@ -160,11 +162,17 @@ def run(
     check_exists(config.source)
     root = config.output.dir
     if dry_run and not root.exists():
-        with (
-            execute.engine(config.run, readable=_worker_inputs(config)),
-            readers.released(None),
-        ):
-            return _run_locked(config, root, dry_run, rebuild, progress, on_plan, started)
+        temporary = Path(tempfile.gettempdir())
+        try:
+            with (
+                execute.engine(config.run, readable=_worker_inputs(config)),
+                readers.released(None),
+            ):
+                return _run_locked(config, root, dry_run, rebuild, progress, on_plan, started)
+        except OSError as exc:
+            if exc.errno not in OUTPUT_ERRNOS or not _under(exc.filename, temporary):
+                raise
+            raise temporary_error(exc, temporary) from None
     spool = readers.spool_path(root)
     with contextlib.ExitStack() as locked:
         try:
