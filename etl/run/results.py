@@ -7,10 +7,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etl.format.manifest import SAMPLES_SCHEMA
+from etl.format.manifest import REJECTS_SCHEMA, SAMPLES_SCHEMA
 from etl.format.names import sample_id
 from etl.run.execute import PackResult
-from etl.sources.base import SourceReject, rejects_table
 
 
 def packed_samples(packing: pa.Table, result: PackResult) -> pa.Table:
@@ -46,19 +45,18 @@ def packed_rejects(packing: pa.Table, result: PackResult) -> pa.Table:
     """The rejects of `result` (REJECTS_SCHEMA, in shard order), with the stat and content
     hash their sources were planned with."""
     if not result.rejects:
-        return rejects_table(())
-    at = [result.start + index for index, _, _ in result.rejects]
-    planned = packing.take(pa.array(at, pa.int64())).to_pylist()
-    return rejects_table(
-        SourceReject(
-            row["source"],
-            reason,
-            message,
-            row["size"],
-            row["mtime_ns"],
-            row["digest"],
-            row["ctime_ns"] or 0,
-            row["inode"] or 0,
-        )
-        for row, (_, reason, message) in zip(planned, result.rejects, strict=True)
-    )
+        return REJECTS_SCHEMA.empty_table()
+    at = pa.array([result.start + index for index, _, _ in result.rejects], pa.int64())
+    planned = packing.take(at)
+    columns = {
+        "source": planned.column("source"),
+        "reason": pa.array([reason for _, reason, _ in result.rejects], pa.string()),
+        "message": pa.array([message for _, _, message in result.rejects], pa.string()),
+        "source_size": planned.column("size"),
+        "source_mtime_ns": planned.column("mtime_ns"),
+        "source_ctime_ns": pc.fill_null(planned.column("ctime_ns"), 0),
+        "source_inode": pc.fill_null(planned.column("inode"), 0),
+        "source_hash": planned.column("digest"),
+    }
+    names = REJECTS_SCHEMA.names
+    return pa.table([columns[name] for name in names], names=names).cast(REJECTS_SCHEMA)

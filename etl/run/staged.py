@@ -70,8 +70,9 @@ def staged_plan(
     files = listing.files.table
     previous = _in_source_order(previous)
     rejects = SortedSpill(folder, REJECTS_SCHEMA, "source", "rejects")
-    rejects.add(rejects_table(listing.rejects))
-    listed_rejects = pa.array([r.source for r in listing.rejects], pa.string())
+    listed = rejects_table(listing.rejects)
+    rejects.add(listed)
+    listed_rejects = listed.column("source").combine_chunks()
     count = bucket_count(max(files.num_rows, previous.samples.num_rows if previous else 0))
     names: set[str] = set()
     matched = 0

@@ -65,11 +65,9 @@ def rejects_table(rejects: Iterable[SourceReject]) -> pa.Table:
 
     from etl.format.manifest import REJECTS_SCHEMA
 
-    fields = ("source", "reason", "message", "size", "mtime_ns", "ctime_ns", "inode")
+    fields = ("source", "reason", "message", "size", "mtime_ns", "ctime_ns", "inode", "source_hash")
     rows = list(rejects)
-    columns = [[getattr(r, name) for r in rows] for name in fields]
-    columns.append([r.source_hash for r in rows])
-    return pa.table(columns, schema=REJECTS_SCHEMA)
+    return pa.table([[getattr(r, name) for r in rows] for name in fields], schema=REJECTS_SCHEMA)
 
 
 class FileStat(NamedTuple):
@@ -266,7 +264,9 @@ class _UniqueSources:
     piece, which may hold more of them."""
 
     def __init__(self, drop: Collection[str]) -> None:
-        self.drop = drop
+        import pyarrow as pa
+
+        self.drop = pa.array(sorted(drop), pa.string()) if drop else None
         self.duplicates: list[str] = []
         self.dropped: list[str] = []
 
@@ -304,8 +304,8 @@ class _UniqueSources:
         keep = ~repeated
         if repeated.any():
             self.duplicates += pc.unique(sources.filter(pa.array(repeated))).to_pylist()
-        if self.drop:
-            listed = pc.is_in(sources, value_set=pa.array(list(self.drop), pa.string()))
+        if self.drop is not None:
+            listed = pc.is_in(sources, value_set=self.drop)
             dropped = listed.to_numpy(zero_copy_only=False) & keep
             self.dropped += sources.filter(pa.array(dropped)).to_pylist()
             keep &= ~dropped
