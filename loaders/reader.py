@@ -8,6 +8,7 @@ processes: a pickled reader carries only the shard table and reopens what it nee
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 from collections.abc import Iterable, Iterator
@@ -22,7 +23,9 @@ from etl.errors import ShardError
 from etl.format.checksums import file_digests
 from etl.format.shards import check_shard, open_shard
 from loaders.catalog import ShardSet
-from loaders.span import SUPPORTED, ShardSpan
+from loaders.span import SUPPORTED, ShardSpan, runs
+
+_PAGE = mmap.PAGESIZE
 
 _VERIFIED: set[tuple[str, int, int, int, str, str]] = set()
 """Shards whose checksum this process (or the parent it forked from) has checked.
@@ -48,11 +51,11 @@ def verify_shard(path: os.PathLike[str] | str, algorithm: str, expected: str) ->
     _VERIFIED.add(key)
 
 
-def advise_file(path: Path, advice: str) -> None:
-    """`posix_fadvise` of the whole file at `path`: 'WILLNEED' (read it ahead) or 'DONTNEED'
-    (drop its clean, unmapped pages from the page cache). Advice only: where it cannot be given
-    (a file that cannot be opened, which reading it names; no posix_fadvise, as on macOS),
-    nothing happens."""
+def advise_file(path: Path, advice: str, ranges: Iterable[tuple[int, int]] = ((0, 0),)) -> None:
+    """`posix_fadvise` of the file at `path`, of the whole file or of (offset, length) `ranges`:
+    'WILLNEED' (read it ahead) or 'DONTNEED' (drop its clean, unmapped pages from the page
+    cache). Advice only: where it cannot be given (a file that cannot be opened, which reading
+    it names; no posix_fadvise, as on macOS), nothing happens."""
     fadvise, flag = getattr(os, "posix_fadvise", None), getattr(os, f"POSIX_FADV_{advice}", None)
     if fadvise is None or flag is None:
         return
@@ -61,11 +64,31 @@ def advise_file(path: Path, advice: str) -> None:
     except OSError:
         return
     try:
-        fadvise(fd, 0, 0, flag)
+        for offset, length in ranges:
+            fadvise(fd, offset, length, flag)
     except OSError:
         pass
     finally:
         os.close(fd)
+
+
+def row_pages(rows: NDArray[np.int64], row_bytes: int, header: int) -> list[tuple[int, int]]:
+    """(offset, length) of the whole pages holding `rows` of a file whose rows of `row_bytes`
+    start after `header` bytes: one range per run of consecutive rows, widened to page bounds
+    (the kernel drops whole pages only, so a narrower range would leave each run's edge pages
+    behind; a neighbour row that shares one is faulted in again, one page).
+
+    NOTE [ large folios ]: the kernel keeps a cached folio (a block of pages, up to the
+    readahead size on ext4 since Linux 6.16) that the range covers only in part. Folios read in
+    by mmap faults and MADV_WILLNEED, as the reader's are, are small; a file first read with
+    buffered `read` (np.load, cp) may keep a run's edge folios cached.
+    """
+    firsts, lasts = runs(rows)
+    starts = header + firsts * row_bytes
+    starts -= starts % _PAGE
+    ends = header + (lasts + 1) * row_bytes
+    ends += -ends % _PAGE
+    return list(zip(starts.tolist(), (ends - starts).tolist(), strict=True))
 
 
 class ShardReader:
@@ -82,7 +105,7 @@ class ShardReader:
     span (the row-by-row fallback) nothing is advised.
 
     `drop_behind` (default off; needs `release_every`) also asks the kernel, at each release,
-    to drop the page cache of the shards read since the last one (`posix_fadvise` DONTNEED), so
+    to drop the pages of the rows read since the last one (`posix_fadvise` DONTNEED), so
     an epoch over a dataset larger than memory leaves at most about `release_every` of it
     cached per process instead of evicting everything else. Off for a dataset that fits in
     memory: the next epoch would read it from disk again.
@@ -117,8 +140,8 @@ class ShardReader:
         self.release_every = release_every
         self.readahead = readahead
         self.drop_behind = drop_behind
-        self._read_shards: set[int] = set()
-        """Shards read since the last release: what `drop_behind` drops."""
+        self._read: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = []
+        """(shards, rows) read since the last release: what `drop_behind` drops."""
         self.sample_bytes = int(np.prod(shards.sample_shape))
         self._arrays: dict[int, NDArray[np.uint8]] = {}
         self._flat: dict[int, memoryview] = {}
@@ -177,13 +200,13 @@ class ShardReader:
     def row(self, shard: int, row: int) -> NDArray[np.uint8]:
         """A copy of one sample."""
         sample = np.array(self.array(shard)[row])
-        self._count(sample.nbytes, (shard,))
+        self._count(sample.nbytes, np.array([shard]), np.array([row]))
         return sample
 
-    def _count(self, nbytes: int, shards: Iterable[int]) -> None:
+    def _count(self, nbytes: int, shards: NDArray[np.int64], rows: NDArray[np.int64]) -> None:
         self._read_since_release += nbytes
         if self.drop_behind:
-            self._read_shards.update(shards)
+            self._read.append((shards.astype(np.int64), rows.astype(np.int64)))
         if self.release_every is not None and self._read_since_release >= self.release_every:
             self.release()
 
@@ -197,9 +220,23 @@ class ShardReader:
                 self._span.close()
                 self._span = None
             self._read_since_release = 0
-            for shard in sorted(self._read_shards):
-                advise_file(self.shards.path(shard), "DONTNEED")
-            self._read_shards.clear()
+            if self._read:
+                self._drop(*map(np.concatenate, zip(*self._read, strict=True)))
+                self._read.clear()
+
+    def _drop(self, shards: NDArray[np.int64], rows: NDArray[np.int64]) -> None:
+        """Drop the pages of these rows (not whole shards) from the page cache: rows not read
+        yet stay, whether mmap's readahead or another worker brought them in."""
+        order = np.argsort(shards, kind="stable")
+        shards, rows = shards[order], rows[order]
+        cut = np.flatnonzero(np.diff(shards)) + 1
+        for shard, read in zip(shards[np.r_[0, cut]].tolist(), np.split(rows, cut), strict=True):
+            path = self.shards.path(shard)
+            try:
+                header = path.stat().st_size - int(self.shards.rows[shard]) * self.sample_bytes
+            except OSError:
+                continue  # gone: nothing of it to drop, and the next read names it
+            advise_file(path, "DONTNEED", row_pages(read, self.sample_bytes, header))
 
     def close(self, shard: int) -> None:
         """Drop one shard's mapping (its pages leave this process's RSS; the page cache keeps
@@ -267,8 +304,7 @@ class ShardReader:
                 span.take(span_rows, out)
             else:
                 self._gather_rows(shard, row, out)
-            read = np.unique(shard).tolist() if self.drop_behind else ()
-            self._count(n * self.sample_bytes, read)
+            self._count(n * self.sample_bytes, shard, row)
 
     def _gather_rows(
         self, shard: NDArray[np.int64], row: NDArray[np.int64], out: NDArray[np.uint8]

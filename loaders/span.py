@@ -108,6 +108,16 @@ def layout(rows: NDArray[np.int64], row_bytes: int, offset: int) -> NDArray[np.i
     return firsts
 
 
+def runs(rows: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """The first and last row of each run of consecutive rows in `rows` (any order, repeats
+    allowed), ascending: [3, 1, 2, 7] -> ([1, 7], [3, 7]). A pure function."""
+    unique = np.unique(rows)
+    if not len(unique):
+        return unique, unique
+    cut = np.flatnonzero(np.diff(unique) != 1) + 1
+    return unique[np.r_[0, cut]], unique[np.r_[cut - 1, len(unique) - 1]]
+
+
 class ShardSpan:
     """The rows of every shard as one read-only [rows, row_bytes] array; shards mapped lazily.
 
@@ -180,11 +190,7 @@ class ShardSpan:
         page fault at a time. One call per run of consecutive rows; rows of unmapped shards
         (zero pages) cost nothing. Advice only: errors are ignored, nothing is waited for."""
         assert _LIBC is not None and self._array is not None, "span used after close"
-        rows = np.unique(span_rows)
-        if not len(rows):
-            return
-        cut = np.flatnonzero(np.diff(rows) != 1) + 1
-        firsts, lasts = rows[np.r_[0, cut]], rows[np.r_[cut - 1, len(rows) - 1]]
+        firsts, lasts = runs(span_rows)
         origin = self._array.ctypes.data  # span row 0
         starts = origin + firsts * self.row_bytes
         ends = origin + (lasts + 1) * self.row_bytes

@@ -5,14 +5,17 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from packed import Packed, make_packed
 
 from loaders import ShardReader, open_catalog
-from loaders.reader import advise_file
+from loaders.reader import advise_file, row_pages
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +133,97 @@ def test_drop_behind_takes_what_was_read_out_of_the_page_cache(
         assert max(cached) < 0.1, cached
     else:
         assert min(cached) > 0.9, cached
+
+
+def row_cached(path: Path, rows: int, row_bytes: int) -> np.ndarray:
+    """The fraction of each row's pages in the page cache, by row (`mincore`, as above)."""
+    size = path.stat().st_size
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        view = np.frombuffer(mapped, dtype=np.uint8)
+        pages = -(-size // mmap.PAGESIZE)
+        state = (ctypes.c_ubyte * pages)()
+        assert libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size), state) == 0
+        del view
+    page_in = np.frombuffer(state, dtype=np.uint8) & 1
+    start = size - rows * row_bytes  # rows end the file; the .npy header comes before them
+    return np.array(
+        [
+            page_in[
+                (start + r * row_bytes) // mmap.PAGESIZE : -(
+                    -(start + (r + 1) * row_bytes) // mmap.PAGESIZE
+                )
+            ].mean()
+            for r in range(rows)
+        ]
+    )
+
+
+def test_drop_behind_drops_only_the_rows_read(tmp_path: Path) -> None:
+    """With every shard in the page cache, a reader reads rows 0-15 and 32-47 of shards 0 and
+    2 in a random order and releases: those rows leave the cache, the rows it did not read stay
+    (another worker's, or mmap readahead's, next reads), and shards 1 and 3 are untouched. A
+    neighbour of a read row may lose the page the two share."""
+    built = make_packed(tmp_path, shard_sizes=(64, 64, 64, 64), sample_shape=(64, 64, 3), orphans=0)
+    shards = open_catalog(built.root).select().shards
+    paths = [shards.path(s) for s in range(4)]
+    row_bytes = 64 * 64 * 3
+    for path in paths:
+        with open(path, "rb+") as f:
+            os.fsync(f.fileno())  # clean pages: only those can be dropped
+        advise_file(path, "DONTNEED")
+    if max(cached_fraction(path) for path in paths) > 0.5:
+        pytest.skip("this filesystem keeps its page cache on advice (tmpfs?)")
+    for path in paths:  # cache every page, in small folios (see `row_pages`)
+        advise_file(path, "WILLNEED")
+    deadline = time.monotonic() + 10
+    while min(cached_fraction(path) for path in paths) < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert min(cached_fraction(path) for path in paths) == 1
+    expected = [np.load(path) for path in paths]
+    read = np.r_[0:16, 32:48]
+    shard = np.repeat([0, 2], len(read))
+    row = np.tile(read, 2)
+    order = np.random.default_rng(0).permutation(len(row))
+    reader = ShardReader(shards, release_every=1 << 30, drop_behind=True)
+    for batch in np.array_split(order, 4):
+        out = np.empty((len(batch), 64, 64, 3), dtype=np.uint8)
+        reader.gather(shard[batch], row[batch], out)
+        np.testing.assert_array_equal(
+            out, np.stack([expected[s][r] for s, r in zip(shard[batch], row[batch], strict=True)])
+        )
+    reader.release()
+    unread = np.r_[17:31, 49:64]  # not read, and not next to a row read
+    for s in range(4):
+        cached = row_cached(paths[s], 64, row_bytes)
+        if s in (0, 2):
+            assert cached[read].max() == 0, (s, cached[read])
+        else:
+            assert cached[read].min() == 1, (s, cached[read])
+        assert cached[unread].min() == 1, (s, cached[unread])
+
+
+@given(
+    rows=st.lists(st.integers(0, 199), max_size=60),
+    row_bytes=st.sampled_from([1, 3000, 4096, 12288, 150528]),
+    header=st.sampled_from([0, 128, 4095]),
+)
+def test_row_pages_are_the_pages_the_rows_touch(rows: list[int], row_bytes: int, header: int):
+    """The ranges cover exactly the pages holding a byte of a row read, in whole pages."""
+    page = mmap.PAGESIZE
+    ranges = row_pages(np.array(rows, dtype=np.int64), row_bytes, header)
+    covered = set()
+    for start, length in ranges:
+        assert start % page == 0 and length % page == 0 and length > 0
+        covered.update(range(start // page, (start + length) // page))
+    touched = {
+        p
+        for r in set(rows)
+        for p in range(
+            (header + r * row_bytes) // page, (header + (r + 1) * row_bytes - 1) // page + 1
+        )
+    }
+    assert covered == touched
 
 
 def test_drop_behind_needs_a_window(packed: Packed) -> None:
