@@ -93,17 +93,21 @@ def test_empty_and_wrong_outputs(packed: Packed, use_span: bool) -> None:
             reader.gather(np.array([0, shard]), np.array([0, row]), two)
 
 
-def cached_fraction(path: Path) -> float:
-    """The fraction of the file's pages in the page cache (`mincore` on a fresh mapping)."""
+def cached_pages(path: Path) -> np.ndarray:
+    """1 for each page of the file in the page cache, else 0 (`mincore` on a fresh mapping)."""
     size = path.stat().st_size
     libc = ctypes.CDLL(None, use_errno=True)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
         view = np.frombuffer(mapped, dtype=np.uint8)
-        pages = -(-size // mmap.PAGESIZE)
-        state = (ctypes.c_ubyte * pages)()
+        state = (ctypes.c_ubyte * -(-size // mmap.PAGESIZE))()
         assert libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size), state) == 0
         del view
-    return sum(s & 1 for s in state) / pages
+    return np.frombuffer(state, dtype=np.uint8) & 1
+
+
+def cached_fraction(path: Path) -> float:
+    """The fraction of the file's pages in the page cache."""
+    return float(cached_pages(path).mean())
 
 
 @pytest.mark.parametrize("drop_behind", [False, True])
@@ -136,27 +140,11 @@ def test_drop_behind_takes_what_was_read_out_of_the_page_cache(
 
 
 def row_cached(path: Path, rows: int, row_bytes: int) -> np.ndarray:
-    """The fraction of each row's pages in the page cache, by row (`mincore`, as above)."""
-    size = path.stat().st_size
-    libc = ctypes.CDLL(None, use_errno=True)
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        view = np.frombuffer(mapped, dtype=np.uint8)
-        pages = -(-size // mmap.PAGESIZE)
-        state = (ctypes.c_ubyte * pages)()
-        assert libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size), state) == 0
-        del view
-    page_in = np.frombuffer(state, dtype=np.uint8) & 1
-    start = size - rows * row_bytes  # rows end the file; the .npy header comes before them
-    return np.array(
-        [
-            page_in[
-                (start + r * row_bytes) // mmap.PAGESIZE : -(
-                    -(start + (r + 1) * row_bytes) // mmap.PAGESIZE
-                )
-            ].mean()
-            for r in range(rows)
-        ]
-    )
+    """The fraction of each row's pages in the page cache, by row."""
+    page_in, page = cached_pages(path), mmap.PAGESIZE
+    start = path.stat().st_size - rows * row_bytes  # rows end the file, after the header
+    bounds = [(start + r * row_bytes, start + (r + 1) * row_bytes) for r in range(rows)]
+    return np.array([page_in[a // page : -(-b // page)].mean() for a, b in bounds])
 
 
 def test_drop_behind_drops_only_the_rows_read(tmp_path: Path) -> None:
