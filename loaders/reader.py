@@ -107,8 +107,11 @@ class ShardReader:
     `drop_behind` (default off; needs `release_every`) also asks the kernel, at each release,
     to drop the pages of the rows read since the last one (`posix_fadvise` DONTNEED), so
     an epoch over a dataset larger than memory leaves at most about `release_every` of it
-    cached per process instead of evicting everything else. Off for a dataset that fits in
-    memory: the next epoch would read it from disk again.
+    cached per process instead of evicting everything else. Rows not read yet stay, whoever
+    fetched them. It also reads exactly what is asked: every batch is advised (whatever
+    `readahead` says) and the kernel's own readahead is off (MADV_RANDOM), which would
+    otherwise bring in up to read_ahead_kb around each fault that no drop would name. Off for
+    a dataset that fits in memory: the next epoch would read it from disk again.
 
     NOTE [ readahead ]: measured with benchmarks/bench_cold.py (5,000 samples of 147 KiB, page
     cache dropped before each epoch, 2-core VM with a ~1 GB/s virtual disk): random batches
@@ -264,7 +267,9 @@ class ShardReader:
                 path = self._checked_path(s)
                 offset = check_shard(path, self.shards.sample_shape, int(self.shards.rows[s]))
             if span is None:
-                span = self._span = ShardSpan(self.shards.rows, self.sample_bytes, offset)
+                span = self._span = ShardSpan(
+                    self.shards.rows, self.sample_bytes, offset, exact=self.drop_behind
+                )
             if offset != span.offset:  # a header length this span cannot place: see ShardSpan
                 self.use_span = False
                 span.close()
@@ -299,7 +304,7 @@ class ShardReader:
             span = self._spanned(shard) if self.use_span else None
             if span is not None:
                 span_rows = span.first[shard] + row
-                if self.readahead and not span.resident(span_rows):
+                if span.exact or (self.readahead and not span.resident(span_rows)):
                     span.advise(span_rows)
                 span.take(span_rows, out)
             else:

@@ -42,6 +42,7 @@ _MAP_FIXED = 0x10  # the same value on Linux and macOS; the mmap module does not
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _PAGE = mmap.PAGESIZE
 _WILLNEED = getattr(mmap, "MADV_WILLNEED", 3)  # 3 on Linux and macOS
+_RANDOM = getattr(mmap, "MADV_RANDOM", 1)  # 1 on Linux and macOS
 
 
 def _libc() -> ctypes.CDLL:
@@ -128,13 +129,18 @@ class ShardSpan:
     which stay valid there.
     """
 
-    def __init__(self, rows: NDArray[np.int64], row_bytes: int, offset: int) -> None:
+    def __init__(
+        self, rows: NDArray[np.int64], row_bytes: int, offset: int, exact: bool = False
+    ) -> None:
         if not SUPPORTED:
             raise OSError("a shard span needs mmap with MAP_FIXED (Linux or macOS)")
         if not 0 <= offset < _PAGE:
             raise ValueError(f"a span needs a header shorter than a page, got {offset} bytes")
         self.row_bytes = row_bytes
         self.offset = offset
+        self.exact = exact
+        """Map with MADV_RANDOM: a fault reads its own page and the kernel reads nothing
+        ahead, so the page cache holds only what `advise` asked for and what was read."""
         self.rows = np.asarray(rows, dtype=np.int64)
         bounds = layout(self.rows, row_bytes, offset)
         self.first = bounds[:-1]
@@ -161,6 +167,9 @@ class ShardSpan:
             _map(address, length, mmap.MAP_SHARED | _MAP_FIXED, fd)
         finally:
             os.close(fd)
+        if self.exact:
+            assert _LIBC is not None
+            _LIBC.madvise(address, length, _RANDOM)
         self.mapped[shard] = True
 
     def unmap(self, shard: int) -> None:

@@ -191,6 +191,34 @@ def test_drop_behind_drops_only_the_rows_read(tmp_path: Path) -> None:
         assert cached[unread].min() == 1, (s, cached[unread])
 
 
+@pytest.mark.parametrize("readahead", [True, False])
+def test_drop_behind_leaves_nothing_read_ahead(tmp_path: Path, readahead: bool) -> None:
+    """From a cold page cache, a reader with `drop_behind` reads a run of rows and a few
+    scattered ones and releases: the shards' pages are gone again, the few header pages its
+    open reads aside. The kernel's own readahead (which on a disk with a large read_ahead_kb
+    brings in megabytes around each fault) would have left what it read and nobody asked for."""
+    built = make_packed(tmp_path, shard_sizes=(64, 64, 64, 64), sample_shape=(64, 64, 3), orphans=0)
+    shards = open_catalog(built.root).select().shards
+    paths = [shards.path(s) for s in range(4)]
+    expected = [np.load(path) for path in paths]
+    for path in paths:
+        with open(path, "rb+") as f:
+            os.fsync(f.fileno())
+        advise_file(path, "DONTNEED")
+    if max(cached_fraction(path) for path in paths) > 0.5:
+        pytest.skip("this filesystem keeps its page cache on advice (tmpfs?)")
+    shard, row = np.array([0] * 8 + [2, 2, 2]), np.r_[8:16, 40, 3, 22]
+    reader = ShardReader(shards, release_every=1 << 30, readahead=readahead, drop_behind=True)
+    out = np.empty((len(row), 64, 64, 3), dtype=np.uint8)
+    reader.gather(shard, row, out)
+    np.testing.assert_array_equal(
+        out, np.stack([expected[s][r] for s, r in zip(shard, row, strict=True)])
+    )
+    reader.release()
+    left = [int(cached_pages(path).sum()) for path in paths]
+    assert max(left) <= 8, left  # of 193 pages a shard
+
+
 @given(
     rows=st.lists(st.integers(0, 199), max_size=60),
     row_bytes=st.sampled_from([1, 3000, 4096, 12288, 150528]),
