@@ -160,6 +160,47 @@ def test_bad_listing_rows_are_rejects_naming_their_line(tmp_path: Path) -> None:
     assert listing.listed == 9
 
 
+def long_listing(folder: Path, rows: int, twice_at: int | None = None) -> list[str]:
+    """A listing of `rows` lines after the header (about 3 MB for 120k: several of Arrow's
+    1 MiB read blocks), labels all digits ('007'); lines 3 and rows - 10 name real files, two
+    lines in later blocks have a field too many, the rest name missing files; with
+    `twice_at`, that line names line 3's file again. Returns the file's lines."""
+    touch(folder / "a.jpg")
+    touch(folder / "b.jpg")
+    lines = ["path,label"] + [f"missing/{i:08d}.jpg,007" for i in range(2, rows + 2)]
+    lines[3 - 1] = "a.jpg,007"
+    lines[rows - 10 - 1] = "b.jpg,007"
+    for bad in (50_000, 100_000):
+        lines[bad - 1] += ",extra"
+    if twice_at is not None:
+        lines[twice_at - 1] = "./a.jpg,007"
+    (folder / "list.csv").write_text("\n".join(lines) + "\n")
+    return lines
+
+
+def test_a_long_listing_is_read_a_block_at_a_time(tmp_path: Path) -> None:
+    """Labels of digits stay text ('007', not 7) in every block, bad rows in later blocks are
+    rejects naming their lines, and every row is accounted for."""
+    lines = long_listing(tmp_path, 120_000)
+    listing = list_listing(ListingSource(path=tmp_path / "list.csv"))
+    assert [(f.source, f.class_name) for f in listing.files] == [("a.jpg", "007"), ("b.jpg", "007")]
+    bad = sorted(r.message.split(": ")[0] for r in listing.rejects if r.reason == "bad_row")
+    assert bad == [f"{tmp_path / 'list.csv'}:{n}" for n in (100_000, 50_000)]
+    assert listing.listed == len(lines) - 1
+    assert len(listing.rejects) == len(lines) - 1 - 2
+
+
+def test_a_path_listed_twice_far_apart_names_both_lines(tmp_path: Path) -> None:
+    """The second mention is in a later block, after two skipped bad rows: the error names the
+    file's own line numbers and the cell as written."""
+    long_listing(tmp_path, 120_000, twice_at=110_000)
+    with pytest.raises(SourceError) as raised:
+        list_listing(ListingSource(path=tmp_path / "list.csv"))
+    assert str(raised.value) == (
+        f"{tmp_path / 'list.csv'}:line 110000: path './a.jpg' is listed twice (also line 3)"
+    )
+
+
 def test_listing_kind_must_be_known(tmp_path: Path) -> None:
     (tmp_path / "list.json").write_text("{}")
     with pytest.raises(SourceError, match=r"must be \.csv"):

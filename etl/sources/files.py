@@ -133,16 +133,21 @@ def _stat_file(source: str, path: str, max_bytes: int) -> FileStat | SourceRejec
     return found
 
 
-def read_listing_table(
+def listing_batches(
     path: Path,
     text_columns: tuple[str, ...] = (),
     bad_rows: list[tuple[int, str]] | None = None,
     byte_columns: tuple[str, ...] = (),
-) -> pa.Table:
-    """`text_columns` are read from CSV as strings, never inferred as numbers ('007' stays);
+) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """The schema of a CSV/TSV/Parquet listing and its rows, a batch at a time (a 10M-row
+    listing is never whole in memory).
+
+    `text_columns` are read from CSV as strings, never inferred as numbers ('007' stays);
     `byte_columns` as bytes, in any encoding (file names need not be UTF-8). With `bad_rows`, a
     CSV row with the wrong number of fields is skipped and recorded there as (line number,
-    text); without it, it is an error naming the line."""
+    text) before the batch it would have been in is yielded; without it, it is an error naming
+    the line. An unreadable file is a SourceError, on opening or at the batch that fails.
+    """
 
     def skip(row: Any) -> str:
         assert bad_rows is not None
@@ -156,11 +161,16 @@ def read_listing_table(
     import pyarrow.parquet as pq
 
     suffix = path.suffix.lower()
+    if suffix not in (".parquet", ".csv", ".tsv"):
+        raise SourceError(
+            f"{path}: listing must be .csv, .tsv or .parquet, not {suffix or 'no suffix'}"
+        )
     try:
         if suffix == ".parquet":
-            return pq.read_table(path)
-        if suffix in (".csv", ".tsv"):
-            return pacsv.read_csv(
+            parquet = pq.ParquetFile(path)
+            schema, batches = parquet.schema_arrow, parquet.iter_batches(LISTING_BATCH)
+        else:
+            reader = pacsv.open_csv(
                 path,
                 # NOTE: one thread, so the handler sees every bad row with its line number
                 read_options=pacsv.ReadOptions(use_threads=bad_rows is None),
@@ -168,6 +178,9 @@ def read_listing_table(
                     delimiter="\t" if suffix == ".tsv" else ",",
                     invalid_row_handler=skip if bad_rows is not None else None,
                 ),
+                # NOTE: types are inferred from the first block and then fixed, so every column
+                # a caller reads as text is named: a label column of digits that turns to
+                # words a million rows later is not an error
                 convert_options=pacsv.ConvertOptions(
                     strings_can_be_null=True,
                     column_types={
@@ -176,11 +189,29 @@ def read_listing_table(
                     },
                 ),
             )
+            schema, batches = reader.schema, reader
     except (pa.ArrowInvalid, OSError) as exc:
         raise SourceError(f"{path}: cannot read listing ({exc})") from None
-    raise SourceError(
-        f"{path}: listing must be .csv, .tsv or .parquet, not {suffix or 'no suffix'}"
-    )
+
+    def checked() -> Iterator[pa.RecordBatch]:
+        try:
+            yield from batches
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise SourceError(f"{path}: cannot read listing ({exc})") from None
+
+    return schema, checked()
+
+
+LISTING_BATCH = 1 << 14
+"""Rows of a listing read at a time."""
+
+
+def read_listing_table(path: Path, text_columns: tuple[str, ...] = ()) -> pa.Table:
+    """A small listing read whole (`listing_batches`)."""
+    import pyarrow as pa
+
+    schema, batches = listing_batches(path, text_columns)
+    return pa.Table.from_batches(list(batches), schema)
 
 
 def table_column(table: pa.Table, name: str, path: Path, required: bool) -> list[str | None] | None:
@@ -201,11 +232,17 @@ def table_column(table: pa.Table, name: str, path: Path, required: bool) -> list
 
 def _line_names(path: Path, bad_rows: list[tuple[int, str]]) -> Iterator[str]:
     """How an error names each row of the table, in order: 'row i' in Parquet; in CSV its
-    line (the header is line 1), counting the skipped bad rows' lines."""
+    line (the header is line 1), counting the skipped bad rows' lines. `bad_rows` may grow
+    while this is read, as long as it holds every bad row before the row asked for."""
     if path.suffix.lower() == ".parquet":
-        return (f"row {i}" for i in itertools.count())
-    skipped = {number for number, _ in bad_rows}
-    return (f"line {n}" for n in itertools.count(2) if n not in skipped)
+        yield from (f"row {i}" for i in itertools.count())
+        return
+    passed = 0
+    for number in itertools.count(2):
+        while passed < len(bad_rows) and bad_rows[passed][0] < number:
+            passed += 1
+        if passed == len(bad_rows) or bad_rows[passed][0] != number:
+            yield f"line {number}"
 
 
 def _line_name(path: Path, bad_rows: list[tuple[int, str]], row: int) -> str:
@@ -213,33 +250,38 @@ def _line_name(path: Path, bad_rows: list[tuple[int, str]], row: int) -> str:
     return next(itertools.islice(_line_names(path, bad_rows), row, None))
 
 
+def _cell(path: Path, column: str, row: int) -> str | None:
+    """The text of one cell of a listing, read again (for an error message)."""
+    _, batches = listing_batches(path, bad_rows=[], byte_columns=(column,))
+    for batch in batches:
+        if row < batch.num_rows:
+            (value,) = table_column(batch.slice(row, 1), column, path, required=True) or [None]
+            return value
+        row -= batch.num_rows
+    return None
+
+
 def list_listing(config: ListingSource, context: ListContext | None = None) -> SourceListing:
     """Read a listing; paths are relative to the listing file's folder. A row that cannot be a
     sample (malformed, empty, absolute, leading out of the folder, not a regular file) is a
     reject naming its line; only a path listed twice stops the run, naming both lines.
 
-    The table is read whole (Arrow), its cells a batch of rows at a time as Python values; a
-    path listed twice is found on the sorted listing (`ListingBuilder`), not in a set."""
+    The table is read a batch of rows at a time, its cells as Python values; a path listed
+    twice is found on the sorted listing (`ListingBuilder`), not in a set."""
     listing = config.path
     if not listing.is_file():
         raise SourceError(f"source.path: {listing} is not a file")
     bad_rows: list[tuple[int, str]] = []
-    table = read_listing_table(listing, bad_rows=bad_rows, byte_columns=(config.path_column,))
+    text = tuple(c for c in (config.label_column, config.split_column) if c)
+    schema, batches = listing_batches(listing, text, bad_rows, (config.path_column,))
     for name in (config.path_column, config.label_column):
-        table_column(table.slice(0, 0), name, listing, required=True)
+        table_column(schema.empty_table(), name, listing, required=True)
     base = listing.parent
     real_base = os.path.realpath(base) + os.sep
     taken = ListingBuilder(context.scratch if context is not None else None)
-    for number, text in bad_rows:
-        where = f"{listing}:{number}"
-        taken.reject(
-            SourceReject(
-                f"{listing.name} line {number}", "bad_row", f"{where}: malformed row {text[:80]!r}"
-            )
-        )
     line_of = _line_names(listing, bad_rows)
     met = Occurrences()
-    for batch in table.to_batches(max_chunksize=FileColumnsBuilder.BATCH):
+    for batch in batches:
         rows = batch.num_rows
         paths = table_column(batch, config.path_column, listing, required=True)
         labels = table_column(batch, config.label_column, listing, required=True)
@@ -274,14 +316,22 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
                 taken.reject(outcome.reject(source, "unknown_label", f"{line} has no label"))
             else:
                 taken.files.add(source, full, label.strip(), outcome, split or None)
+    for number, text_of_row in bad_rows:
+        where = f"{listing}:{number}"
+        taken.reject(
+            SourceReject(
+                f"{listing.name} line {number}",
+                "bad_row",
+                f"{where}: malformed row {text_of_row[:80]!r}",
+            )
+        )
     found = taken.build(lambda source: ("duplicate_path", "listed twice"))
     if taken.duplicated:
         *before, last = met.positions(taken.duplicated[0])
-        cell = table_column(table.slice(last, 1), config.path_column, listing, required=True)
-        assert cell is not None
+        raw_path = _cell(listing, config.path_column, last)
         also = ", ".join(_line_name(listing, bad_rows, i) for i in before)
         raise SourceError(
-            f"{listing}:{_line_name(listing, bad_rows, last)}: path {cell[0]!r} is listed twice "
-            f"(also {also})"
+            f"{listing}:{_line_name(listing, bad_rows, last)}: path {raw_path!r} is listed "
+            f"twice (also {also})"
         )
     return found
