@@ -206,14 +206,6 @@ LISTING_BATCH = 1 << 14
 """Rows of a listing read at a time."""
 
 
-def read_listing_table(path: Path, text_columns: tuple[str, ...] = ()) -> pa.Table:
-    """A small listing read whole (`listing_batches`)."""
-    import pyarrow as pa
-
-    schema, batches = listing_batches(path, text_columns)
-    return pa.Table.from_batches(list(batches), schema)
-
-
 def table_column(table: pa.Table, name: str, path: Path, required: bool) -> list[str | None] | None:
     if name not in table.column_names:
         if required:
@@ -245,12 +237,12 @@ def _line_names(path: Path, bad_rows: list[tuple[int, str]]) -> Iterator[str]:
             yield f"line {number}"
 
 
-def _line_name(path: Path, bad_rows: list[tuple[int, str]], row: int) -> str:
+def line_name(path: Path, bad_rows: list[tuple[int, str]], row: int) -> str:
     """`_line_names` of row `row` alone."""
     return next(itertools.islice(_line_names(path, bad_rows), row, None))
 
 
-def _cell(path: Path, column: str, row: int) -> str | None:
+def listing_cell(path: Path, column: str, row: int) -> str | None:
     """The text of one cell of a listing, read again (for an error message)."""
     _, batches = listing_batches(path, bad_rows=[], byte_columns=(column,))
     for batch in batches:
@@ -328,10 +320,10 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
     found = taken.build(lambda source: ("duplicate_path", "listed twice"))
     if taken.duplicated:
         *before, last = met.positions(taken.duplicated[0])
-        raw_path = _cell(listing, config.path_column, last)
-        also = ", ".join(_line_name(listing, bad_rows, i) for i in before)
+        raw_path = listing_cell(listing, config.path_column, last)
+        also = ", ".join(line_name(listing, bad_rows, i) for i in before)
         raise SourceError(
-            f"{listing}:{_line_name(listing, bad_rows, last)}: path {raw_path!r} is listed "
+            f"{listing}:{line_name(listing, bad_rows, last)}: path {raw_path!r} is listed "
             f"twice (also {also})"
         )
     return found

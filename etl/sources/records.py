@@ -11,7 +11,6 @@ import pickle
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,7 +30,7 @@ from etl.sources.base import (
     SourceReject,
     label_text,
 )
-from etl.sources.files import read_listing_table, table_column
+from etl.sources.key_labels import KeyLabels
 
 
 def list_lmdb(config: LmdbSource, context: ListContext) -> SourceListing:
@@ -39,7 +38,7 @@ def list_lmdb(config: LmdbSource, context: ListContext) -> SourceListing:
     is the key as `names.to_source` spells it. Every value is read and hashed here
     (memory-mapped, no copy), so a value whose bytes changed is packed again even when its
     length did not change. A pickled value is a `pickle` reject unless allow_pickle."""
-    labels = _key_labels(config.labels) if config.labels is not None else None
+    labels = KeyLabels(config.labels) if config.labels is not None else None
     env = record_values.open_lmdb(config.path)
     taken = ListingBuilder(context.scratch)
     with env.begin(buffers=True) as txn:
@@ -63,7 +62,7 @@ def _lmdb_sample(
     source: str,
     value: memoryview,
     config: LmdbSource,
-    labels: Mapping[str, tuple[str | None, str | None]] | None,
+    labels: KeyLabels | None,
     checksum: str,
 ) -> tuple[str, FileStat, str | None, str] | SourceReject:
     """One key's (class name, stat, split, content hash), or its reject. The stat's size and
@@ -88,7 +87,7 @@ def _lmdb_sample(
         return reject("unreadable", f"pickled record: {type(exc).__name__}: {exc}")
     split: str | None = None
     if labels is not None:
-        label, split = labels.get(source, (None, None))
+        label, split = labels.get(source)
         if label is None:
             return reject("unknown_label", f"key not in {config.labels} (or its label is empty)")
     else:
@@ -161,40 +160,6 @@ def _keys_entry_names(raw: bytes, config: LmdbSource, where: str) -> list[str | 
     if not isinstance(names, list | tuple) or not all(isinstance(n, str | bytes) for n in names):
         raise SourceError(f"{where}: expected a list of key strings")
     return list(names)
-
-
-def _key_labels(path: Path) -> dict[str, tuple[str | None, str | None]]:
-    """key -> (label or None, split or None) from a CSV/TSV/Parquet file with columns key,
-    label and optionally split. Keys are spelt as `source` (see etl/names.py)."""
-    if not path.is_file():
-        raise SourceError(f"source.labels: {path} is not a file")
-    table = read_listing_table(path, text_columns=("key", "label", "split"))
-    for name in ("key", "label"):
-        if name not in table.column_names:
-            raise SourceError(
-                f"{path}: no column {name!r}; columns are {table.column_names} "
-                "(expected key, label and optionally split)"
-            )
-    keys = table_column(table, "key", path, required=True)
-    labels = table_column(table, "label", path, required=True)
-    splits = table_column(table, "split", path, required=False)
-    assert keys is not None and labels is not None
-    line_of = (
-        (lambda i: f"row {i}") if path.suffix.lower() == ".parquet" else (lambda i: f"line {i + 2}")
-    )
-    out: dict[str, tuple[str | None, str | None]] = {}
-    first: dict[str, int] = {}
-    for i, (key, label) in enumerate(zip(keys, labels, strict=True)):
-        if key is None or not key:
-            raise SourceError(f"{path}:{line_of(i)}: empty key")
-        if key in first:
-            raise SourceError(
-                f"{path}:{line_of(i)}: key {key!r} is listed twice (also {line_of(first[key])})"
-            )
-        first[key] = i
-        split = splits[i] if splits is not None else None
-        out[key] = ((label or "").strip() or None, split or None)
-    return out
 
 
 RECORD_KEYS = ("id", "data", "array", "label", "split")
