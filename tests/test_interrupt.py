@@ -257,10 +257,16 @@ def test_a_second_ctrl_c_stops_at_once_without_damage(tmp_path: Path) -> None:
     while group_alive(run.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not group_alive(run.pid), "a process of the interrupted run is still alive"
-    assert versions(tmp_path) == ["v000001"]
+    # NOTE: the second signal may land while the first one's clean-up runs, and then ends the
+    # process before it is done (see NOTE [signals]): hidden leftovers may stay, for the next
+    # run to remove. What must hold is that no version but the first exists.
+    assert [v for v in versions(tmp_path) if not v.startswith(".")] == ["v000001"]
     audit = etl(tmp_path, "audit", "out")
     stdout, _ = audit.communicate(timeout=120)
     assert audit.returncode == 0, stdout
+    (tmp_path / "out" / "versions" / ".tmp-scratch-as-if-left").mkdir(exist_ok=True)
+    assert etl(tmp_path, "run", "pipeline.yaml", "-q").wait(timeout=180) == 0
+    assert versions(tmp_path) == ["v000001"], "the next run left the leftovers"
 
 
 def _slow_write(task: int, folder: str) -> int:
