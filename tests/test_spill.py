@@ -186,14 +186,14 @@ def test_a_failed_pack_leaves_no_runs_behind(
     )
     real, calls = execute.process_image, [0]
     written: list[int] = []
-    real_write = spill.SortedSpill._write_run
+    real_cascade = spill.SortedSpill._cascade
 
-    def write_run(self: spill.SortedSpill, rows: pa.Table) -> None:
-        real_write(self, rows)
+    def cascade(self: spill.SortedSpill) -> None:  # runs after each run is written
+        real_cascade(self)
         if self.name == "samples":  # the new samples, not the plan's spills
             written.append(len(list(self.folder.glob("samples-*"))))
 
-    monkeypatch.setattr(spill.SortedSpill, "_write_run", write_run)
+    monkeypatch.setattr(spill.SortedSpill, "_cascade", cascade)
 
     def failing(*args: Any) -> Any:
         calls[0] += 1

@@ -90,20 +90,19 @@ class SortedSpill:
         self._pending_rows += table.num_rows
         self.rows += table.num_rows
         if self._pending_rows >= RUN_ROWS:
-            self._write_run(sorted_by(pa.concat_tables(self._pending), self.key))
+            rows = sorted_by(pa.concat_tables(self._pending), self.key)
             self._pending, self._pending_rows = [], 0
+            self._runs.append((0, self._write_file([rows])))
+            del rows  # NOTE: before the cascade, whose merge would otherwise sit on top of it
+            self._cascade()
 
     def add_sorted(self, table: pa.Table) -> None:
         """Rows sorted by `key` already: written as a run of their own, never sorted again or
         kept waiting."""
         if table.num_rows:
-            self._write_run(table.cast(self.schema))
+            self._runs.append((0, self._write_file([table.cast(self.schema)])))
             self.rows += table.num_rows
-
-    def _write_run(self, rows: pa.Table) -> None:
-        path = self._write_file([rows])
-        self._runs.append((0, path))
-        self._cascade()
+            self._cascade()
 
     def _write_file(self, pieces: Iterable[pa.Table]) -> Path:
         """A new run file holding `pieces`, in batches of BATCH_ROWS."""
