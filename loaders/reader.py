@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from etl.errors import ShardError
 from etl.format.checksums import file_digests
@@ -203,13 +203,13 @@ class ShardReader:
     def row(self, shard: int, row: int) -> NDArray[np.uint8]:
         """A copy of one sample."""
         sample = np.array(self.array(shard)[row])
-        self._count(sample.nbytes, np.array([shard]), np.array([row]))
+        self._count(sample.nbytes, (shard,), (row,))
         return sample
 
-    def _count(self, nbytes: int, shards: NDArray[np.int64], rows: NDArray[np.int64]) -> None:
+    def _count(self, nbytes: int, shards: ArrayLike, rows: ArrayLike) -> None:
         self._read_since_release += nbytes
-        if self.drop_behind:
-            self._read.append((shards.astype(np.int64), rows.astype(np.int64)))
+        if self.drop_behind:  # copies: a caller may reuse its index arrays
+            self._read.append((np.array(shards, np.int64), np.array(rows, np.int64)))
         if self.release_every is not None and self._read_since_release >= self.release_every:
             self.release()
 

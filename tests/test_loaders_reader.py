@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from packed import Packed, make_packed
 
-from loaders import ShardReader, open_catalog
+from loaders import ShardReader, ShardSet, open_catalog
 from loaders.reader import advise_file, row_pages
 
 
@@ -110,13 +110,9 @@ def cached_fraction(path: Path) -> float:
     return float(cached_pages(path).mean())
 
 
-@pytest.mark.parametrize("drop_behind", [False, True])
-def test_drop_behind_takes_what_was_read_out_of_the_page_cache(
-    tmp_path: Path, drop_behind: bool
-) -> None:
-    """Read every sample of 4 shards of 768 KiB, a shard at a time, releasing after each: with
-    `drop_behind` the shards read leave the page cache at each release; without it they stay.
-    The samples read are the same either way."""
+def cold_shards(tmp_path: Path) -> tuple[ShardSet, list[Path], list[np.ndarray]]:
+    """4 shards of 64 samples of 12 KiB, their samples read with np.load, then dropped from
+    the page cache (skips where the filesystem keeps its cache on advice, as tmpfs does)."""
     built = make_packed(tmp_path, shard_sizes=(64, 64, 64, 64), sample_shape=(64, 64, 3), orphans=0)
     shards = open_catalog(built.root).select().shards
     paths = [shards.path(s) for s in range(4)]
@@ -127,6 +123,17 @@ def test_drop_behind_takes_what_was_read_out_of_the_page_cache(
         advise_file(path, "DONTNEED")
     if max(cached_fraction(path) for path in paths) > 0.5:
         pytest.skip("this filesystem keeps its page cache on advice (tmpfs?)")
+    return shards, paths, expected
+
+
+@pytest.mark.parametrize("drop_behind", [False, True])
+def test_drop_behind_takes_what_was_read_out_of_the_page_cache(
+    tmp_path: Path, drop_behind: bool
+) -> None:
+    """Read every sample of 4 shards of 768 KiB, a shard at a time, releasing after each: with
+    `drop_behind` the shards read leave the page cache at each release; without it they stay.
+    The samples read are the same either way."""
+    shards, paths, expected = cold_shards(tmp_path)
     reader = ShardReader(shards, release_every=64 * 64 * 64 * 3, drop_behind=drop_behind)
     for s in range(4):
         out = np.empty((64, 64, 64, 3), dtype=np.uint8)
@@ -152,23 +159,14 @@ def test_drop_behind_drops_only_the_rows_read(tmp_path: Path) -> None:
     2 in a random order and releases: those rows leave the cache, the rows it did not read stay
     (another worker's, or mmap readahead's, next reads), and shards 1 and 3 are untouched. A
     neighbour of a read row may lose the page the two share."""
-    built = make_packed(tmp_path, shard_sizes=(64, 64, 64, 64), sample_shape=(64, 64, 3), orphans=0)
-    shards = open_catalog(built.root).select().shards
-    paths = [shards.path(s) for s in range(4)]
+    shards, paths, expected = cold_shards(tmp_path)
     row_bytes = 64 * 64 * 3
-    for path in paths:
-        with open(path, "rb+") as f:
-            os.fsync(f.fileno())  # clean pages: only those can be dropped
-        advise_file(path, "DONTNEED")
-    if max(cached_fraction(path) for path in paths) > 0.5:
-        pytest.skip("this filesystem keeps its page cache on advice (tmpfs?)")
     for path in paths:  # cache every page, in small folios (see `row_pages`)
         advise_file(path, "WILLNEED")
     deadline = time.monotonic() + 10
     while min(cached_fraction(path) for path in paths) < 1 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert min(cached_fraction(path) for path in paths) == 1
-    expected = [np.load(path) for path in paths]
     read = np.r_[0:16, 32:48]
     shard = np.repeat([0, 2], len(read))
     row = np.tile(read, 2)
@@ -197,16 +195,7 @@ def test_drop_behind_leaves_nothing_read_ahead(tmp_path: Path, readahead: bool) 
     scattered ones and releases: the shards' pages are gone again, the few header pages its
     open reads aside. The kernel's own readahead (which on a disk with a large read_ahead_kb
     brings in megabytes around each fault) would have left what it read and nobody asked for."""
-    built = make_packed(tmp_path, shard_sizes=(64, 64, 64, 64), sample_shape=(64, 64, 3), orphans=0)
-    shards = open_catalog(built.root).select().shards
-    paths = [shards.path(s) for s in range(4)]
-    expected = [np.load(path) for path in paths]
-    for path in paths:
-        with open(path, "rb+") as f:
-            os.fsync(f.fileno())
-        advise_file(path, "DONTNEED")
-    if max(cached_fraction(path) for path in paths) > 0.5:
-        pytest.skip("this filesystem keeps its page cache on advice (tmpfs?)")
+    shards, paths, expected = cold_shards(tmp_path)
     shard, row = np.array([0] * 8 + [2, 2, 2]), np.r_[8:16, 40, 3, 22]
     reader = ShardReader(shards, release_every=1 << 30, readahead=readahead, drop_behind=True)
     out = np.empty((len(row), 64, 64, 3), dtype=np.uint8)

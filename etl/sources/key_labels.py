@@ -13,7 +13,7 @@ from etl.errors import SourceError
 from etl.sources.files import line_name, listing_batches, listing_cell, table_column
 
 KEY_BYTES = 16
-"""A key is looked up by the first 128 bits of its xxh3 hash: two keys that share them are
+"""A key is looked up by its 128-bit xxh3 hash: two keys that share them are
 taken for one (about 1 in 10^24 for 10M keys)."""
 
 
@@ -65,9 +65,7 @@ class KeyLabels:
                 hashed.append(key_hash(key))
             hashes.append(np.array(hashed, dtype=f"S{KEY_BYTES}"))
             labels.append(np.array([code((t or "").strip()) for t in label_cells], np.int32))
-            splits.append(np.array([code(t) for t in split_cells or ()], np.int32))
-            if split_cells is None:
-                splits[-1] = np.full(len(keys), -1, np.int32)
+            splits.append(np.array([code(t) for t in split_cells or [None] * len(keys)], np.int32))
             rows += len(keys)
         every = np.concatenate([np.empty(0, f"S{KEY_BYTES}"), *hashes])
         order = np.argsort(every, kind="stable")
@@ -100,4 +98,4 @@ class KeyLabels:
 
 
 def key_hash(key: str) -> bytes:
-    return xxhash.xxh3_128_digest(key.encode("utf-8", "surrogateescape"))[:KEY_BYTES]
+    return xxhash.xxh3_128_digest(key.encode("utf-8", "surrogateescape"))
