@@ -148,6 +148,14 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         expects; `collate_batch` unwraps the batch (see `gather`)."""
         return Samples(self.gather(indices))
 
+    def prefetch(self, indices: Sequence[int] | NDArray[np.integer]) -> None:
+        """Start reading the samples of `indices` from disk and return at once (see
+        `ShardReader.prefetch`); a bad index is left for the gather to name."""
+        index = np.asarray(indices, dtype=np.int64)
+        sel = self.selection
+        if len(index) and -len(self) <= index.min() and index.max() < len(self):
+            self.reader.prefetch(sel.shard_idx[index], sel.rows[index])
+
     def gather(self, indices: Sequence[int] | NDArray[np.integer]) -> AnyBatch:
         """A whole batch gathered into one contiguous buffer, in the order of `indices`."""
         index = np.asarray(indices, dtype=np.int64)

@@ -293,23 +293,53 @@ class ShardReader:
         n = len(rows)
         if n == 0:
             return
-        shard = np.asarray(shard_idx, dtype=np.int64)
-        row = np.asarray(rows, dtype=np.int64)
+        shard, row = self._checked_rows(shard_idx, rows)
         if n != len(shard) or out.nbytes != n * self.sample_bytes:
             raise ValueError(f"gather of {n} rows into an output of shape {out.shape}")
-        if (row < 0).any() or (row >= self.shards.rows[shard]).any():
-            bad = int(np.flatnonzero((row < 0) | (row >= self.shards.rows[shard]))[0])
-            raise IndexError(f"row {row[bad]} is not in shard {self.shards.path(shard[bad])}")
         with self._lock:
             span = self._spanned(shard) if self.use_span else None
             if span is not None:
                 span_rows = span.first[shard] + row
-                if span.exact or (self.readahead and not span.resident(span_rows)):
-                    span.advise(span_rows)
+                self._advise(span, span_rows)
                 span.take(span_rows, out)
             else:
                 self._gather_rows(shard, row, out)
             self._count(n * self.sample_bytes, shard, row)
+
+    def prefetch(self, shard_idx: NDArray[np.integer], rows: NDArray[np.integer]) -> None:
+        """Have the kernel start reading samples (shard_idx[j], rows[j]) from disk now and
+        return at once, so a later `gather` of them finds them in memory: the in-process loader
+        asks for its next batch while the training step works on the current one. As `gather`
+        would advise them (nothing when `readahead` is off, or for a batch already in memory).
+
+        Advice only: a bad row or an unreadable shard is left for the `gather` to name."""
+        if not (self.readahead or self.drop_behind) or not len(rows):
+            return
+        try:
+            shard, row = self._checked_rows(shard_idx, rows)
+            with self._lock:
+                span = self._spanned(shard) if self.use_span else None
+                if span is not None:
+                    self._advise(span, span.first[shard] + row)
+        except (IndexError, ShardError):
+            return
+
+    def _checked_rows(
+        self, shard_idx: NDArray[np.integer], rows: NDArray[np.integer]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """Shards and rows as int64 arrays; IndexError naming the shard of a row it lacks."""
+        shard = np.asarray(shard_idx, dtype=np.int64)
+        row = np.asarray(rows, dtype=np.int64)
+        if (row < 0).any() or (row >= self.shards.rows[shard]).any():
+            bad = int(np.flatnonzero((row < 0) | (row >= self.shards.rows[shard]))[0])
+            raise IndexError(f"row {row[bad]} is not in shard {self.shards.path(shard[bad])}")
+        return shard, row
+
+    def _advise(self, span: ShardSpan, span_rows: NDArray[np.int64]) -> None:
+        """Ask for `span_rows` from disk when `readahead` finds them missing (see the class),
+        and always with `drop_behind`, whose span reads nothing the kernel was not asked for."""
+        if span.exact or (self.readahead and not span.resident(span_rows)):
+            span.advise(span_rows)
 
     def _gather_rows(
         self, shard: NDArray[np.int64], row: NDArray[np.int64], out: NDArray[np.uint8]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from packed import Packed, make_packed
+from page_cache import cached_fraction, cold_packed, wait_for
 
 import loaders.loader
 from loaders import (
@@ -260,3 +261,22 @@ def test_in_process_batches_are_what_dataloader_yields(packed: Packed, shuffle: 
     torch_loader.dataloader.sampler.generator.manual_seed(5)
     assert first == positions_of(ds, packed, list(torch_loader.dataloader))
     assert sorted(first) == sorted(ds.selection.positions.tolist())
+
+
+@pytest.mark.parametrize("readahead", [True, False])
+def test_in_process_loader_reads_the_next_batch_while_this_one_is_used(
+    tmp_path: Path, readahead: bool
+) -> None:
+    """From a cold page cache, with batches of one shard each: once the first batch is handed
+    out, the next shard is read from disk while the caller still holds the first (its
+    training step); with `readahead` off nothing is read before it is asked for. The batches
+    are np.load's samples either way."""
+    built, paths, expected = cold_packed(tmp_path)
+    ds = PackedDataset.open(built.root, readahead=readahead)
+    batches = iter(make_loader(ds, batch_size=64))
+    first = next(batches)
+    read_ahead = wait_for(lambda: cached_fraction(paths[1]) > 0.95, 10 if readahead else 0.5)
+    assert read_ahead is readahead
+    assert cached_fraction(paths[2]) < 0.05
+    images = np.concatenate([b.images.numpy() for b in (first, *batches)])
+    np.testing.assert_array_equal(images, np.concatenate(expected))

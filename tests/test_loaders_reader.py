@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import ctypes
 import mmap
-import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from packed import Packed, make_packed
+from page_cache import cached_fraction, cached_pages, cold_packed, row_cached, wait_for
 
 from loaders import ShardReader, ShardSet, open_catalog
 from loaders.reader import advise_file, row_pages
@@ -93,37 +91,10 @@ def test_empty_and_wrong_outputs(packed: Packed, use_span: bool) -> None:
             reader.gather(np.array([0, shard]), np.array([0, row]), two)
 
 
-def cached_pages(path: Path) -> np.ndarray:
-    """1 for each page of the file in the page cache, else 0 (`mincore` on a fresh mapping)."""
-    size = path.stat().st_size
-    libc = ctypes.CDLL(None, use_errno=True)
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        view = np.frombuffer(mapped, dtype=np.uint8)
-        state = (ctypes.c_ubyte * -(-size // mmap.PAGESIZE))()
-        assert libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size), state) == 0
-        del view
-    return np.frombuffer(state, dtype=np.uint8) & 1
-
-
-def cached_fraction(path: Path) -> float:
-    """The fraction of the file's pages in the page cache."""
-    return float(cached_pages(path).mean())
-
-
 def cold_shards(tmp_path: Path) -> tuple[ShardSet, list[Path], list[np.ndarray]]:
-    """4 shards of 64 samples of 12 KiB, their samples read with np.load, then dropped from
-    the page cache (skips where the filesystem keeps its cache on advice, as tmpfs does)."""
-    built = make_packed(tmp_path, shard_sizes=(64, 64, 64, 64), sample_shape=(64, 64, 3), orphans=0)
-    shards = open_catalog(built.root).select().shards
-    paths = [shards.path(s) for s in range(4)]
-    expected = [np.load(path) for path in paths]  # read before: np.load caches pages too
-    for path in paths:
-        with open(path, "rb+") as f:
-            os.fsync(f.fileno())  # clean pages: only those can be dropped
-        advise_file(path, "DONTNEED")
-    if max(cached_fraction(path) for path in paths) > 0.5:
-        pytest.skip("this filesystem keeps its page cache on advice (tmpfs?)")
-    return shards, paths, expected
+    """`cold_packed`'s shards as the reader sees them."""
+    built, paths, expected = cold_packed(tmp_path)
+    return open_catalog(built.root).select().shards, paths, expected
 
 
 @pytest.mark.parametrize("drop_behind", [False, True])
@@ -146,14 +117,6 @@ def test_drop_behind_takes_what_was_read_out_of_the_page_cache(
         assert min(cached) > 0.9, cached
 
 
-def row_cached(path: Path, rows: int, row_bytes: int) -> np.ndarray:
-    """The fraction of each row's pages in the page cache, by row."""
-    page_in, page = cached_pages(path), mmap.PAGESIZE
-    start = path.stat().st_size - rows * row_bytes  # rows end the file, after the header
-    bounds = [(start + r * row_bytes, start + (r + 1) * row_bytes) for r in range(rows)]
-    return np.array([page_in[a // page : -(-b // page)].mean() for a, b in bounds])
-
-
 def test_drop_behind_drops_only_the_rows_read(tmp_path: Path) -> None:
     """With every shard in the page cache, a reader reads rows 0-15 and 32-47 of shards 0 and
     2 in a random order and releases: those rows leave the cache, the rows it did not read stay
@@ -163,10 +126,7 @@ def test_drop_behind_drops_only_the_rows_read(tmp_path: Path) -> None:
     row_bytes = 64 * 64 * 3
     for path in paths:  # cache every page, in small folios (see `row_pages`)
         advise_file(path, "WILLNEED")
-    deadline = time.monotonic() + 10
-    while min(cached_fraction(path) for path in paths) < 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert min(cached_fraction(path) for path in paths) == 1
+    assert wait_for(lambda: min(cached_fraction(path) for path in paths) == 1)
     read = np.r_[0:16, 32:48]
     shard = np.repeat([0, 2], len(read))
     row = np.tile(read, 2)
@@ -234,3 +194,31 @@ def test_row_pages_are_the_pages_the_rows_touch(rows: list[int], row_bytes: int,
 def test_drop_behind_needs_a_window(packed: Packed) -> None:
     with pytest.raises(ValueError, match="drop_behind needs release_every"):
         ShardReader(open_catalog(packed.root).select().shards, drop_behind=True)
+
+
+@pytest.mark.parametrize("readahead", [True, False])
+def test_prefetch_reads_the_rows_asked_for_without_waiting(tmp_path: Path, readahead: bool):
+    """From a cold page cache, `prefetch` of scattered rows of two shards has the kernel read
+    them (they turn up in the page cache while nothing is copied) and a later gather returns
+    the samples np.load reads; with `readahead` off it asks for nothing. A row that is not in
+    its shard is left for the gather to name."""
+    shards, paths, expected = cold_shards(tmp_path)
+    row_bytes = 64 * 64 * 3
+    shard, row = np.array([1, 1, 1, 3]), np.array([5, 20, 33, 60])
+    reader = ShardReader(shards, readahead=readahead)
+    reader.prefetch(shard, row)
+
+    def asked_for_cached() -> bool:
+        cached = {s: row_cached(paths[s], 64, row_bytes) for s in (1, 3)}
+        return all(cached[s][r] == 1 for s, r in zip(shard, row, strict=True))
+
+    assert wait_for(asked_for_cached, seconds=10 if readahead else 0.5) is readahead
+    assert cached_fraction(paths[0]) == 0 and cached_fraction(paths[2]) == 0
+    out = np.empty((len(row), 64, 64, 3), dtype=np.uint8)
+    reader.gather(shard, row, out)
+    np.testing.assert_array_equal(
+        out, np.stack([expected[s][r] for s, r in zip(shard, row, strict=True)])
+    )
+    reader.prefetch(np.array([0]), np.array([64]))  # advice only: nothing raised
+    with pytest.raises(IndexError, match="row 64 is not in shard"):
+        reader.gather(np.array([0]), np.array([64]), out[:1])
