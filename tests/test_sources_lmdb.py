@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import re
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from etl.format.names import to_raw as source_to_key
 from etl.format.names import to_source as key_to_source
 from etl.maintenance.audit import audit
 from etl.run import pipeline
+from etl.sources.keys_entry import listed_keys
 
 lmdb = pytest.importorskip("lmdb")
 
@@ -319,3 +322,59 @@ def test_numeric_keys_keep_their_zeros(tmp_path: Path) -> None:
         "00000001": "2",
         "00000002": "1",
     }
+
+
+KEYS_SOURCE = "  kind: lmdb\n  path: env\n  labels: labels.csv\n  keys_entry: __keys__"
+
+
+@pytest.mark.parametrize(
+    ("entry", "error"),
+    [
+        ('["cat/001", 7]', "expected a list of key strings, found 7"),
+        ('["cat/001", ["dog/001"]]', "expected a list of key strings"),
+        ('["cat/001", "dog/001"', "invalid JSON (the list has no closing ']')"),
+        ('["cat/001",]', r"invalid JSON \(Expecting value: line 1 column 12"),
+        ('["cat/001"] ["dog/001"]', "invalid JSON (extra data after the list at char 12)"),
+        ('["cat/001" "dog/001"]', "invalid JSON (expected ',' or ']' at char 11)"),
+        ('["cat/001", "dog/\\x"]', r"invalid JSON \(Invalid \\escape"),
+    ],
+)
+def test_keys_entry_errors_name_the_entry(
+    tmp_path: Path, env_items: dict[bytes, bytes], entry: str, error: str
+) -> None:
+    """A keys entry that is not a JSON list of strings stops the run with one line naming
+    the environment, the entry and where in it (the list is read one key at a time)."""
+    write_labels(tmp_path / "labels.csv")
+    write_env(tmp_path / "env", {**env_items, b"__keys__": entry.encode()})
+    with pytest.raises(SourceError) as info:
+        pipeline.run(make_config(tmp_path, KEYS_SOURCE))
+    message = str(info.value)
+    assert "keys_entry '__keys__'" in message and "\n" not in message
+    assert re.search(error if "\\(" in error else re.escape(error), message), message
+
+
+@pytest.mark.parametrize("form", ["json", "lines"])
+def test_a_long_keys_entry_is_read_one_key_at_a_time(tmp_path: Path, form: str) -> None:
+    """200,000 keys: listed in their order (a JSON list as json.loads reads it, lines as
+    splitlines does), a key repeated 150,000 places later is named, and at most 64 bytes a key
+    are held at the peak; parsing the whole list at once, with a Counter of it, took about 200."""
+    keys = [f"img/{i:07d}" for i in range(200_000)] + ["naïve \u2028 key"]
+    raw = (json.dumps(keys) if form == "json" else "\n".join(["", *keys, ""])).encode()
+    config = make_config(tmp_path, KEYS_SOURCE).source
+    listed_keys(raw[:100], config, "warm-up") if form == "lines" else None
+    tracemalloc.start()
+    try:
+        count = sum(1 for _ in listed_keys(raw, config, "entry"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    expected = [k.encode() for k in json.loads(raw)] if form == "json" else None
+    got = list(listed_keys(raw, config, "entry"))
+    if form == "lines":
+        expected = [line.strip().encode() for line in raw.decode().splitlines() if line.strip()]
+    assert got == expected and count == len(expected) == len(keys) + (form == "lines")
+    assert peak / len(keys) < 64, peak / len(keys)
+    again = [*keys[:200], keys[50], *keys[200:]]
+    raw = (json.dumps(again) if form == "json" else "\n".join(again)).encode()
+    with pytest.raises(SourceError, match=r"^entry lists keys twice: \['img/0000050'\]$"):
+        listed_keys(raw, config, "entry")

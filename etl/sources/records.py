@@ -5,11 +5,8 @@ function runs) and set `content_hash`. A refused pickle or a bad record becomes 
 from __future__ import annotations
 
 import importlib
-import json
 import numbers
-import pickle
 import sys
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -31,6 +28,7 @@ from etl.sources.base import (
     label_text,
 )
 from etl.sources.key_labels import KeyLabels
+from etl.sources.keys_entry import listed_keys
 
 
 def list_lmdb(config: LmdbSource, context: ListContext) -> SourceListing:
@@ -115,18 +113,7 @@ def _lmdb_keys(txn: Any, config: LmdbSource) -> Iterable[bytes]:
     raw = txn.get(names.to_raw(config.keys_entry))
     if raw is None:
         raise SourceError(f"{where} is not a key of the environment; omit it to scan all keys")
-    listed = _keys_entry_names(bytes(raw), config, where)
-    keys: list[bytes] = []
-    for name in listed:
-        try:
-            keys.append(name if isinstance(name, bytes) else names.to_raw(name))
-        except ValueError as exc:
-            raise SourceError(f"{where}: {exc}") from None
-    counts = Counter(keys)
-    dupes = sorted(names.to_source(k) for k, n in counts.items() if n > 1)
-    if dupes:
-        raise SourceError(f"{where} lists keys twice: {dupes[:5]}")
-    return keys
+    return listed_keys(bytes(raw), config, where)
 
 
 def _scanned_keys(txn: Any, skip: set[bytes]) -> Iterator[bytes]:
@@ -134,32 +121,6 @@ def _scanned_keys(txn: Any, skip: set[bytes]) -> Iterator[bytes]:
         key = bytes(found)  # a copy: the buffer is the cursor's
         if key not in skip:
             yield key
-
-
-def _keys_entry_names(raw: bytes, config: LmdbSource, where: str) -> list[str | bytes]:
-    """A JSON list of strings, one key per line, or (allow_pickle) a pickled list of str/bytes."""
-    if record_values.is_pickle(raw):
-        if not config.allow_pickle:
-            raise SourceError(f"{where} is a Python pickle: refused; {record_values.PICKLE_ADVICE}")
-        try:
-            names: Any = pickle.loads(raw)  # allowed explicitly by the config (allow_pickle)
-        except record_values.UNPICKLE_ERRORS as exc:
-            raise SourceError(f"{where}: cannot unpickle ({exc})") from None
-    else:
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise SourceError(f"{where}: not UTF-8 text, JSON or a pickle") from None
-        if text.lstrip().startswith("["):
-            try:
-                names = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise SourceError(f"{where}: invalid JSON ({exc})") from None
-        else:
-            names = [line.strip() for line in text.splitlines() if line.strip()]
-    if not isinstance(names, list | tuple) or not all(isinstance(n, str | bytes) for n in names):
-        raise SourceError(f"{where}: expected a list of key strings")
-    return list(names)
 
 
 RECORD_KEYS = ("id", "data", "array", "label", "split")
