@@ -15,14 +15,19 @@ Writes a packed dataset of `--samples` random 224x224x3 samples (147 KiB each) i
                       block-shuffled orders, 0 and 2 workers, `readahead` off and on; and
                       with `drop_behind` (each process's reads released and dropped from
                       the page cache every 64 MiB)
+    training step     the loaders, random order, 0 workers, sleeping 25 ms per batch (a GPU
+                      step, which leaves the CPU free), with and without reading the next
+                      batch ahead while the step runs (NOTE [ read the next batch ahead ])
 
 The tables give medians over rounds of samples/s, the ratio to the best device reading of
-the same round (per-round ratios, then the median), and how much of the dataset the page cache
-holds after the contender's epoch (`mincore`). A last table reads the same loaders from
-the page cache (warm), to show what `readahead` costs when the data is in memory. Beside each
-order, its shuffle quality on class-sorted labels (`loaders.class_mix_distance`, 1.00 = as
-mixed as a full shuffle). Without permission to drop the cache (or with `--warm-only`), every
-round is warm and the table says so. No result is asserted.
+the same round (per-round ratios, then the median), the same after the loaders' first batch
+(which carries their fixed cost: opening, the shared-memory ring, starting workers), and how
+much of the dataset the page cache holds after the contender's epoch (`mincore`). A last
+table reads the same loaders from the page cache (warm), to show what `readahead` costs when
+the data is in memory. Beside each order, its shuffle quality on class-sorted labels
+(`loaders.class_mix_distance`, 1.00 = as mixed as a full shuffle). Without permission to
+drop the cache (or with `--warm-only`), every round is warm and the table says so. No result
+is asserted.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ BATCH = 256
 CLASSES = 100
 DROP_EVERY = 64 << 20
 """`release_every` of the drop_behind contenders: bytes a process reads between two drops."""
+STEP = 0.025
+"""Seconds of the simulated training step: about what the device takes to read a batch."""
 
 
 def drop_page_cache() -> bool:
@@ -117,22 +124,40 @@ def per_row_copy(rows: Rows, order: np.ndarray) -> None:
 
 
 def loader_epoch(
-    root: Path, shuffle: str, workers: int, readahead: bool, drop_behind: bool = False
-) -> None:
-    """One epoch through `make_loader`; a fresh dataset and workers each time (cold maps)."""
+    root: Path,
+    shuffle: str,
+    workers: int,
+    readahead: bool,
+    drop_behind: bool = False,
+    step: float = 0.0,
+    look_ahead: bool = True,
+) -> float:
+    """One epoch through `make_loader`, a fresh dataset and workers each time (cold maps),
+    sleeping `step` seconds per batch (a training step that leaves the CPU to the loader, as
+    a GPU's does); `look_ahead=False` stops the in-process loader from prefetching the next
+    batch. Returns the seconds to the first batch (opening and starting workers included)."""
+    started = time.perf_counter()
     release = DROP_EVERY if drop_behind else None
     ds = PackedDataset.open(
         root, readahead=readahead, release_every=release, drop_behind=drop_behind
     )
+    if not look_ahead:
+        ds.prefetch = lambda indices: None  # type: ignore[method-assign]
     loader = make_loader(ds, batch_size=BATCH, shuffle=shuffle, num_workers=workers)
-    delivered = sum(len(batch.labels) for batch in loader)
+    delivered, first = 0, 0.0
+    for batch in loader:
+        if not delivered:
+            first = time.perf_counter() - started
+        delivered += len(batch.labels)
+        time.sleep(step)
     if delivered != len(ds):
         raise SystemExit(f"an epoch of {shuffle} order delivered {delivered} of {len(ds)} samples")
+    return first
 
 
-def contenders(root: Path, rows: Rows) -> dict[str, Callable[[], None]]:
+def contenders(root: Path, rows: Rows) -> dict[str, Callable[[], float | None]]:
     order = random_order(len(rows), 0, 0)
-    runs: dict[str, Callable[[], None]] = {
+    runs: dict[str, Callable[[], float | None]] = {
         "device: pread, 1 thread": lambda: device_reads(rows, order, 1),
         "device: pread, 16 threads": lambda: device_reads(rows, order, 16),
         "per-row copy, 1 thread": lambda: per_row_copy(rows, order),
@@ -142,17 +167,27 @@ def contenders(root: Path, rows: Rows) -> dict[str, Callable[[], None]]:
             for readahead in (False, True):
                 ahead = "on" if readahead else "off"
                 name = f"loaders {shuffle}, {workers} workers, readahead {ahead}"
-                runs[name] = lambda s=shuffle, w=workers, r=readahead: loader_epoch(root, s, w, r)
+                runs[name] = partial(loader_epoch, root, shuffle, workers, readahead)
         name = f"loaders {shuffle}, 2 workers, readahead on, drop_behind"
         runs[name] = partial(loader_epoch, root, shuffle, 2, True, True)
+    for look_ahead in (False, True):
+        name = f"loaders random, 0 workers, {STEP * 1e3:.0f} ms step, look-ahead " + (
+            "on" if look_ahead else "off"
+        )
+        runs[name] = partial(
+            loader_epoch, root, "random", 0, True, step=STEP, look_ahead=look_ahead
+        )
     return runs
 
 
-Measured = dict[str, list[tuple[float, int]]]
-"""Per contender, per round: seconds, and bytes of the dataset in the page cache after."""
+Measured = dict[str, list[tuple[float, float | None, int]]]
+"""Per contender, per round: seconds, seconds to its first batch (loaders), and bytes of the
+dataset in the page cache after."""
 
 
-def measure(runs: dict[str, Callable[[], None]], rows: Rows, rounds: int, cold: bool) -> Measured:
+def measure(
+    runs: dict[str, Callable[[], float | None]], rows: Rows, rounds: int, cold: bool
+) -> Measured:
     """Each contender in each round, the page cache dropped before each if `cold`."""
     measured: Measured = {name: [] for name in runs}
     for _ in range(rounds):
@@ -162,14 +197,17 @@ def measure(runs: dict[str, Callable[[], None]], rows: Rows, rounds: int, cold: 
             else:
                 run()  # once to fill the page cache
             started = time.perf_counter()
-            run()
+            first = run()
             seconds = time.perf_counter() - started
-            measured[name].append((seconds, cached_bytes(rows.files)))
+            measured[name].append((seconds, first, cached_bytes(rows.files)))
     return measured
 
 
 def report(measured: Measured, n: int, quality: dict[str, str]) -> None:
-    seconds = {name: [t for t, _ in rounds] for name, rounds in measured.items()}
+    """One row a contender: the whole epoch, and the epoch after its first batch (what a
+    longer epoch tends to: the first batch carries opening the dataset, making the loader
+    and its shared-memory ring, starting workers), each against the device's rate."""
+    seconds = {name: [t for t, _, _ in rounds] for name, rounds in measured.items()}
     device = [
         min(a, b)
         for a, b in zip(
@@ -177,17 +215,30 @@ def report(measured: Measured, n: int, quality: dict[str, str]) -> None:
         )
     ]
     print(
-        "| contender | samples/s | MiB/s | vs device | cached after (MiB) "
-        "| order's shuffle quality |"
+        "| contender | samples/s | vs device | first batch (ms) | after it: samples/s "
+        "| vs device | cached after (MiB) | order's shuffle quality |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, times in seconds.items():
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, rounds in measured.items():
+        times = seconds[name]
         rate = statistics.median(n / t for t in times)
         ratio = statistics.median(d / t for d, t in zip(device, times, strict=True))
-        mib = rate * int(np.prod(SHAPE)) / 2**20
-        cached = statistics.median(c for _, c in measured[name]) / 2**20
+        cached = statistics.median(c for _, _, c in rounds) / 2**20
         order = next((q for key, q in quality.items() if key in name), "")
-        print(f"| {name} | {rate:,.0f} | {mib:,.0f} | {ratio:.2f} | {cached:,.0f} | {order} |")
+        firsts = [f for _, f, _ in rounds if f is not None]
+        after = ["", "", ""]
+        if len(firsts) == len(rounds):
+            rest = [(n - BATCH) / (t - f) for t, f in zip(times, firsts, strict=True)]
+            rest_ratio = [r * d / n for r, d in zip(rest, device, strict=True)]
+            after = [
+                f"{statistics.median(firsts) * 1e3:,.0f}",
+                f"{statistics.median(rest):,.0f}",
+                f"{statistics.median(rest_ratio):.2f}",
+            ]
+        print(
+            f"| {name} | {rate:,.0f} | {ratio:.2f} | {' | '.join(after)} | {cached:,.0f} "
+            f"| {order} |"
+        )
 
 
 def quality_of_orders(rows: Rows) -> dict[str, str]:
@@ -230,7 +281,7 @@ def main() -> None:
         if cold:
             print("## Cold: page cache dropped before each contender\n")
             report(measure(runs, rows, args.rounds, cold=True), len(rows), quality)
-            warm_runs = {k: v for k, v in runs.items() if "device" in k or "loaders" in k}
+            warm_runs = {k: v for k, v in runs.items() if "device" in k or "workers, r" in k}
         else:
             warm_runs = runs
             print("(--warm-only, or the page cache could not be dropped: every figure is warm)")
