@@ -41,6 +41,20 @@ def test_good_config_resolves_paths_and_derives_shapes(tmp_path: Path) -> None:
     assert config.resize.mode == "pad"
 
 
+def test_tiny_images_still_make_bounded_shards(tmp_path: Path) -> None:
+    """8x8 grey images would fit 4M samples in the default 256 MiB, one task whose results
+    reach the parent in one piece: shards sized by bytes hold at most 65,536 samples; an
+    explicit samples_per_shard is taken as given."""
+    tiny = GOOD.replace("size: [32, 48]", "size: [8, 8]").replace("mode: RGB", "mode: L")
+    assert (
+        load_config(write(tmp_path, tiny.replace("  shard_size: 1MiB\n", ""))).samples_per_shard
+        == 65_536
+    )
+    assert load_config(write(tmp_path, tiny)).samples_per_shard == 16_384
+    explicit = tiny.replace("shard_size: 1MiB", "samples_per_shard: 100000")
+    assert load_config(write(tmp_path, explicit)).samples_per_shard == 100_000
+
+
 def test_chw_and_grey_shape(tmp_path: Path) -> None:
     text = GOOD.replace("mode: RGB", "mode: L").replace("dir: out", "dir: out\n  layout: CHW")
     config = load_config(write(tmp_path, text))

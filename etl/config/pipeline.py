@@ -132,13 +132,18 @@ def _single_key_stage(value: Any) -> Any:
 
 SHARD_BYTES = 256 << 20
 """Bytes of pixels per shard when neither output.shard_size nor samples_per_shard is set."""
+MAX_SAMPLES_PER_SHARD = 1 << 16
+"""The most samples a shard sized by bytes holds. NOTE [ samples per shard ]: a shard is one
+task, and its results reach the parent in one piece; with 8x8 images 256 MiB is 1.4M samples,
+and at 10M such files the parent peaked at 3.2 GB in the pack phase (412 MiB at 4M files of
+32x32, 87k a shard). An explicit samples_per_shard is taken as given."""
 
 
 class OutputConfig(StrictModel):
     dir: Path = Path("artifacts")
     shard_size: ByteSize | None = None
-    """Target bytes of pixels per shard, e.g. '256MiB'. Default when neither is set:
-    SHARD_BYTES (256MiB)."""
+    """Target bytes of pixels per shard, e.g. '256MiB', and at most MAX_SAMPLES_PER_SHARD
+    samples. Default when neither is set: SHARD_BYTES (256MiB)."""
     samples_per_shard: int | None = Field(default=None, gt=0)
     layout: Literal["HWC", "CHW"] = "HWC"
     checksum: Literal["xxh3_64", "xxh3_128", "blake3", "sha256"] = "xxh3_64"
@@ -240,7 +245,7 @@ class PipelineConfig(StrictModel):
         if self.output.samples_per_shard is not None:
             return self.output.samples_per_shard
         target = self.output.shard_size if self.output.shard_size is not None else SHARD_BYTES
-        return max(1, target // self.sample_bytes)
+        return min(max(1, target // self.sample_bytes), MAX_SAMPLES_PER_SHARD)
 
     def output_shaping(self) -> dict[str, Any]:
         """Everything that changes stored bytes, labels or splits; `run` is not part of it."""
