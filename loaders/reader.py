@@ -309,8 +309,9 @@ class ShardReader:
     def prefetch(self, shard_idx: NDArray[np.integer], rows: NDArray[np.integer]) -> None:
         """Have the kernel start reading samples (shard_idx[j], rows[j]) from disk now and
         return at once, so a later `gather` of them finds them in memory: the in-process loader
-        asks for its next batch while the training step works on the current one. As `gather`
-        would advise them (nothing when `readahead` is off, or for a batch already in memory).
+        asks for its next batch while the training step works on the current one. Advised as
+        `gather` advises a batch (`_advise`): nothing when `readahead` is off (unless
+        `drop_behind`), or for rows already in memory.
 
         Advice only: a bad row or an unreadable shard is left for the `gather` to name."""
         if not (self.readahead or self.drop_behind) or not len(rows):
