@@ -7,6 +7,8 @@ import io
 import json
 import pickle
 import re
+import subprocess
+import sys
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -378,3 +380,28 @@ def test_a_long_keys_entry_is_read_one_key_at_a_time(tmp_path: Path, form: str) 
     raw = (json.dumps(again) if form == "json" else "\n".join(again)).encode()
     with pytest.raises(SourceError, match=r"^entry lists keys twice: \['img/0000050'\]$"):
         listed_keys(raw, config, "entry")
+
+
+def test_a_bad_keys_entry_stops_etl_run_with_one_line(
+    tmp_path: Path, env_items: dict[bytes, bytes]
+) -> None:
+    """As a user meets it: `python -m etl run` in a subprocess, under a time limit, with an
+    unclosed list and then a repeated key: exit status 2 (bad input), one line naming the entry, no
+    traceback, and no version written."""
+    write_labels(tmp_path / "labels.csv")
+    for entry, said in [
+        ('["cat/001", "dog/001"', "the list has no closing ']'"),
+        ('["cat/001", "dog/001", "cat/001"]', "lists keys twice: ['cat/001']"),
+    ]:
+        write_env(tmp_path / "env", {**env_items, b"__keys__": entry.encode()})
+        config = make_config(tmp_path, KEYS_SOURCE)
+        done = subprocess.run(
+            [sys.executable, "-m", "etl", "run", str(tmp_path / "pipeline.yaml")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, done.stderr
+        assert "keys_entry '__keys__'" in lines[0] and said in lines[0], lines[0]
+        assert not list(config.output.dir.glob("versions/v*")), "a version was written"
