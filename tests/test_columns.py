@@ -8,7 +8,7 @@ import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from etl.format.columns import DigestSet, merge_sorted, sorted_by
+from etl.format.columns import DigestSet, merge_sorted, rebatched, sorted_by
 
 SCHEMA = pa.schema(
     [
@@ -94,3 +94,16 @@ def test_a_digest_set_answers_as_a_set_of_strings(
     assert len(digests) == len(plain)
     for text in [digest(str(i).encode(), algorithm) for i in asked] + ["", "zz", "abc"]:
         assert (text in digests) == (text in plain), text
+
+
+@given(st.lists(st.integers(0, 9), max_size=12), st.integers(1, 7))
+def test_rebatched_pieces_are_whole_batches_in_order(sizes: list[int], rows: int) -> None:
+    """Pieces of any size (empty ones too) come out as the same rows in the same order, in
+    one-chunk tables of `rows` rows, the last shorter."""
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    pieces = [pa.table({"n": list(range(s, s + n))}) for s, n in zip(starts, sizes, strict=True)]
+    out = list(rebatched(iter(pieces), rows))
+    assert [v for t in out for v in t.column("n").to_pylist()] == list(range(sum(sizes)))
+    assert all(t.column("n").num_chunks == 1 for t in out)
+    lengths = [t.num_rows for t in out]
+    assert all(n == rows for n in lengths[:-1]) and 0 < (lengths or [1])[-1] <= rows

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from etl.errors import ManifestError
+from etl.format.columns import rebatched
 from etl.format.manifest import (
     MANIFEST_FILE,
     RECORDED_FILES,
@@ -144,12 +145,11 @@ def _write_rows(
     """Write `rows` as the Arrow file at `path` (fsynced), a piece at a time; `written` is
     called with each piece as it was written."""
     pieces = [rows] if isinstance(rows, pa.Table) else rows
+    tables = (p if isinstance(p, pa.Table) else pa.Table.from_batches([p]) for p in pieces)
     with ipc.new_file(str(path), schema) as writer:
-        for piece in pieces:
-            table = piece if isinstance(piece, pa.Table) else pa.Table.from_batches([piece])
-            table = table.cast(schema)
-            writer.write_table(table)
-            written(table)
+        for batch in rebatched(table.cast(schema) for table in tables):
+            writer.write_table(batch)
+            written(batch)
     with open(path, "rb+") as f:
         os.fsync(f.fileno())
 

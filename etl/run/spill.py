@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from etl.format.columns import merge_sorted, sorted_by
+from etl.format.columns import merge_sorted, rebatched, sorted_by
 from etl.format.manifest import VERSIONS_DIR
 from etl.format.mapped import Mapped
 
@@ -157,8 +157,8 @@ class SortedSpill:
         filter the pieces on their way. The runs are removed."""
         pieces = self.merged(*sorted_tables)
         with ipc.new_file(str(path), self.schema) as writer:
-            for piece in through(pieces) if through is not None else pieces:
-                writer.write_table(piece)
+            for batch in rebatched(through(pieces) if through is not None else pieces):
+                writer.write_table(batch)
         self._remove_runs()
         return Mapped(path)
 
