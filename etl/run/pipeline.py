@@ -410,6 +410,7 @@ def _plan(run: _Run, listing: SourceListing, folder: Path) -> Plan:
         )
     finally:
         run.progress.stop()
+        _release_freed_memory()
     run.phases["hash"] = hashing[0]
     run.phases["plan"] = time.perf_counter() - start - hashing[0]
     return plan
@@ -517,9 +518,22 @@ def _convert_while_waiting() -> None:
 
 @contextlib.contextmanager
 def _phase(phases: dict[str, float], name: str) -> Iterator[None]:
-    """Records the block's wall time as phases[name]."""
+    """Records the block's wall time as phases[name], and hands back the memory the block
+    freed (`_release_freed_memory`)."""
     start = time.perf_counter()
     try:
         yield
     finally:
         phases[name] = time.perf_counter() - start
+        _release_freed_memory()
+
+
+def _release_freed_memory() -> None:
+    """Return to the system what Arrow's allocator keeps of the memory freed so far.
+
+    NOTE: mimalloc keeps freed pages for reuse, so the resident set after a phase carried its
+    peak into the next: 60 to 100 MiB at 1M files (session 18, VmHWM per phase). One call
+    between phases costs milliseconds; lowering its purge delay for the whole run
+    (MIMALLOC_PURGE_DELAY=0) slowed the plan by 20 to 40 %.
+    """
+    pa.default_memory_pool().release_unused()
