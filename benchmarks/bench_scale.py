@@ -229,6 +229,8 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [20_000, 40_000] if args.tiny else args.rows
     repeat = 1 if args.tiny else args.repeat
+    if args.work is not None:
+        args.work.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=args.work))
     print(f"# bench_scale, {datetime.now(UTC):%Y-%m-%d}, {cpu_model()}, {os.cpu_count()} cores")
     print(f"# median of {repeat} fresh processes per cell: seconds / peak RSS\n")
