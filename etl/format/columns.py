@@ -147,7 +147,7 @@ def rebatched(pieces: Iterable[pa.Table], rows: int = FILE_BATCH_ROWS) -> Iterat
         full = count - count % rows
         for start in range(0, full, rows):
             yield table.slice(start, rows).combine_chunks()
-        held, count = [table.slice(full)], count - full
+        held, count = ([table.slice(full)] if count > full else []), count - full
     if count:
         yield pa.concat_tables(held).combine_chunks()
 

@@ -142,8 +142,8 @@ def _write_rows(
     rows: Rows,
     written: Callable[[pa.Table], object] = lambda piece: None,
 ) -> None:
-    """Write `rows` as the Arrow file at `path` (fsynced), a piece at a time; `written` is
-    called with each piece as it was written."""
+    """Write `rows` as the Arrow file at `path` (fsynced), in record batches of
+    FILE_BATCH_ROWS (`rebatched`); `written` is called with each batch as it was written."""
     pieces = [rows] if isinstance(rows, pa.Table) else rows
     tables = (p if isinstance(p, pa.Table) else pa.Table.from_batches([p]) for p in pieces)
     with ipc.new_file(str(path), schema) as writer:
