@@ -42,20 +42,12 @@ from etl.format.manifest import (
     table_from_rows,
 )
 from etl.format.shards import ShardWriter
-from loaders import (
-    PackedDataset,
-    PackedStream,
-    ShardReader,
-    balanced_order,
-    block_order,
-    class_mix_distance,
-    collate_batch,
-    make_loader,
-    open_catalog,
-    random_order,
-    stream_loader,
-    stream_order,
-)
+from loaders import PackedDataset, PackedStream, make_loader, open_catalog, stream_loader
+from loaders.dataset import collate_batch
+from loaders.orders import balanced_order, block_order, random_order
+from loaders.quality import class_mix_distance
+from loaders.reader import ShardReader
+from loaders.stream import stream_order
 
 BATCH = 256
 

@@ -89,8 +89,6 @@ class DeviceLoader:
         self.shift: torch.Tensor | None = None
         self.channels = _channels(dataset, self.layout, mean, std)
         """Channels every batch must have (None: not known here)."""
-        self._held = 0
-        """Batches pulled from `loader` and not yet handed out (0 or 1)."""
         if dtype is not None:
             channels = self.channels or 1
             m = torch.tensor(mean if mean is not None else [0.0] * channels, dtype=torch.float64)
@@ -111,23 +109,24 @@ class DeviceLoader:
         raise AttributeError(name)
 
     def state_dict(self) -> dict[str, Any]:
-        """The wrapped loader's state, without the batch this one has pulled ahead: saved
-        after k batches of the loop, it resumes at batch k + 1."""
-        if not isinstance(self.loader, PackedLoader):
-            raise TypeError("DeviceLoader resumes a PackedLoader (make_loader, stream_loader)")
-        return self.loader.state_dict(held_back=self._held)
+        """The wrapped loader's state, which leaves out the batch this one has pulled ahead
+        (see `PackedLoader.hold_back`): saved after k batches of the loop, it resumes at
+        batch k + 1, whether asked of this object or of the loader inside."""
+        return self._packed().state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._packed().load_state_dict(state)
+
+    def _packed(self) -> PackedLoader:
         if not isinstance(self.loader, PackedLoader):
             raise TypeError("DeviceLoader resumes a PackedLoader (make_loader, stream_loader)")
-        self.loader.load_state_dict(state)
+        return self.loader
 
     def __iter__(self) -> Iterator[Any]:
         if self.stream is not None:
             # The side stream must see what was queued before: scale/shift, the caller's work.
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
         batches = iter(self.loader)
-        self._held = 0
         ready = self._send(next(batches, None))
         while ready is not None:
             if self.stream is not None:
@@ -140,10 +139,15 @@ class DeviceLoader:
                 for tensor in ready[:2]:
                     tensor.record_stream(current)
             following = self._send(next(batches, None))
-            self._held = 0 if following is None else 1
+            self._hold(0 if following is None else 1)
             yield ready
             ready = following
-        self._held = 0
+        self._hold(0)
+
+    def _hold(self, batches: int) -> None:
+        """Tell the loader inside how many of its batches this one holds ahead of the loop."""
+        if isinstance(self.loader, PackedLoader):
+            self.loader.hold_back(batches)
 
     def _send(self, batch: Any) -> Any:
         """Issue the copy and conversion of one batch (on the side stream when there is one)."""

@@ -1,14 +1,19 @@
-"""DataLoader builders with defaults right for packed uint8 shards, and a resumable wrapper.
+"""The loader: a `torch.utils.data.DataLoader` subclass with defaults right for packed uint8
+shards, and exact, elastic resume.
 
-`make_loader` takes DataLoader's familiar options. What it decides for you:
+`PackedLoader` is a DataLoader (every attribute means what torch says: `batch_size`, `sampler`,
+`batch_sampler`, `drop_last`, `pin_memory`, ...), so Lightning, accelerate and anything typed
+`DataLoader` take it as it is. What it decides for you:
 - batches come from `PackedDataset.__getitems__` (one contiguous buffer) with a pass-through
   collate, never sample by sample;
 - `pin_memory` defaults to on exactly when CUDA is present; with num_workers=0 batches are
-  gathered straight into pinned memory and DataLoader does not pin (copy) them again;
+  gathered straight into pinned memory instead of being copied there afterwards;
 - with workers, batches travel through a shared-memory ring made for this loader (see
   `loaders.batches.SharedRing`), not a fresh shared buffer each;
 - `shuffle` picks an order by name from `SHUFFLES` (True means "random", False "sequential");
-  every order is distributed-aware and resumable (`PackedLoader.state_dict`).
+  every order is distributed-aware (a `DistributedSampler`) and resumable (`state_dict`).
+
+`make_loader` and `stream_loader` build one with this project's defaults (batches of 256).
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ from loaders.resume import State, check_state
 from loaders.samplers import (
     BlockShuffleSampler,
     ClassBalancedSampler,
-    OrderBatches,
     OrderSampler,
     ShuffleSampler,
 )
@@ -99,15 +103,17 @@ def resolve_pin_memory(pin_memory: bool | None) -> bool:
         warnings.warn(
             "CUDA is not available: pin_memory is off and batches stay in pageable CPU memory",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
     return False
 
 
 @dataclass
-class Progress:
+class Position:
     """How far the iteration in progress (or the last one) got: what a state is made of."""
 
+    epoch: int
+    """The epoch the iteration reads; a position of another epoch than the current is stale."""
     start: int
     """Map-style: where the epoch's segment starts in the global order (see `loaders.resume`)."""
     skip: int
@@ -116,37 +122,137 @@ class Progress:
     """Samples (map-style) the iteration had to deliver when it began."""
     batches: int = 0
     """Batches handed out by this iteration."""
+    held: int = 0
+    """Of those, batches a wrapper (`DeviceLoader`) holds and has not handed to its user."""
 
 
-class PackedLoader:
-    """A DataLoader plus how far its epoch got, for exact mid-epoch resume.
+class PackedLoader(DataLoader[Any]):
+    """A DataLoader over a `PackedDataset` or `PackedStream`, resumable mid-epoch.
+
+    The arguments are DataLoader's, with these differences: `shuffle` may also name an order
+    of `SHUFFLES`; the order is a pure function of `seed` (default 0) and the epoch, or of one
+    seed drawn from `generator` when given; `rank` and `world_size` (default: those of an
+    initialised torch.distributed) give each rank its own equal part of every epoch;
+    `pin_memory=None` pins exactly when CUDA is present; `collate_fn` left as None yields
+    `Batch(images, labels)` (an `IndexedBatch` with `with_indices`) without a copy beyond the
+    gather. A `PackedStream` brings its own batch size, order and seed.
 
     NOTE [ resume position ]: with workers, DataLoader draws indices from the sampler ahead of
-    the training loop (prefetch), so the sampler cannot know what was consumed. This wrapper
+    the training loop (prefetch), so the sampler cannot know what was consumed. The loader
     counts the batches it has handed out; batches arrive in sampler order (and a stream's in
     the workers' round-robin, see `loaders.stream`), so restarting the same order after that
     many yields exactly the remaining samples. A wrapper that pulls batches ahead of the loop
-    (`DeviceLoader`) asks for the state without the batches it holds (`held_back`).
+    (`DeviceLoader`) says how many it holds (`hold_back`), so the state of this loader and of
+    the wrapper both count only what reached the training loop.
+
+    NOTE [ trainers ]: the order samplers are `DistributedSampler`s, so Lightning injects no
+    sampler of its own over them; `state_dict`/`load_state_dict` make the loader `_Stateful`
+    for Lightning's checkpoints. accelerate's `prepare` would wrap the batch sampler once more
+    and give each rank a part of its part (accelerate#4199): the loader is already split
+    between ranks, so it says it is prepared (`_is_accelerate_prepared`) and stateful
+    (`use_stateful_dataloader`), and `save_state`/`load_state` save and restore its position.
     """
 
-    def __init__(self, dataloader: DataLoader[Any], sampler: OrderSampler | None = None) -> None:
-        self.dataloader = dataloader
-        self.sampler = sampler
-        self._progress: Progress | None = None
+    _is_accelerate_prepared = True
+    use_stateful_dataloader = True
 
-    @property
-    def dataset(self) -> Any:
-        return self.dataloader.dataset
+    def __init__(
+        self,
+        dataset: PackedDataset | PackedStream,
+        batch_size: int | None = 1,
+        shuffle: bool | str | None = None,
+        sampler: Sampler[int] | None = None,
+        batch_sampler: Sampler[Any] | None = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[Any], Any] | None = None,
+        pin_memory: bool | None = None,
+        drop_last: bool = False,
+        timeout: float = 0.0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        seed: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        with_indices: bool = False,
+        **dataloader_options: Any,
+    ) -> None:
+        if dataloader_options.get("in_order", True) is not True:
+            raise ValueError("in_order=False would make the batch order, and so resume, random")
+        pin = resolve_pin_memory(pin_memory)
+        common: dict[str, Any] = {
+            "num_workers": num_workers,
+            "timeout": timeout,
+            "worker_init_fn": worker_init_fn,
+            "multiprocessing_context": multiprocessing_context,
+            "prefetch_factor": prefetch_factor,
+            "persistent_workers": persistent_workers,
+            **dataloader_options,
+        }
+        self.order: OrderSampler | None = None
+        """The loaders order sampler behind the batches (None: a stream, or a torch sampler)."""
+        self._position: Position | None = None
+        if isinstance(dataset, PackedStream):
+            _refuse_for_stream(batch_size, shuffle, sampler, batch_sampler, drop_last, generator)
+            size = dataset.batch_size
+            shape = dataset.selection.sample_shape
+            batch_bytes = None if size is None else size * math.prod(shape)
+            memory = _memory(pin, num_workers, prefetch_factor, batch_bytes, common)
+            super().__init__(
+                dataset.with_memory(memory, num_workers, with_indices),
+                batch_size=None,
+                collate_fn=collate_batch,
+                pin_memory=pin and num_workers > 0,
+                **common,
+            )
+            return
+        if sampler is not None and shuffle:
+            raise ValueError("pass either sampler= or shuffle=, not both (as with DataLoader)")
+        if batch_sampler is None and sampler is None:
+            if batch_size is None:
+                raise ValueError("PackedLoader batches: batch_size=None is for a PackedStream")
+            options = OrderOptions(
+                batch_size, order_seed(seed, generator), rank, world_size, drop_last
+            )
+            sampler = _named_order(shuffle or False)(dataset, options)
+        self.order = _order_of(sampler, batch_sampler)
+        size = batch_size if batch_sampler is None else getattr(batch_sampler, "batch_size", None)
+        if collate_fn is None:
+            batch_bytes = None if size is None else size * math.prod(dataset.sample_shape)
+            memory = _memory(pin, num_workers, prefetch_factor, batch_bytes, common)
+        else:
+            # Another collate makes new tensors: gather into plain (or fresh shared) memory and
+            # let DataLoader pin what the collate returns.
+            memory = BatchMemory()
+        batching: dict[str, Any] = (
+            {"batch_sampler": batch_sampler}
+            if batch_sampler is not None
+            else {"batch_size": batch_size, "sampler": sampler, "drop_last": drop_last}
+        )
+        super().__init__(
+            dataset.with_memory(memory, with_indices),
+            **batching,
+            collate_fn=collate_batch if collate_fn is None else collate_fn,
+            # NOTE: without workers and with our collate the loader gathers into pinned
+            # memory itself (`_in_process`); DataLoader's pinning only ever runs on batches
+            # that workers or another collate made.
+            pin_memory=pin,
+            generator=generator,
+            **common,
+        )
 
     @property
     def epoch(self) -> int:
         """The epoch `set_epoch` selected (what per-epoch augmentation is drawn from)."""
-        target = self.sampler if self.sampler is not None else self.stream
+        target = self.order if self.order is not None else self.stream
         return int(getattr(target, "epoch", 0))
 
     @property
     def stream(self) -> PackedStream | None:
-        dataset = self.dataloader.dataset
+        dataset = self.dataset
         return dataset if isinstance(dataset, PackedStream) else None
 
     def __len__(self) -> int:
@@ -154,32 +260,33 @@ class PackedLoader:
         stream = self.stream
         if stream is not None:
             return len(stream) - (stream.pending_batches() or 0)
-        return len(self.dataloader)
+        return super().__len__()
 
-    def __iter__(self) -> Iterator[Any]:
-        progress = self._progress = self._begin()
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        position = self._position = self._begin()
         stream = self.stream
         try:
-            if self.dataloader.num_workers == 0 and self.dataloader.collate_fn is collate_batch:
-                batches = self._in_process()
+            if self.num_workers == 0 and self.collate_fn is collate_batch:
+                batches: Iterator[Any] = self._in_process()
             else:
-                batches = iter(self.dataloader)
+                batches = super().__iter__()
                 if stream is not None:
                     stream.mark_started()  # the workers took the resume point
             for batch in batches:
-                if progress is not None:
-                    progress.batches += 1
+                if position is not None:
+                    position.batches += 1
                 yield batch
         except EtlError as exc:
             raise _from_worker(exc) from None
 
-    def _begin(self) -> Progress | None:
-        if self.sampler is not None:
-            pending = self.sampler.state_dict()
-            return Progress(int(pending["start"]), int(pending["position"]), len(self.sampler))
+    def _begin(self) -> Position | None:
+        if self.order is not None:
+            pending = self.order.state_dict()
+            start, skip = int(pending["start"]), int(pending["position"])
+            return Position(self.order.epoch, start, skip, len(self.order))
         stream = self.stream
         if stream is not None:
-            return Progress(0, stream.pending_batches() or 0, 0)
+            return Position(stream.epoch, 0, stream.pending_batches() or 0, 0)
         return None
 
     def _in_process(self) -> Iterator[Any]:
@@ -195,16 +302,15 @@ class PackedLoader:
         read while the training step runs on this one instead of after it. Workers need no
         such step: DataLoader already keeps `prefetch_factor` batches a worker under way.
         """
-        loader = self.dataloader
-        collate = loader.collate_fn
-        if isinstance(loader.dataset, IterableDataset):
-            for item in loader.dataset:
+        collate = self.collate_fn
+        dataset: Any = self.dataset
+        if isinstance(dataset, IterableDataset):
+            for item in dataset:
                 yield collate(item)
             return
-        assert loader.batch_sampler is not None, "make_loader always batches"
-        dataset: Any = loader.dataset
+        assert self.batch_sampler is not None, "PackedLoader always batches"
         prefetch = getattr(dataset, "prefetch", None)
-        batches = iter(loader.batch_sampler)
+        batches = iter(self.batch_sampler)
         indices = next(batches, None)
         while indices is not None:
             batch = collate(dataset.__getitems__(indices))
@@ -213,34 +319,40 @@ class PackedLoader:
                 prefetch(indices)  # NOTE [ read the next batch ahead ]
             yield batch
 
+    def hold_back(self, batches: int) -> None:
+        """Say that `batches` of those this loader handed out are held by a wrapper (such as
+        `DeviceLoader`) and have not reached the training loop: `state_dict` leaves them out."""
+        if self._position is not None:
+            self._position.held = int(batches)
+
     def set_epoch(self, epoch: int) -> None:
         """Select the order of `epoch`; call before each epoch. After `load_state_dict`,
         `set_epoch` of the saved epoch keeps the resume point (either order works)."""
-        target = self.sampler if self.sampler is not None else self.stream
+        target = self.order if self.order is not None else self.stream
         if target is not None:
             target.set_epoch(epoch)
-        self._progress = None
+        self._position = None
 
-    def state_dict(self, held_back: int = 0) -> State:
+    def state_dict(self) -> State:
         """Plain ints and strings: what the state belongs to (dataset version, a fingerprint
         of the selection, order, seed, batch size, drop_last; a stream's workers and world
-        size) and where the epoch stands. `held_back`: batches handed out but not consumed."""
+        size) and where the epoch stands: the batches that reached the training loop."""
         identity = self._identity()
-        progress = self._progress
+        position = self._position
         stream = self.stream
-        if self.sampler is not None:
-            state = {**identity, **self.sampler.state_dict()}
-            if progress is not None:
-                size = self._batch_size()
-                done = min((progress.batches - held_back) * size, progress.remaining)
-                state.update(start=progress.start, position=progress.skip + done)
+        if self.order is not None:
+            state = {**identity, **self.order.state_dict()}
+            if position is not None and position.epoch == self.order.epoch:
+                done = (position.batches - position.held) * self._batch_size()
+                state.update(
+                    start=position.start, position=position.skip + min(done, position.remaining)
+                )
             return state
         assert stream is not None, "_identity refuses loaders that cannot resume"
-        batches = (
-            progress.skip + progress.batches - held_back
-            if progress is not None
-            else stream.pending_batches() or 0
-        )
+        if position is not None and position.epoch == stream.epoch:
+            batches = position.skip + position.batches - position.held
+        else:
+            batches = stream.pending_batches() or 0
         return {**identity, "epoch": stream.epoch, "batches": batches, "rank": stream.rank}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -251,25 +363,24 @@ class PackedLoader:
         size times world size), a stream's with its own world size."""
         identity = self._identity()
         stream = self.stream
-        if self.sampler is not None:
+        if self.order is not None:
             size = identity.pop("batch_size")
             check_state(state, identity, ("batch_size", "world_size"))
-            _check_global_batch(state, int(size), self.sampler.world_size)
-            self.sampler.load_state_dict(state)
+            _check_global_batch(state, int(size), self.order.world_size)
+            self.order.load_state_dict(state)
         else:
             assert stream is not None, "_identity refuses loaders that cannot resume"
             check_state(state, identity, ("epoch", "batches", "rank"))
             stream.resume(state["epoch"], state["batches"])
-        self._progress = None
+        self._position = None
 
     def _identity(self) -> dict[str, int | str]:
         selection = getattr(self.dataset, "selection", None)
         stream = self.stream
-        if selection is None or (self.sampler is None and stream is None):
+        if selection is None or (self.order is None and stream is None):
             raise TypeError(
-                "resuming needs one of the loaders samplers (make_loader's shuffle=, or an "
-                "OrderSampler passed as sampler=) or a PackedStream; torch samplers keep no "
-                "position"
+                "resuming needs one of the loaders samplers (shuffle=, or an OrderSampler "
+                "passed as sampler=) or a PackedStream; torch samplers keep no position"
             )
         identity: dict[str, int | str] = {
             "dataset_version": selection.version,
@@ -280,7 +391,58 @@ class PackedLoader:
         return {**identity, "batch_size": self._batch_size()}
 
     def _batch_size(self) -> int:
-        return int(getattr(self.dataloader.batch_sampler, "batch_size", 1))
+        return int(getattr(self.batch_sampler, "batch_size", None) or 1)
+
+
+def _named_order(shuffle: bool | str) -> Callable[[PackedDataset, OrderOptions], OrderSampler]:
+    name = ("random" if shuffle else "sequential") if isinstance(shuffle, bool) else shuffle
+    factory = SHUFFLES.get(name)
+    if factory is None:
+        raise ValueError(f"unknown shuffle {shuffle!r}; expected a bool or one of {list(SHUFFLES)}")
+    return factory
+
+
+def _order_of(sampler: Any, batch_sampler: Any) -> OrderSampler | None:
+    """The order sampler a loader's batches come from, if it is one of ours."""
+    inner = getattr(batch_sampler, "sampler", None) if batch_sampler is not None else sampler
+    return inner if isinstance(inner, OrderSampler) else None
+
+
+def _refuse_for_stream(
+    batch_size: int | None,
+    shuffle: Any,
+    sampler: Any,
+    batch_sampler: Any,
+    drop_last: bool,
+    generator: Any,
+) -> None:
+    """A stream's batch size, order, seed and drop_last are its own; say so for each."""
+    given = {
+        "sampler": sampler is not None,
+        "batch_sampler": batch_sampler is not None,
+        "shuffle": shuffle is not None and shuffle is not False,
+        "drop_last": drop_last,
+        "generator": generator is not None,
+        "batch_size": batch_size not in (None, 1),
+    }
+    for name, is_given in given.items():
+        if is_given:
+            raise ValueError(
+                f"a PackedStream brings its own batch size, order and seed: pass {name}= to "
+                "PackedStream(...), not to the loader"
+            )
+
+
+def _memory(
+    pin: bool,
+    num_workers: int,
+    prefetch_factor: int | None,
+    batch_bytes: int | None,
+    options: Mapping[str, Any],
+) -> BatchMemory:
+    return batch_memory(
+        pin, num_workers, prefetch_factor, batch_bytes, options.get("multiprocessing_context")
+    )
 
 
 def _check_global_batch(state: Mapping[str, Any], batch_size: int, world_size: int) -> None:
@@ -342,7 +504,7 @@ def make_loader(
     multiprocessing_context: Any = None,
     with_indices: bool = False,
 ) -> PackedLoader:
-    """A DataLoader over `dataset`, batched by `__getitems__`, wrapped for resume.
+    """A `PackedLoader` (a DataLoader) over `dataset` in batches of 256 unless told otherwise.
 
     `shuffle` is a `SHUFFLES` name or a bool; `sampler` (any torch sampler of indices) replaces
     it. `drop_last` drops the short last batch and, across ranks, the tail that does not split
@@ -365,46 +527,26 @@ def make_loader(
     per-batch costs are small next to the copy and 2 workers deliver ~1.5x. Workers also pay
     off by keeping the training process's share small, and for a per-sample `transform`.
     """
-    if sampler is not None and shuffle:
-        raise ValueError("pass either sampler= or shuffle=, not both (as with DataLoader)")
-    if sampler is None:
-        name = ("random" if shuffle else "sequential") if isinstance(shuffle, bool) else shuffle
-        factory = SHUFFLES.get(name)
-        if factory is None:
-            raise ValueError(
-                f"unknown shuffle {shuffle!r}; expected a bool or one of {list(SHUFFLES)}"
-            )
-        options = OrderOptions(batch_size, order_seed(seed, generator), rank, world_size, drop_last)
-        sampler = factory(dataset, options)
-    pin = resolve_pin_memory(pin_memory)
-    if collate_fn is None:
-        batch_bytes = batch_size * math.prod(dataset.sample_shape)
-        memory = batch_memory(
-            pin, num_workers, prefetch_factor, batch_bytes, multiprocessing_context
-        )
-    else:
-        # Another collate makes new tensors: gather into plain (or fresh shared) memory and
-        # let DataLoader pin what the collate returns.
-        memory = BatchMemory()
-    batching: dict[str, Any] = (
-        {"batch_sampler": OrderBatches(sampler, batch_size, drop_last)}
-        if isinstance(sampler, OrderSampler)
-        else {"batch_size": batch_size, "sampler": sampler, "drop_last": drop_last}
-    )
-    loader = DataLoader(
-        dataset.with_memory(memory, with_indices),
-        **batching,
+    return PackedLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        sampler=sampler,
         num_workers=num_workers,
-        collate_fn=collate_batch if collate_fn is None else collate_fn,
-        pin_memory=pin and (num_workers > 0 or collate_fn is not None),
+        collate_fn=collate_fn,
+        pin_memory=pin_memory,
+        drop_last=drop_last,
         timeout=timeout,
         worker_init_fn=worker_init_fn,
         multiprocessing_context=multiprocessing_context,
         generator=generator,
         prefetch_factor=prefetch_factor,
         persistent_workers=persistent_workers,
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        with_indices=with_indices,
     )
-    return PackedLoader(loader, sampler if isinstance(sampler, OrderSampler) else None)
 
 
 def order_seed(seed: int | None, generator: torch.Generator | None) -> int:
@@ -430,27 +572,22 @@ def stream_loader(
     with_indices: bool = False,
     generator: torch.Generator | None = None,
 ) -> PackedLoader:
-    """A DataLoader over a `PackedStream`; batch size, order, seed and drop_last are the
-    stream's. `len()` is the batches this rank yields (equal on every rank); the state
-    resumes with the same number of workers and ranks."""
+    """A `PackedLoader` (a DataLoader) over a `PackedStream`; batch size, order, seed and
+    drop_last are the stream's. `len()` is the batches this rank yields (equal on every rank);
+    the state resumes with the same number of workers and ranks."""
     if generator is not None:
         raise ValueError(
             "a stream's order comes from PackedStream(seed=...); generator= would not change it"
         )
-    pin = resolve_pin_memory(pin_memory)
-    size = stream.batch_size
-    batch_bytes = None if size is None else size * math.prod(stream.selection.sample_shape)
-    memory = batch_memory(pin, num_workers, prefetch_factor, batch_bytes, multiprocessing_context)
-    loader = DataLoader(
-        stream.with_memory(memory, num_workers, with_indices),
+    return PackedLoader(
+        stream,
         batch_size=None,
         num_workers=num_workers,
-        collate_fn=collate_batch,
-        pin_memory=pin and num_workers > 0,
+        pin_memory=pin_memory,
         timeout=timeout,
         worker_init_fn=worker_init_fn,
         multiprocessing_context=multiprocessing_context,
         prefetch_factor=prefetch_factor,
         persistent_workers=persistent_workers,
+        with_indices=with_indices,
     )
-    return PackedLoader(loader)

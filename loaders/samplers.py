@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from torch.utils.data import Sampler
+from torch.utils.data import DistributedSampler
 
 from loaders.dist import rank_and_world
 from loaders.orders import (
@@ -27,9 +27,15 @@ from loaders.orders import (
 from loaders.resume import State, check_state, resume_point
 
 
-class OrderSampler(Sampler[int]):
+class OrderSampler(DistributedSampler[int]):
     """Base class: subclasses say how long the global order is, how to compute it, and what it
-    is (`describe`, checked when a state is loaded)."""
+    is (`describe`, checked when a state is loaded).
+
+    A `DistributedSampler` in what it promises (each rank an equal, disjoint part of every
+    epoch, `set_epoch`, `num_replicas`, `rank`, `num_samples`), so trainers that put one
+    under a loader that has none (Lightning) see that it has one. DistributedSampler's own
+    constructor is not called: it needs a dataset and computes nothing used here.
+    """
 
     def __init__(
         self,
@@ -41,7 +47,10 @@ class OrderSampler(Sampler[int]):
         self.seed = int(seed)
         self.epoch = 0
         self.rank, self.world_size = rank_and_world(rank, world_size)
+        self.num_replicas = self.world_size
         self.drop_last = drop_last
+        self.shuffle = True
+        """DistributedSampler's flag; an order that is not random sets it False."""
         self._start = 0
         """Where the epoch's segment begins in the global order (after an elastic resume)."""
         self._resume_at = 0
@@ -68,6 +77,16 @@ class OrderSampler(Sampler[int]):
         """Samples per rank in the current epoch's segment (the whole epoch unless resumed)."""
         n, w = max(self.global_length() - self._start, 0), self.world_size
         return n // w if self.drop_last else -(-n // w)
+
+    @property
+    def num_samples(self) -> int:  # type: ignore[override]
+        """DistributedSampler's name for the samples per rank of an epoch."""
+        return self.rank_length()
+
+    @property
+    def total_size(self) -> int:  # type: ignore[override]
+        """DistributedSampler's name for the samples of all ranks in an epoch, padding in."""
+        return self.rank_length() * self.world_size
 
     def __len__(self) -> int:
         return self.rank_length() - self._resume_at
@@ -155,35 +174,6 @@ PROGRESS = ("epoch", "start", "position", "rank", "world_size")
 """The progress fields of a sampler's state."""
 
 
-class OrderBatches(Sampler[Order]):
-    """A batch sampler over an `OrderSampler`: batches are slices of its order array.
-
-    What `BatchSampler(sampler, batch_size, drop_last)` yields, as numpy arrays instead of
-    lists built one int at a time: `__getitems__` takes them as they are, and with workers each
-    travels to a worker as one small array.
-    """
-
-    def __init__(self, sampler: OrderSampler, batch_size: int, drop_last: bool = False) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.sampler = sampler
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-
-    def __iter__(self) -> Iterator[Order]:
-        # NOTE: a generator, so nothing happens until the first batch is asked for: DataLoader
-        # calls iter() on its batch sampler twice when it starts workers, and only the second
-        # is used; an eager first call would spend the sampler's resume point.
-        order, size = self.sampler.remaining(), self.batch_size
-        end = len(order) - len(order) % size if self.drop_last else len(order)
-        for start in range(0, end, size):
-            yield order[start : start + size]
-
-    def __len__(self) -> int:
-        n = len(self.sampler)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-
-
 class ShuffleSampler(OrderSampler):
     """A random permutation per epoch (or the sequential order): DistributedSampler's behaviour."""
 
@@ -198,7 +188,7 @@ class ShuffleSampler(OrderSampler):
     ) -> None:
         super().__init__(seed, rank, world_size, drop_last)
         self.n = int(n)
-        self.shuffle = shuffle
+        self.shuffle = bool(shuffle)
 
     def global_length(self) -> int:
         return self.n
@@ -259,13 +249,15 @@ class ClassBalancedSampler(OrderSampler):
     ) -> None:
         super().__init__(seed, rank, world_size, drop_last)
         self.labels = labels
-        self.num_samples = len(labels) if num_samples is None else int(num_samples)
+        self.epoch_samples = len(labels) if num_samples is None else int(num_samples)
+        """Samples of all ranks in an epoch (`num_samples` is, as for any
+        DistributedSampler, this rank's)."""
 
     def global_length(self) -> int:
-        return self.num_samples
+        return self.epoch_samples
 
     def global_order(self, epoch: int) -> Order:
-        return balanced_order(self.labels, self.seed, epoch, self.num_samples)
+        return balanced_order(self.labels, self.seed, epoch, self.epoch_samples)
 
     def describe(self) -> str:
-        return f"balanced(n={len(self.labels)}, num_samples={self.num_samples})"
+        return f"balanced(n={len(self.labels)}, num_samples={self.epoch_samples})"

@@ -11,7 +11,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from packed import make_packed
 
-from loaders import PackedDataset, make_loader, rank_and_world
+from loaders import PackedDataset, make_loader
+from loaders.dist import rank_and_world
 
 WORLD = 2
 

@@ -9,16 +9,12 @@ import pytest
 import torch
 from packed import Packed, make_packed
 from page_cache import cached_fraction, cold_packed, wait_for
+from torch.utils.data import DataLoader
 
 import loaders.loader
-from loaders import (
-    SHUFFLES,
-    Batch,
-    DeviceLoader,
-    PackedDataset,
-    make_loader,
-    prepare_images,
-)
+from loaders import Batch, DeviceLoader, PackedDataset, make_loader
+from loaders.device import prepare_images
+from loaders.loader import SHUFFLES
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +140,7 @@ def test_without_cuda_pinning_is_off_and_said_once(
     assert [str(w.message) for w in caught] == [
         "CUDA is not available: pin_memory is off and batches stay in pageable CPU memory"
     ]
-    assert not loader.dataloader.pin_memory and not loader.dataset.pin_output
+    assert not loader.pin_memory and not loader.dataset.pin_output
     assert not next(iter(loader)).images.is_pinned()
 
 
@@ -222,44 +218,41 @@ def test_spawned_workers_reopen_shards_from_the_pickled_selection(packed: Packed
     assert positions_of(ds, packed, list(loader)) == expected
 
 
-@pytest.mark.parametrize(
-    ("num_workers", "gather_pinned", "loader_pins"), [(0, True, False), (2, False, True)]
-)
+@pytest.mark.parametrize(("num_workers", "gather_pinned"), [(0, True), (2, False)])
 def test_with_cuda_batches_are_pinned_once(
-    packed: Packed,
-    monkeypatch: pytest.MonkeyPatch,
-    num_workers: int,
-    gather_pinned: bool,
-    loader_pins: bool,
+    packed: Packed, monkeypatch: pytest.MonkeyPatch, num_workers: int, gather_pinned: bool
 ) -> None:
+    """`pin_memory` means what torch says (batches arrive pinned); without workers they are
+    gathered into pinned memory, with workers DataLoader's pin thread copies them there."""
     # Only the routing can run here: pinned allocation itself needs a CUDA build and device.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     loader = make_loader(PackedDataset.open(packed.root), num_workers=num_workers)
     assert loader.dataset.pin_output is gather_pinned
-    assert loader.dataloader.pin_memory is loader_pins
+    assert loader.pin_memory is True
     unpinned = make_loader(PackedDataset.open(packed.root), pin_memory=False)
-    assert not unpinned.dataset.pin_output and not unpinned.dataloader.pin_memory
+    assert not unpinned.dataset.pin_output and not unpinned.pin_memory
 
 
 @pytest.mark.parametrize("shuffle", ["random", "blocks"])
 def test_in_process_batches_are_what_dataloader_yields(packed: Packed, shuffle: str) -> None:
-    """Without workers PackedLoader calls the dataset itself; DataLoader must agree with it."""
+    """Without workers PackedLoader calls the dataset itself; torch's own DataLoader iterator
+    over the same loader must agree with it."""
     ds = PackedDataset.open(packed.root)
     ours = make_loader(ds, batch_size=6, shuffle=shuffle, seed=4, drop_last=True)
     theirs = make_loader(ds, batch_size=6, shuffle=shuffle, seed=4, drop_last=True)
     for epoch in (0, 1):
         ours.set_epoch(epoch)
         theirs.set_epoch(epoch)
-        got, expected = list(ours), list(theirs.dataloader)
+        got, expected = list(ours), list(DataLoader.__iter__(theirs))
         assert len(got) == len(expected) == len(ds) // 6
         for a, b in zip(got, expected, strict=True):
             assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)
     sampler = torch.utils.data.RandomSampler(ds, generator=torch.Generator().manual_seed(5))
     torch_loader = make_loader(ds, batch_size=6, sampler=sampler)
-    torch_loader.dataloader.sampler.generator.manual_seed(5)
+    sampler.generator.manual_seed(5)
     first = positions_of(ds, packed, list(torch_loader))
-    torch_loader.dataloader.sampler.generator.manual_seed(5)
-    assert first == positions_of(ds, packed, list(torch_loader.dataloader))
+    sampler.generator.manual_seed(5)
+    assert first == positions_of(ds, packed, list(DataLoader.__iter__(torch_loader)))
     assert sorted(first) == sorted(ds.selection.positions.tolist())
 
 

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from packed import Packed, make_packed
 from page_cache import cached_fraction, cached_pages, cold_packed, row_cached, wait_for
 
-from loaders import ShardReader, ShardSet, open_catalog
-from loaders.reader import advise_file, row_pages
+from loaders import open_catalog
+from loaders.catalog import ShardSet
+from loaders.reader import ShardReader, advise_file, row_pages
 
 
 @pytest.fixture(scope="module")

@@ -20,20 +20,10 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
-from loaders import (
-    BlockShuffleSampler,
-    ClassBalancedSampler,
-    OrderBatches,
-    PackedDataset,
-    ShuffleSampler,
-    balanced_order,
-    block_order,
-    class_mix_distance,
-    collate_batch,
-    partition,
-    random_order,
-    shuffle_quality,
-)
+from loaders import BlockShuffleSampler, ClassBalancedSampler, PackedDataset, ShuffleSampler
+from loaders.dataset import collate_batch
+from loaders.orders import balanced_order, block_order, partition, random_order
+from loaders.quality import class_mix_distance, shuffle_quality
 
 
 @pytest.fixture(scope="module")
@@ -282,26 +272,22 @@ def test_block_shuffle_mixes_class_sorted_shards_nearly_like_random() -> None:
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
-@pytest.mark.parametrize("batch_size", [1, 4, 7, 30, 31])
-def test_order_batches_are_what_batch_sampler_yields(
-    packed: Packed, batch_size: int, drop_last: bool
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_order_samplers_are_distributed_samplers_by_torch_meaning(
+    packed: Packed, world_size: int, drop_last: bool
 ) -> None:
+    """Trainers read DistributedSampler's attributes: each must mean what torch says."""
     n = len(packed.labels)
-    for make in (
-        lambda: ShuffleSampler(n, seed=3, rank=1, world_size=2),
-        lambda: BlockShuffleSampler(np.arange(n) // 5, block=3, window=9, seed=1),
-        lambda: ClassBalancedSampler(packed.labels, num_samples=23, seed=2),
-    ):
-        ours, theirs = make(), make()
-        ours.resume(2, 3)
-        theirs.resume(2, 3)
-        batches = OrderBatches(ours, batch_size, drop_last)
-        expected = list(BatchSampler(theirs, batch_size, drop_last))
-        assert len(batches) == len(expected)
-        got = list(batches)
-        assert all(isinstance(b, np.ndarray) and b.dtype == np.int64 for b in got)
-        assert [b.tolist() for b in got] == expected
-        # The resume point applied to that iteration only, as it does for the sampler.
-        assert [b.tolist() for b in batches] == list(BatchSampler(theirs, batch_size, drop_last))
-    with pytest.raises(ValueError, match="batch_size"):
-        OrderBatches(ShuffleSampler(n), 0)
+    for rank in range(world_size):
+        for sampler in (
+            ShuffleSampler(n, seed=3, rank=rank, world_size=world_size, drop_last=drop_last),
+            BlockShuffleSampler(np.arange(n) // 5, 3, 9, 1, rank, world_size, drop_last),
+            ClassBalancedSampler(packed.labels, 23, 2, rank, world_size, drop_last),
+        ):
+            assert isinstance(sampler, DistributedSampler)
+            assert (sampler.rank, sampler.num_replicas) == (rank, world_size)
+            total = sampler.global_length()
+            per_rank = total // world_size if drop_last else -(-total // world_size)
+            assert sampler.num_samples == len(list(sampler)) == per_rank > 0
+            assert sampler.total_size == per_rank * world_size
+    assert ShuffleSampler(n, shuffle=False).shuffle is False

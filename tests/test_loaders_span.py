@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from packed import Packed, make_packed
 
 from etl.format.shards import HEADER_BYTES
-from loaders import ShardReader, open_catalog
+from loaders import open_catalog
+from loaders.reader import ShardReader
 from loaders.span import SUPPORTED, ShardSpan, layout
 
 pytestmark = pytest.mark.skipif(not SUPPORTED, reason="shard spans need Linux or macOS")

@@ -8,14 +8,8 @@ import numpy as np
 import pytest
 from packed import Packed, make_packed
 
-from loaders import (
-    PackedStream,
-    deal_pieces,
-    open_catalog,
-    slot_share,
-    stream_loader,
-    stream_order,
-)
+from loaders import PackedStream, open_catalog, stream_loader
+from loaders.stream import deal_pieces, slot_share, stream_order
 
 
 @pytest.fixture(scope="module")
