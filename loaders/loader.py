@@ -256,10 +256,12 @@ class PackedLoader(DataLoader[Any]):
         return dataset if isinstance(dataset, PackedStream) else None
 
     def __len__(self) -> int:
-        """Batches left in this epoch's iteration (all of them unless resuming)."""
+        """Batches of a whole epoch on this rank, as DataLoader's `len` (trainers count an
+        epoch's steps by it and resume their own count); an epoch resumed from a state yields
+        the batches not delivered before it was saved."""
         stream = self.stream
         if stream is not None:
-            return len(stream) - (stream.pending_batches() or 0)
+            return len(stream)
         return super().__len__()
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
@@ -283,7 +285,7 @@ class PackedLoader(DataLoader[Any]):
         if self.order is not None:
             pending = self.order.state_dict()
             start, skip = int(pending["start"]), int(pending["position"])
-            return Position(self.order.epoch, start, skip, len(self.order))
+            return Position(self.order.epoch, start, skip, self.order.left())
         stream = self.stream
         if stream is not None:
             return Position(stream.epoch, 0, stream.pending_batches() or 0, 0)

@@ -78,18 +78,25 @@ class OrderSampler(DistributedSampler[int]):
         n, w = max(self.global_length() - self._start, 0), self.world_size
         return n // w if self.drop_last else -(-n // w)
 
+    def left(self) -> int:
+        """Samples the next iteration yields: the epoch's, less those a loaded state skips."""
+        return self.rank_length() - self._resume_at
+
     @property
     def num_samples(self) -> int:  # type: ignore[override]
-        """DistributedSampler's name for the samples per rank of an epoch."""
-        return self.rank_length()
+        """Samples per rank in a whole epoch (DistributedSampler's name)."""
+        n, w = self.global_length(), self.world_size
+        return n // w if self.drop_last else -(-n // w)
 
     @property
     def total_size(self) -> int:  # type: ignore[override]
-        """DistributedSampler's name for the samples of all ranks in an epoch, padding in."""
-        return self.rank_length() * self.world_size
+        """Samples of all ranks in a whole epoch, padding included (DistributedSampler's name)."""
+        return self.num_samples * self.world_size
 
     def __len__(self) -> int:
-        return self.rank_length() - self._resume_at
+        """A whole epoch's samples on this rank, as DistributedSampler's: trainers size their
+        epoch loops by it; an epoch resumed from a state yields the `left()` of them."""
+        return self.num_samples
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.remaining().tolist())
@@ -116,7 +123,7 @@ class OrderSampler(DistributedSampler[int]):
         if self._pending:
             if epoch == self.epoch:
                 return
-            if (self._resume_at or self._start) and len(self):
+            if (self._resume_at or self._start) and self.left():
                 raise ValueError(
                     f"a loaded state resumes epoch {self.epoch} at position {self._resume_at}; "
                     f"call set_epoch({self.epoch}) before iterating, or load no state to start "

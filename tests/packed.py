@@ -9,6 +9,7 @@ deletion). Everything the tests compare against is kept here, independent of the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,15 +65,17 @@ def make_packed(
     layout: str = "HWC",
     seed: int = 0,
     orphans: int = 1,
+    split_of: Callable[[int], str] | None = None,
 ) -> Packed:
-    """Write shards and commit version 1 of a dataset under `root`."""
+    """Write shards and commit version 1 of a dataset under `root`; sample i's split is
+    `split_of(i)` (default: every fourth "val", the rest "train")."""
     rng = np.random.default_rng(seed)
     n = sum(shard_sizes)
     labels = np.sort(rng.integers(0, len(classes), n))
     labels[: len(classes)] = np.arange(len(classes))  # every class present
     labels = np.sort(labels)
     images = rng.integers(0, 256, size=(n, *sample_shape), dtype=np.uint8)
-    splits = ["val" if i % 4 == 1 else "train" for i in range(n)]
+    splits = [split_of(i) if split_of else "val" if i % 4 == 1 else "train" for i in range(n)]
     sources = [f"{classes[label]}/{i:04d}.png" for i, label in enumerate(labels)]
     sample_rows, shard_rows, shards, rows = [], [], [], []
     i = 0

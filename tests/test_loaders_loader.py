@@ -111,7 +111,7 @@ def test_resume_mid_epoch_gives_exactly_the_rest(
 
     second = loader()
     second.load_state_dict(state)
-    assert len(second) == len(reference) - stop_after
+    assert len(second) == len(reference), "a whole epoch, as DataLoader's len()"
     rest = positions_of(ds, packed, list(second))
     assert positions_of(ds, packed, seen) + rest == whole
     assert second.state_dict()["position"] == len(whole)

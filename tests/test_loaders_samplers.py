@@ -161,7 +161,7 @@ def test_sampler_resume_and_state_is_plain_ints() -> None:
     }
     other = BlockShuffleSampler(shard_runs([9, 4, 12]), block=3, window=6, seed=5)
     other.load_state_dict(state)
-    assert len(other) == len(full) - 10
+    assert len(other) == len(full) and other.left() == len(full) - 10
     assert list(other) == full[10:]
     assert list(other) == full, "a resume point applies to one iteration"
     with pytest.raises(ValueError, match="loader state is for seed 5, this loader has 0"):
