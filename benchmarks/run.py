@@ -12,6 +12,7 @@ import sys
 BENCHMARKS = (
     "bench_pack",
     "bench_loaders",
+    "bench_workers",
     "bench_incremental",
     "bench_audit",
     "bench_dask",

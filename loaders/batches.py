@@ -32,6 +32,8 @@ import torch
 from numpy.typing import NDArray
 from torch.utils.data import get_worker_info
 
+from loaders.span import prefault
+
 Fill = Callable[[NDArray[np.uint8]], None]
 """Writes a batch into the C-contiguous uint8 array it is given (shaped like the batch)."""
 
@@ -213,6 +215,7 @@ class SharedRing:
         data, owner = self.arrays()
         try:
             images = data[slot, : math.prod(shape)].reshape(shape)
+            prefault(images)  # NOTE [ prefault the ring ] in loaders.span
             fill(images)
         except BaseException:
             owner[slot] = 0

@@ -67,6 +67,27 @@ def _libc() -> ctypes.CDLL:
 
 _LIBC = _libc() if SUPPORTED else None
 
+_POPULATE_WRITE = 23
+"""MADV_POPULATE_WRITE (Linux 5.14): map every page of a range, writable, in one call."""
+
+
+def prefault(array: NDArray[np.uint8]) -> None:
+    """Map the pages of `array` (shared memory about to be filled) writable in one call,
+    instead of one page fault per 4 KiB as the copy reaches them. Advice only: a kernel or
+    system without MADV_POPULATE_WRITE ignores it, and the copy faults the pages in as before.
+
+    NOTE [ prefault the ring ]: a DataLoader worker started for an epoch (workers not
+    persistent, DataLoader's default) maps the shared ring afresh, and the first copy into
+    each 37 MiB slot of a 224x224x3 batch took ~9,400 page faults. Measured with
+    benchmarks/bench_workers.py (5,000 samples, 2 workers, 2-core VM): the workers' system
+    time per epoch fell from 0.23 to 0.13 s and the epoch from ~185 to ~135 ms with it.
+    """
+    if _LIBC is None or sys.platform != "linux" or array.nbytes == 0:
+        return
+    start = array.ctypes.data
+    aligned = start - start % _PAGE
+    _LIBC.madvise(aligned, start + array.nbytes - aligned, _POPULATE_WRITE)
+
 
 def _map(address: int | None, length: int, flags: int, fd: int = -1) -> int:
     assert _LIBC is not None

@@ -79,3 +79,19 @@ def test_bench_cold_tiny(tmp_path: Path) -> None:
     for name in ("device: pread, 16 threads", "per-row copy", "loaders blocks, 2 workers"):
         assert f"| {name}" in result.stdout, result.stdout
     assert list(tmp_path.iterdir()) == []  # the dataset is removed
+
+
+def test_bench_workers_measures_two_trees_side_by_side() -> None:
+    """The A/B form: this checkout as its own baseline, every contender in both."""
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_workers", "--samples=1000", "--size=16"]
+        + ["--rounds=1", f"--baseline={REPO}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr
+    for tree in ("this", "baseline"):
+        for contender in ("0 workers", "2 workers", "2 workers, persistent", "per-row copy"):
+            assert f"| {tree} | {contender}" in result.stdout, result.stdout

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import gc
+import mmap
 import multiprocessing
 import os
 import pickle
+import resource
+import sys
 import warnings
 
 import numpy as np
@@ -14,7 +17,8 @@ import torch
 from packed import Packed, make_packed
 
 from loaders import DeviceLoader, PackedDataset, PackedStream, make_loader, stream_loader
-from loaders.batches import BatchMemory, BufferPool, SharedRing
+from loaders.batches import BatchMemory, BufferPool, SharedRing, _shared_bytes
+from loaders.span import prefault
 
 
 @pytest.fixture(scope="module")
@@ -187,3 +191,20 @@ def test_device_loader_over_workers_sees_every_batch_intact(packed: Packed) -> N
         expected = torch.from_numpy(images_of(ds, packed, idx)).permute(0, 3, 1, 2)
         assert torch.equal(images, expected)
         assert labels.tolist() == packed.labels[ds.selection.positions[idx]].tolist()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="MADV_POPULATE_WRITE is Linux's")
+def test_prefault_maps_a_fresh_shared_slot_in_one_call() -> None:
+    """A worker's first copy into a ring slot takes no page fault per page once prefaulted."""
+
+    def faults_writing(prefaulted: bool) -> int:
+        slot = _shared_bytes(8 << 20).numpy()
+        if prefaulted:
+            prefault(slot)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        slot[:] = 7
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    pages = (8 << 20) // mmap.PAGESIZE
+    assert faults_writing(False) > pages // 2, "a fresh mapping faults as it is written"
+    assert faults_writing(True) < pages // 20
