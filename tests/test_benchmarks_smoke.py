@@ -83,9 +83,9 @@ def test_bench_cold_tiny(tmp_path: Path) -> None:
 
 def test_bench_workers_measures_two_trees_side_by_side() -> None:
     """The A/B form: this checkout as its own baseline, every contender in both."""
+    options = ["--samples=1000", "--size=16", "--rounds=1", f"--baseline={REPO}"]
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_workers", "--samples=1000", "--size=16"]
-        + ["--rounds=1", f"--baseline={REPO}"],
+        [sys.executable, "-m", "benchmarks.bench_workers", *options],
         cwd=REPO,
         capture_output=True,
         text=True,
