@@ -131,28 +131,38 @@ def test_lightning_fits_validates_and_tests_with_the_loaders_as_they_are(
     assert first != [positions(packed, r["train"]["1"]) for r in ranks], "set_epoch reached us"
 
 
+@pytest.mark.parametrize("world", [1, 2], ids=["one-process", "ddp-2-processes"])
 def test_lightning_killed_mid_epoch_resumes_from_its_own_checkpoint(
-    packed: Packed, tmp_path: Path
+    packed: Packed, tmp_path: Path, world: int
 ) -> None:
     """Checkpoints every 2 steps, SIGKILL during step 5, `fit(ckpt_path=...)` from step 4: the
     resumed run trains on exactly the batches the killed run had not finished, then on whole
-    epochs in the uninterrupted run's order."""
-    lightning(packed, tmp_path / "whole")
+    epochs in the uninterrupted run's order, on every rank."""
+    lightning(packed, tmp_path / "whole", world=world)
     killed = tmp_path / "killed"
     killed.mkdir()
     script = str(SCRIPTS / "lightning_run.py")
-    done = run([script, str(packed.root), str(killed), "--save-every=2", "--kill-after-step=5"])
-    assert done.returncode == -9, "the run died as a killed node does"
-    checkpoint = killed / "epoch=0-step=4.ckpt"
+    extra = ["--save-every=2", "--kill-after-step=5"]
+    done = run([script, str(packed.root), str(killed), *extra], world)
+    assert done.returncode == (-9 if world == 1 else 1), "the run died as a killed node does"
+    per_epoch = len(packed.indices("train")) // 4 // world  # steps (batches of 4 a rank)
+    epoch, done_in_epoch = divmod(4, per_epoch)
+    checkpoint = killed / f"epoch={epoch}-step=4.ckpt"
     assert checkpoint.exists(), sorted(p.name for p in killed.iterdir())
-    lightning(packed, tmp_path / "resumed", f"--resume={checkpoint}")
+    lightning(packed, tmp_path / "resumed", f"--resume={checkpoint}", world=world)
 
-    whole = seen_by_rank(tmp_path / "whole", 1)[0]["train"]
-    died = seen_by_rank(killed, 1)[0]["train"]["0"]
-    resumed = seen_by_rank(tmp_path / "resumed", 1)[0]["train"]
-    assert len(died) == 5 * 4 and died == whole["0"][:20], "the killed run's five steps"
-    assert resumed["0"] == whole["0"][16:], "steps 5 and 6: nothing lost, nothing twice"
-    assert resumed["1"] == whole["1"]
+    for rank in range(world):
+        whole = seen_by_rank(tmp_path / "whole", world)[rank]["train"]
+        died = seen_by_rank(killed, world)[rank]["train"]
+        resumed = seen_by_rank(tmp_path / "resumed", world)[rank]["train"]
+        assert [len(v) for v in whole.values()] == [per_epoch * 4] * 2
+        assert died[str(epoch)] == whole[str(epoch)][: len(died[str(epoch)])]
+        assert sum(len(v) for v in died.values()) == 5 * 4, "the killed run's five steps"
+        resumed_epoch = whole[str(epoch)][done_in_epoch * 4 :]
+        assert resumed[str(epoch)] == resumed_epoch, "after step 4: nothing lost, none twice"
+        assert {e: v for e, v in resumed.items() if e != str(epoch)} == {
+            e: v for e, v in whole.items() if int(e) > epoch
+        }, "then whole epochs, in the uninterrupted run's order"
 
 
 # --- accelerate ----------------------------------------------------------------------------
