@@ -200,28 +200,39 @@ def report_device(device: torch.device, workdir: Path, quick: bool, tiny: bool) 
             )
         rows.append(["limit: 1 GiB pinned copy", f"{limit / 1e9:.1f}", "100%"])
         print(table(["host -> device", "GB/s", "of limit"], rows))
+        del big, target, pinned  # 2 GiB that must not count in the memory measured below
+        torch.cuda.empty_cache()
     else:
         limit = float("nan")
 
     ds = PackedDataset.open(workdir)
     augment = RandomResizedCrop(size, seed=0)
 
-    def feed(loader: Iterable[Any], steps: int, step: Callable[[torch.Tensor], Any]) -> float:
-        """Seconds per batch over `steps` batches of `loader`, each followed by `step`."""
-        done, start = 0, time.perf_counter()
+    def feed(
+        loader: Iterable[Any], steps: int, step: Callable[[torch.Tensor], Any]
+    ) -> tuple[float, float]:
+        """(seconds to the first batch: workers' start-up and the first copy; seconds per
+        batch after it) over `steps` batches of `loader`, each followed by `step`."""
+        done, start, first = 0, time.perf_counter(), 0.0
         for images, *_ in loader:
             step(images)
             done += 1
+            if done == 1:
+                _sync(device)
+                first = time.perf_counter() - start
+                start = time.perf_counter()
             if done == steps:
                 break
         _sync(device)
-        return (time.perf_counter() - start) / max(done, 1)
+        return first, (time.perf_counter() - start) / max(done - 1, 1)
 
     steps = 4 if tiny else (20 if quick else 60)
     loader = make_loader(ds, batch_size=batch, shuffle=True, with_indices=True, num_workers=2)
 
-    def on_device(**kw: Any) -> DeviceLoader:
-        return DeviceLoader(loader, device, dtype=torch.float32, mean=MEAN, std=STD, **kw)
+    in_process = make_loader(ds, batch_size=batch, shuffle=True, with_indices=True)
+
+    def on_device(source: Any = loader, **kw: Any) -> DeviceLoader:
+        return DeviceLoader(source, device, dtype=torch.float32, mean=MEAN, std=STD, **kw)
 
     def per_sample_transform(image: torch.Tensor) -> torch.Tensor:
         top, left = (stored - size) // 2, (stored - size) // 2
@@ -237,12 +248,15 @@ def report_device(device: torch.device, workdir: Path, quick: bool, tiny: bool) 
         num_workers=2,
     )
     nothing: Callable[[torch.Tensor], Any] = lambda images: None  # noqa: E731
-    torch.cuda.reset_peak_memory_stats(device) if cuda else None
     rows = []
     for name, run in (
         (
             "DeviceLoader + RandomResizedCrop (batched, on device)",
             lambda: on_device(augment=augment),
+        ),
+        (
+            "the same, 0 workers",
+            lambda: on_device(in_process, augment=augment),
         ),
         (
             "DeviceLoader, per-sample transform in the dataset",
@@ -252,16 +266,20 @@ def report_device(device: torch.device, workdir: Path, quick: bool, tiny: bool) 
         ),
         ("DeviceLoader, no augmentation", lambda: on_device()),
     ):
-        per_batch = feed(run(), steps, nothing)
+        first, per_batch = feed(run(), steps, nothing)
         rows.append(
             [
                 name,
+                f"{first * 1e3:.0f}",
                 f"{batch / per_batch:,.0f}",
                 f"{batch / per_batch / (limit / (stored * stored * 3)):.0%}" if cuda else "-",
             ]
         )
-    print(f"\n{size}x{size} crops from {stored}x{stored} shards, batch {batch}, 2 workers:\n")
-    print(table(["feed", "samples/s", "of copy limit"], rows))
+    print(
+        f"\n{size}x{size} crops from {stored}x{stored} shards, batch {batch}, 2 workers unless "
+        "said; the first batch (workers' start-up included) apart:\n"
+    )
+    print(table(["feed", "first batch ms", "samples/s after it", "of copy limit"], rows))
 
     if cuda:
         weights = torch.randn(4096, 4096, device=device)
@@ -271,9 +289,11 @@ def report_device(device: torch.device, workdir: Path, quick: bool, tiny: bool) 
                 weights.matmul(weights)
 
         alone = timed(lambda: compute(weights), device, 5)
-        side = feed(on_device(augment=augment), steps, compute)
-        plain = feed(
-            ((b.images.to(device), b.labels) for b in loader),
+        _, side = feed(on_device(augment=augment), steps, compute)
+        # The baseline: the same pinned batches copied without blocking, but on the compute
+        # stream, so each copy runs between two steps instead of beside them.
+        _, plain = feed(
+            ((b.images.to(device, non_blocking=True), b.labels) for b in loader),
             steps,
             compute,
         )
@@ -291,13 +311,18 @@ def report_device(device: torch.device, workdir: Path, quick: bool, tiny: bool) 
                 ],
             )
         )
+        del weights
+        torch.cuda.empty_cache()
         before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
         feed(on_device(augment=augment), 10**9, nothing)
         after = torch.cuda.memory_allocated(device)
         peak = torch.cuda.max_memory_allocated(device)
         print(
-            f"\nGPU memory over an epoch: {before >> 20} MiB before, {after >> 20} MiB after, "
-            f"peak {peak >> 20} MiB"
+            f"\nGPU memory over an epoch of DeviceLoader + RandomResizedCrop: {before >> 20} "
+            f"MiB before, {after >> 20} MiB after, peak {(peak - before) >> 20} MiB above "
+            f"before (a batch of {batch_bytes >> 20} MiB uint8, its float32 crops "
+            f"{batch * size * size * 3 * 4 >> 20} MiB)"
         )
 
 

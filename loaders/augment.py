@@ -197,9 +197,26 @@ class RandomResizedCrop:
         where = index.cpu().numpy()
         boxes = crop_boxes(self.seed, epoch, where, height, width, self.scale, self.ratio)
         mirrored = flips(self.seed, epoch, where, self.flip)
-        return resized_crop(
-            images, torch.from_numpy(boxes), torch.from_numpy(mirrored), _pair(self.size)
-        )
+        batched = images.device.type == "cuda"
+        box, flip = _params_on(images.device if batched else None, boxes, mirrored)
+        return resized_crop(images, box, flip, _pair(self.size), batched)
+
+
+def _params_on(
+    device: torch.device | None, boxes: NDArray[np.int64], mirrored: NDArray[np.bool_]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Crop boxes and flips as tensors on `device` (None: the CPU), sent as one pinned tensor
+    with one non-blocking copy.
+
+    NOTE: a blocking copy of a pageable tensor waits for all the work queued on the stream,
+    which in `DeviceLoader` includes the next batch's image copy just issued: two such copies
+    a batch held the host for the whole image copy, and a training step that syncs
+    (`loss.item()`) then left the GPU idle for it every step.
+    """
+    params = torch.from_numpy(np.concatenate([boxes, mirrored[:, None].astype(np.int64)], 1))
+    if device is not None:
+        params = params.pin_memory().to(device, non_blocking=True)
+    return params[:, :4], params[:, 4].bool()
 
 
 @dataclass(frozen=True)

@@ -61,12 +61,20 @@ AnyBatch = Batch | IndexedBatch
 
 
 def make_batch(
-    images: torch.Tensor, labels: NDArray[np.int64], indices: NDArray[np.int64] | None
+    images: torch.Tensor,
+    labels: NDArray[np.int64],
+    indices: NDArray[np.int64] | None,
+    pin: bool = False,
 ) -> AnyBatch:
-    """A Batch, or an IndexedBatch when `indices` are given."""
+    """A Batch, or an IndexedBatch when `indices` are given; with `pin`, its labels in pinned
+    memory like its images (a pageable label copy would wait for the image copy before it:
+    see `DeviceLoader`). Indices stay pageable: they are read on the CPU."""
+    label_tensor = torch.from_numpy(labels)
+    if pin:
+        label_tensor = label_tensor.pin_memory()
     if indices is None:
-        return Batch(images, torch.from_numpy(labels))
-    return IndexedBatch(images, torch.from_numpy(labels), torch.from_numpy(indices))
+        return Batch(images, label_tensor)
+    return IndexedBatch(images, label_tensor, torch.from_numpy(indices))
 
 
 class Samples(Sequence[tuple[Any, ...]]):
@@ -312,4 +320,4 @@ class BatchMemory:
             fill(lent)
             return make_batch(torch.from_numpy(lent), labels, indices)
         fill(images.numpy())
-        return make_batch(images, labels, indices)
+        return make_batch(images, labels, indices, pin=self.pin)

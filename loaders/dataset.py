@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 from numpy.typing import NDArray
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from loaders.batches import AnyBatch, BatchMemory, Samples, make_batch
 from loaders.catalog import Selection, Where, open_catalog
@@ -120,7 +120,8 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
 
     @property
     def pin_output(self) -> bool:
-        """Whether batches are gathered into pinned memory (num_workers=0 with CUDA)."""
+        """Whether batches (images and labels, with a `transform` too) come in pinned memory
+        (num_workers=0 with CUDA; with workers DataLoader's pin thread pins them)."""
         return self.memory.pin
 
     def with_memory(self, memory: BatchMemory, with_indices: bool = False) -> PackedDataset:
@@ -173,7 +174,9 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         raw = np.empty(shape, dtype=np.uint8)
         self.reader.gather(shard_idx, rows, raw)
         images = torch.stack([self.transform(torch.from_numpy(x)) for x in raw])
-        return make_batch(images, labels, given)
+        if self.memory.pin and get_worker_info() is None:
+            images = images.pin_memory()  # what `pin_output` promises, a transform or not
+        return make_batch(images, labels, given, pin=self.memory.pin)
 
 
 def _check_index(index: int, length: int) -> int:

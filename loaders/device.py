@@ -7,7 +7,6 @@ conversion logic is tested here even without a GPU.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -57,7 +56,10 @@ class DeviceLoader:
     `dtype` (e.g. torch.float32) converts images to [0, 1] floats; `mean` and `std` (per
     channel, in [0, 1] units, torchvision's convention) then normalise them. Images come out as
     [B, C, H, W], in channels_last memory format if asked. `device` defaults to CUDA when
-    present. `layout` defaults to the loader's dataset layout.
+    present; "cuda" means the current CUDA device when the loader is built (see
+    `bound_device`). `layout` defaults to the loader's dataset layout. Batches come from CPU
+    memory (pinned: copies that do not block) or already from `device` (made by a transform
+    there; see NOTE [ batches already on the device ]).
     """
 
     def __init__(
@@ -75,11 +77,9 @@ class DeviceLoader:
             dtype = torch.float32  # augmentation resamples in floating point
         if (mean is not None or std is not None) and dtype is None:
             raise ValueError("mean/std normalisation needs a float dtype, e.g. torch.float32")
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
         self.loader = loader
         self.augment = augment
-        self.device = torch.device(device)
+        self.device = bound_device(device)
         self.dtype = dtype
         self.channels_last = channels_last
         dataset = getattr(loader, "dataset", None)
@@ -150,20 +150,40 @@ class DeviceLoader:
             self.loader.hold_back(batches)
 
     def _send(self, batch: Any) -> Any:
-        """Issue the copy and conversion of one batch (on the side stream when there is one)."""
+        """Issue the copy and conversion of one batch (on the side stream when there is one).
+
+        NOTE [ batches already on the device ]: images (or labels) that a transform made on
+        the GPU were made on the consumer's stream. The side stream waits for that stream
+        before reading them, and they are recorded as used on the side stream, so the caching
+        allocator does not hand their memory to the consumer's next allocation while the side
+        stream still reads it.
+        """
         if batch is None:
             return None
         images, labels, indices = self._check(batch)
-        context = torch.cuda.stream(self.stream) if self.stream else contextlib.nullcontext()
-        with context:
-            images = images.to(self.device, non_blocking=True)
-            labels = labels.to(self.device, non_blocking=True)
-            if self.augment is None:
-                images = prepare_images(
-                    images, self.layout, self.dtype, self.scale, self.shift, self.channels_last
-                )
-            else:
-                images = self._augmented(images, indices)
+        if self.stream is None:
+            return self._convert(images, labels, indices)
+        made_there = [t for t in (images, labels) if isinstance(t, torch.Tensor) and t.is_cuda]
+        if made_there:
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            converted = self._convert(images, labels, indices)
+        for tensor in made_there:
+            tensor.record_stream(self.stream)
+        return converted
+
+    def _convert(
+        self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor | None
+    ) -> Any:
+        """Copy to the device and convert (on whichever stream is current)."""
+        images = images.to(self.device, non_blocking=True)
+        labels = labels.to(self.device, non_blocking=True)
+        if self.augment is None:
+            images = prepare_images(
+                images, self.layout, self.dtype, self.scale, self.shift, self.channels_last
+            )
+        else:
+            images = self._augmented(images, indices)
         if indices is None:
             return Batch(images, labels)
         return IndexedBatch(images, labels, indices)  # indices stay on the CPU, for lookups
@@ -196,6 +216,13 @@ class DeviceLoader:
         if not isinstance(images, torch.Tensor) or images.dim() != 4:
             shape = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images)
             raise ValueError(f"DeviceLoader takes images as one [B, ...] 4-d tensor, got {shape}")
+        for name, tensor in (("images", images), ("labels", labels)):
+            where = getattr(tensor, "device", None)
+            if where is not None and where.type != "cpu" and where != self.device:
+                raise ValueError(
+                    f"DeviceLoader on {self.device} takes batches in CPU memory or on "
+                    f"{self.device}; got {name} on {where}"
+                )
         channels = images.shape[-1] if self.layout == "HWC" else images.shape[1]
         if self.channels is not None and channels != self.channels:
             other = "CHW" if self.layout == "HWC" else "HWC"
@@ -210,6 +237,23 @@ class DeviceLoader:
                 "leave the float conversion to it, or pass dtype=None and normalise yourself"
             )
         return images, labels, indices
+
+
+def bound_device(device: torch.device | str | None) -> torch.device:
+    """The device a DeviceLoader sends batches to, its index fixed now: the default is CUDA
+    when present, and "cuda" without an index is the current CUDA device.
+
+    NOTE: the side stream, scale and shift are made on that device here; resolving "cuda"
+    again when iterating (in whichever thread, after whatever `set_device`) put batches on
+    one device and the stream waits on another's: build the loader after
+    `torch.cuda.set_device(local_rank)`, or name the device.
+    """
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    bound = torch.device(device)
+    if bound.type == "cuda" and bound.index is None:
+        bound = torch.device("cuda", torch.cuda.current_device())
+    return bound
 
 
 def _channels(

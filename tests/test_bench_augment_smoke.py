@@ -23,6 +23,6 @@ def test_bench_augment_tiny() -> None:
     assert result.returncode == 0, result.stderr[-4000:]
     out = result.stdout
     assert "| contender | samples/s | vs per-sample loop |" in out
-    assert "| feed | samples/s | of copy limit |" in out
+    assert "| feed | first batch ms | samples/s after it | of copy limit |" in out
     batched = re.search(r"one grid_sample, the CUDA path \| [\d,]+ \| [\d.]+x \| ([\d.e-]+) /", out)
     assert batched is not None and float(batched.group(1)) < 0.01, out

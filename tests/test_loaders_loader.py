@@ -13,7 +13,8 @@ from torch.utils.data import DataLoader
 
 import loaders.loader
 from loaders import Batch, DeviceLoader, PackedDataset, make_loader
-from loaders.device import prepare_images
+from loaders.augment import _params_on
+from loaders.device import bound_device, prepare_images
 from loaders.loader import SHUFFLES
 
 
@@ -273,3 +274,29 @@ def test_in_process_loader_reads_the_next_batch_while_this_one_is_used(
     assert cached_fraction(paths[2]) < 0.05
     images = np.concatenate([b.images.numpy() for b in (first, *batches)])
     np.testing.assert_array_equal(images, np.concatenate(expected))
+
+
+def test_cuda_without_an_index_is_bound_to_the_current_device_when_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`bound_device` fixes the index once (the CUDA run checks the batches themselves)."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert bound_device("cuda") == torch.device("cuda", 3)
+    assert bound_device("cuda:1") == torch.device("cuda", 1)
+    assert bound_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bound_device(None) == torch.device("cpu")
+
+
+def test_device_loader_refuses_batches_on_another_device_in_one_line(packed: Packed) -> None:
+    on_meta = [(torch.empty((4, 6, 5, 3), dtype=torch.uint8, device="meta"), torch.zeros(4))]
+    with pytest.raises(ValueError, match=r"^DeviceLoader on cpu takes batches in CPU memory"):
+        next(iter(DeviceLoader(on_meta, device="cpu", layout="HWC")))
+
+
+def test_crop_parameters_stay_exact_on_their_way() -> None:
+    """Boxes and flips travel as one int64 tensor: no value is rounded or reordered."""
+    boxes = np.array([[1, 2, 30, 40], [0, 0, 2**40, 7]], dtype=np.int64)
+    mirrored = np.array([True, False])
+    box, flip = _params_on(None, boxes, mirrored)
+    assert torch.equal(box, torch.from_numpy(boxes)) and flip.tolist() == [True, False]

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The GPU checks, as one script for a lent GPU machine (about 8 minutes on one H100):
+#   1. the CUDA tests pass (tests/test_cuda.py);
+#   2. with each mechanism they guard removed (--break-mechanism), the tests guarding it FAIL;
+#   3. the loader tests pass with CUDA visible (pinning on by default there);
+#   4. the GPU benchmarks: bench_augment (host-to-device GB/s, DeviceLoader + augmentation
+#      samples/s, step time with the side-stream prefetch, GPU memory) and bench_workers.
+#
+#   bash benchmarks/gpu_check.sh            # on the GPU machine, from the repository root
+#   bash benchmarks/gpu_check.sh --dry-run  # here, on the CPU: every step runs, CUDA's skip
+#
+# The GPU machine has python3 with torch, numpy, pyarrow, xxhash, pytest and psutil, and no
+# network: carry what is missing as wheels in .whl/ (blake3 for Python 3.12), e.g. here:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_17_x86_64 -d .whl blake3
+# Logs go to $OUT (the device tool's folder that comes back) or /tmp/gpu-check; the summary
+# is printed last. Exit 0 when every check held.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DRY=0
+[ "${1:-}" = "--dry-run" ] && DRY=1
+OUT=${OUT:-/tmp/gpu-check}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+[ "$DRY" = 1 ] && [ -x .venv/bin/python ] && PY=.venv/bin/python
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
+export PYTHONUNBUFFERED=1
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+FAILED=0
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+# step NAME EXPECTED_RC SECONDS COMMAND...: run, log to $OUT/NAME.log, check the exit code.
+step() {
+    local name=$1 expected=$2 limit=$3
+    shift 3
+    local start=$SECONDS
+    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    local took=$((SECONDS - start))
+    if [ "$rc" = "$expected" ]; then
+        note "ok    $name (exit $rc, ${took} s)"
+    elif [ "$DRY" = 1 ] && [ "$expected" = 1 ] && grep -q "skipped" "$OUT/$name.log"; then
+        note "dry   $name (no CUDA: its tests skipped, ${took} s)"
+    else
+        note "FAIL  $name: exit $rc, expected $expected (${took} s; see $name.log)"
+        FAILED=1
+    fi
+}
+
+{
+    date -u
+    nvidia-smi 2>&1 || echo "no nvidia-smi"
+    $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
+            torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
+} > "$OUT/machine.txt" 2>&1
+note "$(tail -1 "$OUT/machine.txt")"
+
+step cuda-tests 0 150 $PY -m pytest -p no:cacheprovider -m cuda tests/test_cuda.py -q -rs
+for mechanism in record_stream wait_stream pinned_output nonblocking_params bound_device; do
+    step "break-$mechanism" 1 90 $PY -m pytest -p no:cacheprovider -m cuda tests/test_cuda.py \
+        -q --break-mechanism "$mechanism"
+done
+step loader-tests 0 240 $PY -m pytest -p no:cacheprovider -q -n 8 tests/test_loaders_*.py
+if [ "$DRY" = 1 ]; then
+    step bench-augment 0 300 $PY -m benchmarks.bench_augment --tiny --device cpu
+    step bench-workers 0 120 $PY -m benchmarks.bench_workers --samples 1000 --size 32 --rounds 1
+else
+    step bench-augment 0 300 $PY -m benchmarks.bench_augment --quick
+    step bench-workers 0 150 $PY -m benchmarks.bench_workers --rounds 3
+fi
+tail -n 40 "$OUT/bench-augment.log" "$OUT/bench-workers.log"
+echo
+cat "$SUMMARY"
+exit $FAILED

@@ -1,0 +1,35 @@
+"""Options every test module may read.
+
+`--break-mechanism NAME` proves that a CUDA test can fail: it removes one mechanism of the
+GPU path (see `BREAKS` in tests/test_cuda.py), keeps only the tests marked as guarding it
+(`@pytest.mark.guards(NAME)`), and those must then fail. benchmarks/gpu_check.sh runs each.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--break-mechanism",
+        default=None,
+        help="remove one CUDA mechanism and run only the tests that guard it (they must fail)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "guards(name): the mechanism a test fails without")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    broken = config.getoption("--break-mechanism")
+    if broken is None:
+        return
+    keep = [item for item in items if broken in _guarded(item)]
+    config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+    items[:] = keep
+
+
+def _guarded(item: pytest.Item) -> set[str]:
+    return {name for mark in item.iter_markers("guards") for name in mark.args}
