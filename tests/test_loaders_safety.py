@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
@@ -96,6 +97,21 @@ def test_missing_shard_is_a_shard_error_in_workers_too(packed: Packed) -> None:
     loader = make_loader(ds, batch_size=4, num_workers=1, pin_memory=False)
     with pytest.raises(ShardError, match="missing"):
         list(loader)
+
+
+def test_workers_stop_as_soon_as_an_error_ends_their_epoch(tmp_path: Path) -> None:
+    """Not when the iterator is garbage collected, later, in whatever the process runs next
+    (after a joblib pool it waited 10 s there): the raise leaves no worker behind, while the
+    exception and its traceback, which refer to the iterator, are still held."""
+    packed = make_packed(tmp_path / "ds")
+    ds = PackedDataset.open(packed.root)
+    (packed.root / ds.selection.shards.names[2]).unlink()
+    before = set(psutil.Process().children())
+    loader = make_loader(ds, batch_size=2, num_workers=2, pin_memory=False)
+    with pytest.raises(ShardError) as raised:
+        list(loader)
+    assert raised.value.__traceback__ is not None
+    assert set(psutil.Process().children()) == before
 
 
 def flip_a_byte(path: Path) -> None:

@@ -288,8 +288,14 @@ def refuse_other_format(manifest_path: Path) -> None:
         )
 
 
-def _read_table(path: Path, schema: pa.Schema) -> tuple[pa.Table, Mapping[bytes, bytes], Mapped]:
+def _read_table(
+    path: Path, schema: pa.Schema, validate: bool = False
+) -> tuple[pa.Table, Mapping[bytes, bytes], Mapped]:
     """The table of an Arrow IPC file, memory-mapped, its schema metadata and its map.
+
+    `validate` checks every buffer (offsets, lengths, UTF-8) before any value is used: for a
+    file that no commit record vouches for, as a damaged IPC file can point a reader's
+    buffers anywhere (pyarrow then reads out of bounds: a SIGSEGV, not an exception).
 
     Mapped, not read: a column's pages are read from the page cache only when a value of it is
     used, so opening a 10M-row manifest to select by split and class touches those columns
@@ -298,9 +304,12 @@ def _read_table(path: Path, schema: pa.Schema) -> tuple[pa.Table, Mapping[bytes,
     try:
         mapped = Mapped(path)
         table, metadata = mapped.table, mapped.reader.schema.metadata or {}
+        if validate:
+            table.validate(full=True)
+            mapped.release()
     except FileNotFoundError:
         raise ManifestError(f"{path}: missing") from None
-    except (pa.ArrowInvalid, OSError, ValueError) as exc:  # ValueError: an empty file
+    except (pa.ArrowException, OSError, ValueError) as exc:  # ValueError: an empty file
         raise ManifestError(f"{path}: not a readable Arrow IPC file ({exc})") from None
     missing = [f.name for f in schema if f.name not in table.schema.names]
     if set(missing) - ADDED_COLUMNS:
@@ -383,19 +392,22 @@ def read_manifest(path: Path | str, version: int | None = None, verify: bool = T
     root, number = resolve(Path(path), version)
     folder = version_dir(root, number)
     manifest_path = folder / MANIFEST_FILE
+    vouched = verify and (folder / RECORD_FILE).exists()
     if verify and (problems := record_problems(folder, number)):
         raise ManifestError(
             f"{root / problems[0]}; run 'etl audit {root}' to see every damaged file "
             "(in Python, verify_manifest=False reads the version anyway)"
         )
-    samples, metadata, samples_map = _read_table(manifest_path, SAMPLES_SCHEMA)
+    # NOTE: files the commit record vouches for were written by this tool and are unchanged;
+    # any other (read on purpose while damaged, or from before records) is validated whole.
+    samples, metadata, samples_map = _read_table(manifest_path, SAMPLES_SCHEMA, not vouched)
     meta = ManifestMeta.from_metadata(metadata, manifest_path)
     if meta.version != number:
         raise ManifestError(
             f"{manifest_path}: says version {meta.version}, lives in {version_name(number)}"
         )
-    shards, _, _ = _read_table(folder / SHARDS_FILE, SHARDS_SCHEMA)
-    rejects, _, rejects_map = _read_table(folder / REJECTS_FILE, REJECTS_SCHEMA)
+    shards, _, _ = _read_table(folder / SHARDS_FILE, SHARDS_SCHEMA, not vouched)
+    rejects, _, rejects_map = _read_table(folder / REJECTS_FILE, REJECTS_SCHEMA, not vouched)
     manifest = Manifest(
         root=root,
         meta=meta,

@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 
 from etl.errors import ShardError
 from etl.format.checksums import TAMPER_DIGEST, Hasher, digest, file_digests, new_hasher
+from etl.format.npy import MAX_HEADER_BYTES, NpyHeaderError, parse_header
 
 SHARDS_DIR = "shards"
 """The folder of a dataset that holds its shard files (and a run's temp files)."""
@@ -205,24 +206,22 @@ class ShardWriter:
 
 
 def read_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
-    """(shape, dtype, data offset) of a .npy file, parsed without executing anything."""
+    """(shape, dtype, data offset) of a .npy file, parsed without executing anything; any
+    damage to the header, of whatever kind, is one ShardError naming the file."""
     try:
         with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-            elif version == (2, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-            else:
-                raise ShardError(f"{path}: unsupported .npy version {version}")
-            offset = f.tell()
+            head = f.read(MAX_HEADER_BYTES)
     except FileNotFoundError:
         raise ShardError(f"{path}: shard file is missing") from None
-    except (ValueError, OSError, SyntaxError) as exc:
+    except OSError as exc:
+        raise ShardError(f"{path}: cannot be read ({exc})") from None
+    try:
+        shape, dtype, fortran, offset = parse_header(head)
+    except NpyHeaderError as exc:
         raise ShardError(f"{path}: not a valid .npy file ({exc})") from None
     if fortran:
         raise ShardError(f"{path}: shard is Fortran-ordered; expected C order")
-    return tuple(shape), dtype, offset
+    return shape, dtype, offset
 
 
 def check_shard(path: Path, sample_shape: tuple[int, ...], rows: int) -> int:

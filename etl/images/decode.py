@@ -17,6 +17,7 @@ import numpy as np
 from PIL import ExifTags, Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from etl.config import DecodeStage, ResizeStage
+from etl.format.npy import MAX_HEADER_BYTES, NpyHeaderError, parse_header
 from etl.images import formats
 from etl.images.rejects import Reject
 
@@ -179,18 +180,11 @@ def _decode_npy(data: bytes, opts: DecodeStage) -> Decoded:
 
     The header is checked before any pixel is read: numpy would allocate the array its header
     declares, so a forged shape is refused like a decompression bomb."""
-    buffer = io.BytesIO(data)
     try:
-        version = np.lib.format.read_magic(buffer)
-        read_header = (
-            np.lib.format.read_array_header_1_0
-            if version == (1, 0)
-            else np.lib.format.read_array_header_2_0
-        )
-        shape, fortran_order, dtype = read_header(buffer)
-    except (ValueError, EOFError) as exc:
-        reason = "truncated" if "EOF" in str(exc) else "corrupt"
-        raise Reject(reason, f".npy header: {exc}") from None
+        shape, dtype, fortran_order, offset = parse_header(data[:MAX_HEADER_BYTES])
+    except NpyHeaderError as exc:
+        cut = "past the end" in str(exc) or "ends inside" in str(exc)
+        raise Reject("truncated" if cut else "corrupt", f".npy header: {exc}") from None
     if dtype != np.uint8 or len(shape) not in (2, 3) or 0 in shape:
         raise Reject(
             "unsupported_mode",
@@ -206,7 +200,7 @@ def _decode_npy(data: bytes, opts: DecodeStage) -> Decoded:
         )
     channels = shape[2] if len(shape) == 3 else 1
     expected = height * width * channels
-    pixels = memoryview(data)[buffer.tell() :]
+    pixels = memoryview(data)[offset:]
     if len(pixels) != expected:
         reason = "truncated" if len(pixels) < expected else "corrupt"
         raise Reject(
