@@ -44,6 +44,10 @@ class ShardSet:
     sample_shape: tuple[int, ...]
     version: int
     """The manifest version these shards were selected from (for error messages)."""
+    probes: tuple[tuple[int, str], ...] = ()
+    """Per shard, (row, checksum) of one sample stored in it: what `ShardReader` checks each
+    time it opens the shard, so a file swapped with another of the same shape, or rewritten,
+    is an error and not a shard of wrong samples (see NOTE [ probe ] in `loaders.reader`)."""
 
     def path(self, shard: int) -> Path:
         return self.root / self.names[shard]
@@ -154,6 +158,12 @@ class Catalog(VersionView):
         order = _disk_order(shard_idx, rows)
         names = shards.column("shard").to_pylist()
         checksums = shards.column("checksum").to_pylist()
+        # The first selected sample of each shard used, in (shard, row) order: its probe.
+        by_disk = shard_idx[order]
+        firsts = np.flatnonzero(np.r_[len(order) > 0, by_disk[1:] != by_disk[:-1]])
+        probe_rows = rows[order][firsts].tolist()
+        taken = pa.array(positions[order][firsts], pa.int64())
+        probe_sums = self.table.column("checksum").take(taken).to_pylist()
         shard_set = ShardSet(
             root=self.root,
             names=tuple(names[i] for i in used),
@@ -162,6 +172,7 @@ class Catalog(VersionView):
             algorithm=self.manifest.meta.checksum,
             sample_shape=self.sample_shape,
             version=self.version,
+            probes=tuple(zip(probe_rows, probe_sums, strict=True)),
         )
         labels = self.table.column("label").to_numpy()
         return Selection(

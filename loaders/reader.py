@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from etl.errors import ShardError
-from etl.format.checksums import file_digests
+from etl.format.checksums import digest, file_digests
 from etl.format.shards import check_shard, open_shard
 from loaders.catalog import ShardSet
 from loaders.span import SUPPORTED, ShardSpan, runs
@@ -49,6 +49,46 @@ def verify_shard(path: os.PathLike[str] | str, algorithm: str, expected: str) ->
             "the shard changed after packing (repack it, or audit the dataset)"
         )
     _VERIFIED.add(key)
+
+
+_PROBED: set[tuple[str, int, int, int, int, str]] = set()
+"""Shards whose probe row this process has checked, keyed as `_VERIFIED` is."""
+
+
+def probe_shard(
+    path: Path, offset: int, row: int, row_bytes: int, algorithm: str, expected: str
+) -> None:
+    """Check that row `row` of the shard at `path` (data from `offset`) is the sample whose
+    checksum the manifest records as `expected`; once per process per unchanged file.
+
+    NOTE [ probe ]: a header and a size say a file has the right shape, not that it holds
+    the right samples: a shard swapped with another of the same shape (a careless copy, a
+    rename) passed both and was read as if it were the right one. One row's checksum, read
+    at open, tells. It costs one row's read and hash per shard a process opens; `verify=True`
+    hashes whole shards, which also catches a byte changed anywhere (and `etl audit` does).
+    The row is read without readahead and dropped from the page cache after, so what the
+    loader caches stays what it reads (the `readahead` and `drop_behind` tests count pages).
+    """
+    stat = os.stat(path)
+    key = (os.fspath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, row, expected)
+    if key in _PROBED:
+        return
+    start = offset + row * row_bytes
+    with open(path, "rb", buffering=0) as f:
+        fadvise = getattr(os, "posix_fadvise", None)
+        if fadvise is not None:  # no readahead around the row
+            fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
+        data = os.pread(f.fileno(), row_bytes, start)
+        if fadvise is not None:  # and the page cache as the loader's own reads leave it
+            first = start - start % _PAGE
+            fadvise(f.fileno(), first, start + row_bytes - first, os.POSIX_FADV_DONTNEED)
+    actual = digest(data, algorithm)
+    if actual != expected:
+        raise ShardError(
+            f"{path}: row {row} is not the sample the manifest stores there ({algorithm} "
+            f"{actual}, the manifest's {expected}): the file was replaced or changed"
+        )
+    _PROBED.add(key)
 
 
 def advise_file(path: Path, advice: str, ranges: Iterable[tuple[int, int]] = ((0, 0),)) -> None:
@@ -180,6 +220,11 @@ class ShardReader:
             verify_shard(path, self.shards.algorithm, self.shards.checksums[shard])
         return path
 
+    def _probe(self, shard: int, path: Path, offset: int) -> None:
+        if shard < len(self.shards.probes):
+            row, expected = self.shards.probes[shard]
+            probe_shard(path, offset, row, self.sample_bytes, self.shards.algorithm, expected)
+
     @contextmanager
     def _opening(self, shard: int) -> Iterator[None]:
         """Turn any failure to open or check shard `shard` into one ShardError that names the
@@ -193,6 +238,7 @@ class ShardReader:
         with self._opening(shard):
             path = self._checked_path(shard)
             mapped = open_shard(path, self.shards.sample_shape, int(self.shards.rows[shard]))
+            self._probe(shard, path, mapped.offset)
         # NOTE: a plain ndarray view of the memmap: indexing an np.memmap subclass runs Python
         # code (__array_finalize__) on every row, which costs more than copying the row.
         array: NDArray[np.uint8] = np.asarray(mapped)
@@ -266,6 +312,7 @@ class ShardReader:
             with self._opening(s):
                 path = self._checked_path(s)
                 offset = check_shard(path, self.shards.sample_shape, int(self.shards.rows[s]))
+                self._probe(s, path, offset)
             if span is None:
                 span = self._span = ShardSpan(
                     self.shards.rows, self.sample_bytes, offset, exact=self.drop_behind

@@ -114,6 +114,25 @@ def test_workers_stop_as_soon_as_an_error_ends_their_epoch(tmp_path: Path) -> No
     assert set(psutil.Process().children()) == before
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_shard_swapped_with_another_of_its_shape_is_refused_not_read(
+    tmp_path: Path, workers: int
+) -> None:
+    """Same header, same size: only the samples differ. Without verify=True too, the reader
+    checks one row of each shard it opens against the manifest's checksum of that sample."""
+    packed = make_packed(tmp_path / "ds", shard_sizes=(5, 5, 5), orphans=0)
+    first, second = (packed.root / name for name in sorted(set(packed.shards))[:2])
+    a, b = first.read_bytes(), second.read_bytes()
+    first.write_bytes(b)
+    second.write_bytes(a)
+    ds = PackedDataset.open(packed.root)
+    loader = make_loader(ds, batch_size=4, num_workers=workers, pin_memory=False)
+    with pytest.raises(ShardError, match=r"is not the sample the manifest stores there"):
+        list(loader)
+    with pytest.raises(ShardError, match=r"replaced or changed"):
+        ds[0]
+
+
 def flip_a_byte(path: Path) -> None:
     with open(path, "r+b") as f:
         f.seek(-1, os.SEEK_END)

@@ -11,6 +11,7 @@ of whatever class, into `NpyHeaderError`. Files stay readable by `np.load` witho
 from __future__ import annotations
 
 import ast
+from typing import BinaryIO
 
 import numpy as np
 
@@ -21,6 +22,18 @@ MAX_HEADER_BYTES = 1 << 16
 
 class NpyHeaderError(ValueError):
     """A `.npy` header that is not one (the message says what is wrong with it)."""
+
+
+def read_head(file: BinaryIO) -> bytes:
+    """The header bytes of an open `.npy` file, read as numpy reads them: the fixed part, then
+    the length it declares (capped), so no more of the file is read (or cached) than that."""
+    head = file.read(12)
+    if len(head) < 10 or not head.startswith(MAGIC):
+        return head
+    wide = head[6] in (2, 3)
+    length = int.from_bytes(head[8:12] if wide else head[8:10], "little")
+    end = (12 if wide else 10) + length
+    return head + file.read(max(0, min(end, MAX_HEADER_BYTES) - len(head)))
 
 
 def parse_header(head: bytes) -> tuple[tuple[int, ...], np.dtype, bool, int]:

@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 
 from etl.errors import ShardError
 from etl.format.checksums import TAMPER_DIGEST, Hasher, digest, file_digests, new_hasher
-from etl.format.npy import MAX_HEADER_BYTES, NpyHeaderError, parse_header
+from etl.format.npy import NpyHeaderError, parse_header, read_head
 
 SHARDS_DIR = "shards"
 """The folder of a dataset that holds its shard files (and a run's temp files)."""
@@ -209,8 +209,10 @@ def read_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
     """(shape, dtype, data offset) of a .npy file, parsed without executing anything; any
     damage to the header, of whatever kind, is one ShardError naming the file."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(MAX_HEADER_BYTES)
+        with open(path, "rb", buffering=0) as f:
+            if hasattr(os, "posix_fadvise"):  # the header's page, not a readahead window
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
+            head = read_head(f)
     except FileNotFoundError:
         raise ShardError(f"{path}: shard file is missing") from None
     except OSError as exc:
