@@ -32,7 +32,13 @@ import torch  # noqa: E402
 
 from etl.cli import main as etl_main  # noqa: E402
 from etl.errors import EtlError  # noqa: E402
-from loaders import PackedDataset, make_loader  # noqa: E402
+from loaders import (  # noqa: E402
+    PackedDataset,
+    PackedStream,
+    make_loader,
+    open_catalog,
+    stream_loader,
+)
 
 
 def cli(*args: str) -> dict[str, Any]:
@@ -70,6 +76,13 @@ def read_all(root: str, workers: int = 0, **options: Any) -> None:
     assert count == len(dataset), f"read {count} of {len(dataset)} samples"
 
 
+def stream_all(root: str, workers: int) -> None:
+    selection = open_catalog(root).select()
+    loader = stream_loader(PackedStream(selection, batch_size=8, window=2), num_workers=workers)
+    count = sum(len(batch.labels) for batch in loader)
+    assert count >= len(selection), f"streamed {count} of {len(selection)} samples"
+
+
 def readers(root: str, config: str | None, scratch: Path) -> dict[str, Callable[[], Any]]:
     return {
         "audit": lambda: cli("audit", root, "--quiet"),
@@ -83,6 +96,8 @@ def readers(root: str, config: str | None, scratch: Path) -> dict[str, Callable[
         "loaders-verify": lambda: python(lambda: read_all(root, verify=True)),
         "loaders-lenient": lambda: python(lambda: read_all(root, verify_manifest=False)),
         "loaders-workers": lambda: python(lambda: read_all(root, workers=2)),
+        "stream": lambda: python(lambda: stream_all(root, workers=0)),
+        "stream-workers": lambda: python(lambda: stream_all(root, workers=2)),
     }
 
 

@@ -47,6 +47,8 @@ EVERY_READER = (
     "loaders-verify",
     "loaders-lenient",
     "loaders-workers",
+    "stream",
+    "stream-workers",
 )
 EXIT_CODES = {"audit": {0, 1, 2}}
 """What each reader may exit with: 0 or 2 (one line) unless said; the audit's 1 is a finding."""
@@ -237,8 +239,10 @@ def check(mutation: Mutation, results: dict[str, Any]) -> None:
         assert results["loaders-verify"]["code"] == 2, f"verify=True read {mutation}"
     if "loaders" in results and covered and mutation.kind != "shard":
         assert results["loaders"]["code"] == 2, f"the commit record missed {mutation}"
-    if "loaders" in results and mutation.kind == "shard" and mutation.how == "swap":
-        assert results["loaders"]["code"] == 2, f"the probe row missed {mutation}"
+    if mutation.kind == "shard" and mutation.how == "swap":
+        for reader in ("loaders", "stream"):
+            if reader in results:
+                assert results[reader]["code"] == 2, f"{reader}'s probe row missed {mutation}"
 
 
 def examples(request: pytest.FixtureRequest) -> int:

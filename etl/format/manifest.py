@@ -139,10 +139,14 @@ class ManifestMeta:
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[bytes, bytes] | None, where: Path) -> ManifestMeta:
-        raw = {k.decode(): v for k, v in (metadata or {}).items() if k.startswith(b"etl.")}
+        raw = {
+            k.decode(errors="replace"): v
+            for k, v in (metadata or {}).items()
+            if k.startswith(b"etl.")
+        }
         try:
             values = {k[4:]: json.loads(v) for k, v in raw.items()}
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
             raise ManifestError(f"{where}: schema metadata is not valid JSON ({exc})") from None
         fmt = values.get("format_version")
         if fmt != FORMAT_VERSION:
@@ -164,7 +168,7 @@ class ManifestMeta:
                 dtype=str(values["dtype"]),
                 format_version=int(fmt),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise ManifestError(f"{where}: schema metadata is incomplete ({exc!r})") from None
 
 
@@ -267,9 +271,22 @@ def load_table(path: Path) -> pa.Table:
         table.validate(full=True)
     except FileNotFoundError:
         raise ManifestError(f"{path}: missing") from None
-    except (pa.ArrowException, OSError) as exc:
-        raise ManifestError(f"{path}: not a valid Arrow IPC file ({exc})") from None
+    except Exception as exc:  # NOTE [ damaged Arrow files ]
+        raise ManifestError(f"{path}: not a valid Arrow IPC file ({_named(exc)})") from None
     return table
+
+
+def _named(exc: Exception) -> str:
+    """What went wrong reading a file, on one line.
+
+    NOTE [ damaged Arrow files ]: pyarrow turns a damaged IPC file into ArrowInvalid mostly,
+    but not only: a schema's field name that is no longer UTF-8 raised UnicodeDecodeError
+    from `validate` itself (found by tests/test_format_fuzz.py). Only the file's bytes are
+    read in these few calls, so every exception there is the file's damage: caught as a
+    class, named, and turned into the file's ManifestError.
+    """
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def refuse_other_format(manifest_path: Path) -> None:
@@ -309,8 +326,8 @@ def _read_table(
             mapped.release()
     except FileNotFoundError:
         raise ManifestError(f"{path}: missing") from None
-    except (pa.ArrowException, OSError, ValueError) as exc:  # ValueError: an empty file
-        raise ManifestError(f"{path}: not a readable Arrow IPC file ({exc})") from None
+    except Exception as exc:  # NOTE [ damaged Arrow files ]; ValueError: an empty file
+        raise ManifestError(f"{path}: not a readable Arrow IPC file ({_named(exc)})") from None
     missing = [f.name for f in schema if f.name not in table.schema.names]
     if set(missing) - ADDED_COLUMNS:
         raise ManifestError(f"{path}: missing columns {missing}")

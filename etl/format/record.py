@@ -63,7 +63,7 @@ def check_record(folder: Path, version: int, files: tuple[str, ...]) -> list[str
             raise ValueError("'files' is not an object")
     except FileNotFoundError:
         return [f"{where}/{RECORD_FILE}: missing (the commit record of this version)"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         return [f"{where}/{RECORD_FILE}: unreadable ({exc})"]
     if body.get("algorithm") != TAMPER_DIGEST or sealed != digest(_canonical(body), TAMPER_DIGEST):
         return [f"{where}/{RECORD_FILE}: changed after the commit (its own digest fails)"]

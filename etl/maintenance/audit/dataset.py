@@ -79,9 +79,10 @@ def open_manifest(root: Path, number: int) -> Manifest:
     manifest = read_manifest(root, number, verify=False)  # the record is check_record's
     with ipc.open_file(folder / SHARDS_FILE) as reader:
         small = reader.schema.metadata or {}
-    if small.get(b"etl.version", str(number).encode()) != str(number).encode():
+    said = small.get(b"etl.version", str(number).encode())
+    if said != str(number).encode():
         raise ManifestError(
-            f"{folder / SHARDS_FILE}: says version {small[b'etl.version'].decode()}, "
+            f"{folder / SHARDS_FILE}: says version {said.decode(errors='replace')}, "
             f"lives in {version_name(number)}"
         )
     return manifest
