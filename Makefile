@@ -27,7 +27,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check etl loaders tests
 	$(BIN)/mypy
 
-## make bench: the benchmarks whose results are in README.md
+## make bench: the benchmarks whose results are in benchmarks/README.md
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m benchmarks.run

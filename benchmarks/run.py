@@ -1,4 +1,4 @@
-"""Run every benchmark whose results are in README.md, one after another (`make bench`).
+"""Run every benchmark whose results are in benchmarks/README.md, one after another (`make bench`).
 
 Each runs in its own process so that one's page cache and worker pools do not colour the next
 one's numbers more than the machine already does.

@@ -218,8 +218,8 @@ def render(found: Survey, config_path: Path) -> str:
 
     head = [
         f"# {name} for {_comment(_relative(found.root, base))}, written by `etl init`.",
-        "# Every key is written out with its default unless a comment says otherwise; README.md",
-        "# (section pipeline.yaml) documents them.",
+        "# Every key is written out with its default unless a comment says otherwise;",
+        "# docs/configuration.md documents them.",
         f"# Check it: etl validate {name}    Run it: etl run {name}",
         "#",
         f"# Found {found.images} images in {len(found.classes)} class folders "
