@@ -113,13 +113,17 @@ def lightning(packed: Packed, out: Path, *extra: str, world: int = 1) -> None:
     check_ok(run([script, str(packed.root), str(out), *extra], world))
 
 
-@pytest.mark.parametrize("world", [1, 2], ids=["one-process", "ddp-2-processes"])
+@pytest.mark.parametrize(
+    ("world", "workers"),
+    [(1, 0), (1, 2), (2, 0)],
+    ids=["one-process", "one-process-2-workers", "ddp-2-processes"],
+)
 def test_lightning_fits_validates_and_tests_with_the_loaders_as_they_are(
-    packed: Packed, tmp_path: Path, world: int
+    packed: Packed, tmp_path: Path, world: int, workers: int
 ) -> None:
     """The loaders come back from train/val/test_dataloader unchanged; Lightning injects no
     sampler over ours (each rank reads its own part), and each epoch covers each split."""
-    lightning(packed, tmp_path, world=world)
+    lightning(packed, tmp_path, f"--workers={workers}", world=world)
     ranks = seen_by_rank(tmp_path, world)
     for epoch in ("0", "1"):
         assert_each_once(packed, "train", [positions(packed, r["train"][epoch]) for r in ranks])
@@ -131,25 +135,31 @@ def test_lightning_fits_validates_and_tests_with_the_loaders_as_they_are(
     assert first != [positions(packed, r["train"]["1"]) for r in ranks], "set_epoch reached us"
 
 
-@pytest.mark.parametrize("world", [1, 2], ids=["one-process", "ddp-2-processes"])
+@pytest.mark.parametrize(
+    ("world", "workers"),
+    [(1, 0), (1, 2), (2, 0)],
+    ids=["one-process", "one-process-2-workers", "ddp-2-processes"],
+)
 def test_lightning_killed_mid_epoch_resumes_from_its_own_checkpoint(
-    packed: Packed, tmp_path: Path, world: int
+    packed: Packed, tmp_path: Path, world: int, workers: int
 ) -> None:
     """Checkpoints every 2 steps, SIGKILL during step 5, `fit(ckpt_path=...)` from step 4: the
     resumed run trains on exactly the batches the killed run had not finished, then on whole
     epochs in the uninterrupted run's order, on every rank."""
-    lightning(packed, tmp_path / "whole", world=world)
+    lightning(packed, tmp_path / "whole", f"--workers={workers}", world=world)
     killed = tmp_path / "killed"
     killed.mkdir()
     script = str(SCRIPTS / "lightning_run.py")
-    extra = ["--save-every=2", "--kill-after-step=5"]
+    extra = ["--save-every=2", "--kill-after-step=5", f"--workers={workers}"]
     done = run([script, str(packed.root), str(killed), *extra], world)
     assert done.returncode == (-9 if world == 1 else 1), "the run died as a killed node does"
     per_epoch = len(packed.indices("train")) // 4 // world  # steps (batches of 4 a rank)
     epoch, done_in_epoch = divmod(4, per_epoch)
     checkpoint = killed / f"epoch={epoch}-step=4.ckpt"
     assert checkpoint.exists(), sorted(p.name for p in killed.iterdir())
-    lightning(packed, tmp_path / "resumed", f"--resume={checkpoint}", world=world)
+    lightning(
+        packed, tmp_path / "resumed", f"--resume={checkpoint}", f"--workers={workers}", world=world
+    )
 
     for rank in range(world):
         whole = seen_by_rank(tmp_path / "whole", world)[rank]["train"]
@@ -168,15 +178,16 @@ def test_lightning_killed_mid_epoch_resumes_from_its_own_checkpoint(
 # --- accelerate ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("workers", [0, 2])
 def test_accelerate_prepare_keeps_the_shares_and_save_state_resumes_exactly(
-    packed: Packed, tmp_path: Path
+    packed: Packed, tmp_path: Path, workers: int
 ) -> None:
     """`Accelerator.prepare(model, optimizer, loader)` under torchrun with 2 processes: each
     rank keeps its own part (accelerate would otherwise split it again), and
     `save_state` after 2 steps then `load_state` in new processes gives the rest."""
     script = str(SCRIPTS / "accelerate_run.py")
     for phase in (["full"], ["save", "--steps=2"], ["resume"]):
-        check_ok(run([script, str(packed.root), str(tmp_path), *phase], world=2))
+        check_ok(run([script, str(packed.root), str(tmp_path), *phase, f"--workers={workers}"], 2))
     full, saved, resumed = (seen_by_rank(tmp_path, 2, name) for name in ("full", "save", "resume"))
     assert_each_once(packed, "train", [positions(packed, part) for part in full])
     for rank in range(2):

@@ -2,7 +2,8 @@
 they are from all three hooks; record what each rank saw. Run by tests/test_loaders_trainers.py,
 alone or under torchrun (then with strategy="ddp" on every process torchrun started).
 
-    python lightning_run.py DATA OUT [--epochs N] [--kill-after-step K] [--resume CKPT]
+    python lightning_run.py DATA OUT [--epochs N] [--workers W] [--kill-after-step K]
+        [--resume CKPT]
 
 Writes OUT/seen-<rank>.json: per stage and epoch, the sha1 of every image the step received
 (in order), so the test identifies samples by content, not by the loaders' own bookkeeping.
@@ -67,7 +68,15 @@ class Tiny(L.LightningModule):
 
     def _loader(self, split: str, shuffle: bool) -> Any:
         dataset = PackedDataset.open(self.data, split=split)
-        return make_loader(dataset, batch_size=4, shuffle=shuffle, seed=3, num_workers=0)
+        workers = self.args.workers
+        return make_loader(
+            dataset,
+            batch_size=4,
+            shuffle=shuffle,
+            seed=3,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+        )
 
     def train_dataloader(self) -> Any:
         return self._loader("train", True)
@@ -91,6 +100,7 @@ def main() -> None:
     parser.add_argument("--kill-after-step", type=int, default=0)
     parser.add_argument("--save-every", type=int, default=0)
     parser.add_argument("--resume")
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader workers per loader")
     args = parser.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     sample = PackedDataset.open(args.data)
