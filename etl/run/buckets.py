@@ -16,6 +16,7 @@ import xxhash
 from numpy.typing import NDArray
 
 from etl.format.columns import fixed_width, taken
+from etl.run.spill import Seals
 
 BUCKET_ROWS = 1 << 17
 """Rows a bucket is meant to hold: the plan's working set per bucket is a few hundred bytes a
@@ -66,6 +67,7 @@ class Buckets:
         self.folder, self.schema, self.count, self.name = folder, schema, count, name
         self.rows = 0
         self._writers: dict[int, ipc.RecordBatchStreamWriter] = {}
+        self._seals = Seals()
 
     def __enter__(self) -> Buckets:
         return self
@@ -94,8 +96,9 @@ class Buckets:
         self.rows += table.num_rows
 
     def _close(self) -> None:
-        for writer in self._writers.values():
+        for bucket, writer in self._writers.items():
             writer.close()
+            self._seals.seal(self._path(bucket))  # NOTE [ sealed scratch ] in etl.run.spill
         self._writers.clear()
 
     def take(self, bucket: int) -> pa.Table:
@@ -103,8 +106,9 @@ class Buckets:
         removed. Call after the last `add`."""
         self._close()
         path = self._path(bucket)
-        if not path.exists():
+        if not self._seals.holds(path):  # never written to: no rows went to this bucket
             return self.schema.empty_table()
+        self._seals.check(path)  # a written bucket gone missing is an error, not no rows
         with pa.OSFile(str(path)) as file:
             table = ipc.open_stream(file).read_all()
         path.unlink()

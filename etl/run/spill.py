@@ -11,6 +11,7 @@ temporary folder instead.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -20,6 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from etl.format.checksums import file_digests
 from etl.format.columns import merge_sorted, rebatched, sorted_by
 from etl.format.manifest import VERSIONS_DIR
 from etl.format.mapped import Mapped
@@ -65,6 +67,41 @@ def scratch(root: Path | None) -> Iterator[Path]:
                 versions.rmdir()
 
 
+class Seals:
+    """Digests of the scratch files a run wrote, checked before it reads them back.
+
+    NOTE [ sealed scratch ]: a run reads its spill runs and buckets back long after writing
+    them (a 10M-file run: minutes); a file changed meanwhile (another process, a failing disk)
+    must stop the run, never feed it rows that were not written, nor hand pyarrow a damaged
+    file. A mismatch is the I/O error it amounts to (EIO under the output folder), which the
+    run turns into one line, nothing committed. xxh3 of a file at write and again at read:
+    two passes over scratch files that are mostly still in the page cache.
+    """
+
+    ALGORITHM = "xxh3_64"
+
+    def __init__(self) -> None:
+        self._digests: dict[str, str] = {}
+
+    def seal(self, path: Path) -> None:
+        self._digests[str(path)] = file_digests(path, (self.ALGORITHM,))[0]
+
+    def holds(self, path: Path) -> bool:
+        """Whether `path` was sealed (written by this run)."""
+        return str(path) in self._digests
+
+    def check(self, path: Path) -> None:
+        """Raise OSError(EIO) unless `path` holds exactly what `seal` saw."""
+        try:
+            actual = file_digests(path, (self.ALGORITHM,))[0]
+        except OSError as exc:
+            actual = f"unreadable ({exc.strerror or exc})"
+        if actual != self._digests.get(str(path)):
+            raise OSError(
+                errno.EIO, "a scratch file of this run changed after it was written", str(path)
+            )
+
+
 class SortedSpill:
     """Tables of one schema, kept sorted by `key` in runs on disk under `folder` (files named
     `name`-NNNNN.arrow); `merged` reads them back, `written` writes them as one file."""
@@ -78,6 +115,7 @@ class SortedSpill:
         self._runs: list[tuple[int, Path]] = []
         """(level, path) of each run on disk: a run of level L merged FAN_IN ** L runs."""
         self._written = 0
+        self._seals = Seals()
 
     def __enter__(self) -> SortedSpill:
         return self
@@ -116,6 +154,7 @@ class SortedSpill:
         except BaseException:
             path.unlink(missing_ok=True)
             raise
+        self._seals.seal(path)
         return path
 
     def _cascade(self) -> None:
@@ -128,7 +167,7 @@ class SortedSpill:
             if any(run_level != level for run_level, _ in last):
                 return
             piece = max(BATCH_ROWS, MERGE_ROWS // FAN_IN)
-            streams = [_pieces(path, piece) for _, path in last]
+            streams = [self._read(path, piece) for _, path in last]
             merged = self._write_file(merge_sorted(streams, self.key))
             for _, path in last:
                 path.unlink(missing_ok=True)
@@ -142,7 +181,7 @@ class SortedSpill:
         tables = [*sorted_tables, *pending]
         piece = max(BATCH_ROWS, MERGE_ROWS // max(1, len(tables) + len(self._runs)))
         streams = [_slices(table, piece) for table in tables]
-        streams += [_pieces(path, piece) for _, path in self._runs]
+        streams += [self._read(path, piece) for _, path in self._runs]
         return merge_sorted(streams, self.key)
 
     def written(
@@ -161,6 +200,11 @@ class SortedSpill:
                 writer.write_table(batch)
         self._remove_runs()
         return Mapped(path)
+
+    def _read(self, path: Path, rows: int) -> Iterator[pa.Table]:
+        """A run's rows, `rows` at a time, once its seal holds (NOTE [ sealed scratch ])."""
+        self._seals.check(path)
+        return _pieces(path, rows)
 
     def _remove_runs(self) -> None:
         for _, path in self._runs:
