@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.ipc as ipc
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -106,3 +107,64 @@ def test_a_scratch_file_damaged_mid_run_stops_the_run_in_one_line(
         timeout=120,
     )
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+SPOOL_DAMAGE = r"""
+import json, sys
+from pathlib import Path
+import etl.sources.readers as readers
+
+real_close = readers.SpoolWriter.close
+
+def close(self):
+    real_close(self)
+    data = bytearray(self.path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one byte of one record, after the records were listed
+    self.path.write_bytes(bytes(data))
+
+readers.SpoolWriter.close = close
+from etl.cli import main
+try:
+    main(["run", sys.argv[1], "--quiet", "--json"])
+except SystemExit as exc:
+    print(json.dumps({"exit": exc.code}))
+"""
+
+RECORDS = """
+import io
+from PIL import Image
+
+def records():
+    for i in range(6):
+        image = Image.new("RGB", (16, 12), (40 * i, 255 - 40 * i, 7 * i))
+        data = io.BytesIO()
+        image.save(data, format="PNG")
+        yield {"id": f"r{i}", "data": data.getvalue(), "label": "abc"[i % 3]}
+"""
+
+
+def test_a_spooled_record_damaged_mid_run_is_a_changed_reject_naming_it(tmp_path: Path) -> None:
+    """A Python source's records wait in a spool file until the workers read them: one byte
+    changed there is caught by the content hash taken when the record was listed."""
+    (tmp_path / "my_records.py").write_text(RECORDS)
+    (tmp_path / "pipeline.yaml").write_text(
+        'source: {kind: python, function: "my_records:records"}\n'
+        "stages:\n  - decode: {mode: RGB}\n  - resize: {size: [8, 8], mode: center_crop}\n"
+        "output: {dir: ds}\nrun: {n_jobs: 1, backend: sequential}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", SPOOL_DAMAGE, str(tmp_path / "pipeline.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    *summary, exit_line = done.stdout.strip().splitlines()
+    assert json.loads(exit_line) == {"exit": 0}, done.stderr
+    report = json.loads("\n".join(summary))
+    assert report["rejects_by_reason"] == {"changed": 1}, report
+    assert report["packed_new"] == 5
+    rejects = ipc.open_file(tmp_path / "ds/versions/v000001/rejects.arrow").read_all()
+    named = rejects.select(["source", "reason"]).to_pylist()
+    assert len(named) == 1 and named[0]["reason"] == "changed"
+    assert named[0]["source"] in {f"r{i}" for i in range(6)}
