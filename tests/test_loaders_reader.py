@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from packed import Packed, make_packed
 from page_cache import cached_fraction, cached_pages, cold_packed, row_cached, wait_for
 
+import loaders.reader
 from loaders import open_catalog
 from loaders.catalog import ShardSet
 from loaders.reader import ShardReader, advise_file, row_pages
@@ -223,3 +224,23 @@ def test_prefetch_reads_the_rows_asked_for_without_waiting(tmp_path: Path, reada
     reader.prefetch(np.array([0]), np.array([64]))  # advice only: nothing raised
     with pytest.raises(IndexError, match="row 64 is not in shard"):
         reader.gather(np.array([0]), np.array([64]), out[:1])
+
+
+def test_no_address_space_for_a_span_means_row_by_row_not_an_error(
+    packed: Packed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reserving every shard's rows at once can fail (a `ulimit -v`; a damaged manifest read
+    with verify_manifest=False claiming 633 TB of rows): the reader copies row by row."""
+
+    def no_room(*args: object, **kwargs: object) -> None:
+        raise OSError(12, "mmap of 633318697828352 bytes failed: Cannot allocate memory")
+
+    monkeypatch.setattr(loaders.reader, "ShardSpan", no_room)
+    shards = open_catalog(packed.root).select().shards
+    reader = ShardReader(shards)
+    out = np.empty((4, *packed.sample_shape), dtype=np.uint8)
+    shard, row = np.array([0, 1, 2, 0]), np.array([1, 0, 2, 3])
+    reader.gather(shard, row, out)
+    assert not reader.use_span
+    want = expected(packed, shards.names, shard.tolist(), row.tolist())
+    np.testing.assert_array_equal(out, want)
