@@ -27,7 +27,7 @@ SOURCE_CHUNK = 64
 """Source files per hashing task."""
 
 
-def hash_sources(
+def verify_source_chunk(
     items: Sequence[tuple[int, str, str]], root: str, algorithm: str
 ) -> tuple[list[tuple[int, str, str | None, str]], int]:
     """Worker: (index, source, recorded hash) -> problems as (index, kind, actual digest,
@@ -129,7 +129,7 @@ def verify_sources(
     problems: list[tuple[int, str, str | None, str]] = []
     try:
         with parallel_map(
-            hash_sources,
+            verify_source_chunk,
             chunks,
             options.run_config(int(sizes[[i for i, _, _ in items]].sum())),
             str(options.source_root),
