@@ -213,7 +213,9 @@ class PackedLoader(DataLoader[Any]):
             size = dataset.batch_size
             shape = dataset.selection.sample_shape
             batch_bytes = None if size is None else size * math.prod(shape)
-            memory = _memory(pin, num_workers, prefetch_factor, batch_bytes, common)
+            memory = batch_memory(
+                pin, num_workers, prefetch_factor, batch_bytes, multiprocessing_context
+            )
             super().__init__(
                 dataset.with_memory(memory, num_workers, with_indices),
                 batch_size=None,
@@ -235,7 +237,9 @@ class PackedLoader(DataLoader[Any]):
         size = batch_size if batch_sampler is None else getattr(batch_sampler, "batch_size", None)
         if collate_fn is None:
             batch_bytes = None if size is None else size * math.prod(dataset.sample_shape)
-            memory = _memory(pin, num_workers, prefetch_factor, batch_bytes, common)
+            memory = batch_memory(
+                pin, num_workers, prefetch_factor, batch_bytes, multiprocessing_context
+            )
         else:
             # Another collate makes new tensors: gather into plain (or fresh shared) memory and
             # let DataLoader pin what the collate returns.
@@ -448,18 +452,6 @@ def _refuse_for_stream(
                 f"a PackedStream brings its own batch size, order and seed: pass {name}= to "
                 "PackedStream(...), not to the loader"
             )
-
-
-def _memory(
-    pin: bool,
-    num_workers: int,
-    prefetch_factor: int | None,
-    batch_bytes: int | None,
-    options: Mapping[str, Any],
-) -> BatchMemory:
-    return batch_memory(
-        pin, num_workers, prefetch_factor, batch_bytes, options.get("multiprocessing_context")
-    )
 
 
 def _check_global_batch(state: Mapping[str, Any], batch_size: int, world_size: int) -> None:

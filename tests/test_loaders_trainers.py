@@ -107,17 +107,21 @@ def assert_each_once(packed: Packed, split: str, parts: list[list[int]]) -> None
 # --- Lightning -----------------------------------------------------------------------------
 
 
+LIGHTNING_SETUPS = pytest.mark.parametrize(
+    ("world", "workers"),
+    [(1, 0), (1, 2), (2, 0)],
+    ids=["one-process", "one-process-2-workers", "ddp-2-processes"],
+)
+"""Processes and DataLoader workers each Lightning test runs with."""
+
+
 def lightning(packed: Packed, out: Path, *extra: str, world: int = 1) -> None:
     out.mkdir(parents=True, exist_ok=True)
     script = str(SCRIPTS / "lightning_run.py")
     check_ok(run([script, str(packed.root), str(out), *extra], world))
 
 
-@pytest.mark.parametrize(
-    ("world", "workers"),
-    [(1, 0), (1, 2), (2, 0)],
-    ids=["one-process", "one-process-2-workers", "ddp-2-processes"],
-)
+@LIGHTNING_SETUPS
 def test_lightning_fits_validates_and_tests_with_the_loaders_as_they_are(
     packed: Packed, tmp_path: Path, world: int, workers: int
 ) -> None:
@@ -135,11 +139,7 @@ def test_lightning_fits_validates_and_tests_with_the_loaders_as_they_are(
     assert first != [positions(packed, r["train"]["1"]) for r in ranks], "set_epoch reached us"
 
 
-@pytest.mark.parametrize(
-    ("world", "workers"),
-    [(1, 0), (1, 2), (2, 0)],
-    ids=["one-process", "one-process-2-workers", "ddp-2-processes"],
-)
+@LIGHTNING_SETUPS
 def test_lightning_killed_mid_epoch_resumes_from_its_own_checkpoint(
     packed: Packed, tmp_path: Path, world: int, workers: int
 ) -> None:
