@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks, as one script for a lent GPU machine (about 8 minutes on one H100):
+# The GPU checks, as one script for a lent GPU machine (about 4 minutes on one H100, 2026-11-26):
 #   1. the CUDA tests pass (tests/test_cuda.py);
 #   2. with each mechanism they guard removed (--break-mechanism), the tests guarding it FAIL;
 #   3. the loader tests pass with CUDA visible (pinning on by default there);

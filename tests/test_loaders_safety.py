@@ -111,7 +111,16 @@ def test_workers_stop_as_soon_as_an_error_ends_their_epoch(tmp_path: Path) -> No
     with pytest.raises(ShardError) as raised:
         list(loader)
     assert raised.value.__traceback__ is not None
-    assert set(psutil.Process().children()) == before
+    left = set(psutil.Process().children()) - before
+    assert not left, [(child.pid, describe(child)) for child in left]
+
+
+def describe(process: psutil.Process) -> str:
+    """A leftover child's status and command line, or that it has gone since."""
+    try:
+        return f"{process.status()} {' '.join(process.cmdline())[:200]}"
+    except psutil.Error as exc:
+        return type(exc).__name__
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -77,6 +77,10 @@ def run(args: list[str], world: int = 1, timeout: float = 240) -> subprocess.Com
             f"--master-port={free_port()}",
         ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if world > 1:
+        # The ranks train on the CPU (gloo): on a machine with fewer GPUs than ranks, accelerate's
+        # barrier still names cuda:<local rank> and rank 1 fails on a one-GPU machine.
+        env["CUDA_VISIBLE_DEVICES"] = ""
     done = subprocess.run(
         [*launcher, *args], capture_output=True, text=True, timeout=timeout, env=env
     )
@@ -214,7 +218,7 @@ def test_plain_torch_code_takes_the_loader_as_a_dataloader(packed: Packed) -> No
     assert isinstance(loader.batch_sampler, BatchSampler)
     assert loader.batch_sampler.sampler is loader.sampler
     assert len(loader) == -(-n // 5) == steps_of(loader)
-    assert loader.pin_memory is False and loader.persistent_workers is False
+    assert loader.pin_memory is torch.cuda.is_available() and loader.persistent_workers is False
 
     model = torch.nn.Linear(int(np.prod(ds.sample_shape)), len(ds.classes))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
