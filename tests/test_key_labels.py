@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from etl.errors import SourceError
-from etl.sources import files
-from etl.sources.key_labels import KeyLabels
+from etl.sources.kinds import listing as listing_kind
+from etl.sources.kinds.lmdb.key_labels import KeyLabels
 
 
 def test_every_key_reads_back_what_the_file_says(tmp_path: Path) -> None:
@@ -59,7 +59,7 @@ def test_bad_labels_files_name_the_line(tmp_path: Path, body: str, message: str)
 
 def test_a_key_twice_far_apart_is_named_by_both_rows(tmp_path: Path, monkeypatch) -> None:
     """Parquet, read 1,000 rows at a time: the repeat is 40 batches after the first."""
-    monkeypatch.setattr(files, "LISTING_BATCH", 1_000)
+    monkeypatch.setattr(listing_kind, "LISTING_BATCH", 1_000)
     keys = [f"k{i}" for i in range(50_000)]
     keys[45_000] = "k17"
     pq.write_table(pa.table({"key": keys, "label": ["x"] * len(keys)}), tmp_path / "l.parquet")
@@ -73,7 +73,7 @@ def test_a_key_twice_far_apart_is_named_by_both_rows(tmp_path: Path, monkeypatch
 def test_memory_per_key_is_a_few_bytes(tmp_path: Path, monkeypatch) -> None:
     """From 10,000 keys to 40,000 the lookup keeps 24 B a key (a dict of tuples kept ~200) and
     its peak while reading grows by under 100 B a key (Parquet, 1,000 rows a batch)."""
-    monkeypatch.setattr(files, "LISTING_BATCH", 1_000)
+    monkeypatch.setattr(listing_kind, "LISTING_BATCH", 1_000)
     held, peaks = [], []
     for n in (100, 10_000, 40_000):  # the first imports what reading imports
         keys = [f"a/rather/long/key/of/a/record/{i:09d}.jpg" for i in range(n)]

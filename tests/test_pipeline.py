@@ -201,7 +201,7 @@ def test_a_pack_worker_imports_no_pyarrow() -> None:
     """Every run waits for its workers to start (NOTE [ worker start-up ] in etl.run.execute); a
     worker imports etl.run.execute and unpickles tasks, the config and sources' records."""
     code = (
-        "import sys, etl.run.execute, etl.run.tasks, etl.config, etl.sources.listing\n"
+        "import sys, etl.run.execute, etl.run.tasks, etl.config, etl.sources.registry\n"
         "print([m for m in ('pyarrow', 'pandas', 'torch') if m in sys.modules])\n"
     )
     result = subprocess.run(

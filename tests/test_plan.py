@@ -18,7 +18,7 @@ from etl.format.manifest import (
 )
 from etl.format.names import sample_id
 from etl.run.plan import assign_split, files_to_hash, make_plan, pack_order
-from etl.sources.base import SourceFile, SourceListing
+from etl.sources.entries import SourceFile, SourceListing
 
 
 def config(**source: object) -> PipelineConfig:

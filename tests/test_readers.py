@@ -22,7 +22,7 @@ from PIL import Image
 from etl.config import FolderSource, load_config
 from etl.format.manifest import read_manifest
 from etl.run import pipeline
-from etl.sources import readers
+from etl.sources import readers, timed
 
 
 @pytest.fixture
@@ -38,18 +38,18 @@ def fifo(tmp_path: Path) -> Iterator[Path]:
 def test_a_stalled_read_is_cut_off_and_the_next_read_works(fifo: Path) -> None:
     started = time.monotonic()
     with pytest.raises(readers.Refused) as info:
-        readers.with_time_limit(fifo.read_bytes, 0.3, str(fifo))
+        timed.with_time_limit(fifo.read_bytes, 0.3, str(fifo))
     assert 0.3 <= time.monotonic() - started < 5
     assert info.value.reason == "io_timeout"
     assert str(info.value) == (
         f"{fifo}: no answer in 0.3 s (source.io_timeout): a hung or very slow mount?"
     )
-    assert readers.with_time_limit(lambda: b"next", 0.3, "x") == b"next"
+    assert timed.with_time_limit(lambda: b"next", 0.3, "x") == b"next"
 
 
 def test_errors_of_the_read_itself_come_back_unchanged(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
-        readers.with_time_limit((tmp_path / "absent").read_bytes, 5, "absent")
+        timed.with_time_limit((tmp_path / "absent").read_bytes, 5, "absent")
 
 
 CONFIG = """\
@@ -179,5 +179,5 @@ def test_reading_ahead_holds_at_most_a_few_files(
     for taken in range(1, 4):
         assert next(outcomes) == b"x"
         time.sleep(0.2)  # the caller decodes slowly; the thread has all the time it wants
-        assert len(started) == taken + readers.READ_AHEAD
+        assert len(started) == taken + timed.READ_AHEAD
     assert len(list(outcomes)) == 40 - 3

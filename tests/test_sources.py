@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from etl.config import FolderSource, ListingSource
 from etl.errors import SourceError
 from etl.format import names
-from etl.sources.files import list_folder, list_listing
+from etl.sources.kinds.folder import list_folder
+from etl.sources.kinds.listing import list_listing
 
 
 def touch(path: Path, data: bytes = b"x") -> Path:
@@ -211,7 +212,7 @@ def test_listing_kind_must_be_known(tmp_path: Path) -> None:
 def test_the_listing_builder_keeps_every_stat_value_and_name(tmp_path: Path, scratch: bool) -> None:
     """Numbers are collected in 8-byte arrays, not objects: the extremes of each must come
     back as they went in, in source order, on disk (a scratch folder, in batches) or not."""
-    from etl.sources.base import FileColumnsBuilder, FileStat
+    from etl.sources.entries import FileColumnsBuilder, FileStat
 
     builder = FileColumnsBuilder(tmp_path if scratch else None)
     builder.BATCH = 2  # every third file starts a new batch
@@ -259,7 +260,7 @@ def test_the_builder_leaves_out_what_repeats_or_is_dropped(
     """A source added twice is found on the sorted listing, also when its copies fall in
     different batches, runs and merge pieces; checked against a plain Counter."""
     from etl.run import spill
-    from etl.sources.base import FileColumnsBuilder, FileStat
+    from etl.sources.entries import FileColumnsBuilder, FileStat
 
     monkeypatch.setattr(spill, "RUN_ROWS", 3)
     monkeypatch.setattr(spill, "BATCH_ROWS", 2)

@@ -24,7 +24,7 @@ from etl.format.names import to_raw as source_to_key
 from etl.format.names import to_source as key_to_source
 from etl.maintenance.audit import audit
 from etl.run import pipeline
-from etl.sources.keys_entry import listed_keys
+from etl.sources.kinds.lmdb.keys_entry import listed_keys
 
 lmdb = pytest.importorskip("lmdb")
 

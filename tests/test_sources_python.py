@@ -275,7 +275,7 @@ def test_duplicate_ids_far_apart_are_found_across_batches_and_runs(
     that land in different batches, runs and merge pieces, and a copy that is a reject (no
     label), are all named with their record numbers."""
     from etl.run import spill
-    from etl.sources.base import FileColumnsBuilder
+    from etl.sources.entries import FileColumnsBuilder
 
     monkeypatch.setattr(FileColumnsBuilder, "BATCH", 3)
     monkeypatch.setattr(spill, "RUN_ROWS", 4)
@@ -309,8 +309,8 @@ def test_listing_records_holds_no_python_object_per_record(
 
     from etl.config import PythonSource
     from etl.run import spill
-    from etl.sources.base import FileColumnsBuilder, ListContext
-    from etl.sources.records import list_python
+    from etl.sources.entries import FileColumnsBuilder, ListContext
+    from etl.sources.kinds.python import list_python
 
     module = tmp_path / "many_records.py"
     module.write_text(

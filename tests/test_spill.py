@@ -250,7 +250,7 @@ def test_hashes_land_on_their_files_whatever_order_chunks_finish(
     """Chunks of 3 files hashed by 2 threads finish out of order; each hash must still be its
     own file's (sha256 by hashlib, not etl's code), unreadable files null and rejected."""
     from etl.config import FolderSource, RunConfig
-    from etl.sources.files import list_folder
+    from etl.sources.kinds.folder import list_folder
 
     source = tmp_path / "src"
     files = write_tree(source, range(40))

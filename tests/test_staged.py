@@ -19,7 +19,7 @@ from test_plan import config, previous_manifest
 
 from etl.run import buckets, spill, staged
 from etl.run.plan import PACKING_COLUMNS, Plan, files_to_hash, make_plan
-from etl.sources.base import SourceFile, SourceListing, SourceReject
+from etl.sources.entries import SourceFile, SourceListing, SourceReject
 
 
 def digest_of(content: int) -> str:

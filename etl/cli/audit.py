@@ -20,7 +20,7 @@ from etl.maintenance import audit as audit_lib
 from etl.maintenance import checkup
 from etl.maintenance import repair as repair_lib
 from etl.sources.locate import location
-from etl.sources.readers import FILE_KINDS
+from etl.sources.registry import kind_of
 
 ROWS_PER_PROBLEM = 8
 """Locations shown per distinct problem; --json and --report list them all."""
@@ -227,7 +227,7 @@ def audit(
         raise typer.BadParameter(f"{report_path.parent} is not a folder", param_hint="--report")
     config = load_config(config_path) if config_path else None
     records = None
-    if config is not None and config.source.kind not in FILE_KINDS:
+    if config is not None and not kind_of(config.source).by_path:
         # records, not files: the source is listed again (--source: where it is now)
         records = config.source.model_copy(
             update={"path": location(config.source, source.resolve() if source else None)}

@@ -149,16 +149,16 @@ def _sheet_source(config: PipelineConfig | None, moved_to: Path | None) -> Sourc
     without a config, the folder `moved_to` that the sources' paths are relative to."""
     from etl.config import FolderSource
     from etl.sources.locate import location
-    from etl.sources.readers import FILE_KINDS
+    from etl.sources.registry import kind_of
 
-    if config is None or (moved_to is not None and config.source.kind in FILE_KINDS):
+    if config is None or (moved_to is not None and kind_of(config.source).by_path):
         assert moved_to is not None  # the caller asks for --source or --config
         source: SourceConfig = FolderSource(path=moved_to)
     elif moved_to is None:
         source = config.source
     else:
         source = config.source.model_copy(update={"path": moved_to})
-    if source.kind in FILE_KINDS and not location(source).is_dir():
+    if kind_of(source).by_path and not location(source).is_dir():
         raise EtlError(f"source root {location(source)} is not a folder (--source or source.path)")
     return source
 

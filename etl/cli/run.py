@@ -15,7 +15,7 @@ from etl.config import load_config
 from etl.errors import EtlError
 from etl.run import pipeline
 from etl.run.plan import Plan
-from etl.sources.listing import check_exists
+from etl.sources.registry import check_exists
 
 ConfigArg = Annotated[Path, typer.Argument(help="Path to pipeline.yaml.", show_default=False)]
 

@@ -31,7 +31,7 @@ def reject_cells(
     root, never a FIFO, never more than MAX_REJECT_BYTES. `checksum`: the manifest's algorithm
     of `source_hash`."""
     from etl.sources import readers
-    from etl.sources.base import ListContext
+    from etl.sources.entries import ListContext
     from etl.sources.locate import locate
 
     limit = min(source.max_file_bytes, MAX_REJECT_BYTES)

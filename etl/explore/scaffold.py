@@ -1,6 +1,6 @@
 """`etl init`: survey a class-per-folder tree and write a commented pipeline.yaml for it.
 
-`survey` lists the folder as `etl run` would (`etl.sources.files.list_folder`, default
+`survey` lists the folder as `etl run` would (`etl.sources.kinds.folder.list_folder`, default
 patterns) and
 reads the headers of a sample of images; `render` turns that into YAML text in which every key
 is written out with its default, taken from the config models themselves so the file cannot drift
@@ -32,7 +32,7 @@ from etl.config import (
 )
 from etl.errors import EtlError, SourceError
 from etl.format.atomic import replacing
-from etl.sources.files import list_folder
+from etl.sources.kinds.folder import list_folder
 
 SIZES = (32, 64, 96, 128, 160, 224, 256)
 """Square sizes `etl init` suggests: the largest at or below the median shorter source side."""

@@ -42,8 +42,9 @@ from etl.maintenance.audit import (
 from etl.progress import Progress
 from etl.run.execute import choose_run, engine, fill_shard, parallel_map
 from etl.sources import readers
-from etl.sources.base import ListContext
+from etl.sources.entries import ListContext
 from etl.sources.locate import CHANGED, locate, location
+from etl.sources.registry import kind_of
 
 HOW: dict[str, str] = {
     "copied": "bytes verified, moved out of a damaged shard",
@@ -172,7 +173,7 @@ def repair(
             outcomes = [RepairOutcome(None, (), tuple(unlocated))]
             run = choose_run(jobs, backend, address, worth_workers=len(tasks) > 1)
             # workers read spooled records from the output folder, files from the source
-            spooled = config.source.kind in readers.SPOOLED_KINDS
+            spooled = kind_of(config.source).spooled
             readable = [] if spooled else [location(config.source, source_root)]
             progress.start("repair", len(items))
             progress.advance(len(unlocated))

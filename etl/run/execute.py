@@ -31,7 +31,7 @@ from etl.images.stages import load_function, process_image
 from etl.run import cluster, interrupt
 from etl.run.tasks import Chunks, PackTask, Texts
 from etl.sources import readers
-from etl.sources.base import FileColumns, SourceReject
+from etl.sources.entries import FileColumns, SourceReject
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 # bare loky worker here) and to import this module with all it imports (0.2 s more). That is
 # most of the fixed cost of a small run, so nothing a worker imports pulls in pyarrow: the
 # tasks it unpickles live in etl.run.tasks, shard naming in etl.format.shards, and
-# etl.sources.listing reads listing files with a local import.
+# the source kinds (etl.sources.registry) import pyarrow inside the functions that read tables.
 
 HASH_CHUNK = 256
 """Files per hashing task: large enough to amortise dispatch, small enough to balance load."""

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from joblib.externals.loky.process_executor import TerminatedWorkerError
 
-from etl.config import FolderSource, PipelineConfig
+from etl.config import PipelineConfig
 from etl.errors import (
     OUTPUT_ERRNOS,
     ConfigError,
@@ -51,8 +51,8 @@ from etl.run.plan import Plan, settled_hashes
 from etl.run.results import packed_rejects, packed_samples
 from etl.run.staged import staged_plan
 from etl.sources import readers
-from etl.sources.base import FileColumns, ListContext, SourceListing, SourceReject
-from etl.sources.listing import check_exists, list_sources
+from etl.sources.entries import FileColumns, ListContext, SourceListing, SourceReject
+from etl.sources.registry import check_exists, kind_of, list_sources
 
 
 @dataclass
@@ -106,7 +106,7 @@ class RunReport:
 def check_paths(config: PipelineConfig) -> None:
     """The output must not live inside a folder source: a rerun would try to pack its shards."""
     out = config.output.dir
-    if isinstance(config.source, FolderSource):
+    if kind_of(config.source).walks_path:
         src = config.source.path
         if out == src or out.is_relative_to(src):
             raise ConfigError(
@@ -229,7 +229,7 @@ def _cleaned_up(root: Path, before: int) -> str:
 def _worker_inputs(config: PipelineConfig) -> list[Path]:
     """What workers read besides the output: the source, except where records reach workers
     through the spool in the output folder (a Python source, tables)."""
-    return [] if config.source.kind in readers.SPOOLED_KINDS else [config.source.path]
+    return [] if kind_of(config.source).spooled else [config.source.path]
 
 
 def _read_previous(root: Path, latest: int, rebuild: bool) -> Manifest | None:
@@ -358,7 +358,7 @@ def _list(run: _Run, scratch: Path) -> SourceListing:
     """Every input of the source; record kinds spool what the plan may pack (NOTE [spool]), a
     folder's listing goes to `scratch`."""
     config = run.config
-    reads_every_record = config.source.kind not in readers.FILE_KINDS
+    reads_every_record = not kind_of(config.source).by_path
     # NOTE: only record kinds look at `stored`, and as a Python set it costs ~250 B a sample
     context = ListContext(
         checksum=config.output.checksum,

@@ -41,7 +41,7 @@ from etl.format.names import sample_id
 from etl.format.shards import shard_name
 from etl.images.rejects import CONTENT_REJECTS
 from etl.run.tasks import Chunks, PackTask, Texts
-from etl.sources.base import (
+from etl.sources.entries import (
     FILE_COLUMNS,
     FileColumns,
     SourceFile,

@@ -44,7 +44,7 @@ from etl.run.plan import (
     same_source,
 )
 from etl.run.spill import SortedSpill
-from etl.sources.base import SourceListing, SourceReject, rejects_table
+from etl.sources.entries import SourceListing, SourceReject, rejects_table
 
 WINDOW_ROWS = 1 << 18
 """Listed files checked at a time: hashed together, then dealt out to the buckets."""

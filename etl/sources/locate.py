@@ -3,7 +3,7 @@
 
     folder, listing   the path under the source root (never outside it, links included)
     lmdb, python,     the source is listed again; records whose content is wanted are spooled
-    webdataset,       (`ListContext.wanted`, NOTE [spool] in etl/sources/readers.py) or read in
+    webdataset,       (`ListContext.wanted`, NOTE [spool] in etl/sources/spool.py) or read in
     parquet           place, as a run's workers read them
 
 Nothing here checks content: the reader of a locator compares what it reads with the hash the
@@ -20,8 +20,8 @@ from pathlib import Path
 from etl.config import SourceConfig
 from etl.format import names
 from etl.sources import readers
-from etl.sources.base import ListContext
-from etl.sources.listing import list_sources
+from etl.sources.entries import ListContext
+from etl.sources.registry import kind_of, list_sources
 
 CHANGED = "changed since it was packed (content hash differs)"
 
@@ -44,10 +44,11 @@ def locate(
     when not where `config` says (`--source DIR`; see `location`). Record kinds are listed
     again with `context` (its `spool` and `wanted` say which records to spool)."""
     where = location(config, root)
-    if config.kind in readers.FILE_KINDS:
+    kind = kind_of(config)
+    if kind.by_path:
         return _locate_files(where, sources)
     config = config.model_copy(update={"path": where})
-    if context.spool is None and config.kind != "lmdb":
+    if context.spool is None and not kind.in_place:
         raise ValueError(f"a {config.kind} source is read back through a spool: set one")
     listing = list_sources(config, context)
     found = {f.source: f.path for f in listing.files if f.source in sources}
@@ -65,13 +66,11 @@ def locate(
 
 
 def location(config: SourceConfig, root: Path | None = None) -> Path:
-    """Where a source is read back from: `root` when given, else the folder its file names
-    are relative to (`readers.source_root_of`), or a record source's `path`."""
+    """Where a source is read back from: `root` when given, else its kind's `root` (the folder
+    a file kind's names are relative to, or a record source's `path`)."""
     if root is not None:
         return root
-    if config.kind in readers.FILE_KINDS:
-        return readers.source_root_of(config)
-    return config.path
+    return kind_of(config).root(config)
 
 
 def _locate_files(root: Path, sources: Collection[str]) -> Located:

@@ -69,7 +69,7 @@ from etl.maintenance.audit.shards import verify_shards
 from etl.maintenance.audit.sources import verify_records, verify_sources
 from etl.progress import Progress
 from etl.run.execute import engine
-from etl.sources import readers
+from etl.sources.registry import kind_named
 
 __all__ = [
     "ERROR",
@@ -131,7 +131,8 @@ def audit(
         return report
 
     kind = manifest.meta.config.get("source_kind", "folder")
-    if options.source_root is not None and kind not in readers.FILE_KINDS:
+    known = kind_named(kind)
+    if options.source_root is not None and not (known is not None and known.by_path):
         raise ConfigError(
             f"{root}: packed from a {kind} source, whose samples are records, not files under "
             "a folder: pass --config pipeline.yaml to list them again"

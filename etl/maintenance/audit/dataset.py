@@ -40,7 +40,7 @@ from etl.format.record import RECORD_FILE
 from etl.format.shards import HEADER_BYTES, shard_version
 from etl.maintenance.audit.report import MAX_EXAMPLES, AuditReport, Finding
 from etl.maintenance.audit.sources import unsafe_path
-from etl.sources import readers
+from etl.sources.registry import kind_named
 
 
 def check_dataset(root: Path, number: int, manifest: Manifest | None, report: AuditReport) -> None:
@@ -121,7 +121,8 @@ def check_manifest(manifest: Manifest) -> list[Finding]:
             f"{column} is not {width} lowercase hex digits",
             sources,
         )
-    if meta.config.get("source_kind", "folder") in readers.FILE_KINDS:  # keys are no paths
+    kind = kind_named(meta.config.get("source_kind", "folder"))
+    if kind is not None and kind.by_path:  # other kinds' sources are keys, not paths
         check(
             ~unsafe_path(sources),
             MANIFEST_FILE,

@@ -1,59 +1,17 @@
-"""Values of record sources: the image bytes of a record (encoded bytes, or an array as .npy),
-the pickle guard, LMDB environments opened once per process, and one LMDB key read back. Used
-by the record listers (`etl.sources.records`) and, through `readers.READERS`, by workers."""
+"""LMDB environments, opened once per process, and one key read back (a worker's read)."""
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 import threading
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from etl.config import LmdbSource
 from etl.errors import SourceError
 from etl.format import names
-
-# --- pickles ------------------------------------------------------------------------------------
-
-PICKLE_ADVICE = (
-    "set source.allow_pickle: true only if you trust whoever wrote the environment: "
-    "unpickling runs arbitrary code"
-)
-
-
-def is_pickle(data: bytes | memoryview) -> bool:
-    """A pickle of protocol 2 to 5 starts with PROTO (0x80) and the protocol number. Checked
-    before anything is unpickled; older protocols have no header and fail to decode instead."""
-    return len(data) >= 2 and data[0] == 0x80 and 2 <= data[1] <= 5
-
-
-def field_of(record: Any, name: str | int) -> Any:
-    """record[name] of an unpickled dict (a str name) or tuple/list (an int); else KeyError."""
-    if isinstance(record, dict) and isinstance(name, str) and name in record:
-        return record[name]
-    if (
-        isinstance(record, tuple | list)
-        and isinstance(name, int)
-        and -len(record) <= name < len(record)
-    ):
-        return record[name]
-    fields = sorted(map(str, record)) if isinstance(record, dict) else f"{len(record)} items"
-    raise KeyError(f"no field {name!r} (has {fields})")
-
-
-def image_bytes(value: Any, what: str) -> bytes:
-    """Encoded image bytes as they are, or a uint8 array as .npy bytes (decode reads both)."""
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value)
-    if isinstance(value, np.ndarray) and value.dtype != object:
-        buffer = io.BytesIO()
-        np.save(buffer, value, allow_pickle=False)
-        return buffer.getvalue()
-    raise ValueError(f"{what} is {type(value).__name__}, not encoded image bytes or an array")
+from etl.sources.payloads import UNPICKLE_ERRORS, field_of, image_bytes, is_pickle
 
 
 def lmdb_record(value: bytes | memoryview, config: LmdbSource) -> tuple[bytes | memoryview, Any]:
@@ -66,20 +24,6 @@ def lmdb_record(value: bytes | memoryview, config: LmdbSource) -> tuple[bytes | 
     image = image_bytes(field_of(record, config.image_field), f"field {config.image_field!r}")
     return image, record
 
-
-UNPICKLE_ERRORS = (
-    pickle.UnpicklingError,
-    ValueError,
-    KeyError,
-    EOFError,
-    TypeError,
-    AttributeError,
-    ImportError,
-)
-"""What a damaged or unexpected pickled record raises while we take it apart."""
-
-
-# --- LMDB environments -----------------------------------------------------------------------
 
 _ENVS: dict[str, tuple[tuple[int, int, int, int], Any]] = {}
 """Environments this process opened, by path, with (pid, dev, inode, size) of the data file

@@ -1,136 +1,30 @@
-"""Folders and listings: only paths and `stat` are read here, never image bytes, so a no-change
-rerun over 100k files stays a matter of seconds. A file outside any class folder, a link out of
-the root or a listed file that is missing becomes a `SourceReject`."""
+"""The `listing` kind: a CSV or Parquet file with columns path, label and optionally split.
+Its files are stat-ed, never read, while listing; a listed file that is missing, or a bad row,
+becomes a `SourceReject` naming its line."""
 
 from __future__ import annotations
 
-import fnmatch
 import itertools
 import os
-import re
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from etl.config import FolderSource, ListingSource
+from etl.config import ListingSource
 from etl.errors import SourceError
 from etl.format import names
-from etl.sources import readers
+from etl.sources.kind import SourceKind
+from etl.sources.safe_files import stat_file
+from etl.sources.timed import read_file
 
 if TYPE_CHECKING:
     import pyarrow as pa
-from etl.sources.base import (
-    FileColumnsBuilder,
-    FileStat,
+from etl.sources.entries import (
     ListContext,
-    ListingBuilder,
-    Occurrences,
     SourceListing,
     SourceReject,
 )
-
-
-def _pattern(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
-    """One compiled regex for a list of fnmatch patterns (case-insensitive)."""
-    if not patterns:
-        return None
-    return re.compile("|".join(fnmatch.translate(p.lower()) for p in patterns))
-
-
-def _walk(root: str, unlistable: list[tuple[str, OSError]]) -> Iterator[os.DirEntry[str]]:
-    """Entries under root that are not folders, depth first; dot-entries skipped, links to
-    folders not followed. A folder below root that cannot be listed (permission, a path over
-    the OS limit, an I/O error midway) goes to `unlistable` and the walk goes on."""
-    stack = [root]
-    while stack:
-        folder = stack.pop()
-        try:
-            with os.scandir(folder) as entries:
-                for entry in entries:
-                    if entry.name.startswith("."):
-                        continue
-                    if _is_folder(entry):
-                        stack.append(entry.path)
-                    else:
-                        yield entry
-        except OSError as exc:
-            if folder == root:
-                raise SourceError(f"source.path: cannot list {root}: {exc.strerror}") from None
-            unlistable.append((folder, exc))
-
-
-def _is_folder(entry: os.DirEntry[str]) -> bool:
-    try:
-        return entry.is_dir(follow_symlinks=False)
-    except OSError:
-        return False  # listed as a file; its stat names the problem
-
-
-def list_folder(config: FolderSource, context: ListContext | None = None) -> SourceListing:
-    """Walk `config.path`: the first path component is the class. Dot-files are skipped; links to
-    folders are not followed; a linked file that resolves outside the root, anything that is not
-    a regular file (a FIFO, socket, device, a link to a folder) and a folder that cannot be
-    listed are rejects. Only `stat` is called here: no file is opened.
-
-    NOTE: os.scandir and plain strings, not pathlib: a no-change rerun over 100k files spends
-    most of its time here, and pathlib's object overhead tripled it.
-    """
-    root = config.path
-    if not root.is_dir():
-        raise SourceError(f"source.path: {root} is not a folder")
-    top = str(root)
-    prefix = len(top) + 1
-    real_root = os.path.realpath(top) + os.sep
-    include, exclude = _pattern(config.include), _pattern(config.exclude)
-    files = FileColumnsBuilder(context.scratch if context is not None else None)
-    rejects: list[SourceReject] = []
-    unlistable: list[tuple[str, OSError]] = []
-    for entry in _walk(top, unlistable):
-        relative = entry.path[prefix:]
-        lowered = relative.lower()
-        if include is None or not include.match(lowered):
-            continue
-        if exclude is not None and exclude.match(lowered):
-            continue
-        source = names.path_to_source(relative)
-        if entry.is_symlink() and not os.path.realpath(entry.path).startswith(real_root):
-            rejects.append(SourceReject(source, "outside_root", "link leads outside the root"))
-            continue
-        outcome = _stat_file(source, entry.path, config.max_file_bytes)
-        if isinstance(outcome, SourceReject):
-            rejects.append(outcome)
-            continue
-        slash = relative.find("/")
-        if slash < 0:
-            rejects.append(outcome.reject(source, "no_class", "file is not inside a class folder"))
-            continue
-        files.add(source, entry.path, names.path_to_source(relative[:slash]), outcome)
-    for folder, exc in unlistable:
-        rejects.append(
-            SourceReject(
-                names.path_to_source(folder[prefix:] + "/"),
-                "folder_unreadable",
-                f"cannot list this folder: {exc.strerror or exc}",
-            )
-        )
-    rejects.sort(key=lambda r: r.source)
-    return SourceListing(files.build(), tuple(rejects))
-
-
-def _stat_file(source: str, path: str, max_bytes: int) -> FileStat | SourceReject:
-    """The stat of the regular file at `path` (links followed), or why it is none."""
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        reason = "missing" if isinstance(exc, FileNotFoundError) else "io_error"
-        return SourceReject(source, reason, f"cannot stat: {exc.strerror}")
-    kind = readers.not_a_file(st)
-    if kind is not None:
-        return SourceReject(source, "not_a_file", f"{kind}, not a regular file (never opened)")
-    found = FileStat(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-    if st.st_size > max_bytes:
-        return found.reject(source, "file_too_large", readers.too_large(st.st_size, max_bytes))
-    return found
+from etl.sources.intake import ListingBuilder, Occurrences
 
 
 def listing_batches(
@@ -301,7 +195,7 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
                 why = f"{where}: a link leads outside the listing's folder"
                 taken.reject(SourceReject(source, "outside_root", why))
                 continue
-            outcome = _stat_file(source, full, config.max_file_bytes)
+            outcome = stat_file(source, full, config.max_file_bytes)
             if isinstance(outcome, SourceReject):
                 taken.reject(outcome)
             elif label is None or not label.strip():
@@ -327,3 +221,19 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
             f"twice (also {also})"
         )
     return found
+
+
+def _check(config: ListingSource) -> None:
+    if not config.path.is_file():
+        raise SourceError(f"source.path: {config.path} is not a file")
+
+
+KIND = SourceKind(
+    name="listing",
+    model=ListingSource,
+    list=list_listing,
+    read=read_file,
+    check=_check,
+    root=lambda config: config.path.parent,  # listed paths are relative to the listing's folder
+    by_path=True,
+)

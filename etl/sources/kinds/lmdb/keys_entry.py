@@ -21,7 +21,7 @@ import xxhash
 from etl.config import LmdbSource
 from etl.errors import SourceError
 from etl.format import names
-from etl.sources import record_values
+from etl.sources.payloads import PICKLE_ADVICE, UNPICKLE_ERRORS, is_pickle
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 """What JSON allows between tokens."""
@@ -71,12 +71,12 @@ def _raw_keys(spellings: Iterator[str | bytes], where: str) -> Iterator[bytes]:
 
 def _spellings(raw: bytes, config: LmdbSource, where: str) -> Callable[[], Iterator[Any]]:
     """A function giving the entry's keys one at a time, as often as it is called."""
-    if record_values.is_pickle(raw):
+    if is_pickle(raw):
         if not config.allow_pickle:
-            raise SourceError(f"{where} is a Python pickle: refused; {record_values.PICKLE_ADVICE}")
+            raise SourceError(f"{where} is a Python pickle: refused; {PICKLE_ADVICE}")
         try:
             listed: Any = pickle.loads(raw)  # allowed explicitly by the config (allow_pickle)
-        except record_values.UNPICKLE_ERRORS as exc:
+        except UNPICKLE_ERRORS as exc:
             raise SourceError(f"{where}: cannot unpickle ({exc})") from None
         if not isinstance(listed, list | tuple):
             raise SourceError(f"{where}: expected a list of key strings")

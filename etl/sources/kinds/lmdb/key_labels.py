@@ -10,7 +10,7 @@ import xxhash
 from numpy.typing import NDArray
 
 from etl.errors import SourceError
-from etl.sources.files import line_name, listing_batches, listing_cell, table_column
+from etl.sources.kinds.listing import line_name, listing_batches, listing_cell, table_column
 
 KEY_BYTES = 16
 """A key is looked up by its 128-bit xxh3 hash: two keys that share them are

@@ -17,13 +17,6 @@ import pyarrow.parquet as pq
 from etl.config import ParquetSource
 from etl.errors import SourceError
 from etl.format import names
-from etl.sources import readers
-from etl.sources.base import (
-    ListContext,
-    RecordIntake,
-    SourceListing,
-    class_name_of,
-)
 from etl.sources.containers import (
     declared_classes,
     duplicate_in,
@@ -31,6 +24,10 @@ from etl.sources.containers import (
     opened_file,
     record_source,
 )
+from etl.sources.entries import ListContext, SourceListing
+from etl.sources.intake import RecordIntake
+from etl.sources.labels import class_name_of
+from etl.sources.safe_files import too_large
 
 ROWS_PER_BATCH = 64
 """Rows a Parquet file is read in at a time (its row groups stream; memory stays flat)."""
@@ -117,9 +114,7 @@ def _take_row(
         intake.reject(source, "no_image", f"the row holds {stored}, no bytes")
         return
     if len(image) > config.max_file_bytes:
-        intake.reject(
-            source, "file_too_large", readers.too_large(len(image), config.max_file_bytes)
-        )
+        intake.reject(source, "file_too_large", too_large(len(image), config.max_file_bytes))
         return
     try:
         class_name = class_name_of(label, classes)

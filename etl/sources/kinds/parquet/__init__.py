@@ -1,0 +1,32 @@
+"""The `parquet` kind: tables of encoded images (Parquet files, Arrow IPC files or streams, the
+layouts of image datasets on the Hugging Face Hub). Listed by `tables`, one row a record, each
+spooled for the workers (NOTE [spool] in etl/sources/spool.py)."""
+
+from __future__ import annotations
+
+from etl.config import ParquetSource
+from etl.sources.containers import check_container_folder
+from etl.sources.entries import ListContext, SourceListing
+from etl.sources.kind import SourceKind
+from etl.sources.spool import read_slice
+
+
+def _list(config: ParquetSource, context: ListContext) -> SourceListing:
+    # NOTE: imported here: `tables` imports pyarrow, and pack workers import this package
+    # (NOTE [ worker start-up ] in etl/run/execute.py)
+    from etl.sources.kinds.parquet.tables import list_parquet
+
+    return list_parquet(config, context)
+
+
+KIND = SourceKind(
+    name="parquet",
+    model=ParquetSource,
+    list=_list,
+    read=read_slice,
+    check=check_container_folder,
+    root=lambda config: config.path,
+    by_path=False,
+    spooled=True,
+    in_place=False,
+)

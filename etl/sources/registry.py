@@ -1,0 +1,52 @@
+"""Every source kind, by name: the one place that knows which kinds exist.
+
+The run, audit, repair and the CLI ask `kind_of(config)` what a kind does (how it lists, how a
+worker reads an input, whether inputs are files under a root) and never test a kind's name.
+"""
+
+from __future__ import annotations
+
+from etl.config import SourceConfig
+from etl.sources.entries import ListContext, SourceListing
+from etl.sources.kind import SourceKind
+from etl.sources.kinds import folder, listing, lmdb, parquet, python, webdataset
+
+KINDS: dict[str, SourceKind] = {
+    kind.name: kind
+    for kind in (
+        folder.KIND,
+        listing.KIND,
+        lmdb.KIND,
+        python.KIND,
+        webdataset.KIND,
+        parquet.KIND,
+    )
+}
+
+
+def kind_of(config: SourceConfig) -> SourceKind:
+    """The kind `config` is of (its `kind` field)."""
+    return KINDS[config.kind]
+
+
+def kind_named(name: object) -> SourceKind | None:
+    """The kind a manifest's recorded `source_kind` names; None for a name no kind has (a
+    damaged record, or a version written by a newer release)."""
+    return KINDS.get(name) if isinstance(name, str) else None
+
+
+def list_sources(config: SourceConfig, context: ListContext) -> SourceListing:
+    """Every input of `config`, sorted by `source`, each a file or a reject."""
+    return kind_of(config).list(config, context)
+
+
+def check_exists(config: SourceConfig) -> None:
+    """SourceError naming source.path when it is not what its kind reads."""
+    kind_of(config).check(config)
+
+
+def release_all() -> None:
+    """Close whatever this process opened of any source (see `SourceKind.release`)."""
+    for kind in KINDS.values():
+        if kind.release is not None:
+            kind.release()
