@@ -49,8 +49,9 @@ from PIL import Image, ImageOps
 from benchmarks.common import cpu_model, peak_rss
 from benchmarks.photos import list_photos, make_photos
 from etl.config import load_config
+from etl.engine import interrupt
 from etl.format.manifest import read_manifest
-from etl.run import interrupt, pipeline
+from etl.run import pipeline
 
 HEIGHT, WIDTH = 224, 224
 SAMPLES_PER_SHARD = 64

@@ -21,7 +21,7 @@ import pytest
 from PIL import Image
 
 from etl.config import RunConfig
-from etl.run.execute import parallel_map
+from etl.engine.parallel import parallel_map
 
 SLOW_STAGE = """\
 import time

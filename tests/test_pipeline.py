@@ -198,7 +198,7 @@ def test_the_report_says_where_the_time_went(workdir: Path) -> None:
 
 
 def test_a_pack_worker_imports_no_pyarrow() -> None:
-    """Every run waits for its workers to start (NOTE [ worker start-up ] in etl.run.execute); a
+    """Every run waits for its workers to start (NOTE [ worker start-up ] in etl.engine.parallel); a
     worker imports etl.run.execute and unpickles tasks, the config and sources' records."""
     code = (
         "import sys, etl.run.execute, etl.run.tasks, etl.config, etl.sources.registry\n"

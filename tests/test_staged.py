@@ -1,5 +1,5 @@
 """The plan made a window and a bucket at a time (`etl.run.staged`, #13) is the plan made in
-memory (`etl.run.plan.make_plan`): windows of 3 files and buckets of about 2 make every
+memory (`tests/plan_oracle.py`): windows of 3 files and buckets of about 2 make every
 previous-version slice, bucket and spill boundary happen over a few dozen generated files,
 with moved, touched, edited, duplicated, unreadable and remembered-reject files among them."""
 
@@ -15,10 +15,12 @@ import pytest
 import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from plan_oracle import make_plan
 from test_plan import config, previous_manifest
 
 from etl.run import buckets, spill, staged
-from etl.run.plan import PACKING_COLUMNS, Plan, files_to_hash, make_plan
+from etl.run.decide import PACKING_COLUMNS
+from etl.run.plan import Plan, files_to_hash
 from etl.sources.entries import SourceFile, SourceListing, SourceReject
 
 

@@ -12,8 +12,8 @@ import sys
 import typer
 from rich.console import Console
 
+from etl.engine import interrupt
 from etl.errors import EtlError
-from etl.run import interrupt
 
 app = typer.Typer(
     name="etl",
@@ -31,8 +31,8 @@ out = Console(markup=False, highlight=False, soft_wrap=True)
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point. Click handles usage errors and --help; our errors become one line on
-    stderr and their exit code; SIGINT and SIGTERM one line and 130 or 143 (see etl.run.interrupt).
-    Always ends in SystemExit."""
+    stderr and their exit code; SIGINT and SIGTERM one line and 130 or 143 (see
+    etl.engine.interrupt). Always ends in SystemExit."""
     try:
         with interrupt.handled():
             app(args=argv, prog_name="etl")

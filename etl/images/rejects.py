@@ -72,5 +72,5 @@ CONTENT_REJECTS = frozenset(
 unchanged file keeps them without being decoded again. The others are re-decided every run."""
 
 READ_REJECTS = frozenset({"io_error", "not_a_file", "file_too_large", "io_timeout"})
-"""Reasons a source's bytes could not be read at all (`etl.run.execute` gives them, from
+"""Reasons a source's bytes could not be read at all (`etl.engine.fill` gives them, from
 `readers.Refused` or any other OSError): the stages never saw it."""

@@ -1,7 +1,7 @@
 """Pure per-image stages: encoded bytes -> decoded image (`etl.images.decode`) -> validated ->
 resized image -> call stages -> uint8 array.
 
-No file I/O, no parallelism, no printing. `etl.run.execute` loads the call-stage functions once per
+No file I/O, no parallelism, no printing. `etl.engine.fill` loads the call-stage functions once per
 worker with `load_function`, runs `process_image` on each file's bytes, and turns a `Reject` into
 a row of the rejects table (reasons: `etl.images.rejects`).
 """

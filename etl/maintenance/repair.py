@@ -21,6 +21,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from etl.config import Backend, PipelineConfig
+from etl.engine.fill import fill_shard
+from etl.engine.parallel import choose_run, engine, parallel_map
 from etl.errors import EtlError, ManifestError, ShardError
 from etl.format.checksums import row_digest
 from etl.format.commit import clean_leftovers, commit_version
@@ -40,7 +42,6 @@ from etl.maintenance.audit import (
     shard_records,
 )
 from etl.progress import Progress
-from etl.run.execute import choose_run, engine, fill_shard, parallel_map
 from etl.sources import readers
 from etl.sources.entries import ListContext
 from etl.sources.locate import CHANGED, locate, location
@@ -259,7 +260,7 @@ def repair_shard(
     sample_shape: tuple[int, ...],
 ) -> RepairOutcome:
     """Worker: write one new shard from `task.items`: the verified rows it copies first, then
-    the sources it decodes again (`execute.fill_shard`, as a run fills a shard)."""
+    the sources it decodes again (`etl.engine.fill.fill_shard`, as a run fills a shard)."""
     one_row = row_digest(config.output.checksum)
     opened: dict[str, np.memmap] = {}
     stored: list[tuple[str, int, str, str]] = []

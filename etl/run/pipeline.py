@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from joblib.externals.loky.process_executor import TerminatedWorkerError
 
 from etl.config import PipelineConfig
+from etl.engine import interrupt, parallel
 from etl.errors import (
     OUTPUT_ERRNOS,
     ConfigError,
@@ -46,7 +47,7 @@ from etl.format.manifest import (
 )
 from etl.format.shards import ShardInfo
 from etl.progress import Progress
-from etl.run import execute, interrupt, spill
+from etl.run import execute, spill
 from etl.run.plan import Plan, settled_hashes
 from etl.run.results import packed_rejects, packed_samples
 from etl.run.staged import staged_plan
@@ -165,7 +166,7 @@ def run(
         temporary = Path(tempfile.gettempdir())
         try:
             with (
-                execute.engine(config.run, readable=_worker_inputs(config)),
+                parallel.engine(config.run, readable=_worker_inputs(config)),
                 readers.released(None),
             ):
                 return _run_locked(config, root, dry_run, rebuild, progress, on_plan, started)
@@ -185,7 +186,7 @@ def run(
         before = max(list_versions(root), default=0)
         try:
             with (
-                execute.engine(config.run, writable_root=root, readable=_worker_inputs(config)),
+                parallel.engine(config.run, writable_root=root, readable=_worker_inputs(config)),
                 readers.released(spool),
             ):
                 return _run_locked(config, root, dry_run, rebuild, progress, on_plan, started)
@@ -368,7 +369,7 @@ def _list(run: _Run, scratch: Path) -> SourceListing:
     )
     with (
         run.phase("list"),
-        execute.workers_starting(config.run, reads_every_record and not run.dry_run),
+        parallel.workers_starting(config.run, reads_every_record and not run.dry_run),
     ):
         return list_sources(config.source, context)
 
@@ -435,7 +436,7 @@ def _pack(
     new_shards: list[ShardInfo] = []
     run.progress.start("pack", plan.to_pack)
     # closing: an interrupted loop stops the workers before the run cleans up (see
-    # NOTE [ stop the workers on the way out ] in etl.run.execute).
+    # NOTE [ stop the workers on the way out ] in etl.engine.parallel).
     results = execute.pack(plan.tasks, run.config, run.root, run.progress.advance)
     with run.phase("pack"), contextlib.closing(results) as packed:
         for result in packed:
@@ -466,7 +467,7 @@ def _commit(run: _Run, listed: int, plan: Plan, packed: _Packed) -> RunReport:
         samples_total=plan.reused.num_rows + packed.packed_new,
     )
     notes: list[str] = []
-    workers = execute.worker_count(config.run)
+    workers = parallel.worker_count(config.run)
     if len(plan.tasks) and len(plan.tasks) < workers:
         notes.append(
             f"only {len(plan.tasks)} shard(s) to pack for {workers} workers: "

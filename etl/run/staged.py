@@ -1,6 +1,7 @@
 """The plan of a listing of any size, made a window and a bucket at a time with its tables on
 disk, so the parent's memory follows `WINDOW_ROWS` and `buckets.BUCKET_ROWS`, not the number
-of files. It is `plan.make_plan`'s plan, made by the same functions:
+of files. It is the plan the whole listing would give at once (the tests' oracle,
+`tests/plan_oracle.py`), made by the same functions:
 
 1. Windows of the listing in source order, each merge-joined with the slice of the previous
    version's rows (sorted by source) it can match: the stat proves some hashes known; the
@@ -8,7 +9,7 @@ of files. It is `plan.make_plan`'s plan, made by the same functions:
    content hash (`etl.run.buckets`), and so does each previous sample the window passed, so
    the manifest is read once, in order.
 2. Once every class name is known (the labels need them all), each bucket is decided
-   (`plan.decide`) with its previous samples and the remembered rejects whose hash falls in
+   (`decide.decide`) with its previous samples and the remembered rejects whose hash falls in
    it.
    Rows to keep go to a spill sorted by source, rows to pack to one sorted by pack order.
 3. Both spills are written out as one Arrow file each and mapped: `Plan.reused` and
@@ -30,13 +31,9 @@ from etl.format.columns import ascending, bisect_right, sorted_by, value_codes
 from etl.format.manifest import REJECTS_SCHEMA, SAMPLES_SCHEMA, Manifest
 from etl.format.mapped import Mapped
 from etl.run.buckets import Buckets, bucket_count, buckets_of
+from etl.run.decide import CHECKED_COLUMNS, Decided, assemble, check_window, decide
 from etl.run.plan import (
-    CHECKED_COLUMNS,
-    Decided,
     Plan,
-    assemble,
-    check_window,
-    decide,
     hash_wanted,
     known_digests,
     remembered_rejects,
@@ -64,7 +61,7 @@ def staged_plan(
     folder: Path,
     on_known: Callable[[int], None] = lambda n: None,
 ) -> Plan:
-    """`make_plan` of `listing`, hashing what the previous version does not vouch for as it
+    """The plan of `listing`, hashing what the previous version does not vouch for as it
     goes; temporary files go in `folder`, and the plan's two tables stay there (mapped) until
     the caller removes it. `on_known(n)`: n more files needed no hashing."""
     files = listing.files.table

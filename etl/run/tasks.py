@@ -2,7 +2,7 @@
 
 Plain frozen dataclasses in a module of their own, so that a worker process unpickling them
 imports nothing of the planner (pyarrow among it): a worker's start-up is on the critical path
-of every run (see NOTE [ worker start-up ] in etl.run.execute).
+of every run (see NOTE [ worker start-up ] in etl.engine.parallel).
 """
 
 from __future__ import annotations

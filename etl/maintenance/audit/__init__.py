@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
+from etl.engine.parallel import engine
 from etl.errors import ConfigError, ManifestError
 from etl.format.manifest import (
     MANIFEST_FILE,
@@ -68,7 +69,6 @@ from etl.maintenance.audit.report import (
 from etl.maintenance.audit.shards import verify_shards
 from etl.maintenance.audit.sources import verify_records, verify_sources
 from etl.progress import Progress
-from etl.run.execute import engine
 from etl.sources.registry import kind_named
 
 __all__ = [

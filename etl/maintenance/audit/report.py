@@ -10,10 +10,10 @@ from typing import Any
 import pyarrow as pa
 
 from etl.config import Backend, RunConfig, SourceConfig
+from etl.engine.parallel import choose_run
 from etl.format.manifest import (
     FORMAT_VERSION,
 )
-from etl.run.execute import choose_run
 
 ERROR = "error"
 NOTE = "note"

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
+from etl.engine.parallel import WorkerError, parallel_map
 from etl.errors import ShardError
 from etl.format.checksums import TAMPER_DIGEST, new_hasher, row_digest
 from etl.format.manifest import (
@@ -23,7 +24,6 @@ from etl.format.manifest import (
 from etl.format.shards import open_shard
 from etl.maintenance.audit.report import AuditOptions, AuditReport, Finding
 from etl.progress import Progress
-from etl.run.execute import WorkerError, parallel_map
 
 CHUNK_BYTES = 256 << 10
 """Bytes hashed per step of a full audit. NOTE: small enough to stay in L2 cache, so each chunk

@@ -12,13 +12,13 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from etl.config import SourceConfig
+from etl.engine.parallel import parallel_map
 from etl.format import names
 from etl.format.manifest import (
     Manifest,
 )
 from etl.maintenance.audit.report import AuditOptions, AuditReport, Finding
 from etl.progress import Progress
-from etl.run.execute import parallel_map
 from etl.sources.entries import ListContext
 from etl.sources.registry import list_sources
 from etl.sources.safe_files import file_digest

@@ -1,0 +1,88 @@
+"""The one way a shard is filled, for a run and for repair alike: each source read back through
+its kind's reader, checked against the content hash the plan recorded, run through the image
+stages and appended to the shard. A bad image is a reject with its reason, not a failure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from etl.config import CallStage, PipelineConfig
+from etl.engine.parallel import WorkerError
+from etl.format.checksums import digest
+from etl.format.shards import ShardWriter
+from etl.images.rejects import Reject
+from etl.images.stages import load_function, process_image
+from etl.sources import readers
+
+
+def read_failure(exc: OSError) -> tuple[str, str]:
+    """(reject reason, message) of a source that could not be read."""
+    if isinstance(exc, readers.Refused):
+        return exc.reason, str(exc)
+    return "io_error", f"cannot read: {exc.strerror or exc}"
+
+
+def stage_functions(config: PipelineConfig) -> dict[str, Callable[..., Any]]:
+    """The user functions of `config`'s call stages, imported once per worker task."""
+    return {
+        stage.function: load_function(stage.function)
+        for stage in config.stages
+        if isinstance(stage, CallStage)
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A source stored in a shard: its row, the row's checksum, the source's size in pixels."""
+
+    row: int
+    checksum: str
+    height: int
+    width: int
+
+
+def fill_shard(
+    writer: ShardWriter,
+    config: PipelineConfig,
+    sources: Sequence[tuple[str, str, str]],
+    changed: str,
+) -> Iterator[Stored | Reject]:
+    """The one way a shard is filled, for run and repair: each (source, locator, content hash)
+    is read through `readers`, checked against its hash (else a `changed` reject with the
+    message `changed`), run through the stages and appended to `writer`. Yields, in order, what
+    became of each. A read failure is a reject; a failure to write the shard (an OSError) is
+    raised as it is; anything else is raised as a WorkerError naming the source."""
+    functions = stage_functions(config)
+    outcomes = readers.read_many(config.source, (locator for _, locator, _ in sources))
+    for (source, _, content_hash), data in zip(sources, outcomes, strict=True):
+        try:
+            outcome = _store(data, content_hash, writer, config, functions, changed)
+        except OSError:
+            raise  # the shard's write: a read failure is a reject in _store
+        except Exception as exc:
+            raise WorkerError(
+                f"while packing {source} into {writer.name}: {type(exc).__name__}: {exc}"
+            ) from exc
+        yield outcome
+
+
+def _store(
+    data: bytes | OSError,
+    content_hash: str,
+    writer: ShardWriter,
+    config: PipelineConfig,
+    functions: dict[str, Callable[..., Any]],
+    changed: str,
+) -> Stored | Reject:
+    if isinstance(data, OSError):
+        return Reject(*read_failure(data))
+    if digest(data, config.output.checksum) != content_hash:
+        return Reject("changed", changed)
+    try:
+        array, (height, width) = process_image(data, config, functions)
+    except Reject as exc:
+        return exc
+    row, checksum = writer.append(array)
+    return Stored(row, checksum, height, width)
