@@ -17,11 +17,12 @@ from PIL import Image
 
 from etl.cli import main
 from etl.config import PipelineConfig, load_config
+from etl.engine import fill
 from etl.explore.sample_data import make_sample_data
 from etl.format.manifest import list_versions, read_manifest
 from etl.maintenance.housekeeping import compact
 from etl.maintenance.versions import diff, summaries
-from etl.run import execute, pipeline
+from etl.run import pipeline
 
 CONFIG = """\
 source: {{kind: folder, path: {source}, split: {{val: 0.25}}}}
@@ -82,13 +83,13 @@ def source(tmp_path: Path) -> Path:
 
 def count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     calls: list[str] = []
-    real = execute.process_image
+    real = fill.process_image
 
     def counting(data: bytes, *args: Any) -> Any:
         calls.append(str(len(data)))
         return real(data, *args)
 
-    monkeypatch.setattr(execute, "process_image", counting)
+    monkeypatch.setattr(fill, "process_image", counting)
     return calls
 
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,9 @@ def test_every_shuffle_name_covers_the_split(packed: Packed, shuffle: bool | str
     found = positions_of(ds, packed, list(loader))
     if shuffle == "balanced":
         assert len(found) == len(ds)
+        shares = Counter(packed.labels[found].tolist())
+        assert set(shares) == set(packed.labels[ds.selection.positions].tolist())
+        assert max(shares.values()) - min(shares.values()) <= 1, shares
     else:
         assert sorted(found) == sorted(ds.selection.positions.tolist())
 

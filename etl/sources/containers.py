@@ -6,7 +6,7 @@ spooled for the workers when it must be packed).
 `source` is the file's path relative to `source.path`, '/', then the record's key: a tar
 sample's key (its member name up to the first dot of the last part, as WebDataset groups
 them), or a table row's id (`id_column`, else its row number in the file). It is spelt by the
-rule of etl/names.py, so it is one-to-one with (file, key).
+rule of etl/format/names.py, so it is one-to-one with (file, key).
 
 NOTE [hostile containers]: nothing is ever extracted to disk, no link is followed, and nothing
 in a file stops the run. A member or row that cannot be a sample is a reject naming file and

@@ -19,9 +19,9 @@ taken for one (about 1 in 10^24 for 10M keys)."""
 
 class KeyLabels:
     """key -> (label, split) of a CSV/TSV/Parquet file with columns key, label and optionally
-    split, keys spelt as `source` (see etl/names.py). Keys are sorted hashes (numpy); labels and
-    splits are int32 codes into the distinct names, so the cost per key does not depend on
-    how long keys or labels are. The file is read a batch at a time.
+    split, keys spelt as `source` (see etl/format/names.py). Keys are sorted hashes (numpy);
+    labels and splits are int32 codes into the distinct names, so the cost per key does not
+    depend on how long keys or labels are. The file is read a batch at a time.
 
     A key listed twice or empty is a SourceError naming its line; an empty label reads as
     no label (the record is then a reject)."""
