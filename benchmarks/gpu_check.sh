@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks, as one script for a lent GPU machine (about 4 minutes on one H100, 2026-11-26):
-#   1. the CUDA tests pass (tests/test_cuda.py);
+#   1. the CUDA tests pass (tests/loaders/test_cuda.py);
 #   2. with each mechanism they guard removed (--break-mechanism), the tests guarding it FAIL;
 #   3. the loader tests pass with CUDA visible (pinning on by default there);
 #   4. the GPU benchmarks: bench_augment (host-to-device GB/s, DeviceLoader + augmentation
@@ -61,12 +61,12 @@ step() {
 } > "$OUT/machine.txt" 2>&1
 note "$(tail -1 "$OUT/machine.txt")"
 
-step cuda-tests 0 150 $PY -m pytest -p no:cacheprovider -m cuda tests/test_cuda.py -q -rs
+step cuda-tests 0 150 $PY -m pytest -p no:cacheprovider -m cuda tests/loaders/test_cuda.py -q -rs
 for mechanism in record_stream wait_stream pinned_output nonblocking_params bound_device; do
-    step "break-$mechanism" 1 90 $PY -m pytest -p no:cacheprovider -m cuda tests/test_cuda.py \
+    step "break-$mechanism" 1 90 $PY -m pytest -p no:cacheprovider -m cuda tests/loaders/test_cuda.py \
         -q --break-mechanism "$mechanism"
 done
-step loader-tests 0 240 $PY -m pytest -p no:cacheprovider -q -n 8 tests/test_loaders_*.py
+step loader-tests 0 240 $PY -m pytest -p no:cacheprovider -q -n 8 tests/loaders/test_loaders_*.py
 if [ "$DRY" = 1 ]; then
     step bench-augment 0 300 $PY -m benchmarks.bench_augment --tiny --device cpu
     step bench-workers 0 120 $PY -m benchmarks.bench_workers --samples 1000 --size 32 --rounds 1

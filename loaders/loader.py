@@ -56,7 +56,7 @@ def _stop_workers(batches: Iterator[Any] | None, persistent: bool) -> None:
     """Stop the workers of an iteration that an error ended, now.
 
     NOTE: otherwise they stop when the iterator is garbage collected, at some later moment of
-    the training process. Measured in tests/test_format_fuzz.py: in a process that had used a
+    the training process. Measured in tests/format/test_format_fuzz.py: in a process that had used a
     joblib (loky) pool before, that collection waited 10 s (two workers' 5 s join timeouts)
     inside whatever ran next. Persistent workers stay: the next epoch reuses them.
     """

@@ -1,10 +1,10 @@
 """Options every test module may read.
 
-`--fuzz-long` draws thousands of mutations per stored file kind (tests/test_format_fuzz.py)
+`--fuzz-long` draws thousands of mutations per stored file kind (tests/format/test_format_fuzz.py)
 instead of the few dozen a CI run draws.
 
 `--break-mechanism NAME` proves that a CUDA test can fail: it removes one mechanism of the
-GPU path (see `BREAKS` in tests/test_cuda.py), keeps only the tests marked as guarding it
+GPU path (see `BREAKS` in tests/loaders/test_cuda.py), keeps only the tests marked as guarding it
 (`@pytest.mark.guards(NAME)`), and those must then fail. benchmarks/gpu_check.sh runs each.
 """
 
@@ -17,7 +17,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--fuzz-long",
         action="store_true",
-        help="thousands of drawn mutations per file kind in tests/test_format_fuzz.py",
+        help="thousands of drawn mutations per file kind in tests/format/test_format_fuzz.py",
     )
     parser.addoption(
         "--break-mechanism",

@@ -281,7 +281,7 @@ def _named(exc: Exception) -> str:
 
     NOTE [ damaged Arrow files ]: pyarrow turns a damaged IPC file into ArrowInvalid mostly,
     but not only: a schema's field name that is no longer UTF-8 raised UnicodeDecodeError
-    from `validate` itself (found by tests/test_format_fuzz.py). Only the file's bytes are
+    from `validate` itself (found by tests/format/test_format_fuzz.py). Only the file's bytes are
     read in these few calls, so every exception there is the file's damage: caught as a
     class, named, and turned into the file's ManifestError.
     """

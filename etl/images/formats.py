@@ -7,7 +7,7 @@ marker put back, or a header that claims more pixels than the data holds: libjpe
 only warns), and a PNG whose zlib stream is complete but holds fewer rows than the header
 declares (Pillow leaves the rest black). JPEGs are therefore decoded by libjpeg-turbo through
 simplejpeg, which turns libjpeg's warnings into errors; with the same library settings
-(accurate integer DCT, fancy upsampling) its pixels equal Pillow's (tests/test_formats.py
+(accurate integer DCT, fancy upsampling) its pixels equal Pillow's (tests/images/test_formats.py
 compares them with Pillow's own decode and draft). For a PNG the rows' bytes are counted by
 inflating its IDAT stream. Neither check looks at pixel values.
 """

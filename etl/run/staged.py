@@ -1,7 +1,7 @@
 """The plan of a listing of any size, made a window and a bucket at a time with its tables on
 disk, so the parent's memory follows `WINDOW_ROWS` and `buckets.BUCKET_ROWS`, not the number
 of files. It is the plan the whole listing would give at once (the tests' oracle,
-`tests/plan_oracle.py`), made by the same functions:
+`tests/helpers/plan_oracle.py`), made by the same functions:
 
 1. Windows of the listing in source order, each merge-joined with the slice of the previous
    version's rows (sorted by source) it can match: the stat proves some hashes known; the

@@ -1,0 +1,119 @@
+"""The readers of a packed dataset, run one case after another in one long-lived process, for
+tests/format/test_format_fuzz.py. Not a test module.
+
+    python tests/format/fuzz_driver.py     # reads cases as JSON lines on stdin
+
+A case is {"case": n, "root": dataset folder, "config": pipeline.yaml or null, "readers":
+[names]}; for each it writes one JSON line to stdout: {"case": n, "results": {reader: result}},
+where a result is {"code": exit code, "error": what was said, or "bug": a traceback}. Every
+`etl` command runs in-process through `etl.cli.main`, as the console script would; the loaders
+run as a training job would use them. A crash (a signal) ends this process: the test sees it
+die on the case it sent last. Imports are paid once, not per case.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+warnings.filterwarnings("ignore")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from etl.cli import main as etl_main  # noqa: E402
+from etl.errors import EtlError  # noqa: E402
+from loaders import (  # noqa: E402
+    PackedDataset,
+    PackedStream,
+    make_loader,
+    open_catalog,
+    stream_loader,
+)
+
+
+def cli(*args: str) -> dict[str, Any]:
+    """`etl ARGS` in this process: its exit code and what it printed on stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    code: Any = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            etl_main(list(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        return {"code": None, "bug": traceback.format_exc()}
+    said = err.getvalue()
+    if "Traceback" in said or "Traceback" in out.getvalue():
+        return {"code": code, "bug": said + out.getvalue()}
+    return {"code": code, "error": said.strip()}
+
+
+def python(read: Callable[[], None]) -> dict[str, Any]:
+    """A loaders call: 0 when it read everything, 2 with the one line of an EtlError."""
+    try:
+        read()
+    except EtlError as exc:
+        return {"code": 2, "error": str(exc)}
+    except BaseException:
+        return {"code": None, "bug": traceback.format_exc()}
+    return {"code": 0, "error": ""}
+
+
+def read_all(root: str, workers: int = 0, **options: Any) -> None:
+    dataset = PackedDataset.open(root, **options)
+    loader = make_loader(dataset, batch_size=16, shuffle=True, num_workers=workers)
+    count = sum(len(batch.labels) for batch in loader)
+    assert count == len(dataset), f"read {count} of {len(dataset)} samples"
+
+
+def stream_all(root: str, workers: int) -> None:
+    selection = open_catalog(root).select()
+    loader = stream_loader(PackedStream(selection, batch_size=8, window=2), num_workers=workers)
+    count = sum(len(batch.labels) for batch in loader)
+    assert count >= len(selection), f"streamed {count} of {len(selection)} samples"
+
+
+def readers(root: str, config: str | None, scratch: Path) -> dict[str, Callable[[], Any]]:
+    return {
+        "audit": lambda: cli("audit", root, "--quiet"),
+        "inspect": lambda: cli("inspect", root),
+        "versions": lambda: cli("versions", root),
+        "diff": lambda: cli("diff", root, "1", "2"),
+        "show": lambda: cli("show", root, "-n", "4", "--out", str(scratch / "sheet.png")),
+        "compact": lambda: cli("compact", root, "--dry-run"),
+        "run": lambda: cli("run", str(config), "--jobs", "1", "--backend", "sequential"),
+        "loaders": lambda: python(lambda: read_all(root)),
+        "loaders-verify": lambda: python(lambda: read_all(root, verify=True)),
+        "loaders-lenient": lambda: python(lambda: read_all(root, verify_manifest=False)),
+        "loaders-workers": lambda: python(lambda: read_all(root, workers=2)),
+        "stream": lambda: python(lambda: stream_all(root, workers=0)),
+        "stream-workers": lambda: python(lambda: stream_all(root, workers=2)),
+    }
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    np.seterr(all="ignore")
+    for line in sys.stdin:
+        case = json.loads(line)
+        with tempfile.TemporaryDirectory() as scratch:
+            every = readers(case["root"], case.get("config"), Path(scratch))
+            results = {}
+            for name in case["readers"]:
+                start = time.perf_counter()
+                results[name] = {**every[name](), "seconds": time.perf_counter() - start}
+        print(json.dumps({"case": case["case"], "results": results}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,346 @@
+"""Every stored byte is hostile too: the files a packed dataset keeps, damaged the way a bad
+disk, a partial copy or a careless edit damages them, read by every reader.
+
+A real dataset (two versions, packed by `etl run` from real images) is copied per case and one of
+its files mutated: a byte set to another value, the file cut short, garbage appended, or the file
+swapped with another of its kind. Each reader then runs in a long-lived subprocess
+(tests/format/fuzz_driver.py) under a time limit: `etl audit`, `inspect`, `versions`, `diff`,
+`show`, `compact`, the next `etl run`, and the loaders at open and at read, in the main process and
+in workers. Each must end with an exit code and, for an error, one line: never a traceback, a signal
+or a hang. What can know of the damage must say so: the audit always, the loaders with `verify=True`
+for a shard, the loaders for a version file (its commit record).
+
+Hypothesis draws the mutations (a few dozen per kind; `--fuzz-long` for thousands); every byte
+of a shard's `.npy` header and of `commit.json` is also swept exhaustively.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytestmark = pytest.mark.slow
+
+DRIVER = Path(__file__).parent / "fuzz_driver.py"
+CASE_SECONDS = 120
+EVERY_READER = (
+    "audit",
+    "inspect",
+    "versions",
+    "diff",
+    "show",
+    "compact",
+    "run",
+    "loaders",
+    "loaders-verify",
+    "loaders-lenient",
+    "loaders-workers",
+    "stream",
+    "stream-workers",
+)
+EXIT_CODES = {"audit": {0, 1, 2}}
+"""What each reader may exit with: 0 or 2 (one line) unless said; the audit's 1 is a finding."""
+
+
+@dataclass(frozen=True)
+class Base:
+    work: Path
+    root: Path
+    sources: Path
+    files: dict[str, list[str]]
+    """Paths relative to `root` of each kind of file the dataset keeps."""
+
+
+def etl(*args: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "etl", *args], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def write_config(path: Path, sources: Path, output: Path) -> None:
+    path.write_text(
+        f"""
+source: {{kind: folder, path: {json.dumps(str(sources))}}}
+stages:
+  - decode: {{mode: RGB}}
+  - resize: {{size: [12, 16], mode: center_crop}}
+output: {{dir: {json.dumps(str(output))}, samples_per_shard: 5}}
+run: {{n_jobs: 1, backend: sequential}}
+"""
+    )
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
+    work = tmp_path_factory.mktemp("fuzz")
+    sources = work / "sources"
+    etl("sample-data", str(sources), "--per-class", "3", "--quiet")
+    held = work / "held"
+    held.mkdir()
+    images = sorted(p for p in sources.rglob("*.jpg"))[:4]
+    for image in images:  # version 1 without them, version 2 with them
+        shutil.move(image, held / f"{image.parent.name}--{image.name}")
+    root = work / "ds"
+    write_config(work / "pipeline.yaml", sources, root)
+    etl("run", str(work / "pipeline.yaml"), "--quiet")
+    for moved in held.iterdir():
+        folder, name = moved.name.split("--")
+        shutil.move(moved, sources / folder / name)
+    etl("run", str(work / "pipeline.yaml"), "--quiet")
+    latest = sorted((root / "versions").iterdir())[-1].relative_to(root)
+    files = {
+        "shard": sorted(str(p.relative_to(root)) for p in (root / "shards").glob("*.npy")),
+        "manifest": [str(latest / "manifest.arrow")],
+        "shards-table": [str(latest / "shards.arrow")],
+        "rejects": [str(latest / "rejects.arrow")],
+        "record": [str(latest / "commit.json")],
+        "lock": [".lock"],
+    }
+    assert len(files["shard"]) >= 3 and (root / ".lock").exists()
+    return Base(work, root, sources, files)
+
+
+class Driver:
+    """The readers' process; started again after a case kills it."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[str] | None = None
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.cases = 0
+
+    def start(self) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen(
+            [sys.executable, str(DRIVER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        self.lines = queue.Queue()
+        stdout = self.process.stdout
+        assert stdout is not None
+
+        def pump() -> None:
+            for line in stdout:
+                self.lines.put(line)
+            self.lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+
+    def run(self, root: Path, config: Path, readers: tuple[str, ...]) -> dict[str, Any]:
+        if self.process is None or self.process.poll() is not None:
+            self.start()
+        assert self.process is not None and self.process.stdin is not None
+        self.cases += 1
+        case = {"case": self.cases, "root": str(root), "config": str(config)}
+        self.process.stdin.write(json.dumps({**case, "readers": list(readers)}) + "\n")
+        self.process.stdin.flush()
+        try:
+            line = self.lines.get(timeout=CASE_SECONDS)
+        except queue.Empty:
+            self.stop()
+            raise AssertionError(f"the readers hung for {CASE_SECONDS} s") from None
+        if line is None:
+            code = self.process.wait()
+            self.process = None
+            raise AssertionError(f"the readers' process died (exit {code}, a signal if < 0)")
+        result: dict[str, Any] = json.loads(line)["results"]
+        return result
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+
+@pytest.fixture(scope="module")
+def driver() -> Any:
+    readers = Driver()
+    yield readers
+    readers.stop()
+
+
+@dataclass(frozen=True)
+class Mutation:
+    kind: str
+    file: str
+    how: str
+    """set, truncate, extend or swap."""
+    at: int = 0
+    value: int = 0
+    other: str = ""
+
+    def apply(self, root: Path) -> bool:
+        """Damage `root/file`; False when the bytes did not change (nothing to read)."""
+        path = root / self.file
+        data = bytearray(path.read_bytes())
+        if self.how == "set":
+            if not data:  # an empty file (the lock): any byte is damage
+                data.append(self.value)
+            elif data[self.at % len(data)] == self.value:
+                return False
+            else:
+                data[self.at % len(data)] = self.value
+        elif self.how == "truncate":
+            if not data:
+                return False
+            del data[self.at % len(data) :]
+        elif self.how == "extend":
+            data += bytes([self.value]) * (1 + self.at % 4096)
+        else:
+            other = root / self.other
+            swapped = other.read_bytes()
+            if swapped == bytes(data):
+                return False
+            other.write_bytes(bytes(data))
+            data = bytearray(swapped)
+        path.write_bytes(bytes(data))
+        return True
+
+
+def case_root(base: Base, tmp: Path) -> tuple[Path, Path]:
+    """A fresh copy of the dataset and a config whose output is that copy."""
+    root = tmp / "ds"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(base.root, root)
+    config = tmp / "pipeline.yaml"
+    write_config(config, base.sources, root)
+    return root, config
+
+
+def check(mutation: Mutation, results: dict[str, Any]) -> None:
+    for reader, result in results.items():
+        assert "bug" not in result, f"{reader} on {mutation}:\n{result['bug']}"
+        allowed = EXIT_CODES.get(reader, {0, 2})
+        assert result["code"] in allowed, f"{reader} exit {result['code']} on {mutation}"
+        if result["code"] == 2:
+            message = result["error"]
+            assert message and "\n" not in message.strip(), f"{reader}: {message!r}"
+    covered = mutation.kind not in ("lock", "leftovers")  # no damage to a committed file
+    if "audit" in results and covered:
+        assert results["audit"]["code"] in (1, 2), f"the audit missed {mutation}"
+    if "loaders-verify" in results and covered:
+        assert results["loaders-verify"]["code"] == 2, f"verify=True read {mutation}"
+    if "loaders" in results and covered and mutation.kind != "shard":
+        assert results["loaders"]["code"] == 2, f"the commit record missed {mutation}"
+    if mutation.kind == "shard" and mutation.how == "swap":
+        for reader in ("loaders", "stream"):
+            if reader in results:
+                assert results[reader]["code"] == 2, f"{reader}'s probe row missed {mutation}"
+
+
+def examples(request: pytest.FixtureRequest) -> int:
+    return 2000 if request.config.getoption("--fuzz-long") else 120
+
+
+@st.composite
+def mutations(draw: st.DrawFn, files: dict[str, list[str]], kind: str) -> Mutation:
+    file = draw(st.sampled_from(files[kind]))
+    how = draw(st.sampled_from(["set", "set", "set", "truncate", "extend", "swap"]))
+    if how == "swap":
+        others = [f for f in files[kind] if f != file]
+        if not others:
+            how = "set"
+        else:
+            return Mutation(kind, file, how, other=draw(st.sampled_from(others)))
+    at = draw(st.one_of(st.integers(0, 255), st.integers(0, 1 << 20)))
+    return Mutation(kind, file, how, at, draw(st.integers(0, 255)))
+
+
+@pytest.mark.parametrize("kind", ["shard", "manifest", "shards-table", "rejects", "record", "lock"])
+def test_any_damage_to_a_stored_file_is_named_never_a_crash(
+    base: Base, driver: Driver, tmp_path: Path, request: pytest.FixtureRequest, kind: str
+) -> None:
+    seen = []
+
+    @settings(
+        max_examples=examples(request),
+        deadline=None,
+        derandomize=not request.config.getoption("--fuzz-long"),
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(mutation=mutations(base.files, kind))
+    def one(mutation: Mutation) -> None:
+        root, config = case_root(base, tmp_path / "case")
+        if not mutation.apply(root):
+            return
+        seen.append(mutation)
+        check(mutation, driver.run(root, config, EVERY_READER))
+
+    one()
+    assert len(seen) >= examples(request) // 2, "most drawn mutations changed a byte"
+
+
+def sweep(base: Base, driver: Driver, tmp: Path, kind: str, mutations: list[Mutation]) -> None:
+    readers = ("audit", "loaders", "loaders-verify")
+    changed = 0
+    for mutation in mutations:
+        root, config = case_root(base, tmp / "case")
+        if mutation.apply(root):
+            changed += 1
+            check(mutation, driver.run(root, config, readers))
+    assert changed >= len(mutations) // 2
+
+
+def test_every_byte_of_a_shard_header(base: Base, driver: Driver, tmp_path: Path) -> None:
+    """Each of the 128 header bytes of one shard set to 0x00, 0xff, '9' and '}' in turn: the
+    values that end, overflow, lengthen and close numpy's header literal."""
+    shard = base.files["shard"][1]
+    values = (0x00, 0xFF, ord("9"), ord("}"))
+    sweep(
+        base,
+        driver,
+        tmp_path,
+        "shard",
+        [Mutation("shard", shard, "set", at, v) for at in range(128) for v in values],
+    )
+
+
+def test_every_byte_of_the_commit_record(base: Base, driver: Driver, tmp_path: Path) -> None:
+    record = base.files["record"][0]
+    size = (base.root / record).stat().st_size
+    sweep(
+        base,
+        driver,
+        tmp_path,
+        "record",
+        [Mutation("record", record, "set", at, ord("0")) for at in range(size)],
+    )
+
+
+def test_leftovers_of_an_interrupted_run_are_never_trusted(
+    base: Base, driver: Driver, tmp_path: Path
+) -> None:
+    """Garbage where a run killed mid-write leaves its scratch: a `.tmp-` folder of spill and
+    plan files, a temp shard, a shard of the version it never committed. Every reader goes
+    on as if they were not there, and the next run removes them."""
+    root, config = case_root(base, tmp_path / "case")
+    scratch = root / "versions" / ".tmp-run-1234"
+    scratch.mkdir()
+    (scratch / "runs-00000.arrow").write_bytes(b"ARROW1\x00\x00" + os.urandom(512))
+    (scratch / "plan.arrow").write_bytes(b"")
+    (root / "shards" / ".tmp-v000003-00000.npy").write_bytes(os.urandom(300))
+    uncommitted = root / "shards" / "v000003-00000.npy"
+    uncommitted.write_bytes(b"\x93NUMPY\x01\x00" + os.urandom(200))
+    results = driver.run(root, config, EVERY_READER)
+    check(Mutation("leftovers", "versions/.tmp-run-1234", "plant"), results)
+    assert {name: r["code"] for name, r in results.items()} == {name: 0 for name in EVERY_READER}, (
+        "leftovers are no damage: every reader reads the committed version"
+    )
+    assert not scratch.exists() and not uncommitted.exists(), "the next run removed them"

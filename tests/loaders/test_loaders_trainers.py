@@ -1,0 +1,264 @@
+"""The loaders as every trainer takes them: PyTorch Lightning (one process and DDP on two),
+Hugging Face accelerate under torchrun, and plain torch code typed against DataLoader.
+
+The trainers run for real, in subprocesses (tests/trainers/*.py), on gloo over 127.0.0.1. What
+each rank's steps received is identified by content (the sha1 of each image, against the images
+`make_packed` wrote), never by the loaders' own bookkeeping.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+
+from loaders import (
+    DeviceLoader,
+    PackedDataset,
+    PackedLoader,
+    make_loader,
+    open_catalog,
+    stream_loader,
+)
+from loaders.stream import PackedStream
+from tests.helpers.packed import Packed, make_packed
+from tests.loaders.test_loaders_distributed import free_port
+
+SCRIPTS = Path(__file__).parent / "trainers"
+SPLITS = ("val", "test", "train", "train", "train")
+"""Sample i's split is SPLITS[i % 5]: train, val and test all present."""
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Packed:
+    root = tmp_path_factory.mktemp("trainers") / "ds"
+    return make_packed(root, shard_sizes=(11, 9, 14, 8), split_of=lambda i: SPLITS[i % 5])
+
+
+@pytest.fixture(autouse=True)
+def _quiet_cpu_note() -> None:
+    warnings.filterwarnings("ignore", "CUDA is not available", RuntimeWarning)
+
+
+def digest_of(packed: Packed) -> dict[str, int]:
+    """sha1 of each written image -> its manifest position (what the scripts record)."""
+    found = {hashlib.sha1(image.tobytes()).hexdigest(): p for p, image in enumerate(packed.images)}
+    assert len(found) == len(packed.images), "random images are distinct"
+    return found
+
+
+def positions(packed: Packed, digests: list[str]) -> list[int]:
+    known = digest_of(packed)
+    return [known[d] for d in digests]
+
+
+def run(args: list[str], world: int = 1, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """A script alone, or under torchrun with `world` processes on 127.0.0.1."""
+    launcher = [sys.executable]
+    if world > 1:
+        launcher += [
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={world}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={free_port()}",
+        ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if world > 1:
+        # The ranks train on the CPU (gloo): on a machine with fewer GPUs than ranks, accelerate's
+        # barrier still names cuda:<local rank> and rank 1 fails on a one-GPU machine.
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    done = subprocess.run(
+        [*launcher, *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+    return done
+
+
+def check_ok(done: subprocess.CompletedProcess[str]) -> None:
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def seen_by_rank(out: Path, world: int, name: str = "seen") -> list[Any]:
+    return [json.loads((out / f"{name}-{rank}.json").read_text()) for rank in range(world)]
+
+
+def assert_each_once(packed: Packed, split: str, parts: list[list[int]]) -> None:
+    """The ranks' parts of one epoch: equal lengths, and together every sample of the split
+    once, but for the padding that evens them out (as DistributedSampler pads)."""
+    expected = set(packed.indices(split))
+    assert expected and all(parts)
+    world, n = len(parts), len(expected)
+    assert {len(part) for part in parts} == {-(-n // world)}, "equal parts keep DDP in step"
+    union = [p for part in parts for p in part]
+    assert set(union) == expected
+    repeated = Counter(union) - Counter(expected)
+    assert sum(repeated.values()) == world * -(-n // world) - n
+
+
+# --- Lightning -----------------------------------------------------------------------------
+
+
+LIGHTNING_SETUPS = pytest.mark.parametrize(
+    ("world", "workers"),
+    [(1, 0), (1, 2), (2, 0)],
+    ids=["one-process", "one-process-2-workers", "ddp-2-processes"],
+)
+"""Processes and DataLoader workers each Lightning test runs with."""
+
+
+def lightning(packed: Packed, out: Path, *extra: str, world: int = 1) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    script = str(SCRIPTS / "lightning_run.py")
+    check_ok(run([script, str(packed.root), str(out), *extra], world))
+
+
+@LIGHTNING_SETUPS
+def test_lightning_fits_validates_and_tests_with_the_loaders_as_they_are(
+    packed: Packed, tmp_path: Path, world: int, workers: int
+) -> None:
+    """The loaders come back from train/val/test_dataloader unchanged; Lightning injects no
+    sampler over ours (each rank reads its own part), and each epoch covers each split."""
+    lightning(packed, tmp_path, f"--workers={workers}", world=world)
+    ranks = seen_by_rank(tmp_path, world)
+    for epoch in ("0", "1"):
+        assert_each_once(packed, "train", [positions(packed, r["train"][epoch]) for r in ranks])
+        assert_each_once(packed, "val", [positions(packed, r["val"][epoch]) for r in ranks])
+    # trainer.validate and trainer.test after fit (Lightning's epoch counter then reads 2).
+    assert_each_once(packed, "val", [positions(packed, r["val"]["2"]) for r in ranks])
+    assert_each_once(packed, "test", [positions(packed, r["test"]["2"]) for r in ranks])
+    first = [positions(packed, r["train"]["0"]) for r in ranks]
+    assert first != [positions(packed, r["train"]["1"]) for r in ranks], "set_epoch reached us"
+
+
+@LIGHTNING_SETUPS
+def test_lightning_killed_mid_epoch_resumes_from_its_own_checkpoint(
+    packed: Packed, tmp_path: Path, world: int, workers: int
+) -> None:
+    """Checkpoints every 2 steps, SIGKILL during step 5, `fit(ckpt_path=...)` from step 4: the
+    resumed run trains on exactly the batches the killed run had not finished, then on whole
+    epochs in the uninterrupted run's order, on every rank."""
+    lightning(packed, tmp_path / "whole", f"--workers={workers}", world=world)
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    script = str(SCRIPTS / "lightning_run.py")
+    extra = ["--save-every=2", "--kill-after-step=5", f"--workers={workers}"]
+    done = run([script, str(packed.root), str(killed), *extra], world)
+    assert done.returncode == (-9 if world == 1 else 1), "the run died as a killed node does"
+    per_epoch = len(packed.indices("train")) // 4 // world  # steps (batches of 4 a rank)
+    epoch, done_in_epoch = divmod(4, per_epoch)
+    checkpoint = killed / f"epoch={epoch}-step=4.ckpt"
+    assert checkpoint.exists(), sorted(p.name for p in killed.iterdir())
+    lightning(
+        packed, tmp_path / "resumed", f"--resume={checkpoint}", f"--workers={workers}", world=world
+    )
+
+    for rank in range(world):
+        whole = seen_by_rank(tmp_path / "whole", world)[rank]["train"]
+        died = seen_by_rank(killed, world)[rank]["train"]
+        resumed = seen_by_rank(tmp_path / "resumed", world)[rank]["train"]
+        assert [len(v) for v in whole.values()] == [per_epoch * 4] * 2
+        assert died[str(epoch)] == whole[str(epoch)][: len(died[str(epoch)])]
+        assert sum(len(v) for v in died.values()) == 5 * 4, "the killed run's five steps"
+        resumed_epoch = whole[str(epoch)][done_in_epoch * 4 :]
+        assert resumed[str(epoch)] == resumed_epoch, "after step 4: nothing lost, none twice"
+        assert {e: v for e, v in resumed.items() if e != str(epoch)} == {
+            e: v for e, v in whole.items() if int(e) > epoch
+        }, "then whole epochs, in the uninterrupted run's order"
+
+
+# --- accelerate ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_accelerate_prepare_keeps_the_shares_and_save_state_resumes_exactly(
+    packed: Packed, tmp_path: Path, workers: int
+) -> None:
+    """`Accelerator.prepare(model, optimizer, loader)` under torchrun with 2 processes: each
+    rank keeps its own part (accelerate would otherwise split it again), and
+    `save_state` after 2 steps then `load_state` in new processes gives the rest."""
+    script = str(SCRIPTS / "accelerate_run.py")
+    for phase in (["full"], ["save", "--steps=2"], ["resume"]):
+        check_ok(run([script, str(packed.root), str(tmp_path), *phase, f"--workers={workers}"], 2))
+    full, saved, resumed = (seen_by_rank(tmp_path, 2, name) for name in ("full", "save", "resume"))
+    assert_each_once(packed, "train", [positions(packed, part) for part in full])
+    for rank in range(2):
+        assert len(saved[rank]) == 2 * 4
+        assert saved[rank] + resumed[rank] == full[rank]
+
+
+# --- plain torch ---------------------------------------------------------------------------
+
+
+def steps_of(loader: DataLoader[Any]) -> int:
+    """Code typed against DataLoader: what it may rely on."""
+    assert isinstance(loader, DataLoader)
+    return sum(1 for _ in loader)
+
+
+def test_plain_torch_code_takes_the_loader_as_a_dataloader(packed: Packed) -> None:
+    ds = PackedDataset.open(packed.root, split="train")
+    n = len(ds)
+    loader = make_loader(ds, batch_size=5, shuffle=True, num_workers=0, seed=1)
+    assert isinstance(loader, DataLoader) and isinstance(loader, PackedLoader)
+    assert loader.batch_size == 5 and loader.drop_last is False and loader.num_workers == 0
+    assert isinstance(loader.sampler, DistributedSampler)
+    assert isinstance(loader.batch_sampler, BatchSampler)
+    assert loader.batch_sampler.sampler is loader.sampler
+    assert len(loader) == -(-n // 5) == steps_of(loader)
+    assert loader.pin_memory is torch.cuda.is_available() and loader.persistent_workers is False
+
+    model = torch.nn.Linear(int(np.prod(ds.sample_shape)), len(ds.classes))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    epochs = 3
+    schedule = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, 1.0, epochs=epochs, steps_per_epoch=len(loader)
+    )
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for images, labels in loader:
+            loss = torch.nn.functional.cross_entropy(model(images.flatten(1) / 255.0), labels)
+            loss.backward()
+            optimizer.step()
+            schedule.step()  # raises once stepped past epochs * steps_per_epoch
+    assert schedule.last_epoch == epochs * len(loader)
+
+    dropped = make_loader(ds, batch_size=5, shuffle="blocks", drop_last=True, num_workers=2)
+    assert dropped.drop_last is True and dropped.num_workers == 2
+    assert len(dropped) == n // 5 == steps_of(dropped)
+    assert dropped.prefetch_factor == 2  # torch's default with workers
+
+
+def test_stream_loader_is_a_dataloader_too(packed: Packed) -> None:
+    stream = PackedStream(open_catalog(packed.root).select("train"), batch_size=4, seed=2)
+    loader = stream_loader(stream)
+    assert isinstance(loader, DataLoader) and loader.batch_size is None  # the stream batches
+    assert len(loader) == steps_of(loader)
+    with pytest.raises(ValueError, match="PackedStream brings its own batch size"):
+        PackedLoader(stream, shuffle=True)
+
+
+def test_inner_loader_state_leaves_out_the_batch_a_device_loader_holds(packed: Packed) -> None:
+    """A user who saves the state of the loader they built, not of the DeviceLoader around
+    it, resumes at the first batch the loop has not received."""
+    ds = PackedDataset.open(packed.root, split="train")
+    loader = make_loader(ds, batch_size=3, shuffle=True, seed=4)
+    on_device = DeviceLoader(loader, device="cpu")
+    for received, _ in enumerate(on_device, start=1):
+        assert loader.state_dict() == on_device.state_dict()
+        assert loader.state_dict()["position"] == 3 * received
+        if received == 2:
+            break
+    assert loader.state_dict()["position"] == 6, "the batch pulled ahead is not counted"

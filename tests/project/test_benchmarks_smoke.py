@@ -1,0 +1,97 @@
+"""The benchmarks still run end to end: `python -m benchmarks.bench_pack --tiny`,
+`python -m benchmarks.bench_sources --tiny`, `python -m benchmarks.bench_scale --tiny`,
+`python -m benchmarks.bench_tree --tiny` and `python -m benchmarks.bench_cold --tiny`.
+
+Numbers from 16 photos mean nothing; the test checks that every part runs (photo generation,
+bare loops, the pipeline on every backend, the memory runs) and that the pipeline's pixels equal
+the bare Pillow loop's, which the benchmark itself verifies and reports.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("skimage", reason="benchmark-only dependency: pip install -e '.[bench]'")
+pytest.importorskip("psutil")
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_tiny(name: str, work: Path, timeout: int) -> subprocess.CompletedProcess[str]:
+    """`python -m benchmarks.<name> --tiny --work WORK` from the checkout (not installed)."""
+    return subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{name}", "--tiny", "--work", str(work)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_bench_pack_tiny(tmp_path: Path) -> None:
+    result = run_tiny("bench_pack", tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    table = result.stdout
+    assert "| goal | measured | target | met |" in table
+    for label in ("bare Pillow loop, 1 process", "pipeline, loky, n_jobs 2", "+ draft", "naive"):
+        assert label in table
+    # every pipeline output and the naive writer's matched the bare loop's pixels, image for image
+    assert table.count("| 16/16 |") == 5, table
+    # the memory run (--tiny makes only the one on N photos)
+    assert "| 16 | 64 samples |" in table
+
+
+def test_bench_sources_tiny(tmp_path: Path) -> None:
+    result = run_tiny("bench_sources", tmp_path, timeout=180)
+    # the benchmark stops before its table unless all three outputs hold the same pixels
+    assert result.returncode == 0, result.stderr
+    for kind in ("folder", "webdataset", "parquet"):
+        assert f"| {kind} | " in result.stdout, result.stdout
+
+
+def test_bench_scale_tiny(tmp_path: Path) -> None:
+    result = run_tiny("bench_scale", tmp_path, timeout=180)
+    # each operation ran in its own process and opened the manifest the commit path wrote
+    assert result.returncode == 0, result.stderr
+    for rows in ("| 20,000 |", "| 40,000 |"):
+        assert rows in result.stdout, result.stdout
+    assert list(tmp_path.iterdir()) == []  # the manifests are removed
+
+
+def test_bench_tree_tiny(tmp_path: Path) -> None:
+    result = run_tiny("bench_tree", tmp_path, timeout=300)
+    # the benchmark stops unless the first run packed every file, the rerun nothing and the
+    # +1% run exactly the new files
+    assert result.returncode == 0, result.stderr
+    for rows in ("| 2,000 |", "| 4,000 |", "| per file |"):
+        assert rows in result.stdout, result.stdout
+    assert list(tmp_path.iterdir()) == []  # the trees are removed
+
+
+def test_bench_cold_tiny(tmp_path: Path) -> None:
+    result = run_tiny("bench_cold", tmp_path, timeout=180)
+    # every loader epoch delivered every sample once, or the benchmark stops before its table
+    assert result.returncode == 0, result.stderr
+    for name in ("device: pread, 16 threads", "per-row copy", "loaders blocks, 2 workers"):
+        assert f"| {name}" in result.stdout, result.stdout
+    assert list(tmp_path.iterdir()) == []  # the dataset is removed
+
+
+def test_bench_workers_measures_two_trees_side_by_side() -> None:
+    """The A/B form: this checkout as its own baseline, every contender in both."""
+    options = ["--samples=1000", "--size=16", "--rounds=1", f"--baseline={REPO}"]
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_workers", *options],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr
+    for tree in ("this", "baseline"):
+        for contender in ("0 workers", "2 workers", "2 workers, persistent", "per-row copy"):
+            assert f"| {tree} | {contender}" in result.stdout, result.stdout
