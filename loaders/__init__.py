@@ -24,7 +24,8 @@ from loaders.batches import Batch, IndexedBatch
 from loaders.catalog import Catalog, open_catalog
 from loaders.dataset import PackedDataset
 from loaders.device import DeviceLoader
-from loaders.loader import PackedLoader, make_loader, stream_loader
+from loaders.factories import make_loader, stream_loader
+from loaders.loader import PackedLoader
 from loaders.samplers import (
     BlockShuffleSampler,
     ClassBalancedSampler,

@@ -10,10 +10,12 @@ shards, and exact, elastic resume.
   gathered straight into pinned memory instead of being copied there afterwards;
 - with workers, batches travel through a shared-memory ring made for this loader (see
   `loaders.batches.SharedRing`), not a fresh shared buffer each;
-- `shuffle` picks an order by name from `SHUFFLES` (True means "random", False "sequential");
-  every order is distributed-aware (a `DistributedSampler`) and resumable (`state_dict`).
+- `shuffle` picks an order by name from `loaders.named_orders.SHUFFLES` (True means
+  "random", False "sequential"); every order is distributed-aware (a `DistributedSampler`)
+  and resumable (`state_dict`).
 
-`make_loader` and `stream_loader` build one with this project's defaults (batches of 256).
+`loaders.factories.make_loader` and `stream_loader` build one with this project's defaults
+(batches of 256).
 """
 
 from __future__ import annotations
@@ -31,13 +33,9 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler
 from etl.errors import EtlError
 from loaders.batches import BatchMemory, SharedRing
 from loaders.dataset import PackedDataset, collate_batch
+from loaders.named_orders import OrderOptions, named_order, order_of, order_seed
 from loaders.resume import State, check_state
-from loaders.samplers import (
-    BlockShuffleSampler,
-    ClassBalancedSampler,
-    OrderSampler,
-    ShuffleSampler,
-)
+from loaders.samplers import OrderSampler
 from loaders.stream import PackedStream
 
 
@@ -64,42 +62,6 @@ def _stop_workers(batches: Iterator[Any] | None, persistent: bool) -> None:
     if shutdown is not None and not persistent:
         shutdown()
 
-
-@dataclass(frozen=True)
-class OrderOptions:
-    """What a named order may depend on, besides the dataset's labels and shards."""
-
-    batch_size: int
-    seed: int
-    rank: int | None
-    world_size: int | None
-    drop_last: bool
-
-    def common(self) -> dict[str, Any]:
-        return {
-            "seed": self.seed,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "drop_last": self.drop_last,
-        }
-
-
-def _blocks(ds: PackedDataset, o: OrderOptions) -> OrderSampler:
-    # NOTE: a window mixes window / block blocks from random places. Measured on the sample
-    # data (class-sorted shards, 6 classes, batch 256), batches reach a full shuffle's class mix
-    # once the window holds about a batch's worth of blocks: class_mix_distance 0.105 with a
-    # 1024 window against 0.057 for a random order, 0.044 against 0.068 with 4096.
-    block = 16
-    return BlockShuffleSampler(ds.shard_idx, block, max(4096, block * o.batch_size), **o.common())
-
-
-SHUFFLES: dict[str, Callable[[PackedDataset, OrderOptions], OrderSampler]] = {
-    "sequential": lambda ds, o: ShuffleSampler(len(ds), False, **o.common()),
-    "random": lambda ds, o: ShuffleSampler(len(ds), True, **o.common()),
-    "blocks": _blocks,
-    "balanced": lambda ds, o: ClassBalancedSampler(ds.labels, **o.common()),
-}
-"""Sample orders by name; see `loaders.orders` for what each one does."""
 
 _said_no_cuda = False
 
@@ -232,8 +194,8 @@ class PackedLoader(DataLoader[Any]):
             options = OrderOptions(
                 batch_size, order_seed(seed, generator), rank, world_size, drop_last
             )
-            sampler = _named_order(shuffle or False)(dataset, options)
-        self.order = _order_of(sampler, batch_sampler)
+            sampler = named_order(shuffle or False)(dataset, options)
+        self.order = order_of(sampler, batch_sampler)
         size = batch_size if batch_sampler is None else getattr(batch_sampler, "batch_size", None)
         if collate_fn is None:
             batch_bytes = None if size is None else size * math.prod(dataset.sample_shape)
@@ -415,20 +377,6 @@ class PackedLoader(DataLoader[Any]):
         return int(getattr(self.batch_sampler, "batch_size", None) or 1)
 
 
-def _named_order(shuffle: bool | str) -> Callable[[PackedDataset, OrderOptions], OrderSampler]:
-    name = ("random" if shuffle else "sequential") if isinstance(shuffle, bool) else shuffle
-    factory = SHUFFLES.get(name)
-    if factory is None:
-        raise ValueError(f"unknown shuffle {shuffle!r}; expected a bool or one of {list(SHUFFLES)}")
-    return factory
-
-
-def _order_of(sampler: Any, batch_sampler: Any) -> OrderSampler | None:
-    """The order sampler a loader's batches come from, if it is one of ours."""
-    inner = getattr(batch_sampler, "sampler", None) if batch_sampler is not None else sampler
-    return inner if isinstance(inner, OrderSampler) else None
-
-
 def _refuse_for_stream(
     batch_size: int | None,
     shuffle: Any,
@@ -491,112 +439,3 @@ def batch_memory(
         context = multiprocessing.get_context(context)
     slots = num_workers * (prefetch_factor or 2) + 4
     return BatchMemory(ring=SharedRing(slots, batch_bytes, context))
-
-
-def make_loader(
-    dataset: PackedDataset,
-    batch_size: int = 256,
-    shuffle: bool | str = False,
-    sampler: Sampler[int] | None = None,
-    num_workers: int = 0,
-    collate_fn: Callable[[Any], Any] | None = None,
-    pin_memory: bool | None = None,
-    drop_last: bool = False,
-    prefetch_factor: int | None = None,
-    persistent_workers: bool = False,
-    worker_init_fn: Callable[[int], None] | None = None,
-    timeout: float = 0.0,
-    generator: torch.Generator | None = None,
-    seed: int | None = None,
-    rank: int | None = None,
-    world_size: int | None = None,
-    multiprocessing_context: Any = None,
-    with_indices: bool = False,
-) -> PackedLoader:
-    """A `PackedLoader` (a DataLoader) over `dataset` in batches of 256 unless told otherwise.
-
-    `shuffle` is a `SHUFFLES` name or a bool; `sampler` (any torch sampler of indices) replaces
-    it. `drop_last` drops the short last batch and, across ranks, the tail that does not split
-    evenly (otherwise ranks are padded by repetition, like DistributedSampler). Rank and world
-    size come from torch.distributed when it is initialised, unless given.
-
-    The order is a pure function of `seed` (default 0: every run sees the same orders) and the
-    epoch; `torch.manual_seed` does not change it. `generator`, as with DataLoader, makes it
-    random instead: the seed is drawn from it once, here (pass one or the other). `collate_fn`
-    has DataLoader's meaning: it gets the batch's samples, `(image, label)` tuples (with the
-    index when `with_indices`), and its result is what the loader yields; without it batches
-    are `Batch(images, labels)` made with no copy beyond the gather (an `IndexedBatch` with
-    `with_indices`, whose indices `dataset.manifest_rows` maps to sample ids and sources).
-
-    NOTE [ num_workers ]: measured with benchmarks/bench_loaders.py (random batches of 256,
-    2-core VM). 12 KiB samples, 0 workers: ~1.0 ms of main-process CPU per batch, ~80% of it
-    in memmove itself (`loaders.span`). 2 workers: ~0.5 ms of main-process CPU per batch (a
-    ring slot arrives as a number, see `loaders.batches`) plus ~1.5 ms of workers' CPU, so on
-    two cores they deliver ~0.75-0.8x of 0 workers. With 147 KiB (224x224x3) samples the
-    per-batch costs are small next to the copy and 2 workers deliver ~1.5x. Workers also pay
-    off by keeping the training process's share small, and for a per-sample `transform`.
-    """
-    return PackedLoader(
-        dataset,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        sampler=sampler,
-        num_workers=num_workers,
-        collate_fn=collate_fn,
-        pin_memory=pin_memory,
-        drop_last=drop_last,
-        timeout=timeout,
-        worker_init_fn=worker_init_fn,
-        multiprocessing_context=multiprocessing_context,
-        generator=generator,
-        prefetch_factor=prefetch_factor,
-        persistent_workers=persistent_workers,
-        seed=seed,
-        rank=rank,
-        world_size=world_size,
-        with_indices=with_indices,
-    )
-
-
-def order_seed(seed: int | None, generator: torch.Generator | None) -> int:
-    """The seed of a loader's order: `seed`, else one drawn from `generator`, else 0."""
-    if generator is None:
-        return 0 if seed is None else int(seed)
-    if seed is not None:
-        raise ValueError(
-            "pass seed= or generator=, not both: the sample order comes from one of them"
-        )
-    return int(torch.randint(0, 2**62, (), generator=generator))
-
-
-def stream_loader(
-    stream: PackedStream,
-    num_workers: int = 0,
-    pin_memory: bool | None = None,
-    prefetch_factor: int | None = None,
-    persistent_workers: bool = False,
-    worker_init_fn: Callable[[int], None] | None = None,
-    timeout: float = 0.0,
-    multiprocessing_context: Any = None,
-    with_indices: bool = False,
-    generator: torch.Generator | None = None,
-) -> PackedLoader:
-    """A `PackedLoader` (a DataLoader) over a `PackedStream`; batch size, order, seed and
-    drop_last are the stream's. `len()` is the batches this rank yields (equal on every rank);
-    the state resumes with the same number of workers and ranks."""
-    if generator is not None:
-        raise ValueError(
-            "a stream's order comes from PackedStream(seed=...); generator= would not change it"
-        )
-    return PackedLoader(
-        stream,
-        batch_size=None,
-        num_workers=num_workers,
-        pin_memory=pin_memory,
-        timeout=timeout,
-        worker_init_fn=worker_init_fn,
-        multiprocessing_context=multiprocessing_context,
-        prefetch_factor=prefetch_factor,
-        persistent_workers=persistent_workers,
-        with_indices=with_indices,
-    )

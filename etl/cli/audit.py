@@ -15,7 +15,8 @@ from etl.cli.app import app, out
 from etl.cli.progress import BarProgress
 from etl.config import BACKENDS, Backend, load_config
 from etl.errors import EtlError
-from etl.format.manifest import FORMAT_VERSION, SHARDS_DIR
+from etl.format.manifest import FORMAT_VERSION
+from etl.format.shards import SHARDS_DIR
 from etl.maintenance import audit as audit_lib
 from etl.maintenance import checkup
 from etl.maintenance import repair as repair_lib

@@ -20,20 +20,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 from numpy.typing import NDArray
 
 from etl.errors import ManifestError
+from etl.format.coherence import CHECK_ROWS, check_coherent
 from etl.format.columns import positions_in
 from etl.format.mapped import Mapped
 from etl.format.record import RECORD_FILE, check_record
-from etl.format.shards import SHARDS_DIR
 
 FORMAT_VERSION = 1
 """Bumped on any change a reader of an older version would misread; checked on every open."""
@@ -213,13 +212,6 @@ class Manifest:
         return index
 
 
-CHECK_ROWS = 1 << 18
-"""Samples looked at a time by a pass over a whole version (the coherence check, the shard
-index): its arrays stay a few MB and the mapped pages it read are let go of after each slice,
-so opening 10M rows costs what opening 1M does. A hash lookup per slice is also faster than
-one over the whole column (0.08 s instead of 0.6 s for 10M shard names)."""
-
-
 def version_name(version: int) -> str:
     """A version's folder name: 'v000003'."""
     return f"v{version:06d}"
@@ -246,20 +238,6 @@ def list_versions(root: Path) -> list[int]:
         if number is not None and (entry / MANIFEST_FILE).is_file():
             found.append(number)
     return sorted(found)
-
-
-def check_shard_name(name: str, where: Path) -> None:
-    """A shard path must stay inside the dataset: relative, under shards/, no '..'."""
-    pure = PurePosixPath(name)
-    if (
-        pure.is_absolute()
-        or "\\" in name
-        or ".." in pure.parts
-        or len(pure.parts) != 2
-        or pure.parts[0] != SHARDS_DIR
-        or not name.endswith(".npy")
-    ):
-        raise ManifestError(f"{where}: shard path {name!r} is not of the form 'shards/<name>.npy'")
 
 
 def load_table(path: Path) -> pa.Table:
@@ -433,78 +411,8 @@ def read_manifest(path: Path | str, version: int | None = None, verify: bool = T
         rejects=rejects,
         maps=(samples_map, rejects_map),
     )
-    _check_coherent(manifest_path, manifest)
+    check_coherent(manifest_path, manifest)
     return manifest
-
-
-def _check_coherent(where: Path, manifest: Manifest) -> None:
-    """Refuse a manifest that points outside the dataset or past the end of a shard, or labels
-    a sample outside its classes: what a loader relies on. Vectorised, a slice of
-    `CHECK_ROWS` at a time: a 10M-row manifest is checked in a fraction of a second.
-    The values no loader reads (sample ids, per-sample checksums, source hashes) are the
-    audit's to check (`etl.maintenance.audit.dataset.check_manifest`). Two samples may share
-    a stored row: identical content is stored once when `validate.duplicates` is 'allow'."""
-    meta, samples, shards = manifest.meta, manifest.samples, manifest.shards
-    if meta.dtype != "uint8" or meta.layout not in ("HWC", "CHW") or len(meta.sample_shape) != 3:
-        raise ManifestError(f"{where}: unsupported sample format {meta.dtype} {meta.layout}")
-    names = shards.column("shard")
-    for name in names.to_pylist():
-        check_shard_name(name, where)
-    unsealed = ~is_hex(shards.column("checksum"))
-    if unsealed.any():
-        name = names[int(np.argmax(unsealed))].as_py()
-        raise ManifestError(f"{where}: shards.arrow column 'checksum' of {name!r} is not a digest")
-    if len(names.unique()) != len(names):
-        raise ManifestError(f"{where}: shards.arrow lists a shard twice")
-    limits = shards.column("rows").to_numpy()
-    for start in range(0, samples.num_rows, CHECK_ROWS):
-        _check_rows(
-            where, samples.slice(start, CHECK_ROWS), start, len(meta.classes), names, limits
-        )
-        manifest.release_pages()
-
-
-def _check_rows(
-    where: Path,
-    samples: pa.Table,
-    first: int,
-    classes: int,
-    names: pa.ChunkedArray,
-    limits: NDArray[np.int64],
-) -> None:
-    """`_check_coherent` of the samples from row `first` on."""
-    labels = samples.column("label").to_numpy()
-    bad = (labels < 0) | (labels >= classes)
-    _refuse_first(where, samples, first, bad, f"column 'label' is outside the {classes} classes")
-    index = positions_in(samples.column("shard"), names)
-    unknown = index < 0
-    if unknown.any():
-        name = samples.column("shard")[int(np.argmax(unknown))].as_py()
-        raise ManifestError(f"{where}: sample refers to shard {name!r} not in shards.arrow")
-    rows = samples.column("row").to_numpy()
-    bad = (rows < 0) | (rows >= limits[index])
-    if bad.any():
-        i = int(np.argmax(bad))
-        shard = samples.column("shard")[i].as_py()
-        what = f"column 'row' ({rows[i]}) is outside shard {shard!r}"
-        _refuse_first(where, samples, first, bad, f"{what}, which has {limits[index[i]]} rows")
-
-
-def is_hex(column: pa.ChunkedArray, width: str = "16,64") -> NDArray[np.bool_]:
-    """Which values are lowercase hex digests of `width` digits (a regex count: "64", "16,64")."""
-    ok = pc.match_substring_regex(column, f"^[0-9a-f]{{{width}}}$")
-    return np.asarray(ok.to_numpy(zero_copy_only=False), dtype=bool)
-
-
-def _refuse_first(
-    where: Path, samples: pa.Table, first: int, bad: NDArray[np.bool_], what: str
-) -> None:
-    """One ManifestError naming the first row where `bad` holds (and its source), for samples
-    that start at row `first` of the version."""
-    if bad.any():
-        i = int(np.argmax(bad))
-        source = samples.column("source")[i].as_py()
-        raise ManifestError(f"{where}: {what} at row {first + i} (source {source!r})")
 
 
 def table_from_rows(rows: Sequence[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:

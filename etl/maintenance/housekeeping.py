@@ -21,14 +21,20 @@ from etl.errors import ManifestError, ShardError
 from etl.format.commit import clean_leftovers, commit_version
 from etl.format.lock import DatasetLock
 from etl.format.manifest import (
-    SHARDS_DIR,
     Manifest,
     list_versions,
     read_manifest,
     resolve,
     version_dir,
 )
-from etl.format.shards import ShardInfo, ShardWriter, open_shard, shard_name, shard_version
+from etl.format.shards import (
+    SHARDS_DIR,
+    ShardInfo,
+    ShardWriter,
+    open_shard,
+    shard_name,
+    shard_version,
+)
 
 
 def referenced_shards(root: Path, versions: Iterable[int]) -> set[str]:

@@ -13,15 +13,13 @@ import os
 import re
 import signal
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from joblib.externals.loky.process_executor import TerminatedWorkerError
 
 from etl.config import PipelineConfig
@@ -48,60 +46,14 @@ from etl.format.manifest import (
 from etl.format.shards import ShardInfo
 from etl.progress import Progress
 from etl.run import execute, spill
+from etl.run.phases import convert_while_waiting, phase, release_freed_memory
 from etl.run.plan import Plan, settled_hashes
+from etl.run.report import RunReport, by_reason
 from etl.run.results import packed_rejects, packed_samples
 from etl.run.staged import staged_plan
 from etl.sources import readers
 from etl.sources.entries import FileColumns, ListContext, SourceListing, SourceReject
 from etl.sources.registry import check_exists, kind_of, list_sources
-
-
-@dataclass
-class RunReport:
-    output: Path
-    version: int | None
-    """The version committed, or the unchanged latest one when there was nothing to do."""
-    committed: bool
-    listed: int
-    packed_new: int
-    reused: int
-    rejected: int
-    rejects_by_reason: dict[str, int]
-    plan_counts: Mapping[str, int]
-    shards_written: int
-    bytes_written: int
-    samples_total: int
-    seconds: float
-    dry_run: bool = False
-    notes: list[str] = field(default_factory=list)
-    phases: dict[str, float] = field(default_factory=dict)
-    """Seconds spent in each phase that ran: list, hash (starting the workers included),
-    plan, pack, commit; the rest of `seconds` is checks, the lock and cleaning up."""
-
-    @property
-    def images_per_second(self) -> float:
-        return self.packed_new / self.seconds if self.seconds > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "output": str(self.output),
-            "version": self.version,
-            "committed": self.committed,
-            "dry_run": self.dry_run,
-            "listed": self.listed,
-            "packed_new": self.packed_new,
-            "reused": self.reused,
-            "samples_total": self.samples_total,
-            "rejected": self.rejected,
-            "rejects_by_reason": self.rejects_by_reason,
-            "plan": dict(self.plan_counts),
-            "shards_written": self.shards_written,
-            "bytes_written": self.bytes_written,
-            "seconds": round(self.seconds, 3),
-            "images_per_second": round(self.images_per_second, 1),
-            "notes": self.notes,
-            "phases": {name: round(seconds, 3) for name, seconds in self.phases.items()},
-        }
 
 
 def check_paths(config: PipelineConfig) -> None:
@@ -115,12 +67,6 @@ def check_paths(config: PipelineConfig) -> None:
             )
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output.dir: {out} exists and is not a folder")
-
-
-def _by_reason(rejects: pa.Table) -> dict[str, int]:
-    """How many rejects there are of each reason, sorted by reason."""
-    counts = pc.value_counts(rejects.column("reason")).to_pylist()
-    return {c["values"]: c["counts"] for c in sorted(counts, key=lambda c: c["values"])}
 
 
 RELEASE_ROWS = 1 << 16
@@ -268,7 +214,7 @@ class _Run:
         return None if self.rebuild else self.previous
 
     def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
-        return _phase(self.phases, name)
+        return phase(self.phases, name)
 
     def report(self, **values: Any) -> RunReport:
         return RunReport(
@@ -318,7 +264,7 @@ def _run_locked(
                 packed_new=0,
                 reused=plan.reused.num_rows,
                 rejected=plan.rejects.num_rows,
-                rejects_by_reason=_by_reason(plan.rejects),
+                rejects_by_reason=by_reason(plan.rejects),
                 plan_counts={**plan.counts, "to_pack": plan.to_pack},
                 shards_written=0,
                 bytes_written=0,
@@ -394,7 +340,7 @@ def _plan(run: _Run, listing: SourceListing, folder: Path) -> Plan:
         finally:
             hashing[0] += time.perf_counter() - start
 
-    _convert_while_waiting()
+    convert_while_waiting()
     prior = tuple(run.previous.meta.classes) if run.previous is not None else ()
     start = time.perf_counter()
     run.progress.start("hash", len(listing.files))
@@ -411,7 +357,7 @@ def _plan(run: _Run, listing: SourceListing, folder: Path) -> Plan:
         )
     finally:
         run.progress.stop()
-        _release_freed_memory()
+        release_freed_memory()
     run.phases["hash"] = hashing[0]
     run.phases["plan"] = time.perf_counter() - start - hashing[0]
     return plan
@@ -460,7 +406,7 @@ def _commit(run: _Run, listed: int, plan: Plan, packed: _Packed) -> RunReport:
         packed_new=packed.packed_new,
         reused=plan.reused.num_rows,
         rejected=rejects.num_rows,
-        rejects_by_reason=_by_reason(rejects),
+        rejects_by_reason=by_reason(rejects),
         plan_counts=plan.counts,
         shards_written=len(packed.new_shards),
         bytes_written=sum(s.bytes for s in packed.new_shards),
@@ -503,38 +449,3 @@ def _releasing(pieces: Iterator[pa.Table], plan: Plan) -> Iterator[pa.Table]:
         if since >= RELEASE_ROWS:
             plan.release_pages()
             since = 0
-
-
-def _convert_while_waiting() -> None:
-    """Make pyarrow ready to convert Python values, on a thread, while this process waits for
-    the hash phase's workers to start.
-
-    NOTE: the first `pa.array` of a process imports pandas when it is installed (pyarrow
-    checks whether the values are pandas objects; apache/arrow#34994): 0.2 s of a 300-photo
-    run, spent in `plan` with nothing else to do. Started here it overlaps with the workers'
-    start-up (0.4 s). Harmless if the main thread gets there first: imports are locked.
-    """
-    threading.Thread(target=pa.array, args=([0],), name="etl-arrow-warm", daemon=True).start()
-
-
-@contextlib.contextmanager
-def _phase(phases: dict[str, float], name: str) -> Iterator[None]:
-    """Records the block's wall time as phases[name], and hands back the memory the block
-    freed (`_release_freed_memory`)."""
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        phases[name] = time.perf_counter() - start
-        _release_freed_memory()
-
-
-def _release_freed_memory() -> None:
-    """Return to the system what Arrow's allocator keeps of the memory freed so far.
-
-    NOTE: mimalloc keeps freed pages for reuse, so the resident set after a phase carried its
-    peak into the next: 60 to 100 MiB at 1M files (session 18, VmHWM per phase). One call
-    between phases costs milliseconds; lowering its purge delay for the whole run
-    (MIMALLOC_PURGE_DELAY=0) slowed the plan by 20 to 40 %.
-    """
-    pa.default_memory_pool().release_unused()

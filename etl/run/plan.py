@@ -25,13 +25,14 @@ import xxhash
 from numpy.typing import NDArray
 
 from etl.config import PipelineConfig
+from etl.format.coherence import CHECK_ROWS
 from etl.format.columns import (
     DigestSet,
     bool_mask,
     positions_in,
     take_or_null,
 )
-from etl.format.manifest import CHECK_ROWS, Manifest
+from etl.format.manifest import Manifest
 from etl.format.mapped import Mapped
 from etl.images.rejects import CONTENT_REJECTS
 from etl.run.tasks import PackTask

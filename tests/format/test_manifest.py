@@ -11,6 +11,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 from etl.errors import ManifestError
+from etl.format import coherence
 from etl.format import manifest as manifest_module
 from etl.format.commit import commit
 from etl.format.manifest import (
@@ -164,7 +165,7 @@ def test_label_out_of_range_is_refused(tmp_path: Path) -> None:
 def test_a_check_made_a_slice_at_a_time_names_the_versions_row(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: str
 ) -> None:
-    monkeypatch.setattr(manifest_module, "CHECK_ROWS", 3)
+    monkeypatch.setattr(coherence, "CHECK_ROWS", 3)
     samples, shards, rejects = tables(10, rows=10)
     column = samples.column(bad).to_numpy().copy()
     column[7] = 99

@@ -14,7 +14,7 @@ import loaders.loader
 from loaders import Batch, DeviceLoader, PackedDataset, make_loader
 from loaders.augment import _params_on
 from loaders.device import bound_device, prepare_images
-from loaders.loader import SHUFFLES
+from loaders.named_orders import SHUFFLES
 from tests.helpers.packed import Packed, make_packed
 from tests.helpers.page_cache import cached_fraction, cold_packed, wait_for
 

@@ -17,17 +17,16 @@ from numpy.typing import NDArray
 from etl.errors import ManifestError
 from etl.format import names
 from etl.format.checksums import HEX_LENGTH
+from etl.format.coherence import is_hex
 from etl.format.columns import bool_mask
 from etl.format.manifest import (
     MANIFEST_FILE,
     RECORDS_SINCE,
     REJECTS_FILE,
-    SHARDS_DIR,
     SHARDS_FILE,
     SHARDS_SCHEMA,
     VERSIONS_DIR,
     Manifest,
-    is_hex,
     list_versions,
     load_table,
     read_manifest,
@@ -37,7 +36,7 @@ from etl.format.manifest import (
     version_number,
 )
 from etl.format.record import RECORD_FILE
-from etl.format.shards import HEADER_BYTES, shard_version
+from etl.format.shards import HEADER_BYTES, SHARDS_DIR, shard_version
 from etl.maintenance.audit.report import MAX_EXAMPLES, AuditReport, Finding
 from etl.maintenance.audit.sources import unsafe_path
 from etl.sources.registry import kind_named

@@ -1,0 +1,112 @@
+"""`make_loader` and `stream_loader`: a `PackedLoader` with this project's defaults (batches of
+256, an order by name, pinning where CUDA is)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.data import Sampler
+
+from loaders.dataset import PackedDataset
+from loaders.loader import PackedLoader
+from loaders.stream import PackedStream
+
+
+def make_loader(
+    dataset: PackedDataset,
+    batch_size: int = 256,
+    shuffle: bool | str = False,
+    sampler: Sampler[int] | None = None,
+    num_workers: int = 0,
+    collate_fn: Callable[[Any], Any] | None = None,
+    pin_memory: bool | None = None,
+    drop_last: bool = False,
+    prefetch_factor: int | None = None,
+    persistent_workers: bool = False,
+    worker_init_fn: Callable[[int], None] | None = None,
+    timeout: float = 0.0,
+    generator: torch.Generator | None = None,
+    seed: int | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    multiprocessing_context: Any = None,
+    with_indices: bool = False,
+) -> PackedLoader:
+    """A `PackedLoader` (a DataLoader) over `dataset` in batches of 256 unless told otherwise.
+
+    `shuffle` is a `SHUFFLES` name or a bool; `sampler` (any torch sampler of indices) replaces
+    it. `drop_last` drops the short last batch and, across ranks, the tail that does not split
+    evenly (otherwise ranks are padded by repetition, like DistributedSampler). Rank and world
+    size come from torch.distributed when it is initialised, unless given.
+
+    The order is a pure function of `seed` (default 0: every run sees the same orders) and the
+    epoch; `torch.manual_seed` does not change it. `generator`, as with DataLoader, makes it
+    random instead: the seed is drawn from it once, here (pass one or the other). `collate_fn`
+    has DataLoader's meaning: it gets the batch's samples, `(image, label)` tuples (with the
+    index when `with_indices`), and its result is what the loader yields; without it batches
+    are `Batch(images, labels)` made with no copy beyond the gather (an `IndexedBatch` with
+    `with_indices`, whose indices `dataset.manifest_rows` maps to sample ids and sources).
+
+    NOTE [ num_workers ]: measured with benchmarks/bench_loaders.py (random batches of 256,
+    2-core VM). 12 KiB samples, 0 workers: ~1.0 ms of main-process CPU per batch, ~80% of it
+    in memmove itself (`loaders.span`). 2 workers: ~0.5 ms of main-process CPU per batch (a
+    ring slot arrives as a number, see `loaders.batches`) plus ~1.5 ms of workers' CPU, so on
+    two cores they deliver ~0.75-0.8x of 0 workers. With 147 KiB (224x224x3) samples the
+    per-batch costs are small next to the copy and 2 workers deliver ~1.5x. Workers also pay
+    off by keeping the training process's share small, and for a per-sample `transform`.
+    """
+    return PackedLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        sampler=sampler,
+        num_workers=num_workers,
+        collate_fn=collate_fn,
+        pin_memory=pin_memory,
+        drop_last=drop_last,
+        timeout=timeout,
+        worker_init_fn=worker_init_fn,
+        multiprocessing_context=multiprocessing_context,
+        generator=generator,
+        prefetch_factor=prefetch_factor,
+        persistent_workers=persistent_workers,
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        with_indices=with_indices,
+    )
+
+
+def stream_loader(
+    stream: PackedStream,
+    num_workers: int = 0,
+    pin_memory: bool | None = None,
+    prefetch_factor: int | None = None,
+    persistent_workers: bool = False,
+    worker_init_fn: Callable[[int], None] | None = None,
+    timeout: float = 0.0,
+    multiprocessing_context: Any = None,
+    with_indices: bool = False,
+    generator: torch.Generator | None = None,
+) -> PackedLoader:
+    """A `PackedLoader` (a DataLoader) over a `PackedStream`; batch size, order, seed and
+    drop_last are the stream's. `len()` is the batches this rank yields (equal on every rank);
+    the state resumes with the same number of workers and ranks."""
+    if generator is not None:
+        raise ValueError(
+            "a stream's order comes from PackedStream(seed=...); generator= would not change it"
+        )
+    return PackedLoader(
+        stream,
+        batch_size=None,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        timeout=timeout,
+        worker_init_fn=worker_init_fn,
+        multiprocessing_context=multiprocessing_context,
+        prefetch_factor=prefetch_factor,
+        persistent_workers=persistent_workers,
+        with_indices=with_indices,
+    )
