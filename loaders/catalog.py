@@ -36,7 +36,7 @@ class ShardSet:
 
     root: Path
     names: tuple[str, ...]
-    """Paths relative to `root`, already checked by `etl.format.manifest.check_shard_name`."""
+    """Paths relative to `root`, already checked by `etl.format.coherence.check_shard_name`."""
     rows: NDArray[np.int64]
     checksums: tuple[str, ...]
     algorithm: str

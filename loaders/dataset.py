@@ -9,7 +9,7 @@ selection's compact arrays travel to worker processes; each worker maps the shar
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from torch.utils.data import Dataset, get_worker_info
 from loaders.batches import AnyBatch, BatchMemory, Samples, make_batch
 from loaders.catalog import Selection, Where, open_catalog
 from loaders.reader import ShardReader
+from loaders.remote import RemoteDataset, is_url
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 
@@ -84,13 +85,28 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         verify_manifest: bool = True,
         readahead: bool = True,
         drop_behind: bool = False,
+        cache_dir: Path | str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> PackedDataset:
         """Open a dataset directory or manifest and select samples (see `Catalog.select`).
 
         `verify_manifest=False` opens a version whose files no longer match its commit record
         (see `open_catalog`); `verify` is about shard bytes (see the class).
+
+        `path` may be a URL (`s3://bucket/ds`): the version and the shards the selection reads
+        are fetched into `cache_dir` (default `$ETL_CACHE`, else ~/.cache/etl-memmap), each
+        verified, and read from there (`loaders.remote`); `storage_options` go to fsspec
+        (endpoint, credentials).
         """
+        remote = None
+        if is_url(path):
+            remote = RemoteDataset(str(path), cache_dir, storage_options)
+            version = remote.fetch_version(version)
+            path = remote.root
         selection = open_catalog(path, version, verify_manifest).select(split, classes, where)
+        if remote is not None:
+            shards = selection.shards
+            remote.fetch_shards(shards.names, shards.checksums, shards.algorithm)
         return cls(selection, transform, verify, release_every, readahead, drop_behind)
 
     @property

@@ -1,0 +1,228 @@
+"""Datasets in object storage (`s3://`, `gs://`, any fsspec URL), read through a local cache.
+
+`PackedDataset.open("s3://bucket/ds", cache_dir=...)` mirrors what it needs into the cache and
+opens the copy, so every later read is a local memory map:
+
+- the version's files (manifest, shards table, rejects, `commit.json`), then checked against
+  their commit record as any local version is;
+- each shard the selection reads, downloaded whole and verified against the manifest's shard
+  checksum before it is named as a shard in the cache.
+
+NOTE [ cache safety ]: nothing half-written is ever trusted. A download goes to a `.tmp-` file
+and becomes the cached name only by an atomic rename after its checksum matched; a version
+folder is renamed into place whole. A process killed mid-download leaves a `.tmp-` file that
+no reader opens and the next download of that shard removes. The processes of one node (ranks,
+their workers) share one cache: each shard's download holds an exclusive `flock` on
+`<shard>.lock`, so it is downloaded once, and the others find it verified when they get the
+lock. A cached shard is not hashed again on open; `etl audit` of the cache folder does that.
+
+Without a limit the cache keeps every shard it fetched: a second epoch, or a second run with
+the same `version`, reads no byte from the store (`version=None` lists the store's versions
+once, to find the latest).
+
+The store is reached only through fsspec (`pip install 'etl-memmap[s3]'` for S3); credentials
+and endpoint come from the environment, the profile or `storage_options`, and are never
+written anywhere.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from etl.errors import EtlError, ManifestError, ShardError
+from etl.format.checksums import new_hasher
+from etl.format.manifest import VERSIONS_DIR, version_name, version_number
+from etl.format.record import RECORD_FILE
+
+CACHE_ENV = "ETL_CACHE"
+"""The environment variable naming the cache folder when `cache_dir` is not given."""
+DOWNLOAD_CHUNK = 8 << 20
+"""Bytes read from the store at a time while a file is downloaded and hashed."""
+DOWNLOADS = 8
+"""Shards downloaded at once: object stores serve parallel GETs faster than one stream."""
+TMP_PREFIX = ".tmp-"
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def is_url(path: object) -> bool:
+    """A location with a protocol other than the local file system (`s3://...`)."""
+    text = str(path)
+    return "://" in text and not text.startswith("file://")
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "etl-memmap")
+
+
+class RemoteDataset:
+    """A packed dataset at `url` and its mirror under `cache_dir`: one folder per URL, laid
+    out as the dataset itself (`versions/`, `shards/`), so the mirror opens as a local
+    dataset."""
+
+    def __init__(
+        self,
+        url: str,
+        cache_dir: Path | str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        try:
+            from fsspec.core import url_to_fs
+        except ImportError:
+            raise ManifestError(
+                f"{url}: reading a dataset from object storage needs fsspec and the store's "
+                "driver: pip install 'etl-memmap[s3]' (or gcsfs, adlfs)"
+            ) from None
+        self.url = url.rstrip("/")
+        self.fs, self.remote_root = url_to_fs(self.url, **dict(storage_options or {}))
+        key = hashlib.blake2b(self.url.encode(), digest_size=8).hexdigest()
+        self.root = Path(cache_dir or default_cache_dir()) / key
+        """The mirror: a local dataset folder holding what was fetched of `url`."""
+
+    def _remote(self, *parts: str) -> str:
+        return "/".join([self.remote_root.rstrip("/"), *parts])
+
+    def latest_version(self) -> int:
+        """The newest committed version in the store (one listing of `versions/`)."""
+        try:
+            entries = self.fs.ls(self._remote(VERSIONS_DIR), detail=False)
+        except FileNotFoundError:
+            entries = []
+        except Exception as exc:
+            raise ManifestError(f"{self.url}: cannot list its versions ({_why(exc)})") from None
+        numbers = [version_number(PurePosixPath(entry).name) for entry in entries]
+        found = sorted(n for n in numbers if n is not None)
+        if not found:
+            raise ManifestError(f"{self.url}: no manifest version found (run 'etl run' first)")
+        return found[-1]
+
+    def fetch_version(self, version: int | None) -> int:
+        """The version's files in the mirror (fetched unless there already); its number."""
+        number = self.latest_version() if version is None else int(version)
+        folder = self.root / VERSIONS_DIR / version_name(number)
+        if folder.is_dir():
+            return number
+        remote = self._remote(VERSIONS_DIR, version_name(number))
+        staging = folder.parent / f"{TMP_PREFIX}{version_name(number)}-{os.getpid()}"
+        staging.mkdir(parents=True, exist_ok=True)
+        try:
+            record = self._get(f"{remote}/{RECORD_FILE}", staging / RECORD_FILE, ManifestError)
+            for name in _recorded_files(record, f"{self.url}/{VERSIONS_DIR}/{folder.name}"):
+                self._get(f"{remote}/{name}", staging / name, ManifestError)
+            try:
+                os.rename(staging, folder)
+            except OSError:
+                if not folder.is_dir():  # another process renamed its copy first: use that
+                    raise
+        finally:
+            _remove_tree(staging)
+        return number
+
+    def fetch_shards(
+        self, names: tuple[str, ...], checksums: tuple[str, ...], algorithm: str
+    ) -> None:
+        """Every shard of `names` in the mirror, verified against its checksum; downloads
+        run `DOWNLOADS` at a time. ShardError naming the shard for one that cannot be
+        fetched, or whose bytes in the store are not the ones the manifest recorded."""
+        wanted = [
+            (name, checksum)
+            for name, checksum in zip(names, checksums, strict=True)
+            if not (self.root / name).is_file()
+        ]
+        if not wanted:
+            return
+        with ThreadPoolExecutor(max_workers=DOWNLOADS, thread_name_prefix="etl-fetch") as pool:
+            for done in [pool.submit(self._fetch_shard, n, c, algorithm) for n, c in wanted]:
+                done.result()
+
+    def _fetch_shard(self, name: str, checksum: str, algorithm: str) -> None:
+        final = self.root / name
+        final.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(final.with_name(final.name + ".lock")):
+            if final.is_file():  # another process fetched it while this one waited
+                return
+            partial = final.with_name(f"{TMP_PREFIX}{final.name}-{os.getpid()}")
+            got = self._get(self._remote(name), partial, ShardError, algorithm)
+            if got != checksum:
+                partial.unlink(missing_ok=True)
+                raise ShardError(
+                    f"{self.url}/{name}: its bytes in the store are not the ones the manifest "
+                    f"recorded ({algorithm} {got}, expected {checksum}): the shard was changed "
+                    "after the commit; run etl audit on the dataset"
+                )
+            os.replace(partial, final)
+
+    def _get(
+        self, remote: str, local: Path, error: type[EtlError], algorithm: str | None = None
+    ) -> Any:
+        """Download `remote` to `local`; with `algorithm`, its digest (computed as it is
+        written), else its bytes parsed as JSON (the commit record) or None. A file that
+        cannot be downloaded is an `error` naming it."""
+        hasher = new_hasher(algorithm) if algorithm else None
+        try:
+            with (
+                self.fs.open(remote, "rb", block_size=DOWNLOAD_CHUNK) as src,
+                open(local, "wb") as dst,
+            ):
+                while chunk := src.read(DOWNLOAD_CHUNK):
+                    dst.write(chunk)
+                    if hasher is not None:
+                        hasher.update(chunk)
+        except FileNotFoundError:
+            local.unlink(missing_ok=True)
+            raise error(f"{remote}: not in the store") from None
+        except Exception as exc:  # OSError, or a driver's own (botocore, aiohttp) errors
+            local.unlink(missing_ok=True)
+            raise error(f"{remote}: cannot download ({_why(exc)})") from None
+        if hasher is not None:
+            return hasher.hexdigest()
+        if local.name == RECORD_FILE:
+            try:
+                return json.loads(local.read_bytes())
+            except ValueError as exc:
+                raise ManifestError(f"{remote}: unreadable commit record ({exc})") from None
+        return None
+
+
+def _recorded_files(record: Any, where: str) -> list[str]:
+    """The file names a commit record lists: plain names only (a record naming '../x' or a
+    path is refused before anything is downloaded)."""
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(files, dict) or not files:
+        raise ManifestError(f"{where}/{RECORD_FILE}: lists no files")
+    names = list(files)
+    for name in names:
+        if not isinstance(name, str) or not _PLAIN_NAME.fullmatch(name) or name.startswith("."):
+            raise ManifestError(f"{where}/{RECORD_FILE}: names {name!r}, not a plain file name")
+    return names
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive flock on `path` (created if need be) for the block: released by the kernel
+    when the process dies, so a killed downloader never blocks the others."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _remove_tree(folder: Path) -> None:
+    if folder.is_dir():
+        for child in folder.iterdir():
+            child.unlink(missing_ok=True)
+        folder.rmdir()
+
+
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

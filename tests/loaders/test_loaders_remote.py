@@ -1,0 +1,222 @@
+"""Training from object storage: a packed dataset in a bucket of a real S3-compatible server
+(moto's server mode, started here on 127.0.0.1), opened through a local cache. What comes out
+is compared with the arrays the dataset was packed from, not with another read of ours."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from etl.errors import ManifestError, ShardError
+from loaders import PackedDataset, make_loader
+from loaders.remote import RemoteDataset
+from tests.helpers.packed import Packed, make_packed
+
+s3fs = pytest.importorskip("s3fs")
+moto_server = pytest.importorskip("moto.server")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    """An S3-compatible server on 127.0.0.1, for this module only."""
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+def options(endpoint: str) -> dict[str, Any]:
+    """Credentials and endpoint as a user passes them: nothing is read from the environment,
+    and no request leaves 127.0.0.1."""
+    return {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+    }
+
+
+@pytest.fixture
+def bucket(endpoint: str, request: pytest.FixtureRequest) -> str:
+    """A new, empty bucket for one test."""
+    import boto3
+
+    name = f"b{abs(hash(request.node.nodeid)) % 10**10}"
+    boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    ).create_bucket(Bucket=name)
+    return name
+
+
+def upload(packed: Packed, endpoint: str, url: str) -> Any:
+    fs = s3fs.S3FileSystem(**options(endpoint))
+    fs.put(str(packed.root), url.removeprefix("s3://"), recursive=True)
+    return fs
+
+
+def assert_same_samples(ds: PackedDataset, packed: Packed) -> None:
+    positions = ds.selection.positions
+    assert len(ds) == len(positions) > 0
+    for i in range(len(ds)):
+        image, label = ds[i]
+        np.testing.assert_array_equal(image.numpy(), packed.images[positions[i]])
+        assert label == packed.labels[positions[i]]
+
+
+def test_a_dataset_in_a_bucket_reads_as_packed(endpoint: str, bucket: str, tmp_path: Path) -> None:
+    packed = make_packed(tmp_path / "ds", shard_sizes=(13, 8, 21))
+    url = f"s3://{bucket}/datasets/ds"
+    upload(packed, endpoint, url)
+    cache = tmp_path / "cache"
+    ds = PackedDataset.open(url, cache_dir=cache, storage_options=options(endpoint))
+    assert_same_samples(ds, packed)
+    seen = sorted(
+        int(i)
+        for _, _, indices in make_loader(ds, batch_size=5, num_workers=2, with_indices=True)
+        for i in indices
+    )
+    assert seen == list(range(len(ds)))
+    mirror = RemoteDataset(url, cache).root
+    assert sorted(p.name for p in (mirror / "shards").glob("*.npy")) == sorted(
+        Path(name).name for name in ds.selection.shards.names
+    )
+    assert not list(mirror.rglob(".tmp-*")), "no partial download is left behind"
+
+
+def test_only_the_shards_a_selection_reads_are_fetched(
+    endpoint: str, bucket: str, tmp_path: Path
+) -> None:
+    packed = make_packed(
+        tmp_path / "ds", shard_sizes=(10, 10, 10), split_of=lambda i: "val" if i < 10 else "train"
+    )
+    url = f"s3://{bucket}/ds"
+    upload(packed, endpoint, url)
+    cache = tmp_path / "cache"
+    ds = PackedDataset.open(url, split="val", cache_dir=cache, storage_options=options(endpoint))
+    assert_same_samples(ds, packed)
+    fetched = list((RemoteDataset(url, cache).root / "shards").glob("*.npy"))
+    assert len(fetched) == len(set(ds.selection.shards.names)) == 1
+
+
+def test_a_second_open_reads_nothing_from_the_store(
+    endpoint: str, bucket: str, tmp_path: Path
+) -> None:
+    packed = make_packed(tmp_path / "ds")
+    url = f"s3://{bucket}/ds"
+    fs = upload(packed, endpoint, url)
+    cache = tmp_path / "cache"
+    PackedDataset.open(url, version=1, cache_dir=cache, storage_options=options(endpoint))
+    fs.rm(url.removeprefix("s3://"), recursive=True)  # the store no longer has a byte of it
+    again = PackedDataset.open(url, version=1, cache_dir=cache, storage_options=options(endpoint))
+    assert_same_samples(again, packed)
+
+
+def test_a_shard_changed_in_the_store_is_a_named_error_and_is_not_cached(
+    endpoint: str, bucket: str, tmp_path: Path
+) -> None:
+    packed = make_packed(tmp_path / "ds", shard_sizes=(6, 7))
+    url = f"s3://{bucket}/ds"
+    fs = upload(packed, endpoint, url)
+    shard = PackedDataset.open(packed.root).selection.shards.names[1]
+    data = bytearray(fs.cat(f"{bucket}/ds/{shard}"))
+    data[-1] ^= 0xFF  # one pixel byte, after the commit
+    fs.pipe(f"{bucket}/ds/{shard}", bytes(data))
+    cache = tmp_path / "cache"
+    with pytest.raises(ShardError, match=rf"{shard}.*changed after the commit"):
+        PackedDataset.open(url, cache_dir=cache, storage_options=options(endpoint))
+    mirror = RemoteDataset(url, cache).root
+    assert not (mirror / shard).exists() and not list(mirror.rglob(".tmp-*"))
+
+
+def test_what_a_killed_download_left_is_never_trusted(
+    endpoint: str, bucket: str, tmp_path: Path
+) -> None:
+    """A process killed mid-download leaves `.tmp-` files; the next open ignores them and
+    fetches the real bytes."""
+    packed = make_packed(tmp_path / "ds", shard_sizes=(6, 7))
+    url = f"s3://{bucket}/ds"
+    upload(packed, endpoint, url)
+    cache = tmp_path / "cache"
+    mirror = RemoteDataset(url, cache).root
+    names = PackedDataset.open(packed.root).selection.shards.names
+    (mirror / "shards").mkdir(parents=True)
+    for name in names:  # half-written downloads of every shard, by a process now gone
+        (mirror / f"shards/.tmp-{Path(name).name}-99999").write_bytes(b"\x93NUMPY garbage")
+    staging = mirror / "versions" / ".tmp-v000001-99999"
+    staging.mkdir(parents=True)
+    (staging / "manifest.arrow").write_bytes(b"half")
+    ds = PackedDataset.open(url, cache_dir=cache, storage_options=options(endpoint))
+    assert_same_samples(ds, packed)
+
+
+def test_bad_locations_are_one_clear_error(endpoint: str, bucket: str, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    with pytest.raises(ManifestError, match="no manifest version found"):
+        PackedDataset.open(f"s3://{bucket}/nothing-here", cache_dir=cache, **_opts(endpoint))
+    packed = make_packed(tmp_path / "ds")
+    url = f"s3://{bucket}/ds"
+    upload(packed, endpoint, url)
+    with pytest.raises(ManifestError, match=r"v000007/commit\.json: not in the store"):
+        PackedDataset.open(url, version=7, cache_dir=cache, **_opts(endpoint))
+
+
+def _opts(endpoint: str) -> dict[str, Any]:
+    return {"storage_options": options(endpoint)}
+
+
+@pytest.mark.slow
+def test_processes_of_one_node_share_the_cache(endpoint: str, bucket: str, tmp_path: Path) -> None:
+    """Four processes open the same URL with one cache at the same time: each reads every
+    sample right, and the cache holds one verified copy of each shard, nothing partial."""
+    packed = make_packed(tmp_path / "ds", shard_sizes=(9, 12, 7, 10))
+    url = f"s3://{bucket}/ds"
+    upload(packed, endpoint, url)
+    cache = tmp_path / "cache"
+    script = (
+        "import json, sys, numpy as np\n"
+        "from loaders import PackedDataset\n"
+        "url, cache, opts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])\n"
+        "ds = PackedDataset.open(url, cache_dir=cache, storage_options=opts)\n"
+        "print(json.dumps([ds[i][0].numpy().tobytes().hex() for i in range(len(ds))]))\n"
+    )
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, url, str(cache), json.dumps(options(endpoint))],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(4)
+    ]
+    positions = PackedDataset.open(packed.root).selection.positions
+    expected = [packed.images[p].tobytes().hex() for p in positions]
+    for run in runs:
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err[-2000:]
+        assert json.loads(out) == expected
+    mirror = RemoteDataset(url, cache).root
+    assert len(list((mirror / "shards").glob("*.npy"))) == 4
+    assert not list(mirror.rglob(".tmp-*"))
