@@ -13,9 +13,9 @@ from rich.table import Table
 from etl.cli.app import app, out
 from etl.config import PipelineConfig, SourceConfig, load_config
 from etl.errors import EtlError
-from etl.explore import scaffold
 from etl.explore import view as explore
 from etl.format.atomic import replacing
+from etl.start import scaffold
 
 DirArg = Annotated[
     Path,

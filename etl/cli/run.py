@@ -139,7 +139,7 @@ def sample_data(
 
     Example:  etl sample-data data/sample --per-class 500
     """
-    from etl.explore.sample_data import CLASSES, make_sample_data
+    from etl.start.sample_data import CLASSES, make_sample_data
 
     if directory.exists() and any(directory.iterdir()):
         raise EtlError(f"{directory}: exists and is not empty; choose a new folder")

@@ -1,2 +1,2 @@
-"""Looking at data: a packed dataset as a table and pictures (`view`), a new config from a folder
-(`scaffold`), and the bundled sample images (`sample_data`)."""
+"""Looking at data: a packed dataset as a table and pictures (`view`, `drawing`), and the
+rejected files of a run (`reject_sheet`)."""

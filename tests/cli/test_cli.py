@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from etl.cli import main
-from etl.explore.sample_data import make_sample_data
+from etl.start.sample_data import make_sample_data
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -30,9 +30,9 @@ from etl.config import (
     ValidateStage,
     load_config,
 )
-from etl.explore import scaffold
-from etl.explore.sample_data import CLASSES, make_sample_data
 from etl.run import pipeline
+from etl.start import scaffold
+from etl.start.sample_data import CLASSES, make_sample_data
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

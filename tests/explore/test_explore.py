@@ -22,8 +22,8 @@ from etl.config import DecodeStage, FolderSource, load_config
 from etl.errors import EtlError
 from etl.explore import drawing, reject_sheet
 from etl.explore import view as explore
-from etl.explore.sample_data import make_sample_data
 from etl.run import pipeline
+from etl.start.sample_data import make_sample_data
 
 CONFIG = """\
 source:

@@ -23,12 +23,12 @@ import xxhash
 
 from etl.cli import main
 from etl.config import load_config
-from etl.explore.sample_data import make_sample_data
 from etl.format.lock import DatasetLock
 from etl.format.manifest import list_versions, read_manifest
 from etl.format.shards import HEADER_BYTES
 from etl.maintenance.audit import AuditOptions, audit
 from etl.run import pipeline
+from etl.start.sample_data import make_sample_data
 from loaders import PackedDataset
 from tests.helpers.packed import rewrite_sealed
 

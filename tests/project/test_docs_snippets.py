@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from etl.config import load_config
-from etl.explore.sample_data import make_sample_data
 from etl.run import pipeline
+from etl.start.sample_data import make_sample_data
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(r"```python\n(.*?)```", re.S)

@@ -20,9 +20,9 @@ import pytest
 
 from etl.config import PipelineConfig, load_config
 from etl.errors import ExecutionError
-from etl.explore.sample_data import make_sample_data
 from etl.format.manifest import list_versions, read_manifest
 from etl.run import pipeline
+from etl.start.sample_data import make_sample_data
 
 pytestmark = pytest.mark.slow
 distributed = pytest.importorskip("distributed")

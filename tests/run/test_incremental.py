@@ -18,11 +18,11 @@ from PIL import Image
 from etl.cli import main
 from etl.config import PipelineConfig, load_config
 from etl.engine import fill
-from etl.explore.sample_data import make_sample_data
 from etl.format.manifest import list_versions, read_manifest
 from etl.maintenance.housekeeping import compact
 from etl.maintenance.versions import diff, summaries
 from etl.run import pipeline
+from etl.start.sample_data import make_sample_data
 
 CONFIG = """\
 source: {{kind: folder, path: {source}, split: {{val: 0.25}}}}

@@ -19,10 +19,10 @@ from PIL import Image, ImageOps
 
 from etl.config import PipelineConfig, load_config
 from etl.errors import ConfigError, LockError
-from etl.explore.sample_data import make_sample_data
 from etl.format.lock import DatasetLock
 from etl.format.manifest import list_versions, read_manifest
 from etl.run import pipeline
+from etl.start.sample_data import make_sample_data
 
 CONFIG = """\
 source:

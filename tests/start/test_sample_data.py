@@ -12,7 +12,7 @@ import pytest
 from numpy.typing import NDArray
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
-from etl.explore.sample_data import CLASSES, SampleDataReport, make_sample_data
+from etl.start.sample_data import CLASSES, SampleDataReport, make_sample_data
 
 PER_CLASS = 6
 BROKEN_NAMES = {
