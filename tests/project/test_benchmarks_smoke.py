@@ -1,6 +1,7 @@
 """The benchmarks still run end to end: `python -m benchmarks.bench_pack --tiny`,
 `python -m benchmarks.bench_sources --tiny`, `python -m benchmarks.bench_scale --tiny`,
-`python -m benchmarks.bench_tree --tiny` and `python -m benchmarks.bench_cold --tiny`.
+`python -m benchmarks.bench_tree --tiny`, `python -m benchmarks.bench_cold --tiny` and a small
+`python -m benchmarks.bench_remote`.
 
 Numbers from 16 photos mean nothing; the test checks that every part runs (photo generation,
 bare loops, the pipeline on every backend, the memory runs) and that the pipeline's pixels equal
@@ -95,3 +96,19 @@ def test_bench_workers_measures_two_trees_side_by_side() -> None:
     for tree in ("this", "baseline"):
         for contender in ("0 workers", "2 workers", "2 workers, persistent", "per-row copy"):
             assert f"| {tree} | {contender}" in result.stdout, result.stdout
+
+
+def test_bench_remote_small(tmp_path: Path) -> None:
+    pytest.importorskip("moto")
+    small = ["--samples", "300", "--size", "16", "--rounds", "1"]
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_remote", *small],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    # the run stops before its table unless every cached shard equals the packed one
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in ("endpoint: 8 concurrent GETs", "cache cold", "cache warm", "local disk"):
+        assert name in result.stdout, result.stdout

@@ -1,0 +1,158 @@
+"""Training from object storage against local disk and against the endpoint's own limit, all
+against one S3-compatible server (moto's, in its own process on 127.0.0.1) in one run.
+
+    python -m benchmarks.bench_remote [--samples 5000] [--size 224] [--rounds 3]
+
+A synthetic dataset of `--samples` random uint8 samples (shards of 1,000) is uploaded to a
+bucket. Each round measures, in this order:
+- endpoint: plain concurrent GETs (8 threads) of every shard's bytes, no verification, no
+  file written: the most any client of this endpoint gets;
+- cold: `PackedDataset.open(url, cache_dir=<empty>)` and one epoch of random batches of 256
+  (download, verify, map, read);
+- warm: the same again on the filled cache (no byte from the store);
+- local: the same dataset opened from local disk, one epoch.
+Medians over rounds, as samples/s. Every cached shard is then compared byte for byte with the
+packed one (the run stops if one differs); no speed is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from benchmarks.bench_loaders import write_synthetic
+from benchmarks.common import cpu_model
+
+BATCH = 256
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(port: int) -> subprocess.Popen[bytes]:
+    """moto's S3 server in its own process, so it does not share this one's GIL."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1)
+            return server
+        except OSError:
+            time.sleep(0.2)
+    server.kill()
+    raise RuntimeError("moto server did not start")
+
+
+def options(port: int) -> dict[str, Any]:
+    return {
+        "key": "bench",
+        "secret": "bench",
+        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"},
+    }
+
+
+def epoch(ds: Any) -> None:
+    from loaders import make_loader
+
+    for _ in make_loader(ds, batch_size=BATCH, shuffle=True, pin_memory=False):
+        pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--samples", type=int, default=5000)
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    import boto3
+    import s3fs
+
+    from loaders import PackedDataset
+    from loaders.remote import RemoteDataset
+
+    shape = (args.size, args.size, 3)
+    work = Path(tempfile.mkdtemp(prefix="bench-remote-"))
+    port = free_port()
+    server = start_server(port)
+    try:
+        local = work / "local"
+        n = write_synthetic(local, args.samples * shape[0] * shape[1] * 3, shape)
+        boto3.client(
+            "s3",
+            endpoint_url=f"http://127.0.0.1:{port}",
+            region_name="us-east-1",
+            aws_access_key_id="bench",
+            aws_secret_access_key="bench",
+        ).create_bucket(Bucket="bench")
+        fs = s3fs.S3FileSystem(**options(port))
+        fs.put(str(local), "bench/ds", recursive=True)
+        url = "s3://bench/ds"
+        shards = [f"bench/ds/{name}" for name in PackedDataset.open(local).selection.shards.names]
+        times: dict[str, list[float]] = {k: [] for k in ("endpoint", "cold", "warm", "local")}
+        for _ in range(args.rounds):
+            fresh = s3fs.S3FileSystem(**options(port), skip_instance_cache=True)
+            start = time.perf_counter()
+            with ThreadPoolExecutor(8) as pool:
+                list(pool.map(fresh.cat_file, shards))
+            times["endpoint"].append(time.perf_counter() - start)
+            cache = work / "cache"
+            shutil.rmtree(cache, ignore_errors=True)
+            for name in ("cold", "warm"):
+                start = time.perf_counter()
+                epoch(PackedDataset.open(url, cache_dir=cache, storage_options=options(port)))
+                times[name].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            epoch(PackedDataset.open(local))
+            times["local"].append(time.perf_counter() - start)
+        mirror = RemoteDataset(url, work / "cache").root
+        for name in PackedDataset.open(local).selection.shards.names:
+            if not filecmp.cmp(local / name, mirror / name, shallow=False):
+                raise SystemExit(f"{name}: the cached copy differs from the packed shard")
+        rate = {k: n / statistics.median(v) for k, v in times.items()}
+        mib = n * shape[0] * shape[1] * 3 / 2**20
+        print(
+            f"# bench_remote, {time.strftime('%Y-%m-%d')}, {cpu_model()}, {os.cpu_count()} CPUs: "
+            f"{n} samples of {shape} ({mib:,.0f} MiB), shards of 1,000, moto S3 on 127.0.0.1, "
+            f"median of {args.rounds} rounds\n"
+        )
+        print("| contender | samples/s | vs local | vs endpoint |")
+        print("|---|---:|---:|---:|")
+        for name, label in (
+            ("endpoint", "endpoint: 8 concurrent GETs of every shard"),
+            ("cold", "from the bucket, cache cold (open + epoch)"),
+            ("warm", "from the bucket, cache warm (open + epoch)"),
+            ("local", "local disk (open + epoch)"),
+        ):
+            print(
+                f"| {label} | {rate[name]:,.0f} | {rate[name] / rate['local']:.2f} "
+                f"| {rate[name] / rate['endpoint']:.2f} |"
+            )
+    finally:
+        server.kill()
+        server.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
