@@ -23,7 +23,7 @@ from torch.utils.data import Dataset, get_worker_info
 from loaders.batches import AnyBatch, BatchMemory, Samples, make_batch
 from loaders.catalog import Selection, Where, open_catalog
 from loaders.reader import ShardReader
-from loaders.remote import RemoteDataset, is_url
+from loaders.remote import STORE_TIMEOUT, RemoteDataset, is_url
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 
@@ -87,6 +87,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         drop_behind: bool = False,
         cache_dir: Path | str | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        store_timeout: float = STORE_TIMEOUT,
     ) -> PackedDataset:
         """Open a dataset directory or manifest and select samples (see `Catalog.select`).
 
@@ -96,11 +97,12 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         `path` may be a URL (`s3://bucket/ds`): the version and the shards the selection reads
         are fetched into `cache_dir` (default `$ETL_CACHE`, else ~/.cache/etl-memmap), each
         verified, and read from there (`loaders.remote`); `storage_options` go to fsspec
-        (endpoint, credentials).
+        (endpoint, credentials); one call to the store that takes longer than `store_timeout`
+        seconds is an error naming what it fetched.
         """
         remote = None
         if is_url(path):
-            remote = RemoteDataset(str(path), cache_dir, storage_options)
+            remote = RemoteDataset(str(path), cache_dir, storage_options, store_timeout)
             version = remote.fetch_version(version)
             path = remote.root
         selection = open_catalog(path, version, verify_manifest).select(split, classes, where)

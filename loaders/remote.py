@@ -32,11 +32,12 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from etl.errors import EtlError, ManifestError, ShardError
 from etl.format.checksums import new_hasher
@@ -49,8 +50,11 @@ DOWNLOAD_CHUNK = 8 << 20
 """Bytes read from the store at a time while a file is downloaded and hashed."""
 DOWNLOADS = 8
 """Shards downloaded at once: object stores serve parallel GETs faster than one stream."""
+STORE_TIMEOUT = 60.0
+"""Seconds one call to the store may take by default (`PackedDataset.open(store_timeout=)`)."""
 TMP_PREFIX = ".tmp-"
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+T = TypeVar("T")
 
 
 def is_url(path: object) -> bool:
@@ -73,6 +77,7 @@ class RemoteDataset:
         url: str,
         cache_dir: Path | str | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        timeout: float = STORE_TIMEOUT,
     ) -> None:
         try:
             from fsspec.core import url_to_fs
@@ -86,6 +91,8 @@ class RemoteDataset:
         key = hashlib.blake2b(self.url.encode(), digest_size=8).hexdigest()
         self.root = Path(cache_dir or default_cache_dir()) / key
         """The mirror: a local dataset folder holding what was fetched of `url`."""
+        self.timeout = timeout
+        """Seconds one call to the store (a listing, an open, a chunk's read) may take."""
 
     def _remote(self, *parts: str) -> str:
         return "/".join([self.remote_root.rstrip("/"), *parts])
@@ -93,7 +100,7 @@ class RemoteDataset:
     def latest_version(self) -> int:
         """The newest committed version in the store (one listing of `versions/`)."""
         try:
-            entries = self.fs.ls(self._remote(VERSIONS_DIR), detail=False)
+            entries = self._bounded(self.fs.ls, self._remote(VERSIONS_DIR), detail=False)
         except FileNotFoundError:
             entries = []
         except Exception as exc:
@@ -168,14 +175,16 @@ class RemoteDataset:
         cannot be downloaded is an `error` naming it."""
         hasher = new_hasher(algorithm) if algorithm else None
         try:
-            with (
-                self.fs.open(remote, "rb", block_size=DOWNLOAD_CHUNK) as src,
-                open(local, "wb") as dst,
-            ):
-                while chunk := src.read(DOWNLOAD_CHUNK):
-                    dst.write(chunk)
-                    if hasher is not None:
-                        hasher.update(chunk)
+            src = self._bounded(self.fs.open, remote, "rb", block_size=DOWNLOAD_CHUNK)
+            try:
+                with open(local, "wb") as dst:
+                    while chunk := self._bounded(src.read, DOWNLOAD_CHUNK):
+                        dst.write(chunk)
+                        if hasher is not None:
+                            hasher.update(chunk)
+            finally:
+                with suppress(Exception):
+                    self._bounded(src.close)
         except FileNotFoundError:
             local.unlink(missing_ok=True)
             raise error(f"{remote}: not in the store") from None
@@ -190,6 +199,32 @@ class RemoteDataset:
             except ValueError as exc:
                 raise ManifestError(f"{remote}: unreadable commit record ({exc})") from None
         return None
+
+    def _bounded(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """call(*args, **kwargs), or TimeoutError once it has taken `timeout` seconds.
+
+        NOTE: a call to a store that accepts the connection and never answers blocks for as
+        long as its driver lets it (over 200 s with s3fs's defaults, measured); and a blocked
+        call cannot be interrupted, only left behind. It runs on a daemon thread, which is left
+        behind if it is stuck, so a hung store is an error naming it, not a hung training job.
+        """
+        outcome: list[Any] = []
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                outcome.append((True, call(*args, **kwargs)))
+            except BaseException as exc:  # handed to the waiting thread as it is
+                outcome.append((False, exc))
+            done.set()
+
+        threading.Thread(target=run, name="etl-store", daemon=True).start()
+        if not done.wait(self.timeout):
+            raise TimeoutError(f"no answer from the store in {self.timeout:g} s")
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return cast(T, value)
 
 
 def _recorded_files(record: Any, where: str) -> list[str]:

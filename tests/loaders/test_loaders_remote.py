@@ -4,11 +4,14 @@ is compared with the arrays the dataset was packed from, not with another read o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -220,3 +223,43 @@ def test_processes_of_one_node_share_the_cache(endpoint: str, bucket: str, tmp_p
     mirror = RemoteDataset(url, cache).root
     assert len(list((mirror / "shards").glob("*.npy"))) == 4
     assert not list(mirror.rglob(".tmp-*"))
+
+
+@pytest.fixture
+def silent_store() -> Iterator[str]:
+    """An endpoint that accepts connections and never answers (a hung store)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(server.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+
+
+@pytest.mark.parametrize("version", [None, 1])
+def test_a_store_that_never_answers_is_an_error_in_bounded_time(
+    silent_store: str, tmp_path: Path, version: int | None
+) -> None:
+    """Listing the versions (latest) or fetching the commit record (pinned): each call to the
+    store waits at most `store_timeout`, then one error names what was asked for."""
+    started = time.monotonic()
+    with pytest.raises(ManifestError, match=r"no answer from the store in 1 s"):
+        PackedDataset.open(
+            "s3://bucket/ds",
+            version=version,
+            cache_dir=tmp_path / "cache",
+            storage_options=options(silent_store),
+            store_timeout=1,
+        )
+    assert time.monotonic() - started < 30
