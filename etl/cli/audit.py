@@ -236,7 +236,7 @@ def audit(
     source_root = None
     if records is None:
         source_root = source or (location(config.source) if config else None)
-    if source_root is not None and not source_root.is_dir():
+    if isinstance(source_root, Path) and not source_root.is_dir():
         raise EtlError(f"source root {source_root} is not a folder (--source or source.path)")
     options = audit_lib.AuditOptions(
         version=version,
@@ -244,7 +244,7 @@ def audit(
         deep=deep,
         sample_rate=sample_rate,
         seed=seed,
-        source_root=source_root.resolve() if source_root else None,
+        source_root=source_root.resolve() if isinstance(source_root, Path) else source_root,
         records=records,
         jobs=jobs,
         backend=cast(Backend, backend or "loky"),  # checked against BACKENDS above

@@ -158,7 +158,8 @@ def _sheet_source(config: PipelineConfig | None, moved_to: Path | None) -> Sourc
         source = config.source
     else:
         source = config.source.model_copy(update={"path": moved_to})
-    if kind_of(source).by_path and not location(source).is_dir():
+    where = location(source)
+    if kind_of(source).by_path and isinstance(where, Path) and not where.is_dir():
         raise EtlError(f"source root {location(source)} is not a folder (--source or source.path)")
     return source
 

@@ -1,8 +1,9 @@
-"""What every config model shares: strict frozen models, byte sizes and colours."""
+"""What every config model shares: strict frozen models, byte sizes, colours and locations."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import (
@@ -10,6 +11,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainValidator,
 )
 
 _SIZE_UNITS = {
@@ -49,3 +51,25 @@ class StrictModel(BaseModel):
     """Unknown keys are errors; a loaded config never changes."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def is_url(value: object) -> bool:
+    """A location in object storage (`s3://bucket/prefix`, any fsspec protocol but `file://`)."""
+    text = str(value)
+    return "://" in text and not text.startswith("file://")
+
+
+def parse_location(value: Any) -> Path | str:
+    """A local path (a Path, relative ones resolved against the config's folder later), or an
+    object-storage URL kept as text, without a trailing '/'."""
+    if isinstance(value, Path):
+        return value
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected a path or a URL such as s3://bucket/prefix, got {value!r}")
+    if is_url(value):
+        return value.rstrip("/")
+    return Path(value.removeprefix("file://"))
+
+
+Location = Annotated[Path | str, PlainValidator(parse_location)]
+"""`source.path` of a kind that reads objects too: a Path, or a URL (str)."""

@@ -11,7 +11,7 @@ from pydantic import (
     model_validator,
 )
 
-from etl.config.fields import ByteSize, StrictModel
+from etl.config.fields import ByteSize, Location, StrictModel
 
 DEFAULT_INCLUDE = ("*.jpg", "*.jpeg", "*.png", "*.bmp", "*.gif", "*.tif", "*.tiff", "*.webp")
 
@@ -53,9 +53,11 @@ class _SourceBase(StrictModel):
 
 
 class FolderSource(_SourceBase):
-    """One sub-folder per class under `path`."""
+    """One sub-folder per class under `path`: a local folder, or a prefix in object storage
+    (`s3://bucket/photos`; endpoint and credentials from the environment)."""
 
     kind: Literal["folder"] = "folder"
+    path: Location  # type: ignore[assignment]
     include: tuple[str, ...] = DEFAULT_INCLUDE
     """fnmatch patterns on the path relative to the root, case-insensitive; '*' also matches '/'."""
     exclude: tuple[str, ...] = ()

@@ -78,7 +78,7 @@ def repair_and_recheck(
     report: AuditReport,
     options: AuditOptions,
     config: PipelineConfig,
-    source_root: Path | None = None,
+    source_root: Path | str | None = None,
     progress: Progress | None = None,
 ) -> Checkup:
     """Repair what `report` found (see `etl.maintenance.repair.repair`) and audit the version

@@ -120,7 +120,7 @@ class RepairReport:
 def repair(
     report: AuditReport,
     config: PipelineConfig,
-    source_root: Path | None = None,
+    source_root: Path | str | None = None,
     *,
     jobs: int | None = None,
     backend: Backend = "loky",
@@ -175,7 +175,8 @@ def repair(
             run = choose_run(jobs, backend, address, worth_workers=len(tasks) > 1)
             # workers read spooled records from the output folder, files from the source
             spooled = kind_of(config.source).spooled
-            readable = [] if spooled else [location(config.source, source_root)]
+            where = location(config.source, source_root)
+            readable = [] if spooled or not isinstance(where, Path) else [where]
             progress.start("repair", len(items))
             progress.advance(len(unlocated))
             try:
@@ -221,7 +222,7 @@ def _repair_items(report: AuditReport, manifest: Manifest) -> list[RepairItem]:
 
 
 def _located(
-    items: list[RepairItem], config: PipelineConfig, source_root: Path | None, spool: Path
+    items: list[RepairItem], config: PipelineConfig, source_root: Path | str | None, spool: Path
 ) -> tuple[list[RepairItem], list[tuple[str, str]]]:
     """`items` with the locators of their sources (record sources are listed again, the
     wanted records spooled), and (sample_id, why) of the bad ones whose source is gone.

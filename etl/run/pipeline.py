@@ -174,9 +174,11 @@ def _cleaned_up(root: Path, before: int) -> str:
 
 
 def _worker_inputs(config: PipelineConfig) -> list[Path]:
-    """What workers read besides the output: the source, except where records reach workers
-    through the spool in the output folder (a Python source, tables)."""
-    return [] if kind_of(config.source).spooled else [config.source.path]
+    """What workers read besides the output, on a shared file system: the source, except where
+    records reach workers through the spool in the output folder (a Python source, tables) or
+    the source is in object storage (each worker reads its objects from the store)."""
+    path = config.source.path
+    return [] if kind_of(config.source).spooled or not isinstance(path, Path) else [path]
 
 
 def _read_previous(root: Path, latest: int, rebuild: bool) -> Manifest | None:

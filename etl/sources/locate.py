@@ -38,7 +38,7 @@ def locate(
     config: SourceConfig,
     sources: Collection[str],
     context: ListContext,
-    root: Path | None = None,
+    root: Path | str | None = None,
 ) -> Located:
     """Where each of `sources` (manifest `source` names) is now. `root`: where the source is,
     when not where `config` says (`--source DIR`; see `location`). Record kinds are listed
@@ -65,7 +65,7 @@ def locate(
     return Located({s: p for s, p in found.items() if s not in missing}, missing)
 
 
-def location(config: SourceConfig, root: Path | None = None) -> Path:
+def location(config: SourceConfig, root: Path | str | None = None) -> Path | str:
     """Where a source is read back from: `root` when given, else its kind's `root` (the folder
     a file kind's names are relative to, or a record source's `path`)."""
     if root is not None:
@@ -73,8 +73,10 @@ def location(config: SourceConfig, root: Path | None = None) -> Path:
     return kind_of(config).root(config)
 
 
-def _locate_files(root: Path, sources: Collection[str]) -> Located:
-    real_root = os.path.realpath(root)
+def _locate_files(root: Path | str, sources: Collection[str]) -> Located:
+    """Each source's path under `root`; a prefix in object storage has no links to follow."""
+    remote = isinstance(root, str)
+    real_root = root if remote else os.path.realpath(root)
     locators: dict[str, str] = {}
     missing: dict[str, str] = {}
     for source in sources:
@@ -83,7 +85,7 @@ def _locate_files(root: Path, sources: Collection[str]) -> Located:
         except ValueError:
             missing[source] = "path outside the source root"
             continue
-        if os.path.commonpath([real_root, os.path.realpath(path)]) != real_root:
+        if not remote and os.path.commonpath([real_root, os.path.realpath(path)]) != real_root:
             missing[source] = "link leads outside the source root"
             continue
         locators[source] = path

@@ -23,8 +23,9 @@ from pathlib import Path
 
 from etl.config import SourceConfig
 from etl.format.checksums import digest
+from etl.sources.objects import located_digest, read_located
 from etl.sources.registry import kind_of, release_all
-from etl.sources.safe_files import Refused, file_digest, read_regular_file
+from etl.sources.safe_files import Refused
 from etl.sources.spool import NOT_SPOOLED, SpoolWriter, spool_path
 from etl.sources.timed import file_outcomes, outcomes
 
@@ -62,7 +63,7 @@ def read_many(config: SourceConfig, locators: Iterable[str]) -> Iterator[bytes |
     ahead of the caller (NOTE [ read ahead ] in etl/sources/timed.py)."""
     kind = kind_of(config)
     if kind.by_path:
-        return file_outcomes(config, locators, read_regular_file)
+        return file_outcomes(config, locators, read_located)
     return outcomes(partial(kind.read, config, locator) for locator in locators)
 
 
@@ -74,7 +75,7 @@ def digest_many(
     if kind_of(config).by_path:
 
         def hash_file(path: str, max_bytes: int) -> str:
-            return file_digest(path, algorithm, max_bytes)
+            return located_digest(path, algorithm, max_bytes)
 
         return file_outcomes(config, locators, hash_file)
     return (

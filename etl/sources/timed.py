@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any, TypeVar
 
-from etl.sources.safe_files import Refused, read_regular_file
+from etl.sources.objects import read_located
+from etl.sources.safe_files import Refused
 
 T = TypeVar("T")
 
@@ -138,12 +139,10 @@ def with_time_limit(read: Callable[[], T], seconds: float | None, path: str) -> 
 
 
 def read_file(config: Any, locator: str) -> bytes:
-    """The bytes of the file at `locator` (a path), within `source.io_timeout` and
-    `source.max_file_bytes`: the read of every kind whose inputs are files."""
+    """The bytes of the file at `locator` (a path or an object's URL), within
+    `source.io_timeout` and `source.max_file_bytes`: the read of every kind of files."""
     limit = config.io_timeout
-    return with_time_limit(
-        lambda: read_regular_file(locator, config.max_file_bytes), limit, locator
-    )
+    return with_time_limit(lambda: read_located(locator, config.max_file_bytes), limit, locator)
 
 
 def file_outcomes(

@@ -141,7 +141,8 @@ def audit(
     report.samples_total = manifest.samples.num_rows
     report.shards_total = manifest.shards.num_rows
     selected = _select_samples(manifest.samples.num_rows, options.sample_rate, seed)
-    readable = [manifest.path, *([options.source_root] if options.source_root else [])]
+    local_root = options.source_root if isinstance(options.source_root, Path) else None
+    readable = [manifest.path, *([local_root] if local_root else [])]
     with engine(options.run_config(0), readable=readable):
         verify_shards(
             manifest,

@@ -121,8 +121,9 @@ class AuditOptions:
     """Check this fraction (0 < rate <= 1) of the samples, chosen by `seed`."""
     seed: int | None = None
     """Seed of the sample choice; None draws one (the report gives it, to repeat the audit)."""
-    source_root: Path | None = None
-    """Folder the manifest's `source` paths are relative to; None skips the source check."""
+    source_root: Path | str | None = None
+    """Folder (or object-storage prefix) the manifest's `source` paths are relative to; None
+    skips the source check."""
     records: SourceConfig | None = None
     """A source whose samples are records, not files (lmdb, python, webdataset, parquet):
     listed again, as a run lists it, and each checked sample's content hash compared."""
@@ -175,7 +176,7 @@ class AuditReport:
     """Shards hashed as whole files (full and fast modes)."""
     bytes_hashed: int = 0
     sources_checked: int = 0
-    source_root: Path | None = None
+    source_root: Path | str | None = None
     sample_rate: float | None = None
     seed: int | None = None
     seconds: float = 0.0

@@ -20,8 +20,8 @@ from etl.format.manifest import (
 from etl.maintenance.audit.report import AuditOptions, AuditReport, Finding
 from etl.progress import Progress
 from etl.sources.entries import ListContext
+from etl.sources.objects import located_digest
 from etl.sources.registry import list_sources
-from etl.sources.safe_files import file_digest
 
 SOURCE_CHUNK = 64
 """Source files per hashing task."""
@@ -36,7 +36,7 @@ def verify_source_chunk(
     for index, source, recorded in items:
         path = names.source_path(root, source)  # the caller passes only sources inside the root
         try:
-            got = file_digest(path, algorithm, sys.maxsize)
+            got = located_digest(path, algorithm, sys.maxsize)
         except FileNotFoundError:
             problems.append((index, "source_missing", None, f"{path!r} no longer exists"))
             continue

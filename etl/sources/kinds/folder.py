@@ -13,14 +13,16 @@ from typing import TYPE_CHECKING
 from etl.config import FolderSource
 from etl.errors import SourceError
 from etl.format import names
+from etl.sources import objects
 from etl.sources.kind import SourceKind
-from etl.sources.safe_files import stat_file
-from etl.sources.timed import read_file
+from etl.sources.safe_files import stat_file, too_large
+from etl.sources.timed import read_file, with_time_limit
 
 if TYPE_CHECKING:
     pass
 from etl.sources.entries import (
     FileColumnsBuilder,
+    FileStat,
     ListContext,
     SourceListing,
     SourceReject,
@@ -73,6 +75,8 @@ def list_folder(config: FolderSource, context: ListContext | None = None) -> Sou
     most of its time here, and pathlib's object overhead tripled it.
     """
     root = config.path
+    if isinstance(root, str):
+        return _list_prefix(config, root, context)
     if not root.is_dir():
         raise SourceError(f"source.path: {root} is not a folder")
     top = str(root)
@@ -114,8 +118,48 @@ def list_folder(config: FolderSource, context: ListContext | None = None) -> Sou
     return SourceListing(files.build(), tuple(rejects))
 
 
+def _list_prefix(config: FolderSource, url: str, context: ListContext | None) -> SourceListing:
+    """A folder in object storage (`etl.sources.objects`): the same rules, with each object's
+    size, modification time and ETag where a file has its stat. Dot-named keys are skipped."""
+    include, exclude = _pattern(config.include), _pattern(config.exclude)
+    files = FileColumnsBuilder(context.scratch if context is not None else None)
+    rejects: list[SourceReject] = []
+    try:
+        listed = with_time_limit(lambda: list(objects.list_objects(url)), config.io_timeout, url)
+    except OSError as exc:  # no answer within io_timeout: a hung store stops the run, named
+        raise SourceError(f"source.path: cannot list {url} ({exc})") from None
+    for relative, size, mtime_ns, etag in listed:
+        lowered = relative.lower()
+        if any(part.startswith(".") for part in relative.split("/")):
+            continue
+        if include is None or not include.match(lowered):
+            continue
+        if exclude is not None and exclude.match(lowered):
+            continue
+        source = names.path_to_source(relative)
+        found = FileStat(size, mtime_ns, 0, etag)
+        slash = relative.find("/")
+        if size > config.max_file_bytes:
+            why = too_large(size, config.max_file_bytes)
+            rejects.append(found.reject(source, "file_too_large", why))
+        elif slash < 0:
+            rejects.append(found.reject(source, "no_class", "file is not inside a class folder"))
+        else:
+            files.add(source, f"{url}/{relative}", names.path_to_source(relative[:slash]), found)
+    rejects.sort(key=lambda r: r.source)
+    return SourceListing(files.build(), tuple(rejects))
+
+
 def _check(config: FolderSource) -> None:
-    if not config.path.is_dir():
+    if isinstance(config.path, str):
+        url = config.path
+        try:
+            found = with_time_limit(lambda: objects.is_folder(url), config.io_timeout, url)
+        except OSError as exc:
+            raise SourceError(f"source.path: cannot reach {url} ({exc})") from None
+        if not found:
+            raise SourceError(f"source.path: {config.path} holds no object")
+    elif not config.path.is_dir():
         raise SourceError(f"source.path: {config.path} is not a folder")
 
 

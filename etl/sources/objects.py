@@ -1,0 +1,149 @@
+"""Inputs in object storage (`s3://bucket/prefix`, any fsspec protocol): listing a prefix and
+reading one object, the only code that talks to a store on the packing side.
+
+The store is reached through fsspec (`pip install 'etl-memmap[s3]'`); endpoint and credentials
+come from the environment or the driver's own configuration (for S3: AWS_ENDPOINT_URL,
+AWS_ACCESS_KEY_ID, a profile), so nothing secret is in pipeline.yaml or the manifest, and every
+worker process finds them the same way.
+
+An object's "stat" is its size, its modification time and a 63-bit hash of its ETag (kept
+where a file keeps its inode), so a rerun hashes only the objects whose metadata changed, as
+it does with `stat` for files. Reads are made by the workers, each within `source.io_timeout`
+(`etl.sources.timed`), never more than `source.max_file_bytes`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import xxhash
+
+from etl.config.fields import is_url
+from etl.errors import SourceError
+from etl.format.checksums import new_hasher
+from etl.sources.safe_files import (
+    HASH_CHUNK_BYTES,
+    Refused,
+    file_digest,
+    read_regular_file,
+    too_large,
+)
+
+__all__ = ["is_url", "list_objects", "located_digest", "read_located"]
+
+_MTIME = re.compile(r"mtime|LastModified|last_modified|updated", re.I)
+
+
+def store(url: str) -> tuple[Any, str]:
+    """(the fsspec filesystem, the path within it) of `url`; SourceError when its driver is
+    missing."""
+    try:
+        from fsspec.core import url_to_fs
+
+        fs, path = url_to_fs(url)
+        return fs, str(path)
+    except ImportError as exc:
+        raise SourceError(
+            f"{url}: reading from object storage needs fsspec and the store's driver "
+            f"({exc.name or exc}): pip install 'etl-memmap[s3]' (or gcsfs, adlfs)"
+        ) from None
+
+
+def list_objects(url: str) -> Iterator[tuple[str, int, int, int]]:
+    """(key relative to `url`, size, mtime in ns, ETag hash) of every object under the prefix,
+    in the store's order. SourceError naming `url` when it cannot be listed."""
+    fs, root = store(url)
+    root = root.rstrip("/")
+    try:
+        # NOTE: fsspec keeps one filesystem per process and caches listings in it; a run that
+        # trusted the last run's listing would miss what was added, or read a changed object
+        # at its old size. Each run lists afresh; its reads then see the sizes it listed.
+        fs.invalidate_cache()  # all of it: a path clears neither the folders below it
+        found = fs.find(root, detail=True, withdirs=False)
+    except Exception as exc:  # a driver's own errors (botocore, aiohttp) are no OSError
+        raise SourceError(f"source.path: cannot list {url} ({type(exc).__name__}: {exc})") from None
+    for name, info in found.items():
+        relative = name[len(root) + 1 :] if name.startswith(root + "/") else None
+        if relative:
+            yield relative, int(info.get("size") or 0), _mtime_ns(info), _etag_key(info)
+
+
+def is_folder(url: str) -> bool:
+    """Whether the prefix holds any object (object stores have no empty folders)."""
+    fs, root = store(url)
+    try:
+        fs.invalidate_cache()  # all of it: a path clears neither the folders below it
+        return bool(fs.isdir(root))
+    except Exception as exc:
+        raise SourceError(
+            f"source.path: cannot reach {url} ({type(exc).__name__}: {exc})"
+        ) from None
+
+
+def read_object(url: str, max_bytes: int) -> bytes:
+    """The bytes of one object, no more than `max_bytes` (`Refused('file_too_large')`); an
+    object gone since it was listed is FileNotFoundError; any other failure an OSError."""
+    return b"".join(_chunks(url, max_bytes))
+
+
+def object_digest(url: str, algorithm: str, max_bytes: int) -> str:
+    """The content hash of one object, streamed in HASH_CHUNK_BYTES pieces."""
+    hasher = new_hasher(algorithm)
+    for chunk in _chunks(url, max_bytes):
+        hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def read_located(locator: str, max_bytes: int) -> bytes:
+    """The bytes of a listed file, whether its locator is a local path or an object's URL."""
+    return (
+        read_object(locator, max_bytes)
+        if is_url(locator)
+        else read_regular_file(locator, max_bytes)
+    )
+
+
+def located_digest(locator: str, algorithm: str, max_bytes: int) -> str:
+    """The content hash of a listed file, a local path or an object's URL, streamed."""
+    if is_url(locator):
+        return object_digest(locator, algorithm, max_bytes)
+    return file_digest(locator, algorithm, max_bytes)
+
+
+def _chunks(url: str, max_bytes: int) -> Iterator[bytes]:
+    fs, path = store(url)
+    total = 0
+    try:
+        # NOTE: not the listing's cached size and ETag: a process that listed before (a run,
+        # then an audit in the same process) would read a changed object as gone
+        fs.invalidate_cache(path)
+        with fs.open(path, "rb", block_size=HASH_CHUNK_BYTES) as f:
+            while chunk := f.read(HASH_CHUNK_BYTES):
+                total += len(chunk)
+                if total > max_bytes:
+                    raise Refused("file_too_large", too_large(total, max_bytes))
+                yield chunk
+    except OSError:
+        raise  # FileNotFoundError, Refused, a connection error: the reader's reject reasons
+    except Exception as exc:  # a driver's own errors become an OSError naming the object
+        raise OSError(f"{url}: {type(exc).__name__}: {exc}") from None
+
+
+def _mtime_ns(info: dict[str, Any]) -> int:
+    for key, value in info.items():
+        if _MTIME.fullmatch(key) or _MTIME.search(key):
+            stamp = getattr(value, "timestamp", None)
+            if callable(stamp):
+                return int(stamp() * 1e9)
+            if isinstance(value, int | float):
+                return int(value * 1e9)
+    return 0
+
+
+def _etag_key(info: dict[str, Any]) -> int:
+    """A 63-bit hash of the object's ETag (or generation, or version id): the part of its
+    "stat" that changes whenever its bytes do, even at the same size and second."""
+    tag = info.get("ETag") or info.get("etag") or info.get("generation") or info.get("VersionId")
+    return xxhash.xxh3_64_intdigest(str(tag or "").encode()) >> 1

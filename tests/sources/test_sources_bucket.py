@@ -1,0 +1,230 @@
+"""A folder source in object storage: `source.path: s3://bucket/prefix` on a real S3-compatible
+server (moto's, started here on 127.0.0.1; endpoint and credentials from the environment, as a
+user sets them). What a run packs from the bucket must be what it packs from the same files on
+local disk, and a rerun must see objects added, changed and deleted by their metadata."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from etl.cli import main
+from etl.config import load_config
+from etl.errors import SourceError
+from etl.format.manifest import read_manifest
+from etl.run import pipeline
+from etl.sources import objects
+
+s3fs = pytest.importorskip("s3fs")
+moto_server = pytest.importorskip("moto.server")
+
+CONFIG = """\
+source: {{kind: folder, path: {source}, split: {{val: 0.25}}, max_file_bytes: 20000}}
+stages:
+  - decode: {{}}
+  - resize: {{size: [16, 16]}}
+output: {{dir: {out}, samples_per_shard: 5}}
+run: {{n_jobs: 2, backend: threading}}
+"""
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def store(endpoint: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Any:
+    """A new bucket, with the environment pointing at the server (no other address is used)."""
+    for name, value in {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    import boto3
+
+    s3fs.S3FileSystem.clear_instance_cache()  # the endpoint is read when one is made
+    bucket = f"b{abs(hash(request.node.nodeid)) % 10**10}"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    fs.bucket = bucket
+    return fs
+
+
+def picture(seed: int, fmt: str = "PNG") -> bytes:
+    rng = np.random.default_rng(seed)
+    buffer = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (20 + seed % 7, 24, 3), dtype=np.uint8)).save(buffer, fmt)
+    return buffer.getvalue()
+
+
+def tree(seeds: dict[str, int]) -> dict[str, bytes]:
+    return {
+        name: picture(seed, "JPEG" if name.endswith(".jpg") else "PNG")
+        for name, seed in seeds.items()
+    }
+
+
+FILES = {
+    **{f"cat/{i}.png": i for i in range(5)},
+    **{f"dog/{i}.jpg": 10 + i for i in range(4)},
+    "loose.png": 30,  # outside any class folder: a reject
+}
+
+
+def put(fs: Any, prefix: str, files: dict[str, bytes], local: Path) -> None:
+    for name, data in files.items():
+        fs.pipe(f"{fs.bucket}/{prefix}/{name}", data)
+        (local / name).parent.mkdir(parents=True, exist_ok=True)
+        (local / name).write_bytes(data)
+
+
+def run(tmp_path: Path, source: str | Path, out: Path) -> Any:
+    config = tmp_path / f"{out.name}.yaml"
+    config.write_text(CONFIG.format(source=source, out=out))
+    return pipeline.run(load_config(config))
+
+
+def contents(root: Path) -> tuple[dict[str, tuple[Any, ...]], dict[str, str]]:
+    """Samples (class, split, pixels) and rejects (reason) by source, read with plain numpy."""
+    m = read_manifest(root)
+    samples = {
+        s["source"]: (
+            s["class_name"],
+            s["split"],
+            np.load(root / s["shard"], mmap_mode="r")[s["row"]].tobytes(),
+        )
+        for s in m.samples.to_pylist()
+    }
+    return samples, {r["source"]: r["reason"] for r in m.rejects.to_pylist()}
+
+
+def test_a_folder_in_a_bucket_packs_as_the_same_folder_on_disk(
+    store: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = tree(FILES)
+    files["dog/big.png"] = Image.new("RGB", (300, 300)).tobytes()[:30000]  # over max_file_bytes
+    files[".hidden/x.png"] = picture(40)
+    put(store, "photos", files, tmp_path / "local")
+    remote = run(tmp_path, f"s3://{store.bucket}/photos", tmp_path / "from-bucket")
+    local = run(tmp_path, tmp_path / "local", tmp_path / "from-disk")
+    assert remote.packed_new == local.packed_new == 9
+    got, rejects = contents(tmp_path / "from-bucket")
+    assert (got, rejects) == contents(tmp_path / "from-disk")
+    assert rejects == {"loose.png": "no_class", "dog/big.png": "file_too_large"}
+    assert {name.split("/")[0] for name in got} == {"cat", "dog"}
+    # the audit re-reads every source from the bucket and finds them as packed, then a changed one
+    config = str(tmp_path / "from-bucket.yaml")
+    with pytest.raises(SystemExit) as clean:
+        main(["audit", str(tmp_path / "from-bucket"), "--config", config, "--jobs", "1"])
+    assert clean.value.code == 0
+    store.pipe(f"{store.bucket}/photos/cat/3.png", picture(99))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as found:
+        main(["audit", str(tmp_path / "from-bucket"), "--config", config, "--jobs", "1", "--json"])
+    assert found.value.code == 1
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    assert [(f["kind"], f["source"]) for f in findings] == [("source_changed", "cat/3.png")]
+
+
+def test_a_rerun_sees_objects_added_changed_and_deleted(
+    store: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Objects whose size, time and ETag are unchanged are not read again (no hash), as files
+    whose stat is unchanged; the ones that changed are hashed and packed."""
+    hashed: list[str] = []
+    real = objects.object_digest
+
+    def counted(url: str, *args: Any) -> str:
+        hashed.append(url.rsplit("/photos/", 1)[1])
+        return real(url, *args)
+
+    monkeypatch.setattr(objects, "object_digest", counted)  # the run's threads call it here
+    put(store, "photos", tree(FILES), tmp_path / "local")
+    url = f"s3://{store.bucket}/photos"
+    first = run(tmp_path, url, tmp_path / "out")
+    assert first.packed_new == 9 and len(hashed) == 9
+    hashed.clear()
+    again = run(tmp_path, url, tmp_path / "out")
+    assert again.packed_new == 0 and not again.committed and hashed == []
+    store.pipe(f"{store.bucket}/photos/cat/new.png", picture(50))
+    store.pipe(f"{store.bucket}/photos/dog/1.jpg", picture(51, "JPEG"))  # new bytes, same key
+    store.rm(f"{store.bucket}/photos/cat/0.png")
+    third = run(tmp_path, url, tmp_path / "out")
+    assert sorted(hashed) == ["cat/new.png", "dog/1.jpg"]
+    assert third.committed and third.packed_new == 2, third.plan_counts
+    assert dict(third.plan_counts) == {
+        "new": 1,
+        "changed": 1,
+        "deleted": 1,
+        "unchanged": 7,
+        "rejected": 1,  # loose.png, rejected again without being read
+    }
+    samples, _ = contents(tmp_path / "out")
+    assert "cat/0.png" not in samples and "cat/new.png" in samples and len(samples) == 9
+
+
+def test_a_prefix_with_no_object_is_one_clear_error(store: Any, tmp_path: Path) -> None:
+    with pytest.raises(SourceError, match=rf"s3://{store.bucket}/nothing holds no object"):
+        run(tmp_path, f"s3://{store.bucket}/nothing", tmp_path / "out")
+    assert not (tmp_path / "out").exists(), "a refused source leaves no output folder"
+
+
+def test_a_store_that_never_answers_stops_the_run_in_bounded_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An endpoint that accepts connections and never answers: the run's first call to it
+    gives up after `io_timeout` with one error naming the source, and creates nothing."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(server.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.getsockname()[1]}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    s3fs.S3FileSystem.clear_instance_cache()
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(
+        CONFIG.format(source="s3://bucket/photos", out=tmp_path / "out").replace(
+            "max_file_bytes: 20000", "max_file_bytes: 20000, io_timeout: 1"
+        )
+    )
+    started = time.monotonic()
+    try:
+        with pytest.raises(SourceError, match=r"s3://bucket/photos.*no answer in 1 s"):
+            pipeline.run(load_config(config))
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+        s3fs.S3FileSystem.clear_instance_cache()
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / "out").exists()
