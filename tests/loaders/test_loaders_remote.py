@@ -4,13 +4,10 @@ is compared with the arrays the dataset was packed from, not with another read o
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,27 +20,17 @@ from etl.errors import ManifestError, ShardError
 from loaders import PackedDataset, make_loader
 from loaders.remote import RemoteDataset
 from tests.helpers.packed import Packed, make_packed
+from tests.helpers.stores import moto_endpoint, silent_endpoint
 
 s3fs = pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
     """An S3-compatible server on 127.0.0.1, for this module only."""
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
+    with moto_endpoint() as url:
+        yield url
 
 
 def options(endpoint: str) -> dict[str, Any]:
@@ -227,24 +214,8 @@ def test_processes_of_one_node_share_the_cache(endpoint: str, bucket: str, tmp_p
 
 @pytest.fixture
 def silent_store() -> Iterator[str]:
-    """An endpoint that accepts connections and never answers (a hung store)."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(64)
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                held.append(server.accept()[0])
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    finally:
-        server.close()
-        for conn in held:
-            conn.close()
+    with silent_endpoint() as url:
+        yield url
 
 
 @pytest.mark.parametrize("version", [None, 1])

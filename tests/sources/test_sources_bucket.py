@@ -5,11 +5,8 @@ local disk, and a rerun must see objects added, changed and deleted by their met
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +22,7 @@ from etl.errors import SourceError
 from etl.format.manifest import read_manifest
 from etl.run import pipeline
 from etl.sources import objects
+from tests.helpers.stores import moto_endpoint, silent_endpoint
 
 s3fs = pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
@@ -41,15 +39,8 @@ run: {{n_jobs: 2, backend: threading}}
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
+    with moto_endpoint() as url:
+        yield url
 
 
 @pytest.fixture
@@ -196,35 +187,22 @@ def test_a_store_that_never_answers_stops_the_run_in_bounded_time(
 ) -> None:
     """An endpoint that accepts connections and never answers: the run's first call to it
     gives up after `io_timeout` with one error naming the source, and creates nothing."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(64)
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                held.append(server.accept()[0])
-
-    threading.Thread(target=accept, daemon=True).start()
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.getsockname()[1]}")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    s3fs.S3FileSystem.clear_instance_cache()
     config = tmp_path / "pipeline.yaml"
     config.write_text(
         CONFIG.format(source="s3://bucket/photos", out=tmp_path / "out").replace(
             "max_file_bytes: 20000", "max_file_bytes: 20000, io_timeout: 1"
         )
     )
-    started = time.monotonic()
-    try:
-        with pytest.raises(SourceError, match=r"s3://bucket/photos.*no answer in 1 s"):
-            pipeline.run(load_config(config))
-    finally:
-        server.close()
-        for conn in held:
-            conn.close()
-        s3fs.S3FileSystem.clear_instance_cache()
-    assert time.monotonic() - started < 30
+    with silent_endpoint() as silent:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", silent)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        s3fs.S3FileSystem.clear_instance_cache()  # the endpoint is read when one is made
+        started = time.monotonic()
+        try:
+            with pytest.raises(SourceError, match=r"s3://bucket/photos.*no answer in 1 s"):
+                pipeline.run(load_config(config))
+        finally:
+            s3fs.S3FileSystem.clear_instance_cache()
+        assert time.monotonic() - started < 30
     assert not (tmp_path / "out").exists()
