@@ -20,10 +20,11 @@ import torch
 from numpy.typing import NDArray
 from torch.utils.data import Dataset, get_worker_info
 
+from etl.format.names import is_url
 from loaders.batches import AnyBatch, BatchMemory, Samples, make_batch
 from loaders.catalog import Selection, Where, open_catalog
 from loaders.reader import ShardReader
-from loaders.remote import STORE_TIMEOUT, RemoteDataset, is_url
+from loaders.remote import STORE_TIMEOUT, RemoteDataset
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 

@@ -57,12 +57,6 @@ _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 T = TypeVar("T")
 
 
-def is_url(path: object) -> bool:
-    """A location with a protocol other than the local file system (`s3://...`)."""
-    text = str(path)
-    return "://" in text and not text.startswith("file://")
-
-
 def default_cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "etl-memmap")
 

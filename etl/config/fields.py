@@ -14,6 +14,8 @@ from pydantic import (
     PlainValidator,
 )
 
+from etl.format.names import is_url
+
 _SIZE_UNITS = {
     "": 1,
     "b": 1,
@@ -51,12 +53,6 @@ class StrictModel(BaseModel):
     """Unknown keys are errors; a loaded config never changes."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def is_url(value: object) -> bool:
-    """A location in object storage (`s3://bucket/prefix`, any fsspec protocol but `file://`)."""
-    text = str(value)
-    return "://" in text and not text.startswith("file://")
 
 
 def parse_location(value: Any) -> Path | str:

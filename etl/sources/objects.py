@@ -20,9 +20,9 @@ from typing import Any
 
 import xxhash
 
-from etl.config.fields import is_url
 from etl.errors import SourceError
 from etl.format.checksums import new_hasher
+from etl.format.names import is_url
 from etl.sources.safe_files import (
     HASH_CHUNK_BYTES,
     Refused,
