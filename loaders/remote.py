@@ -176,6 +176,8 @@ class RemoteDataset:
                         dst.write(chunk)
                         if hasher is not None:
                             hasher.update(chunk)
+                    dst.flush()
+                    os.fsync(dst.fileno())  # on disk before its rename makes it trusted
             finally:
                 with suppress(Exception):
                     self._bounded(src.close)
