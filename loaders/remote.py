@@ -115,7 +115,8 @@ class RemoteDataset:
         staging = folder.parent / f"{TMP_PREFIX}{version_name(number)}-{os.getpid()}"
         staging.mkdir(parents=True, exist_ok=True)
         try:
-            record = self._get(f"{remote}/{RECORD_FILE}", staging / RECORD_FILE, ManifestError)
+            self._get(f"{remote}/{RECORD_FILE}", staging / RECORD_FILE, ManifestError)
+            record = _read_record(staging / RECORD_FILE, f"{remote}/{RECORD_FILE}")
             for name in _recorded_files(record, f"{self.url}/{VERSIONS_DIR}/{folder.name}"):
                 self._get(f"{remote}/{name}", staging / name, ManifestError)
             try:
@@ -163,10 +164,9 @@ class RemoteDataset:
 
     def _get(
         self, remote: str, local: Path, error: type[EtlError], algorithm: str | None = None
-    ) -> Any:
-        """Download `remote` to `local`; with `algorithm`, its digest (computed as it is
-        written), else its bytes parsed as JSON (the commit record) or None. A file that
-        cannot be downloaded is an `error` naming it."""
+    ) -> str | None:
+        """Download `remote` to `local` (flushed to disk); with `algorithm`, its digest,
+        computed as it is written. A file that cannot be downloaded is an `error` naming it."""
         hasher = new_hasher(algorithm) if algorithm else None
         try:
             src = self._bounded(self.fs.open, remote, "rb", block_size=DOWNLOAD_CHUNK)
@@ -187,14 +187,7 @@ class RemoteDataset:
         except Exception as exc:  # OSError, or a driver's own (botocore, aiohttp) errors
             local.unlink(missing_ok=True)
             raise error(f"{remote}: cannot download ({_why(exc)})") from None
-        if hasher is not None:
-            return hasher.hexdigest()
-        if local.name == RECORD_FILE:
-            try:
-                return json.loads(local.read_bytes())
-            except ValueError as exc:
-                raise ManifestError(f"{remote}: unreadable commit record ({exc})") from None
-        return None
+        return hasher.hexdigest() if hasher is not None else None
 
     def _bounded(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """call(*args, **kwargs), or TimeoutError once it has taken `timeout` seconds.
@@ -221,6 +214,15 @@ class RemoteDataset:
         if not ok:
             raise value
         return cast(T, value)
+
+
+def _read_record(path: Path, remote: str) -> Any:
+    """The commit record downloaded to `path`, as JSON (checked in full when the version is
+    opened; here only for the names of the files to fetch)."""
+    try:
+        return json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as exc:  # RecursionError: a record nested without end
+        raise ManifestError(f"{remote}: unreadable commit record ({exc})") from None
 
 
 def _recorded_files(record: Any, where: str) -> list[str]:

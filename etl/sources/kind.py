@@ -33,13 +33,13 @@ class SourceKind:
     check: Callable[[Any], None]
     """SourceError naming source.path when it is not what the kind reads; called before a run
     creates anything, so a refused config leaves no output folder behind."""
-    root: Callable[[Any], Path]
-    """Where the inputs are found again: for `by_path` kinds the folder a manifest's `source`
-    paths are relative to; for the others, the `source.path` listed again."""
     by_path: bool
     """Its inputs are files named by their path under `root`: found again by path (also under
     another root, `--source DIR`) and hashed as files, never held whole. The other kinds' inputs
     are records, found again by listing the source again."""
+    root: Callable[[Any], Path | str] = lambda config: config.path
+    """Where the inputs are found again: for `by_path` kinds the folder a manifest's `source`
+    paths are relative to; for the others, the `source.path` listed again (the default)."""
     spooled: bool = False
     """Its records reach the workers only through the spool in the output folder (NOTE [spool]
     in etl/sources/spool.py): workers never read `source.path`."""

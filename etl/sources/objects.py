@@ -31,8 +31,6 @@ from etl.sources.safe_files import (
     too_large,
 )
 
-__all__ = ["is_url", "list_objects", "located_digest", "read_located"]
-
 _MTIME = re.compile(r"mtime|LastModified|last_modified|updated", re.I)
 
 
@@ -133,7 +131,7 @@ def _chunks(url: str, max_bytes: int) -> Iterator[bytes]:
 
 def _mtime_ns(info: dict[str, Any]) -> int:
     for key, value in info.items():
-        if _MTIME.fullmatch(key) or _MTIME.search(key):
+        if _MTIME.search(key):
             stamp = getattr(value, "timestamp", None)
             if callable(stamp):
                 return int(stamp() * 1e9)

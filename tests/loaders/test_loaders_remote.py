@@ -234,3 +234,28 @@ def test_a_store_that_never_answers_is_an_error_in_bounded_time(
             store_timeout=1,
         )
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        (b'{"files": {"../../escape": {}}}', "not a plain file name"),
+        (b'{"files": {}}', "lists no files"),
+        (b"[" * 100_000, "unreadable commit record"),
+        (b"\xff\xfe not json", "unreadable commit record"),
+    ],
+)
+def test_a_hostile_commit_record_in_the_store_is_refused_before_any_download(
+    endpoint: str, bucket: str, tmp_path: Path, record: bytes, message: str
+) -> None:
+    """The record names the files to fetch: one that names a path, names nothing or is no
+    JSON is one error, and nothing of the version reaches the cache."""
+    packed = make_packed(tmp_path / "ds")
+    url = f"s3://{bucket}/ds"
+    fs = upload(packed, endpoint, url)
+    fs.pipe(f"{bucket}/ds/versions/v000001/commit.json", record)
+    cache = tmp_path / "cache"
+    with pytest.raises(ManifestError, match=message):
+        PackedDataset.open(url, version=1, cache_dir=cache, storage_options=options(endpoint))
+    mirror = RemoteDataset(url, cache).root
+    assert not (mirror / "versions" / "v000001").exists() and not list(mirror.rglob(".tmp-*"))

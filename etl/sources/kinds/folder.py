@@ -7,7 +7,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from etl.config import FolderSource
@@ -82,16 +82,13 @@ def list_folder(config: FolderSource, context: ListContext | None = None) -> Sou
     top = str(root)
     prefix = len(top) + 1
     real_root = os.path.realpath(top) + os.sep
-    include, exclude = _pattern(config.include), _pattern(config.exclude)
+    selected = _selection(config)
     files = FileColumnsBuilder(context.scratch if context is not None else None)
     rejects: list[SourceReject] = []
     unlistable: list[tuple[str, OSError]] = []
     for entry in _walk(top, unlistable):
         relative = entry.path[prefix:]
-        lowered = relative.lower()
-        if include is None or not include.match(lowered):
-            continue
-        if exclude is not None and exclude.match(lowered):
+        if not selected(relative):
             continue
         source = names.path_to_source(relative)
         if entry.is_symlink() and not os.path.realpath(entry.path).startswith(real_root):
@@ -100,12 +97,8 @@ def list_folder(config: FolderSource, context: ListContext | None = None) -> Sou
         outcome = stat_file(source, entry.path, config.max_file_bytes)
         if isinstance(outcome, SourceReject):
             rejects.append(outcome)
-            continue
-        slash = relative.find("/")
-        if slash < 0:
-            rejects.append(outcome.reject(source, "no_class", "file is not inside a class folder"))
-            continue
-        files.add(source, entry.path, names.path_to_source(relative[:slash]), outcome)
+        else:
+            _take(files, rejects, relative, entry.path, outcome)
     for folder, exc in unlistable:
         rejects.append(
             SourceReject(
@@ -118,10 +111,41 @@ def list_folder(config: FolderSource, context: ListContext | None = None) -> Sou
     return SourceListing(files.build(), tuple(rejects))
 
 
+def _selection(config: FolderSource) -> Callable[[str], bool]:
+    """Whether a path relative to the root is one `include` matches and `exclude` does not
+    (case-insensitive)."""
+    include, exclude = _pattern(config.include), _pattern(config.exclude)
+
+    def selected(relative: str) -> bool:
+        lowered = relative.lower()
+        if include is None or not include.match(lowered):
+            return False
+        return exclude is None or not exclude.match(lowered)
+
+    return selected
+
+
+def _take(
+    files: FileColumnsBuilder,
+    rejects: list[SourceReject],
+    relative: str,
+    locator: str,
+    found: FileStat,
+) -> None:
+    """A readable file of the folder: a sample of the class its first path component names,
+    or a `no_class` reject when it lies directly under the root."""
+    source = names.path_to_source(relative)
+    slash = relative.find("/")
+    if slash < 0:
+        rejects.append(found.reject(source, "no_class", "file is not inside a class folder"))
+    else:
+        files.add(source, locator, names.path_to_source(relative[:slash]), found)
+
+
 def _list_prefix(config: FolderSource, url: str, context: ListContext | None) -> SourceListing:
     """A folder in object storage (`etl.sources.objects`): the same rules, with each object's
     size, modification time and ETag where a file has its stat. Dot-named keys are skipped."""
-    include, exclude = _pattern(config.include), _pattern(config.exclude)
+    selected = _selection(config)
     files = FileColumnsBuilder(context.scratch if context is not None else None)
     rejects: list[SourceReject] = []
     try:
@@ -129,23 +153,14 @@ def _list_prefix(config: FolderSource, url: str, context: ListContext | None) ->
     except OSError as exc:  # no answer within io_timeout: a hung store stops the run, named
         raise SourceError(f"source.path: cannot list {url} ({exc})") from None
     for relative, size, mtime_ns, etag in listed:
-        lowered = relative.lower()
-        if any(part.startswith(".") for part in relative.split("/")):
+        if any(part.startswith(".") for part in relative.split("/")) or not selected(relative):
             continue
-        if include is None or not include.match(lowered):
-            continue
-        if exclude is not None and exclude.match(lowered):
-            continue
-        source = names.path_to_source(relative)
         found = FileStat(size, mtime_ns, 0, etag)
-        slash = relative.find("/")
         if size > config.max_file_bytes:
             why = too_large(size, config.max_file_bytes)
-            rejects.append(found.reject(source, "file_too_large", why))
-        elif slash < 0:
-            rejects.append(found.reject(source, "no_class", "file is not inside a class folder"))
+            rejects.append(found.reject(names.path_to_source(relative), "file_too_large", why))
         else:
-            files.add(source, f"{url}/{relative}", names.path_to_source(relative[:slash]), found)
+            _take(files, rejects, relative, f"{url}/{relative}", found)
     rejects.sort(key=lambda r: r.source)
     return SourceListing(files.build(), tuple(rejects))
 
@@ -169,7 +184,6 @@ KIND = SourceKind(
     list=list_folder,
     read=read_file,
     check=_check,
-    root=lambda config: config.path,
     by_path=True,
     walks_path=True,
 )

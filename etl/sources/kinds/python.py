@@ -152,7 +152,6 @@ KIND = SourceKind(
     list=list_python,
     read=read_slice,
     check=lambda config: None,  # its function is imported, and checked, when it is listed
-    root=lambda config: config.path,
     by_path=False,
     spooled=True,
     in_place=False,

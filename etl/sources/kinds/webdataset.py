@@ -196,7 +196,6 @@ KIND = SourceKind(
     list=list_webdataset,
     read=read_slice,  # an uncompressed tar's member in place, a compressed one's from the spool
     check=check_container_folder,
-    root=lambda config: config.path,
     by_path=False,
     in_place=False,
 )

@@ -22,7 +22,6 @@ KIND = SourceKind(
     list=list_lmdb,
     read=read_lmdb,
     check=_check,
-    root=lambda config: config.path,
     by_path=False,
     release=close_lmdb,
 )

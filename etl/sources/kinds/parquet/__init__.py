@@ -25,7 +25,6 @@ KIND = SourceKind(
     list=_list,
     read=read_slice,
     check=check_container_folder,
-    root=lambda config: config.path,
     by_path=False,
     spooled=True,
     in_place=False,
