@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
 
 from etl.config import CallStage, PipelineConfig
 from etl.engine.parallel import WorkerError
 from etl.format.checksums import digest
-from etl.format.shards import ShardWriter
 from etl.images.rejects import Reject
 from etl.images.stages import load_function, process_image
 from etl.sources import readers
@@ -33,9 +35,21 @@ def stage_functions(config: PipelineConfig) -> dict[str, Callable[..., Any]]:
     }
 
 
+class RowWriter(Protocol):
+    """Where filled rows go: a whole shard (`etl.format.shards.ShardWriter`) or a run's slots
+    of one (`etl.format.parts.SlotWriter`)."""
+
+    name: str
+
+    def append(self, sample: NDArray[np.uint8]) -> tuple[int, str]: ...
+
+    def skip(self) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Stored:
-    """A source stored in a shard: its row, the row's checksum, the source's size in pixels."""
+    """A source stored in a shard: its row (or slot), the row's checksum, the source's size in
+    pixels."""
 
     row: int
     checksum: str
@@ -44,16 +58,17 @@ class Stored:
 
 
 def fill_shard(
-    writer: ShardWriter,
+    writer: RowWriter,
     config: PipelineConfig,
     sources: Sequence[tuple[str, str, str]],
     changed: str,
 ) -> Iterator[Stored | Reject]:
     """The one way a shard is filled, for run and repair: each (source, locator, content hash)
     is read through `readers`, checked against its hash (else a `changed` reject with the
-    message `changed`), run through the stages and appended to `writer`. Yields, in order, what
-    became of each. A read failure is a reject; a failure to write the shard (an OSError) is
-    raised as it is; anything else is raised as a WorkerError naming the source."""
+    message `changed`), run through the stages and appended to `writer` (a reject skipped).
+    Yields, in order, what became of each. A read failure is a reject; a failure to write the
+    shard (an OSError) is raised as it is; anything else is raised as a WorkerError naming the
+    source."""
     functions = stage_functions(config)
     outcomes = readers.read_many(config.source, (locator for _, locator, _ in sources))
     for (source, _, content_hash), data in zip(sources, outcomes, strict=True):
@@ -71,18 +86,21 @@ def fill_shard(
 def _store(
     data: bytes | OSError,
     content_hash: str,
-    writer: ShardWriter,
+    writer: RowWriter,
     config: PipelineConfig,
     functions: dict[str, Callable[..., Any]],
     changed: str,
 ) -> Stored | Reject:
     if isinstance(data, OSError):
+        writer.skip()
         return Reject(*read_failure(data))
     if digest(data, config.output.checksum) != content_hash:
+        writer.skip()
         return Reject("changed", changed)
     try:
         array, (height, width) = process_image(data, config, functions)
     except Reject as exc:
+        writer.skip()
         return exc
     row, checksum = writer.append(array)
     return Stored(row, checksum, height, width)

@@ -34,7 +34,7 @@ HEADER_BYTES = 128
 format asks, and long enough for any 4-d shape, so a header can be rewritten in place."""
 
 
-def _npy_header(shape: tuple[int, ...]) -> bytes:
+def npy_header(shape: tuple[int, ...]) -> bytes:
     """A version 1.0 .npy header for a C-ordered uint8 array, padded to HEADER_BYTES."""
     body = f"{{'descr': '|u1', 'fortran_order': False, 'shape': {shape!r}, }}"
     room = HEADER_BYTES - len(NPY_MAGIC) - 2
@@ -67,6 +67,15 @@ def shard_version(file_name: str) -> int | None:
     the format does not define."""
     match = _SHARD_NAME.match(file_name)
     return int(match.group(1)) if match else None
+
+
+def check_fits(sample: NDArray[Any], sample_shape: tuple[int, ...], shard: str) -> None:
+    """A ValueError unless `sample` is a uint8 array of the shard's sample shape."""
+    if sample.shape != sample_shape or sample.dtype != np.uint8:
+        raise ValueError(
+            f"sample of shape {sample.shape} {sample.dtype} does not fit shard "
+            f"{shard} of {sample_shape} uint8"
+        )
 
 
 @dataclass(frozen=True)
@@ -133,7 +142,7 @@ class ShardWriter:
         # block allocation per 4 KiB page plus an msync before the fsync: 1.0 ms against 0.5 ms
         # per 224x224x3 sample (benchmarks/bench_pack.py), ~10% of the time to pack a photo.
         self._file = open(self.temp_path, "wb")  # closed in finish() or __exit__
-        self._write(_npy_header((self.capacity, *self.sample_shape)))
+        self._write(npy_header((self.capacity, *self.sample_shape)))
         return self
 
     def _write(self, data: bytes | memoryview) -> None:
@@ -153,11 +162,7 @@ class ShardWriter:
         """Store one sample; returns (row, checksum of the stored bytes)."""
         if self._file is None:
             raise RuntimeError("ShardWriter used outside its 'with' block")
-        if sample.shape != self.sample_shape or sample.dtype != np.uint8:
-            raise ValueError(
-                f"sample of shape {sample.shape} {sample.dtype} does not fit shard "
-                f"{self.name} of {self.sample_shape} uint8"
-            )
+        check_fits(sample, self.sample_shape, self.name)
         if self.rows >= self.capacity:
             raise ValueError(f"shard {self.name} is full ({self.capacity} rows)")
         sample = np.ascontiguousarray(sample)
@@ -165,6 +170,9 @@ class ShardWriter:
         row = self.rows
         self.rows += 1
         return row, digest(sample, self.checksum)
+
+    def skip(self) -> None:
+        """A source meant for this shard became a reject: it takes no row."""
 
     def finish(self) -> ShardInfo | None:
         """Rewrite the header for the rows written, fsync (if durable), rename into place. None
@@ -179,7 +187,7 @@ class ShardWriter:
                 return None
             if self.rows != self.capacity:
                 f.seek(0)
-                f.write(_npy_header((self.rows, *self.sample_shape)))
+                f.write(npy_header((self.rows, *self.sample_shape)))
             f.flush()
             if self.durable:
                 os.fsync(f.fileno())

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from etl.config import PipelineConfig
+from etl.engine.parallel import worker_count
 from etl.format.columns import (
     bool_mask,
     positions_in,
@@ -27,7 +28,7 @@ from etl.format.mapped import Mapped
 from etl.format.names import sample_id
 from etl.format.shards import shard_name
 from etl.run.plan import Plan, pack_order, split_names
-from etl.run.tasks import Chunks, PackTask, Texts
+from etl.run.tasks import PackTask, ShardBatches, Texts, batch_size
 from etl.sources.entries import (
     FILE_COLUMNS,
     FileColumns,
@@ -146,8 +147,8 @@ def assemble(
     maps: tuple[Mapped, ...] = (),
 ) -> Plan:
     """The plan of `decided` (the whole listing's decisions; its counts with 'deleted' in
-    them), with the rejects made before deciding (sorted by source): its shards, one task each,
-    made when a worker takes it."""
+    them), with the rejects made before deciding (sorted by source): its shards, cut into
+    batches of sources (`batch_size`), each made into a task when a worker takes it."""
     counts, packing = decided.counts, decided.packing
     everything = rejects
     if decided.rejects:
@@ -158,13 +159,19 @@ def assemble(
     found["deleted"] = counts.get("deleted", 0)
     found["rejected"] = everything.num_rows
     per_shard = config.samples_per_shard
-    tasks: Chunks[PackTask] = Chunks(
-        packing.num_rows,
-        per_shard,
-        lambda start, stop: _pack_task(
-            shard_name(version, start // per_shard), start, packing.slice(start, stop - start)
-        ),
-    )
+    rows = packing.num_rows
+    batch = batch_size(rows, per_shard, config.sample_bytes, worker_count(config.run))
+
+    def task(shard: int, start: int, stop: int, shard_start: int, capacity: int) -> PackTask:
+        return _pack_task(
+            shard_name(version, shard),
+            start,
+            start - shard_start,
+            capacity,
+            packing.slice(start, stop - start),
+        )
+
+    tasks: ShardBatches[PackTask] = ShardBatches(rows, per_shard, batch, task)
     return Plan(
         version=version,
         classes=classes,
@@ -296,10 +303,12 @@ def _to_pack(identity: pa.Table, pack: NDArray[np.bool_]) -> pa.Table:
     return taken(chosen, rows[sort]).append_column("order", pa.array(order[sort]))
 
 
-def _pack_task(shard: str, start: int, rows: pa.Table) -> PackTask:
+def _pack_task(shard: str, start: int, slot: int, capacity: int, rows: pa.Table) -> PackTask:
     return PackTask(
         shard,
         start,
+        slot,
+        capacity,
         Texts.of_arrow(rows.column("source")),
         Texts.of_arrow(rows.column("path")),
         Texts.of_arrow(rows.column("digest")),

@@ -1,5 +1,6 @@
 """A run's two parallel phases, over `etl.engine.parallel`: hashing the listed files, and
-packing the planned shards (`etl.engine.fill`). Workers read, hash, decode and write pixels
+packing the planned shards (`etl.engine.fill`), a batch of sources a task, each shard sealed
+here once its batches are in (`etl.format.parts`). Workers read, hash, decode and write pixels
 straight into shard files; only small metadata rows travel back to the parent, so its memory
 does not grow with the dataset and the same design runs on a cluster.
 
@@ -10,9 +11,11 @@ raises (a full disk, a bug) stops the run, re-raised with the shard and file it 
 from __future__ import annotations
 
 import os
+import secrets
+from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,7 +24,8 @@ import numpy as np
 from etl.config import PipelineConfig, RunConfig, SourceConfig
 from etl.engine.fill import fill_shard, read_failure
 from etl.engine.parallel import parallel_map
-from etl.format.shards import SHARDS_DIR, ShardInfo, ShardWriter, fsync_dir
+from etl.format import parts
+from etl.format.shards import SHARDS_DIR, ShardInfo, fsync_dir
 from etl.images.rejects import Reject
 from etl.run.tasks import Chunks, PackTask, Texts
 from etl.sources import readers
@@ -43,11 +47,13 @@ class PackResult:
     NOTE: a dict per sample cost ~1 KB in the parent for every image of the shards in flight
     (87k of them in a shard of 32x32 images)."""
 
-    shard: ShardInfo | None
-    """None when every source was rejected: no file was published."""
+    shard: str
     start: int
+    slot: int
+    capacity: int
+    """As in the task: where its sources sit in the shard, and the shard's planned size."""
     rows: NDArray[np.int64]
-    """Per source, its row in the shard, or -1 where it became a reject."""
+    """Per source, its slot in the shard, or -1 where it became a reject."""
     heights: NDArray[np.int64]
     widths: NDArray[np.int64]
     """Per source, the decoded image's size (0 for a reject)."""
@@ -146,18 +152,26 @@ def _hash_rejects(files: FileColumns, failures: list[tuple[str, str, str]]) -> l
 # --- packing ---------------------------------------------------------------------------------
 
 
-def pack_shard(
-    task: PackTask, config: PipelineConfig, root: str, durable: bool = True
+def pack_batch(
+    task: PackTask, config: PipelineConfig, root: str, token: str, durable: bool
 ) -> PackResult:
-    """Worker: fill one shard with `task`'s sources, in order. Runs in a joblib worker process.
-    `durable=False` leaves the fsync to the caller (see `pack`)."""
+    """Worker: store `task`'s sources at their slots of the shard's temp file for this run
+    (`token`), in order. Runs in a joblib worker process. `durable` fsyncs the rows written
+    (a cluster: see `pack`)."""
     n = len(task)
     rows = np.full(n, -1, dtype=np.int64)
     heights, widths = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
     checksums: list[str] = []
     rejects: list[tuple[int, str, str]] = []
-    writer = ShardWriter(
-        Path(root), task.shard, n, config.sample_shape, config.output.checksum, durable
+    temp = parts.temp_name(task.shard, token)
+    writer = parts.SlotWriter(
+        Path(root),
+        task.shard,
+        temp,
+        task.slot,
+        config.sample_shape,
+        config.output.checksum,
+        durable,
     )
     with writer:
         sources = list(zip(task.sources, task.locators, task.hashes, strict=True))
@@ -168,11 +182,51 @@ def pack_shard(
             else:
                 rows[i], heights[i], widths[i] = outcome.row, outcome.height, outcome.width
                 checksums.append(outcome.checksum)
-        info = writer.finish()
-    return PackResult(info, task.start, rows, heights, widths, Texts.of(checksums), tuple(rejects))
+    return PackResult(
+        task.shard,
+        task.start,
+        task.slot,
+        task.capacity,
+        rows,
+        heights,
+        widths,
+        Texts.of(checksums),
+        tuple(rejects),
+    )
 
 
 CHANGED_DURING_RUN = "file changed while the run was in progress; run again"
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """A shard whose every task has finished, published (`etl.format.parts.seal`)."""
+
+    name: str
+    shard: ShardInfo | None
+    """None when every source of the shard was rejected: no file was published."""
+    gaps: NDArray[np.int64]
+    """The slots rejects left empty, sorted: a sample's row is its slot less the gaps before
+    it (`etl.run.results.ShardGaps`)."""
+
+
+@dataclass
+class _Filling:
+    """A shard whose tasks are still coming back: how many of its slots have, and its gaps."""
+
+    capacity: int
+    done: int = 0
+    gaps: list[NDArray[np.int64]] = field(default_factory=list)
+
+    def add(self, result: PackResult) -> None:
+        self.done += result.items
+        if result.rejects:
+            self.gaps.append(result.slot + np.flatnonzero(result.rows < 0))
+
+
+SEAL_THREADS = 2
+"""Shards sealed at once in the parent: a seal reads its shard back from the page cache and
+hashes it (about 0.6 ms per MiB here), mostly outside the GIL, while the workers go on."""
 
 
 def pack(
@@ -180,27 +234,50 @@ def pack(
     config: PipelineConfig,
     root: Path,
     on_progress: Callable[[int], None] = lambda n: None,
-) -> Generator[PackResult, None, None]:
-    """Run `pack_shard` over every task; yields results as shards finish. Every shard is on
-    disk (fsynced, and the rename of it) once the last result has been taken.
+) -> Generator[PackResult | Sealed, None, None]:
+    """Run `pack_batch` over every task; yields each task's result as it finishes, and each
+    shard once sealed (after the results of all its tasks). Every shard is on disk (fsynced,
+    and the rename of it) once the last item has been taken.
 
-    NOTE [ who fsyncs ]: an fsync waits for the disk (~6 ms per 9.6 MB shard here, 0.2 ms a
-    224x224 image, 3-4% of packing it), and a worker waiting on it packs nothing. On one machine
-    a thread here fsyncs each shard as its result arrives, while the workers go on packing. On a
-    Dask cluster only the worker that wrote a shard can flush it, so workers fsync there.
+    NOTE [ who fsyncs ]: an fsync waits for the disk, and a worker waiting on it packs nothing.
+    On one machine the seal fsyncs each shard in a thread here, while the workers go on packing;
+    its fsync covers the rows of every task (one page cache). On a Dask cluster a machine's
+    writes are flushed only by that machine, so each task fsyncs its own rows as well.
     """
     in_workers = config.run.backend == "dask"
+    token = f"{os.getpid()}-{secrets.token_hex(4)}"
+    filling: dict[str, _Filling] = {}
+    sealing: deque[Future[Sealed]] = deque()
+    published = False
+
+    def seal(name: str, state: _Filling) -> Sealed:
+        gaps = np.sort(np.concatenate(state.gaps)) if state.gaps else np.zeros(0, np.int64)
+        temp = parts.temp_name(name, token)
+        sample_shape, checksum = config.sample_shape, config.output.checksum
+        info = parts.seal(root, name, temp, state.capacity, gaps, sample_shape, checksum)
+        return Sealed(name, info, gaps)
+
+    args = (config, str(root), token, in_workers)
     with (
-        parallel_map(pack_shard, tasks, config.run, config, str(root), in_workers) as results,
-        ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsync") as syncer,
+        parallel_map(pack_batch, tasks, config.run, *args) as results,
+        ThreadPoolExecutor(SEAL_THREADS, thread_name_prefix="seal") as sealer,
     ):
-        pending: list[Future[None]] = []
         for result in results:
-            if not in_workers and result.shard is not None:
-                pending.append(syncer.submit(fsync_dir, root / result.shard.name))
+            state = filling.setdefault(result.shard, _Filling(result.capacity))
+            state.add(result)
             on_progress(result.items)
             yield result
-        for done in pending:
-            done.result()
-        if pending:
-            fsync_dir(root / SHARDS_DIR)
+            if state.done == state.capacity:
+                sealing.append(sealer.submit(seal, result.shard, filling.pop(result.shard)))
+            while sealing and (sealing[0].done() or len(sealing) > 2 * SEAL_THREADS):
+                sealed = sealing.popleft().result()
+                published |= sealed.shard is not None
+                yield sealed
+        while sealing:
+            sealed = sealing.popleft().result()
+            published |= sealed.shard is not None
+            yield sealed
+    if filling:
+        raise RuntimeError(f"accounting bug: shards {sorted(filling)} were never filled")
+    if published:
+        fsync_dir(root / SHARDS_DIR)

@@ -49,7 +49,7 @@ from etl.run import execute, spill
 from etl.run.phases import convert_while_waiting, phase, release_freed_memory
 from etl.run.plan import Plan, settled_hashes
 from etl.run.report import RunReport, by_reason
-from etl.run.results import packed_rejects, packed_samples
+from etl.run.results import ShardGaps, packed_rejects, packed_samples
 from etl.run.staged import staged_plan
 from etl.sources import readers
 from etl.sources.entries import FileColumns, ListContext, SourceListing, SourceReject
@@ -233,8 +233,10 @@ class _Packed:
     version's rejects and its new shards."""
 
     new_samples: spill.SortedSpill
+    """Their 'row' still the slot planned (`ShardGaps.with_final_rows`)."""
     rejects: pa.Table
     new_shards: list[ShardInfo]
+    gaps: ShardGaps
 
     @property
     def packed_new(self) -> int:
@@ -382,22 +384,26 @@ def _pack(
     12,000 photos), and as Arrow tables ~175 B a row plus a second copy to sort at the commit.
     """
     new_shards: list[ShardInfo] = []
+    gaps = ShardGaps()
     run.progress.start("pack", plan.to_pack)
     # closing: an interrupted loop stops the workers before the run cleans up (see
     # NOTE [ stop the workers on the way out ] in etl.engine.parallel).
     results = execute.pack(plan.tasks, run.config, run.root, run.progress.advance)
     with run.phase("pack"), contextlib.closing(results) as packed:
         for result in packed:
+            if isinstance(result, execute.Sealed):
+                gaps.add(result.name, result.gaps)
+                if result.shard is not None:
+                    new_shards.append(result.shard)
+                continue
             new_samples.add(packed_samples(plan.packing, result))
             if result.rejects:
                 new_rejects.add(packed_rejects(plan.packing, result))
-            if result.shard is not None:
-                new_shards.append(result.shard)
             plan.release_pages()
     run.progress.stop()
     rejects = new_rejects.written(folder / "rejects-all.arrow", plan.rejects)
     plan.release_pages()
-    return _Packed(new_samples, rejects.table, new_shards)
+    return _Packed(new_samples, rejects.table, sorted(new_shards, key=lambda s: s.name), gaps)
 
 
 def _commit(run: _Run, listed: int, plan: Plan, packed: _Packed) -> RunReport:
@@ -415,12 +421,6 @@ def _commit(run: _Run, listed: int, plan: Plan, packed: _Packed) -> RunReport:
         samples_total=plan.reused.num_rows + packed.packed_new,
     )
     notes: list[str] = []
-    workers = parallel.worker_count(config.run)
-    if len(plan.tasks) and len(plan.tasks) < workers:
-        notes.append(
-            f"only {len(plan.tasks)} shard(s) to pack for {workers} workers: "
-            "a smaller output.shard_size would spread the work"
-        )
     previous = run.reusable
     if previous is not None and not packed.new_shards and _same_content(previous, plan, rejects):
         notes.append(f"nothing changed since version {run.latest}")
@@ -437,7 +437,8 @@ def _commit(run: _Run, listed: int, plan: Plan, packed: _Packed) -> RunReport:
     # deferred: no commit after a signal; none cut short by one
     with run.phase("commit"), interrupt.deferred():
         builds_on = previous.shards if previous is not None else None
-        samples = _releasing(packed.new_samples.merged(plan.reused), plan)
+        merged = map(packed.gaps.with_final_rows, packed.new_samples.merged(plan.reused))
+        samples = _releasing(merged, plan)
         commit_version(run.root, meta, samples, rejects, packed.new_shards, builds_on)
     return run.report(version=plan.version, committed=True, notes=notes, **counts)
 

@@ -52,7 +52,7 @@ class Plan:
     """The sources to pack, in the order shards are filled, with what their samples will be
     called: the listing's columns, label, class, split_name and digest (the content hash)."""
     tasks: Sequence[PackTask]
-    """One task per new shard, a slice of `packing`, built when taken (`Chunks`)."""
+    """Batches of `packing` that fill the new shards, each built when taken (`ShardBatches`)."""
     reused: pa.Table
     """Manifest rows whose stored pixels are kept, with label, split and stat brought up to date
     (SAMPLES_SCHEMA, sorted by source)."""

@@ -1,4 +1,4 @@
-"""What the parent hands a pack worker: one shard to fill and the sources that go in it.
+"""What the parent hands a worker: a batch of sources to pack into part of a shard, or to hash.
 
 Plain frozen dataclasses in a module of their own, so that a worker process unpickling them
 imports nothing of the planner (pyarrow among it): a worker's start-up is on the critical path
@@ -81,11 +81,16 @@ class Texts(Sequence[str]):
 
 @dataclass(frozen=True)
 class PackTask:
-    """One shard's worth of work: a worker fills exactly one shard file with the sources
-    `start` .. `start + len(sources)` of the plan's `packing` table, in that order."""
+    """A batch of one shard's sources: a worker stores the sources `start` ..
+    `start + len(sources)` of the plan's `packing` table at the shard's slots `slot` onwards
+    (NOTE [ tasks smaller than shards ] in etl.format.parts)."""
 
     shard: str
     start: int
+    slot: int
+    """The first source's place in its shard, as planned (its row if nothing is rejected)."""
+    capacity: int
+    """The sources planned for the whole shard: the seal waits for that many."""
     sources: Texts
     locators: Texts
     """Where `etl.sources.readers` reads each source (a file path, an LMDB key, ...)."""
@@ -116,6 +121,64 @@ class Chunks(Sequence[T]):
             raise IndexError(f"chunk {index} of {len(self)}")
         start = (index % len(self)) * self.size
         return self._make(start, min(self.items, start + self.size))
+
+    def __iter__(self) -> Iterator[T]:
+        return (self[i] for i in range(len(self)))
+
+
+TASK_BYTES = 8 << 20
+"""Pixels a pack task aims to write: tens of photos, a few hundred small images; its hand-off
+(about a millisecond) stays small against decoding them."""
+MIN_BATCH, MAX_BATCH = 8, 256
+TASKS_PER_WORKER = 4
+"""At least this many tasks a worker when there are sources enough: the last ones to finish
+are short, so no worker waits long for the others at the end of a run."""
+
+
+def batch_size(items: int, per_shard: int, sample_bytes: int, workers: int) -> int:
+    """Sources per pack task: about TASK_BYTES of pixels, fewer where that would leave fewer
+    than TASKS_PER_WORKER tasks a worker, within [MIN_BATCH, MAX_BATCH] and one shard. The
+    output does not depend on it (NOTE [ tasks smaller than shards ] in etl.format.parts)."""
+    by_bytes = min(MAX_BATCH, max(MIN_BATCH, TASK_BYTES // max(1, sample_bytes)))
+    spread = -(-items // (TASKS_PER_WORKER * max(1, workers)))
+    return max(1, min(per_shard, max(MIN_BATCH, min(by_bytes, spread))))
+
+
+class ShardBatches(Sequence[T]):
+    """`items` cut into shards of `per_shard` and each shard into batches of at most `batch`
+    (no batch spans two shards), each made into a task only when it is asked for:
+    make(shard index, start, stop, shard start, shard size)."""
+
+    def __init__(
+        self, items: int, per_shard: int, batch: int, make: Callable[[int, int, int, int, int], T]
+    ) -> None:
+        if per_shard <= 0 or batch <= 0:
+            raise ValueError(f"per_shard {per_shard} and batch {batch} must be positive")
+        self.items, self.per_shard, self.batch = items, per_shard, min(batch, per_shard)
+        self._make = make
+        self._per_full = -(-self.per_shard // self.batch)
+
+    @property
+    def shards(self) -> int:
+        return -(-self.items // self.per_shard)
+
+    def __len__(self) -> int:
+        if not self.items:
+            return 0
+        last = self.items - (self.shards - 1) * self.per_shard
+        return (self.shards - 1) * self._per_full + -(-last // self.batch)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"batch {index} of {len(self)}")
+        shard, within = divmod(index % len(self), self._per_full)
+        shard_start = shard * self.per_shard
+        shard_stop = min(self.items, shard_start + self.per_shard)
+        start = shard_start + within * self.batch
+        stop = min(shard_stop, start + self.batch)
+        return self._make(shard, start, stop, shard_start, shard_stop - shard_start)
 
     def __iter__(self) -> Iterator[T]:
         return (self[i] for i in range(len(self)))

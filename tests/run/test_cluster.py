@@ -144,8 +144,10 @@ def same_dataset(a: Path, b: Path) -> None:
 
 
 def test_dask_output_equals_loky(tmp_path: Path, source: Path, cluster: Cluster) -> None:
-    loky = pipeline.run(config(tmp_path, source, "loky", "loky"))
-    dask = pipeline.run(config(tmp_path, source, "dask", "dask", cluster.address))
+    """Shards of 24 in tasks of 8 (`etl.run.tasks.batch_size`): the tasks of one shard run on
+    both workers and the parent seals it."""
+    loky = pipeline.run(config(tmp_path, source, "loky", "loky", per_shard=24))
+    dask = pipeline.run(config(tmp_path, source, "dask", "dask", cluster.address, per_shard=24))
     assert dask.committed and dask.packed_new == loky.packed_new > 0
     same_dataset(tmp_path / "loky", tmp_path / "dask")
     # an incremental run on the cluster
@@ -155,10 +157,10 @@ def test_dask_output_equals_loky(tmp_path: Path, source: Path, cluster: Cluster)
         (extra / "circle" / "circle_00000.jpg").unlink(missing_ok=True)
         moved = next((extra / "square").glob("square_0000[1-5].*"))
         moved.rename(extra / "circle" / moved.name)
-        inc = config(tmp_path, extra, "dask", "dask", cluster.address)
+        inc = config(tmp_path, extra, "dask", "dask", cluster.address, per_shard=24)
         report = pipeline.run(inc)
         assert report.committed and report.version == 2 and report.packed_new == 0
-        rebuilt = pipeline.run(config(tmp_path, extra, "rebuilt", "loky"))
+        rebuilt = pipeline.run(config(tmp_path, extra, "rebuilt", "loky", per_shard=24))
         assert rebuilt.samples_total == report.samples_total
     finally:
         shutil.rmtree(extra)

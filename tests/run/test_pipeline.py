@@ -351,27 +351,35 @@ def test_manifest_is_readable_by_pandas_and_duckdb(workdir: Path) -> None:
 def test_every_new_shard_is_fsynced_before_the_commit(
     workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Workers leave the fsync to the parent (etl.run.execute.pack); the manifest must still come
-    only after every shard it references, and the rename of each, is on disk."""
+    """Workers leave the fsync to the parent, which seals each shard from its tasks' rows
+    (etl.run.execute.pack); the manifest must still come only after every shard it references,
+    and the rename of each, is on disk."""
     from etl.run import execute
 
-    events: list[tuple[str, Path | None]] = []
-    real_fsync, real_commit = execute.fsync_dir, pipeline.commit_version
+    events: list[tuple[str, str]] = []
+    real_fsync, real_fsync_dir, real_commit = os.fsync, execute.fsync_dir, pipeline.commit_version
 
-    def fsync(path: Path) -> None:
-        real_fsync(path)
-        events.append(("fsync", Path(path)))
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+
+    def fsync_dir(path: Path) -> None:
+        real_fsync_dir(path)
+        events.append(("fsync", str(path)))
 
     def commit(*args: object, **kwargs: object) -> None:
-        events.append(("commit", None))
+        events.append(("commit", ""))
         real_commit(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(execute, "fsync_dir", fsync)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(execute, "fsync_dir", fsync_dir)
     monkeypatch.setattr(pipeline, "commit_version", commit)
     report = pipeline.run(make_config(workdir, per_shard=5))  # loky workers
     assert report.committed and report.shards_written > 3
     root = workdir / "out"
-    shards = {root / s for s in read_manifest(root).shards.column("shard").to_pylist()}
-    assert events[-1] == ("commit", None) and len(events) == len(shards) + 2
-    assert {path for _, path in events[:-1]} == shards | {root / "shards"}
-    assert events[-2] == ("fsync", root / "shards"), "the folder after the last shard"
+    shards = read_manifest(root).shards.column("shard").to_pylist()
+    before = events[: events.index(("commit", ""))]
+    synced = [Path(path).name for _, path in before]
+    for shard in shards:  # fsynced under its temp name, before the rename
+        assert any(name.startswith(f".tmp-{Path(shard).name}-") for name in synced), shard
+    assert before[-1] == ("fsync", str(root / "shards")), "the folder after the last shard"
