@@ -45,6 +45,12 @@ _MARKER = ".photos.json"
 """Records how a folder was made; a dot-file, so the pipeline's folder source skips it."""
 
 
+SOURCES_ENV = "BENCH_PHOTO_SOURCES"
+"""A folder of `<class>.npy` arrays (`python -m benchmarks.photos --export DIR` writes them)
+used instead of scikit-image: a machine without it (the lent GPU machine) makes the same
+photos from a few MB carried there."""
+
+
 def _stereo_left() -> NDArray[np.uint8]:
     from skimage import data
 
@@ -77,10 +83,18 @@ SOURCES: dict[str, Callable[[], NDArray[np.uint8]]] = {
 CLASSES: tuple[str, ...] = tuple(sorted(SOURCES))
 
 
+def _bundled(name: str) -> NDArray[np.uint8]:
+    exported = os.environ.get(SOURCES_ENV)
+    if exported:
+        array: NDArray[np.uint8] = np.load(Path(exported, f"{name}.npy"), allow_pickle=False)
+        return array
+    return SOURCES[name]()
+
+
 @cache
 def _source(name: str) -> Image.Image:
     """The bundled photo, upscaled (LANCZOS) so a MAX_SIDE crop needs at most MAX_UPSCALE."""
-    image = Image.fromarray(np.ascontiguousarray(SOURCES[name]()[..., :3])).convert("RGB")
+    image = Image.fromarray(np.ascontiguousarray(_bundled(name)[..., :3])).convert("RGB")
     if name == "retina":  # keep the lit disc, not the black frame around it
         w, h = image.size
         image = image.crop((w // 6, h // 6, w - w // 6, h - h // 6))
@@ -211,3 +225,19 @@ def make_photos(
         )
     (root / _MARKER).write_text(json.dumps(wanted))
     return list_photos(root)
+
+
+def main() -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Export the bundled photos for SOURCES_ENV.")
+    parser.add_argument("--export", type=Path, required=True, help="folder to write <class>.npy")
+    args = parser.parse_args()
+    args.export.mkdir(parents=True, exist_ok=True)
+    for name, load in SOURCES.items():
+        np.save(args.export / f"{name}.npy", np.ascontiguousarray(load()), allow_pickle=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

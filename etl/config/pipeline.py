@@ -133,10 +133,11 @@ def _single_key_stage(value: Any) -> Any:
 SHARD_BYTES = 256 << 20
 """Bytes of pixels per shard when neither output.shard_size nor samples_per_shard is set."""
 MAX_SAMPLES_PER_SHARD = 1 << 16
-"""The most samples a shard sized by bytes holds. NOTE [ samples per shard ]: a shard is one
-task, and its results reach the parent in one piece; with 8x8 images 256 MiB is 1.4M samples,
-and at 10M such files the parent peaked at 3.2 GB in the pack phase (412 MiB at 4M files of
-32x32, 87k a shard). An explicit samples_per_shard is taken as given."""
+"""The most samples a shard sized by bytes holds. NOTE [ samples per shard ]: set when a shard
+was one task whose results reached the parent in one piece (with 8x8 images 256 MiB is 1.4M
+samples, and at 10M such files the parent peaked at 3.2 GB). Tasks are batches now (#43); the
+cap stays because it decides which shards a dataset has, and changing it would repack every
+dataset sized by bytes. An explicit samples_per_shard is taken as given."""
 
 
 class OutputConfig(StrictModel):
