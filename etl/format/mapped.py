@@ -11,6 +11,7 @@ each pass, so its resident set follows one pass, not the file.
 from __future__ import annotations
 
 import mmap
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -47,3 +48,22 @@ class Mapped:
         """Pickled as its path: a map is this process's own (a loky or Dask worker maps the
         file again)."""
         return Mapped, (self.path,)
+
+
+RELEASE_ROWS = 1 << 16
+"""Rows passed on between two releases by `releasing`: a few MB of pages resident."""
+
+
+def releasing(
+    pieces: Iterable[pa.Table], release: Callable[[], None], rows: int = RELEASE_ROWS
+) -> Iterator[pa.Table]:
+    """`pieces`, calling `release` (e.g. `Mapped.release`) every `rows` rows passed on and at
+    the end: a pass over mapped tables holds a few MB of their pages, not the files."""
+    since = 0
+    for piece in pieces:
+        yield piece
+        since += piece.num_rows
+        if since >= rows:
+            release()
+            since = 0
+    release()

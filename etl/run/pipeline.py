@@ -14,7 +14,7 @@ import re
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from etl.format.manifest import (
     list_versions,
     read_manifest,
 )
+from etl.format.mapped import releasing
 from etl.format.shards import ShardInfo
 from etl.progress import Progress
 from etl.run import execute, spill
@@ -438,17 +439,6 @@ def _commit(run: _Run, listed: int, plan: Plan, packed: _Packed) -> RunReport:
     with run.phase("commit"), interrupt.deferred():
         builds_on = previous.shards if previous is not None else None
         merged = map(packed.gaps.with_final_rows, packed.new_samples.merged(plan.reused))
-        samples = _releasing(merged, plan)
+        samples = releasing(merged, plan.release_pages)
         commit_version(run.root, meta, samples, rejects, packed.new_shards, builds_on)
     return run.report(version=plan.version, committed=True, notes=notes, **counts)
-
-
-def _releasing(pieces: Iterator[pa.Table], plan: Plan) -> Iterator[pa.Table]:
-    """`pieces`, letting go of the plan's mapped pages read so far every RELEASE_ROWS."""
-    since = 0
-    for piece in pieces:
-        yield piece
-        since += piece.num_rows
-        if since >= RELEASE_ROWS:
-            plan.release_pages()
-            since = 0

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
@@ -29,7 +30,7 @@ import pyarrow.compute as pc
 from etl.config import PipelineConfig
 from etl.format.columns import ascending, bisect_right, sorted_by, value_codes
 from etl.format.manifest import REJECTS_SCHEMA, SAMPLES_SCHEMA, Manifest
-from etl.format.mapped import Mapped
+from etl.format.mapped import Mapped, releasing
 from etl.run.buckets import Buckets, bucket_count, buckets_of
 from etl.run.decide import CHECKED_COLUMNS, Decided, assemble, check_window, decide
 from etl.run.plan import (
@@ -67,9 +68,6 @@ def staged_plan(
     files = listing.files.table
     previous = _in_source_order(previous)
     rejects = SortedSpill(folder, REJECTS_SCHEMA, "source", "rejects")
-    listed = rejects_table(listing.rejects)
-    rejects.add(listed)
-    listed_rejects = listed.column("source").combine_chunks()
     count = bucket_count(max(files.num_rows, previous.samples.num_rows if previous else 0))
     names: set[str] = set()
     matched = 0
@@ -87,13 +85,13 @@ def staged_plan(
             wanted = hash_wanted(window, known)
             on_known(int((~wanted).sum()))
             hashed: pa.Array = pa.nulls(window.num_rows, pa.string())
-            failed = listed_rejects
+            failed = pa.array([], pa.string())  # a listed reject is never a listed file
             if wanted.any():
                 found, unreadable = hash_files(window.filter(pa.array(wanted)))
                 hashed = pc.replace_with_mask(hashed, pa.array(wanted), found)
                 rejects.add(rejects_table(unreadable))
                 unread = pa.array([r.source for r in unreadable], pa.string())
-                failed = pa.concat_arrays([listed_rejects, unread])
+                failed = unread
             digests = pc.coalesce(window.column("content_hash"), known, hashed)
             old_ids, old_hashes = same_source(window, samples)
             matched += len(old_ids) - old_ids.null_count
@@ -109,7 +107,12 @@ def staged_plan(
         decided, maps = _decide_buckets(
             config, buckets, stored_by_bucket, classes, previous, folder, rejects
         )
-        rejected = rejects.written(folder / "rejects.arrow")
+        listed = listing.rejects
+        rejected = rejects.written(
+            folder / "rejects.arrow",
+            listed.table,
+            through=lambda pieces: releasing(pieces, partial(_release_rejects, listing)),
+        )
     if previous is not None:
         decided.counts["deleted"] = previous.samples.num_rows - matched
     return assemble(config, version, classes, decided, rejected.table, (*maps, rejected))
@@ -164,6 +167,11 @@ def _decide_buckets(
             kept = reused.written(folder / "reused.arrow")
             packed = packing.written(folder / "packing.arrow")
         return Decided(kept.table, packed.table, [], counts), (kept, packed)
+
+
+def _release_rejects(listing: SourceListing) -> None:
+    if listing.rejects.mapped is not None:
+        listing.rejects.mapped.release()
 
 
 def _release(listing: SourceListing | None, previous: Manifest | None) -> None:

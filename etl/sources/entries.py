@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from array import array
-from collections.abc import Collection, Container, Iterable, Iterator
+from collections.abc import Collection, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -51,6 +51,12 @@ class SourceReject:
     inode: int | None = None
 
 
+REJECT_FIELDS = (
+    "source", "reason", "message", "size", "mtime_ns", "ctime_ns", "inode", "source_hash"
+)  # fmt: skip
+"""The fields of a `SourceReject` in the order of REJECTS_SCHEMA's columns."""
+
+
 def rejects_table(rejects: Iterable[SourceReject]) -> pa.Table:
     """Rejects as rows of a version's rejects table (REJECTS_SCHEMA), in the order given: how
     rejects leave Python objects behind a window, a bucket or a shard at a time."""
@@ -58,9 +64,113 @@ def rejects_table(rejects: Iterable[SourceReject]) -> pa.Table:
 
     from etl.format.manifest import REJECTS_SCHEMA
 
-    fields = ("source", "reason", "message", "size", "mtime_ns", "ctime_ns", "inode", "source_hash")
     rows = list(rejects)
-    return pa.table([[getattr(r, name) for r in rows] for name in fields], schema=REJECTS_SCHEMA)
+    columns = [[getattr(r, name) for r in rows] for name in REJECT_FIELDS]
+    return pa.table(columns, schema=REJECTS_SCHEMA)
+
+
+class Rejects(Sequence[SourceReject]):
+    """A listing's rejects as a table (REJECTS_SCHEMA), on disk when large (`mapped`): 800k
+    missing files of a listing cost ~700 bytes each as objects. Iterating makes objects a
+    record batch at a time, for the few callers that look at rejects one by one."""
+
+    def __init__(self, table: pa.Table, mapped: Mapped | None = None) -> None:
+        self.table = table
+        self.mapped = mapped
+
+    @classmethod
+    def of(cls, rejects: Iterable[SourceReject]) -> Rejects:
+        return rejects if isinstance(rejects, Rejects) else cls(rejects_table(rejects))
+
+    def __len__(self) -> int:
+        return int(self.table.num_rows)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"reject {index} of {len(self)}")
+        return next(_reject_objects(self.table.slice(index % len(self), 1)))
+
+    def __iter__(self) -> Iterator[SourceReject]:
+        return _reject_objects(self.table)
+
+
+def _reject_objects(table: pa.Table) -> Iterator[SourceReject]:
+    for batch in table.to_batches():
+        columns = [batch.column(i).to_pylist() for i in range(len(REJECT_FIELDS))]
+        for values in zip(*columns, strict=True):
+            yield SourceReject(**dict(zip(REJECT_FIELDS, values, strict=True)))
+
+
+class RejectsBuilder:
+    """Collects a lister's rejects a batch of objects at a time into Arrow, on disk in sorted
+    runs when there is a `scratch` folder (as `FileColumnsBuilder` does with files)."""
+
+    BATCH = 1 << 14
+
+    def __init__(self, scratch: Path | None = None) -> None:
+        self._pending: list[SourceReject] = []
+        self._tables: list[pa.Table] = []
+        self._scratch = scratch
+        self._spill: Any = None
+        if scratch is not None:
+            from etl.format.manifest import REJECTS_SCHEMA
+            from etl.run.spill import SortedSpill  # NOTE: here: pack workers import this module
+
+            self._spill = SortedSpill(scratch, REJECTS_SCHEMA, "source", "listed-rejects")
+
+    def add(self, reject: SourceReject) -> None:
+        self._pending.append(reject)
+        if len(self._pending) >= self.BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        table = rejects_table(self._pending)
+        self._pending = []
+        if self._spill is not None:
+            self._spill.add(table)
+        else:
+            self._tables.append(table)
+
+    def build(self) -> Rejects:
+        """Every reject added, sorted by source."""
+        import pyarrow as pa
+
+        from etl.format.columns import sorted_by
+        from etl.format.manifest import REJECTS_SCHEMA
+
+        self._flush()
+        if self._spill is not None:
+            assert self._scratch is not None
+            mapped = self._spill.written(self._scratch / "listed-rejects.arrow")
+            return Rejects(mapped.table, mapped)
+        table = pa.concat_tables(self._tables) if self._tables else REJECTS_SCHEMA.empty_table()
+        self._tables = []
+        return Rejects(sorted_by(table, "source"))
+
+
+def repeated_sources(sources: pa.ChunkedArray | pa.Array) -> list[str]:
+    """The sources that occur more than once in a sorted column, each once, in order."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    chunks = sources.chunks if isinstance(sources, pa.ChunkedArray) else [sources]
+    found: list[str] = []
+    last: str | None = None
+    for chunk in chunks:
+        if not len(chunk):
+            continue
+        if last is not None and chunk[0].as_py() == last and (not found or found[-1] != last):
+            found.append(last)
+        same = pc.equal(chunk.slice(1), chunk.slice(0, len(chunk) - 1))
+        for value in pc.unique(chunk.slice(1).filter(same)).to_pylist():
+            if not found or found[-1] != value:
+                found.append(value)
+        last = chunk[-1].as_py()
+    return found
 
 
 class FileStat(NamedTuple):
@@ -231,14 +341,18 @@ class FileColumnsBuilder:
         else:
             self._batches.append(batch)
 
-    def build(self, drop: Collection[str] = ()) -> FileColumns:
-        """The listing, sorted by source, without the sources in `drop` or added twice."""
+    def build(
+        self, drop: Collection[str] = (), drop_sorted: pa.ChunkedArray | pa.Array | None = None
+    ) -> FileColumns:
+        """The listing, sorted by source, without the sources in `drop` or `drop_sorted` (a
+        sorted column, perhaps mapped from disk: only the slice each piece spans is read) or
+        added twice."""
         import pyarrow as pa
 
         from etl.format.columns import sorted_by
 
         self._flush()
-        unique = _UniqueSources(drop)
+        unique = _UniqueSources(drop, drop_sorted)
         if self._scratch is not None:
             mapped = self._spill.written(self._scratch / "listing.arrow", through=unique.rows)
             files = FileColumns(mapped.table, mapped)
@@ -256,10 +370,14 @@ class _UniqueSources:
     `drop`, noting which did. Rows that share the last source of a piece wait for the next
     piece, which may hold more of them."""
 
-    def __init__(self, drop: Collection[str]) -> None:
+    def __init__(
+        self, drop: Collection[str], drop_sorted: pa.ChunkedArray | pa.Array | None = None
+    ) -> None:
         import pyarrow as pa
 
         self.drop = pa.array(sorted(drop), pa.string()) if drop else None
+        self.drop_sorted = drop_sorted if drop_sorted is not None and len(drop_sorted) else None
+        self._drop_at = 0
         self.duplicates: list[str] = []
         self.dropped: list[str] = []
 
@@ -297,12 +415,39 @@ class _UniqueSources:
         keep = ~repeated
         if repeated.any():
             self.duplicates += pc.unique(sources.filter(pa.array(repeated))).to_pylist()
-        if self.drop is not None:
-            listed = pc.is_in(sources, value_set=self.drop)
+        for drop in (self.drop, self._sorted_slice(sources[0].as_py(), sources[-1].as_py())):
+            if drop is None or not len(drop):
+                continue
+            listed = pc.is_in(sources, value_set=drop)
             dropped = listed.to_numpy(zero_copy_only=False) & keep
             self.dropped += sources.filter(pa.array(dropped)).to_pylist()
             keep &= ~dropped
         return rows if keep.all() else rows.filter(pa.array(keep))
+
+    def _sorted_slice(self, first: str, last: str) -> pa.Array | None:
+        """The part of `drop_sorted` from `first` to `last` (pieces come in ascending order)."""
+        from etl.format.columns import bisect_right
+
+        if self.drop_sorted is None:
+            return None
+        column = self.drop_sorted
+        start = _bisect_left(column, first, self._drop_at)
+        stop = bisect_right(column, last, start)
+        self._drop_at = start
+        piece = column.slice(start, stop - start)
+        return piece.combine_chunks() if hasattr(piece, "combine_chunks") else piece
+
+
+def _bisect_left(column: pa.ChunkedArray | pa.Array, value: str, lo: int) -> int:
+    """The first position at or after `lo` whose value is not below `value` (sorted column)."""
+    hi = len(column)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if column[mid].as_py() < value:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def _text_columns() -> tuple[list[str | None], ...]:
@@ -319,7 +464,8 @@ def _number_columns() -> tuple[array[int], ...]:
 class SourceListing:
     files: FileColumns
     """Sorted by source. A tuple of `SourceFile`s is turned into columns."""
-    rejects: tuple[SourceReject, ...]
+    rejects: Rejects
+    """Never a source of `files`. A tuple of `SourceReject`s is turned into a table."""
     classes: tuple[str, ...] | None = None
     """The label order the source itself declares (a table's ClassLabel names; 0..max for
     integer labels), used when `source.classes` is not set; None: sorted class names."""
@@ -327,6 +473,8 @@ class SourceListing:
     def __post_init__(self) -> None:
         if not isinstance(self.files, FileColumns):
             object.__setattr__(self, "files", FileColumns.of(self.files))
+        if not isinstance(self.rejects, Rejects):
+            object.__setattr__(self, "rejects", Rejects.of(self.rejects))
 
     @property
     def listed(self) -> int:

@@ -6,7 +6,6 @@ they are listed (a Python function, tar shards, tables): hashed here, spooled fo
 from __future__ import annotations
 
 from array import array
-from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -17,8 +16,12 @@ from etl.sources.entries import (
     FileColumnsBuilder,
     FileStat,
     ListContext,
+    Rejects,
+    RejectsBuilder,
     SourceListing,
     SourceReject,
+    rejects_table,
+    repeated_sources,
 )
 from etl.sources.spool import NOT_SPOOLED, SpoolWriter
 
@@ -50,20 +53,21 @@ DuplicateReject = Callable[[str], tuple[str, str]]
 
 
 class ListingBuilder:
-    """A listing's files (as columns, `FileColumnsBuilder`) and rejects as a lister meets
-    them. A source taken more than once, as files or rejects, becomes one reject of the reason
-    the lister gives (`build`), found on the sorted listing: no set of every source is kept."""
+    """A listing's files (as columns, `FileColumnsBuilder`) and rejects (`RejectsBuilder`) as a
+    lister meets them, both on disk in sorted runs when there is a scratch folder. A source
+    taken more than once, as files or rejects, becomes one reject of the reason the lister
+    gives (`build`), found on the sorted listing: no set of every source is kept."""
 
     def __init__(self, scratch: Path | None) -> None:
         self.files = FileColumnsBuilder(scratch)
         """Where the lister adds each file."""
-        self.rejects: list[SourceReject] = []
+        self._rejects = RejectsBuilder(scratch)
         self._withdrawn: dict[str, tuple[str, str]] = {}
         self.duplicated: list[str] = []
         """After `build`: each source taken more than once (sorted)."""
 
     def reject(self, reject: SourceReject) -> None:
-        self.rejects.append(reject)
+        self._rejects.add(reject)
 
     def withdraw(self, sources: Iterable[str], reason: str, message: str) -> None:
         """Make `sources` one reject each, whatever was taken of them before or after."""
@@ -73,18 +77,28 @@ class ListingBuilder:
     def build(
         self, duplicate: DuplicateReject, classes: tuple[str, ...] | None = None
     ) -> SourceListing:
-        rejected = Counter(r.source for r in self.rejects)
-        files = self.files.build(drop={*rejected, *self._withdrawn})
-        duplicated = {*self.files.duplicates, *(s for s, n in rejected.items() if n > 1)}
-        duplicated.update(s for s in self.files.dropped if s in rejected)
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from etl.format.columns import sorted_by
+
+        taken = self._rejects.build()
+        sources = taken.table.column("source")
+        files = self.files.build(drop=self._withdrawn.keys(), drop_sorted=sources)
+        duplicated = {*self.files.duplicates, *repeated_sources(sources)}
+        duplicated.update(s for s in self.files.dropped if s not in self._withdrawn)
         duplicated.difference_update(self._withdrawn)
         self.duplicated = sorted(duplicated)
         gone = duplicated | self._withdrawn.keys()
-        rejects = [r for r in self.rejects if r.source not in gone]
-        rejects += [SourceReject(s, *why) for s, why in self._withdrawn.items()]
-        rejects += [SourceReject(s, *duplicate(s)) for s in self.duplicated]
-        rejects.sort(key=lambda r: r.source)
-        return SourceListing(files, tuple(rejects), classes)
+        extra = [SourceReject(s, *why) for s, why in self._withdrawn.items()]
+        extra += [SourceReject(s, *duplicate(s)) for s in self.duplicated]
+        if not gone:
+            return SourceListing(files, taken, classes)
+        kept = taken.table.filter(
+            pc.invert(pc.is_in(sources, value_set=pa.array(sorted(gone), pa.string())))
+        )
+        rejects = sorted_by(pa.concat_tables([kept, rejects_table(extra)]), "source")
+        return SourceListing(files, Rejects(rejects), classes)
 
 
 class RecordIntake:

@@ -248,14 +248,16 @@ SOURCES = [f"s{i:02d}" for i in range(30)] + ["é", "z/ü", "a b"]
     taken=st.lists(st.sampled_from(SOURCES), max_size=60),
     drop=st.sets(st.sampled_from(SOURCES), max_size=8),
     scratch=st.booleans(),
+    as_column=st.booleans(),
 )
-@example(taken=["s00", "s01", "s01"], drop=set(), scratch=True)  # copies in two pieces
+@example(taken=["s00", "s01", "s01"], drop=set(), scratch=True, as_column=False)  # two pieces
 def test_the_builder_leaves_out_what_repeats_or_is_dropped(
     tmp_path_factory: pytest.TempPathFactory,
     monkeypatch: pytest.MonkeyPatch,
     taken: list[str],
     drop: set[str],
     scratch: bool,
+    as_column: bool,
 ) -> None:
     """A source added twice is found on the sorted listing, also when its copies fall in
     different batches, runs and merge pieces; checked against a plain Counter."""
@@ -270,7 +272,11 @@ def test_the_builder_leaves_out_what_repeats_or_is_dropped(
     builder.BATCH = 2
     for i, source in enumerate(taken):
         builder.add(source, f"/r/{source}", "c", FileStat(i, 0, 0, 0))
-    table = builder.build(drop=drop).table
+    if as_column:  # a sorted column (mapped from disk in a run), read a slice per piece
+        column = pa.chunked_array([pa.array(sorted(drop, key=str.encode), pa.string())])
+        table = builder.build(drop_sorted=column).table
+    else:
+        table = builder.build(drop=drop).table
     counts = Counter(taken)
     once = [s for s, n in counts.items() if n == 1]
     kept = sorted((s for s in once if s not in drop), key=str.encode)
@@ -279,3 +285,49 @@ def test_the_builder_leaves_out_what_repeats_or_is_dropped(
     assert builder.dropped == sorted(s for s in once if s in drop)
     # each kept row is the one added for it
     assert [taken[i] for i in table.column("size").to_pylist()] == kept
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    files=st.lists(st.sampled_from([f"f{i:02d}" for i in range(12)]), max_size=14),
+    rejected=st.lists(st.sampled_from([f"f{i:02d}" for i in range(6, 18)]), max_size=14),
+    scratch=st.booleans(),
+)
+def test_listing_rejects_go_to_disk_and_a_source_taken_twice_is_one_reject(
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    files: list[str],
+    rejected: list[str],
+    scratch: bool,
+) -> None:
+    """`ListingBuilder` with rejects in sorted runs on disk (many small batches): each source
+    is a file, a reject or one 'duplicate' reject, checked against plain Counters."""
+    from etl.run import spill
+    from etl.sources.entries import FileColumnsBuilder, FileStat, RejectsBuilder, SourceReject
+    from etl.sources.intake import ListingBuilder
+
+    monkeypatch.setattr(spill, "RUN_ROWS", 3)
+    monkeypatch.setattr(spill, "BATCH_ROWS", 2)
+    monkeypatch.setattr(spill, "MERGE_ROWS", 2)
+    monkeypatch.setattr(FileColumnsBuilder, "BATCH", 2)
+    monkeypatch.setattr(RejectsBuilder, "BATCH", 2)
+    builder = ListingBuilder(tmp_path_factory.mktemp("scratch") if scratch else None)
+    for source in files:
+        builder.files.add(source, f"/r/{source}", "c", FileStat(1, 0, 0, 0))
+    for source in rejected:
+        builder.reject(SourceReject(source, "missing", f"{source} is gone"))
+    listing = builder.build(lambda s: ("duplicate", f"{s} twice"))
+    as_file, as_reject = Counter(files), Counter(rejected)
+    twice = {s for s in {*files, *rejected} if as_file[s] + as_reject[s] > 1}
+    assert builder.duplicated == sorted(twice)
+    assert listing.files.table.column("source").to_pylist() == sorted(
+        s for s, n in as_file.items() if n == 1 and s not in as_reject
+    )
+    expected = {s: "missing" for s in as_reject if s not in twice} | dict.fromkeys(
+        twice, "duplicate"
+    )
+    got = [(r.source, r.reason) for r in listing.rejects]
+    assert got == sorted(expected.items())
+    assert listing.listed == len({*files, *rejected})

@@ -24,6 +24,7 @@ from etl.sources.entries import (
     FileColumnsBuilder,
     FileStat,
     ListContext,
+    Rejects,
     SourceListing,
     SourceReject,
 )
@@ -108,7 +109,7 @@ def list_folder(config: FolderSource, context: ListContext | None = None) -> Sou
             )
         )
     rejects.sort(key=lambda r: r.source)
-    return SourceListing(files.build(), tuple(rejects))
+    return SourceListing(files.build(), Rejects.of(rejects))
 
 
 def _selection(config: FolderSource) -> Callable[[str], bool]:
@@ -162,7 +163,7 @@ def _list_prefix(config: FolderSource, url: str, context: ListContext | None) ->
         else:
             _take(files, rejects, relative, f"{url}/{relative}", found)
     rejects.sort(key=lambda r: r.source)
-    return SourceListing(files.build(), tuple(rejects))
+    return SourceListing(files.build(), Rejects.of(rejects))
 
 
 def _check(config: FolderSource) -> None:
