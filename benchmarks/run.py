@@ -11,6 +11,8 @@ import sys
 
 BENCHMARKS = (
     "bench_pack",
+    "bench_pack_grid",
+    "bench_rejects",
     "bench_loaders",
     "bench_workers",
     "bench_incremental",

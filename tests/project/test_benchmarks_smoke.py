@@ -1,7 +1,7 @@
 """The benchmarks still run end to end: `python -m benchmarks.bench_pack --tiny`,
 `python -m benchmarks.bench_sources --tiny`, `python -m benchmarks.bench_scale --tiny`,
-`python -m benchmarks.bench_tree --tiny`, `python -m benchmarks.bench_cold --tiny` and a small
-`python -m benchmarks.bench_remote`.
+`python -m benchmarks.bench_tree --tiny`, `python -m benchmarks.bench_cold --tiny`, and small
+runs of `bench_remote`, `bench_pack_grid` and `bench_rejects`.
 
 Numbers from 16 photos mean nothing; the test checks that every part runs (photo generation,
 bare loops, the pipeline on every backend, the memory runs) and that the pipeline's pixels equal
@@ -112,3 +112,36 @@ def test_bench_remote_small(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     for name in ("endpoint: 8 concurrent GETs", "cache cold", "cache warm", "local disk"):
         assert name in result.stdout, result.stdout
+
+
+def test_bench_pack_grid_small(tmp_path: Path) -> None:
+    """Cold `etl run` and the naive writer at two shard sizes and two job counts."""
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "benchmarks.bench_pack_grid", "--sizes", "12"),
+            *("--shards", "16,256", "--jobs", "1,2", "--rounds", "1", "--work", str(tmp_path)),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr
+    table = result.stdout
+    assert table.count("| 12 | 1 |") == 3 and table.count("| 12 | 2 |") == 3, table
+    assert "| photos | list | hash | plan | pack | commit | outside run | whole command |" in table
+
+
+def test_bench_rejects_small(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "benchmarks.bench_rejects", "--rows", "500,2000"),
+            *("--work", str(tmp_path)),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "| 2,000 |" in result.stdout and "bytes per extra entry" in result.stdout
