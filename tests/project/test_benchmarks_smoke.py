@@ -114,34 +114,30 @@ def test_bench_remote_small(tmp_path: Path) -> None:
         assert name in result.stdout, result.stdout
 
 
-def test_bench_pack_grid_small(tmp_path: Path) -> None:
-    """Cold `etl run` and the naive writer at two shard sizes and two job counts."""
+def run_module(name: str, *args: str, timeout: int = 240) -> str:
+    """`python -m benchmarks.<name> args...` from the checkout; its stdout, once it passed."""
     result = subprocess.run(
-        [
-            *(sys.executable, "-m", "benchmarks.bench_pack_grid", "--sizes", "12"),
-            *("--shards", "16,256", "--jobs", "1,2", "--rounds", "1", "--work", str(tmp_path)),
-        ],
+        [sys.executable, "-m", f"benchmarks.{name}", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=timeout,
     )
     assert result.returncode == 0, result.stderr
-    table = result.stdout
+    return result.stdout
+
+
+def test_bench_pack_grid_small(tmp_path: Path) -> None:
+    """Cold `etl run` and the naive writer at two shard sizes and two job counts."""
+    table = run_module(
+        "bench_pack_grid",
+        *("--sizes", "12", "--shards", "16,256", "--jobs", "1,2", "--rounds", "1"),
+        *("--work", str(tmp_path)),
+    )
     assert table.count("| 12 | 1 |") == 3 and table.count("| 12 | 2 |") == 3, table
     assert "| photos | list | hash | plan | pack | commit | outside run | whole command |" in table
 
 
 def test_bench_rejects_small(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "benchmarks.bench_rejects", "--rows", "500,2000"),
-            *("--work", str(tmp_path)),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "| 2,000 |" in result.stdout and "bytes per extra entry" in result.stdout
+    out = run_module("bench_rejects", "--rows", "500,2000", "--work", str(tmp_path))
+    assert "| 2,000 |" in out and "bytes per extra entry" in out
