@@ -55,7 +55,8 @@ from etl.run import pipeline
 
 HEIGHT, WIDTH = 224, 224
 SAMPLES_PER_SHARD = 64
-"""64 samples (9.6 MB) a shard: N/64 shards keep two workers evenly busy to the end."""
+"""64 samples (9.6 MB) a shard, as this benchmark has always measured; since #43 a pack task is
+a batch of sources whatever the shard size (`benchmarks/bench_pack_grid.py` varies it)."""
 
 Photos = NDArray[np.uint8]
 
