@@ -132,19 +132,34 @@ def choose_run(
     return RunConfig(n_jobs=jobs, backend=backend if jobs != 1 else "sequential")
 
 
+class Starting:
+    """Loky workers starting on a thread (`workers_starting`): nothing else may use the pool
+    until `wait` returns."""
+
+    def __init__(self, thread: threading.Thread | None) -> None:
+        self._thread = thread
+
+    def done(self) -> bool:
+        return self._thread is None or not self._thread.is_alive()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+
 @contextmanager
-def workers_starting(run: RunConfig, reads_every_record: bool) -> Iterator[None]:
+def workers_starting(run: RunConfig, wanted: bool = True) -> Iterator[Starting]:
     """For the length of the block, start the loky workers on a thread, and wait for them at
-    its end. Wrapped around the listing of a source that reads every record (lmdb, python,
-    webdataset, parquet): that takes long enough to hide the start (NOTE [ worker start-up ]),
-    which a folder run hides behind its hash phase instead. Other backends start nothing."""
-    if run.backend != "loky" or not reads_every_record:
-        yield
+    its end. Wrapped around a run's listing and planning, so the start (NOTE [ worker start-up ])
+    overlaps them; work inside the block runs in this process until `Starting.wait`. Other
+    backends, and `wanted=False`, start nothing."""
+    if run.backend != "loky" or not wanted:
+        yield Starting(None)
         return
     thread = threading.Thread(target=_start_workers, args=(run,), name="etl-workers", daemon=True)
     thread.start()
     try:
-        yield
+        yield Starting(thread)
     finally:
         thread.join()
 

@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 from joblib.externals.loky.process_executor import TerminatedWorkerError
 
-from etl.config import PipelineConfig
+from etl.config import PipelineConfig, RunConfig
 from etl.engine import interrupt, parallel
 from etl.errors import (
     OUTPUT_ERRNOS,
@@ -256,9 +256,16 @@ def _run_locked(
     """The phases of a run, in order: list, hash, plan, pack, commit."""
     run = _Run(config, root, dry_run, rebuild, progress, started)
     _open_previous(run)
-    with spill.scratch(None if dry_run else root) as folder:
+    # NOTE: the workers start while the run lists and plans (NOTE [ worker start-up ]) where
+    # packing is all but certain: a first run, or a kind that reads every record anyway. A
+    # rerun starts them only if its hash or pack phase needs them: a no-change rerun needs none.
+    early = not dry_run and (run.reusable is None or not kind_of(config.source).by_path)
+    with (
+        spill.scratch(None if dry_run else root) as folder,
+        parallel.workers_starting(config.run, early) as starting,
+    ):
         listing = _list(run, folder)
-        plan = _plan(run, listing, folder)
+        plan = _plan(run, listing, folder, starting)
         if on_plan is not None:
             on_plan(plan)
         if dry_run:
@@ -280,7 +287,7 @@ def _run_locked(
             spill.SortedSpill(folder, SAMPLES_SCHEMA, "source", "samples") as new_samples,
             spill.SortedSpill(folder, REJECTS_SCHEMA, "source", "rejects-new") as new_rejects,
         ):
-            packed = _pack(run, plan, new_samples, new_rejects, folder)
+            packed = _pack(run, plan, new_samples, new_rejects, folder, starting)
             samples = plan.reused.num_rows + packed.packed_new
             if samples + packed.rejects.num_rows != listing.listed:
                 raise RuntimeError(
@@ -318,27 +325,35 @@ def _list(run: _Run, scratch: Path) -> SourceListing:
         spool=None if run.dry_run else readers.spool_path(run.root),
         scratch=scratch,
     )
-    with (
-        run.phase("list"),
-        parallel.workers_starting(config.run, reads_every_record and not run.dry_run),
-    ):
+    with run.phase("list"):
         return list_sources(config.source, context)
 
 
-def _plan(run: _Run, listing: SourceListing, folder: Path) -> Plan:
+IN_PROCESS_HASH_FILES = 8192
+"""Files hashed in this process while the workers are still starting (about 0.5 s of reading
+and xxh3 for photos here, what a start takes); more wait for the workers and share them."""
+
+
+def _plan(run: _Run, listing: SourceListing, folder: Path, starting: parallel.Starting) -> Plan:
     """Hash what the previous version does not vouch for, and decide every file's fate
     (`etl.run.staged`), a window of the listing at a time; the time spent hashing is the
     'hash' phase, the rest 'plan'."""
     config = run.config
     hashing = [0.0]
+    here = RunConfig(n_jobs=1, backend="sequential")
 
     def hash_files(files: pa.Table) -> tuple[pa.Array, list[SourceReject]]:
         start = time.perf_counter()
+        hash_run = config.run
+        if not starting.done() and files.num_rows <= IN_PROCESS_HASH_FILES:
+            hash_run = here
+        else:
+            starting.wait()
         try:
             return execute.hash_sources(
                 FileColumns(files),
                 config.output.checksum,
-                config.run,
+                hash_run,
                 run.progress.advance,
                 source_config=config.source,
             )
@@ -374,6 +389,7 @@ def _pack(
     new_samples: spill.SortedSpill,
     new_rejects: spill.SortedSpill,
     folder: Path,
+    starting: parallel.Starting,
 ) -> _Packed:
     """Fill the plan's shards in the workers; their samples go to `new_samples` and their
     rejects to `new_rejects` as each shard finishes. The version's rejects (the plan's and
@@ -391,6 +407,7 @@ def _pack(
     # NOTE [ stop the workers on the way out ] in etl.engine.parallel).
     results = execute.pack(plan.tasks, run.config, run.root, run.progress.advance)
     with run.phase("pack"), contextlib.closing(results) as packed:
+        starting.wait()  # the pool is the workers' once they have started
         for result in packed:
             if isinstance(result, execute.Sealed):
                 gaps.add(result.name, result.gaps)

@@ -383,3 +383,22 @@ def test_every_new_shard_is_fsynced_before_the_commit(
     for shard in shards:  # fsynced under its temp name, before the rename
         assert any(name.startswith(f".tmp-{Path(shard).name}-") for name in synced), shard
     assert before[-1] == ("fsync", str(root / "shards")), "the folder after the last shard"
+
+
+def test_hashing_here_while_workers_start_or_in_them_gives_the_same_dataset(
+    tmp_path: Path, sample_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first run hashes a small listing in this process while the loky workers start, and a
+    large one in the workers once started (IN_PROCESS_HASH_FILES): the same version either way."""
+    from tests.run.test_cluster import same_dataset
+
+    outputs = []
+    for limit in (10**9, 0):
+        monkeypatch.setattr(pipeline, "IN_PROCESS_HASH_FILES", limit)
+        work = tmp_path / f"limit-{limit}"
+        work.mkdir()
+        os.symlink(sample_root, work / "data")
+        report = pipeline.run(make_config(work))
+        assert report.committed and report.packed_new > 0
+        outputs.append(work / "out")
+    same_dataset(*outputs)
