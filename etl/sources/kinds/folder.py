@@ -24,7 +24,7 @@ from etl.sources.entries import (
     FileColumnsBuilder,
     FileStat,
     ListContext,
-    Rejects,
+    RejectsBuilder,
     SourceListing,
     SourceReject,
 )
@@ -85,7 +85,7 @@ def list_folder(config: FolderSource, context: ListContext | None = None) -> Sou
     real_root = os.path.realpath(top) + os.sep
     selected = _selection(config)
     files = FileColumnsBuilder(context.scratch if context is not None else None)
-    rejects: list[SourceReject] = []
+    rejects = RejectsBuilder(context.scratch if context is not None else None)
     unlistable: list[tuple[str, OSError]] = []
     for entry in _walk(top, unlistable):
         relative = entry.path[prefix:]
@@ -93,23 +93,22 @@ def list_folder(config: FolderSource, context: ListContext | None = None) -> Sou
             continue
         source = names.path_to_source(relative)
         if entry.is_symlink() and not os.path.realpath(entry.path).startswith(real_root):
-            rejects.append(SourceReject(source, "outside_root", "link leads outside the root"))
+            rejects.add(SourceReject(source, "outside_root", "link leads outside the root"))
             continue
         outcome = stat_file(source, entry.path, config.max_file_bytes)
         if isinstance(outcome, SourceReject):
-            rejects.append(outcome)
+            rejects.add(outcome)
         else:
             _take(files, rejects, relative, entry.path, outcome)
     for folder, exc in unlistable:
-        rejects.append(
+        rejects.add(
             SourceReject(
                 names.path_to_source(folder[prefix:] + "/"),
                 "folder_unreadable",
                 f"cannot list this folder: {exc.strerror or exc}",
             )
         )
-    rejects.sort(key=lambda r: r.source)
-    return SourceListing(files.build(), Rejects.of(rejects))
+    return SourceListing(files.build(), rejects.build())
 
 
 def _selection(config: FolderSource) -> Callable[[str], bool]:
@@ -128,7 +127,7 @@ def _selection(config: FolderSource) -> Callable[[str], bool]:
 
 def _take(
     files: FileColumnsBuilder,
-    rejects: list[SourceReject],
+    rejects: RejectsBuilder,
     relative: str,
     locator: str,
     found: FileStat,
@@ -138,7 +137,7 @@ def _take(
     source = names.path_to_source(relative)
     slash = relative.find("/")
     if slash < 0:
-        rejects.append(found.reject(source, "no_class", "file is not inside a class folder"))
+        rejects.add(found.reject(source, "no_class", "file is not inside a class folder"))
     else:
         files.add(source, locator, names.path_to_source(relative[:slash]), found)
 
@@ -148,7 +147,7 @@ def _list_prefix(config: FolderSource, url: str, context: ListContext | None) ->
     size, modification time and ETag where a file has its stat. Dot-named keys are skipped."""
     selected = _selection(config)
     files = FileColumnsBuilder(context.scratch if context is not None else None)
-    rejects: list[SourceReject] = []
+    rejects = RejectsBuilder(context.scratch if context is not None else None)
     try:
         listed = with_time_limit(lambda: list(objects.list_objects(url)), config.io_timeout, url)
     except OSError as exc:  # no answer within io_timeout: a hung store stops the run, named
@@ -159,11 +158,10 @@ def _list_prefix(config: FolderSource, url: str, context: ListContext | None) ->
         found = FileStat(size, mtime_ns, 0, etag)
         if size > config.max_file_bytes:
             why = too_large(size, config.max_file_bytes)
-            rejects.append(found.reject(names.path_to_source(relative), "file_too_large", why))
+            rejects.add(found.reject(names.path_to_source(relative), "file_too_large", why))
         else:
             _take(files, rejects, relative, f"{url}/{relative}", found)
-    rejects.sort(key=lambda r: r.source)
-    return SourceListing(files.build(), Rejects.of(rejects))
+    return SourceListing(files.build(), rejects.build())
 
 
 def _check(config: FolderSource) -> None:
