@@ -15,7 +15,6 @@ for benchmarks/README.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shutil
@@ -29,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import cpu_model
+from benchmarks.bench_pack import machine_info
 from benchmarks.photos import make_photos
 
 DEFAULT_SHARD_MIB = 256
@@ -165,17 +164,6 @@ def benchmark(
         shutil.rmtree(runs, ignore_errors=True)
     grid.machine["load_after"] = os.getloadavg()[0]
     return grid
-
-
-def machine_info() -> dict[str, Any]:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {
-        "cores": cores,
-        "cpu": cpu_model(),
-        "python": sys.version.split()[0],
-        "date": datetime.date.today().isoformat(),
-        "load_before": os.getloadavg()[0],
-    }
 
 
 def markdown(grid: Grid) -> str:

@@ -177,10 +177,21 @@ def bisect_right(column: pa.ChunkedArray | pa.Array, value: Any, lo: int = 0) ->
     """The first position at or after `lo` whose value sorts after `value`, in a column sorted
     in ascending order: ~log2(n) values read, so a merge join can find its next slice of a
     memory-mapped 10M-row column without touching the rest."""
+    return _bisect(column, value, lo, after=True)
+
+
+def bisect_left(column: pa.ChunkedArray | pa.Array, value: Any, lo: int = 0) -> int:
+    """The first position at or after `lo` whose value does not sort before `value` (as
+    `bisect_right`)."""
+    return _bisect(column, value, lo, after=False)
+
+
+def _bisect(column: pa.ChunkedArray | pa.Array, value: Any, lo: int, after: bool) -> int:
     hi = len(column)
     while lo < hi:
         mid = (lo + hi) // 2
-        if column[mid].as_py() <= value:
+        found = column[mid].as_py()
+        if found < value or (after and found == value):
             lo = mid + 1
         else:
             hi = mid

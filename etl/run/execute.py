@@ -248,7 +248,6 @@ def pack(
     token = f"{os.getpid()}-{secrets.token_hex(4)}"
     filling: dict[str, _Filling] = {}
     sealing: deque[Future[Sealed]] = deque()
-    published = False
 
     def seal(name: str, state: _Filling) -> Sealed:
         gaps = np.sort(np.concatenate(state.gaps)) if state.gaps else np.zeros(0, np.int64)
@@ -270,14 +269,10 @@ def pack(
             if state.done == state.capacity:
                 sealing.append(sealer.submit(seal, result.shard, filling.pop(result.shard)))
             while sealing and (sealing[0].done() or len(sealing) > 2 * SEAL_THREADS):
-                sealed = sealing.popleft().result()
-                published |= sealed.shard is not None
-                yield sealed
+                yield sealing.popleft().result()
         while sealing:
-            sealed = sealing.popleft().result()
-            published |= sealed.shard is not None
-            yield sealed
+            yield sealing.popleft().result()
     if filling:
         raise RuntimeError(f"accounting bug: shards {sorted(filling)} were never filled")
-    if published:
+    if (root / SHARDS_DIR).is_dir():  # the renames of the shards sealed
         fsync_dir(root / SHARDS_DIR)

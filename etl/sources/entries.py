@@ -426,28 +426,18 @@ class _UniqueSources:
 
     def _sorted_slice(self, first: str, last: str) -> pa.Array | None:
         """The part of `drop_sorted` from `first` to `last` (pieces come in ascending order)."""
-        from etl.format.columns import bisect_right
+        import pyarrow as pa
+
+        from etl.format.columns import bisect_left, bisect_right
 
         if self.drop_sorted is None:
             return None
         column = self.drop_sorted
-        start = _bisect_left(column, first, self._drop_at)
+        start = bisect_left(column, first, self._drop_at)
         stop = bisect_right(column, last, start)
         self._drop_at = start
         piece = column.slice(start, stop - start)
-        return piece.combine_chunks() if hasattr(piece, "combine_chunks") else piece
-
-
-def _bisect_left(column: pa.ChunkedArray | pa.Array, value: str, lo: int) -> int:
-    """The first position at or after `lo` whose value is not below `value` (sorted column)."""
-    hi = len(column)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if column[mid].as_py() < value:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+        return piece.combine_chunks() if isinstance(piece, pa.ChunkedArray) else piece
 
 
 def _text_columns() -> tuple[list[str | None], ...]:

@@ -22,15 +22,20 @@ pytest.importorskip("psutil")
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_tiny(name: str, work: Path, timeout: int) -> subprocess.CompletedProcess[str]:
-    """`python -m benchmarks.<name> --tiny --work WORK` from the checkout (not installed)."""
+def run_benchmark(name: str, *args: str, timeout: int) -> subprocess.CompletedProcess[str]:
+    """`python -m benchmarks.<name> args...` from the checkout (not installed)."""
     return subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{name}", "--tiny", "--work", str(work)],
+        [sys.executable, "-m", f"benchmarks.{name}", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+
+
+def run_tiny(name: str, work: Path, timeout: int) -> subprocess.CompletedProcess[str]:
+    """`python -m benchmarks.<name> --tiny --work WORK`."""
+    return run_benchmark(name, "--tiny", "--work", str(work), timeout=timeout)
 
 
 def test_bench_pack_tiny(tmp_path: Path) -> None:
@@ -115,14 +120,8 @@ def test_bench_remote_small(tmp_path: Path) -> None:
 
 
 def run_module(name: str, *args: str, timeout: int = 240) -> str:
-    """`python -m benchmarks.<name> args...` from the checkout; its stdout, once it passed."""
-    result = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{name}", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """`run_benchmark`'s stdout, once it passed."""
+    result = run_benchmark(name, *args, timeout=timeout)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
