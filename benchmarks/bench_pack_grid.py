@@ -2,14 +2,15 @@
 the naive writer (`benchmarks.naive_pack`), both timed as whole commands, start-up included.
 
     python -m benchmarks.bench_pack_grid [--sizes 300,1000,5000,20000]
-        [--shards 16,64,256,1024] [--jobs 2] [--rounds 3] [--work data/bench]
+        [--shards 16,64,256,1024] [--jobs 2] [--rounds 3] [--work data/bench] [--no-loky]
 
 Rounds interleave every variant (the order rotates each round) on the same page-cached photos;
 each ratio is the median of the per-round ratios against the naive writer of the same round,
-size and job count. Also printed: each size's phases at the default shard size (list, hash,
-plan, pack, commit, and the process outside `pipeline.run`), to show which grow with the
-photos, and, with several job counts, the scaling curve of both. The last output is Markdown
-for benchmarks/README.md.
+size and job count. The etl variants run the default backend ('auto'), and one more
+`backend: loky` (processes only) at the default shard size. Also printed: each size's phases
+at the default shard size (list, hash, plan, pack, commit, and the process outside
+`pipeline.run`), to show which grow with the photos, and, with several job counts, the scaling
+curve of both. The last output is Markdown for benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from benchmarks.photos import make_photos
 
 DEFAULT_SHARD_MIB = 256
 """`output.shard_size`'s default (etl.config.pipeline.SHARD_BYTES), in MiB."""
+LOKY = "loky"
+"""The variant with `backend: loky` (processes only, no head start) at the default shard
+size; every other etl variant runs the default backend, 'auto'."""
 
 
 @dataclass
@@ -75,7 +79,9 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def write_config(path: Path, photos: Path, output: Path, shard_mib: int, jobs: int) -> Path:
+def write_config(
+    path: Path, photos: Path, output: Path, shard_mib: int, jobs: int, backend: str = "auto"
+) -> Path:
     """The bare loop's stages (decode RGB, centre crop 224x224 bilinear), `shard_mib` MiB."""
     path.write_text(
         f"source: {{kind: folder, path: {json.dumps(str(photos))}}}\n"
@@ -83,7 +89,7 @@ def write_config(path: Path, photos: Path, output: Path, shard_mib: int, jobs: i
         "  - decode: {mode: RGB}\n"
         "  - resize: {size: [224, 224], mode: center_crop, filter: bilinear}\n"
         f"output: {{dir: {json.dumps(str(output))}, shard_size: {shard_mib}MiB}}\n"
-        f"run: {{n_jobs: {jobs}, backend: loky}}\n"
+        f"run: {{n_jobs: {jobs}, backend: {backend}}}\n"
     )
     return path
 
@@ -106,7 +112,9 @@ def run_variant(variant: str, photos: Path, work: Path, size: int, jobs: int) ->
         seconds, stdout = timed([*command, "--jobs", str(jobs)])
         result: dict[str, Any] = {"seconds": seconds, "images": int(stdout.strip())}
     else:
-        config = write_config(work / f"{variant}.yaml", photos, out, int(variant), jobs)
+        loky = variant == LOKY
+        shard_mib, backend = (DEFAULT_SHARD_MIB, "loky") if loky else (int(variant), "auto")
+        config = write_config(work / f"{variant}.yaml", photos, out, shard_mib, jobs, backend)
         seconds, stdout = timed([sys.executable, "-m", "etl", "run", str(config), "--json"])
         report = json.loads(stdout)
         result = {
@@ -130,7 +138,13 @@ def warm(paths: Sequence[Path]) -> None:
 
 
 def benchmark(
-    sizes: list[int], shards: list[int], jobs: list[int], rounds: int, work: Path, seed: int
+    sizes: list[int],
+    shards: list[int],
+    jobs: list[int],
+    rounds: int,
+    work: Path,
+    seed: int,
+    loky: bool = True,
 ) -> Grid:
     work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -144,7 +158,7 @@ def benchmark(
         warm(make_photos(folder, size, seed, like=largest))
         folders[size] = folder
     runs = Path(tempfile.mkdtemp(prefix=".grid-", dir=work))
-    variants = ["naive", *(str(s) for s in shards)]
+    variants = ["naive", *(str(s) for s in shards), *([LOKY] if loky else [])]
     try:
         for round_ in range(rounds):
             for size in sizes:
@@ -195,6 +209,23 @@ def markdown(grid: Grid) -> str:
             for jobs in grid.jobs:
                 cells = [f"{grid.ratio(size, jobs, str(s), default):.2f}x" for s in grid.shards]
                 lines.append(f"| {size:,} | {jobs} | " + " | ".join(cells) + " |")
+    if any(r["variant"] == LOKY for r in grid.runs) and default is not None:
+        lines += [
+            "",
+            f"Backend 'auto' (the default) against 'loky' (processes only), {default} MiB "
+            "shards, same round:",
+            "",
+            "| photos | jobs | loky photos/s, x naive | auto photos/s, x naive | auto x loky |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        for size in grid.sizes:
+            for jobs in grid.jobs:
+                lines.append(
+                    f"| {size:,} | {jobs} | {grid.rate(size, jobs, LOKY):.0f}, "
+                    f"{grid.ratio(size, jobs, LOKY):.2f}x | {grid.rate(size, jobs, default):.0f}, "
+                    f"{grid.ratio(size, jobs, default):.2f}x | "
+                    f"**{grid.ratio(size, jobs, default, LOKY):.2f}x** |"
+                )
     if len(grid.jobs) > 1:
         base = min(grid.jobs)
         shard = default or str(grid.shards[0])
@@ -246,8 +277,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("data/bench"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the raw runs here")
+    parser.add_argument(
+        "--no-loky", dest="loky", action="store_false", help="skip the backend 'loky' variant"
+    )
     args = parser.parse_args(argv)
-    grid = benchmark(args.sizes, args.shards, args.jobs, args.rounds, args.work, args.seed)
+    grid = benchmark(
+        args.sizes, args.shards, args.jobs, args.rounds, args.work, args.seed, args.loky
+    )
     if args.json is not None:
         args.json.write_text(json.dumps(asdict(grid), indent=2))
     print(markdown(grid))

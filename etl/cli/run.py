@@ -64,7 +64,7 @@ def run(
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Override run.n_jobs.")] = None,
     backend: Annotated[
         str | None,
-        typer.Option(help="Override run.backend (loky, threading, sequential, dask)."),
+        typer.Option(help="Override run.backend (auto, loky, threading, sequential, dask)."),
     ] = None,
     address: Annotated[
         str | None,

@@ -156,17 +156,20 @@ class OutputConfig(StrictModel):
         return self
 
 
-Backend = Literal["loky", "threading", "sequential", "dask"]
-"""Where work runs: joblib's loky processes, threads, in-process, or a Dask cluster."""
+Backend = Literal["auto", "loky", "threading", "sequential", "dask"]
+"""Where work runs: loky processes with threads here while they start (and for small runs),
+joblib's loky processes, threads, in-process, or a Dask cluster."""
 BACKENDS: tuple[str, ...] = get_args(Backend)
 
 
 class RunConfig(StrictModel):
     n_jobs: int = -1
     """joblib's convention: -1 is every core."""
-    backend: Backend = "loky"
-    """joblib backend: 'loky' (processes, the default), 'threading', 'sequential' (debugging),
-    or 'dask' (a dask.distributed cluster at `address`, else a LocalCluster of n_jobs processes)."""
+    backend: Backend = "auto"
+    """'auto' (the default): loky processes, with threads in the `etl` process packing while
+    they start, and doing all of a run too small to pay for starting them (NOTE [ head start ]
+    in etl.engine.parallel); 'loky': processes only; 'threading'; 'sequential' (debugging); or
+    'dask' (a dask.distributed cluster at `address`, else a LocalCluster of n_jobs processes)."""
     address: str | None = Field(default=None, pattern=r"^(tcp|tls|inproc|ucx)://\S+$")
     """Dask scheduler address, e.g. tcp://10.0.0.5:8786; only with backend 'dask'."""
 
@@ -227,6 +230,13 @@ class PipelineConfig(StrictModel):
     @property
     def channels(self) -> int:
         return 3 if self.decode.mode == "RGB" else 1
+
+    @property
+    def runs_user_code(self) -> bool:
+        """Whether packing calls the user's functions (a `call` stage): those run only in
+        worker processes, where a crash or a runaway allocation stops one worker and the run
+        says so in one line, never in the `etl` process itself."""
+        return any(isinstance(s, CallStage) for s in self.stages)
 
     @property
     def sample_shape(self) -> tuple[int, int, int]:

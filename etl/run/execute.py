@@ -23,7 +23,7 @@ import numpy as np
 
 from etl.config import PipelineConfig, RunConfig, SourceConfig
 from etl.engine.fill import fill_shard, read_failure
-from etl.engine.parallel import parallel_map
+from etl.engine.parallel import Starting, parallel_map
 from etl.format import parts
 from etl.format.shards import SHARDS_DIR, ShardInfo, fsync_dir
 from etl.images.rejects import Reject
@@ -93,6 +93,7 @@ def hash_sources(
     on_progress: Callable[[int], None] = lambda n: None,
     *,
     source_config: SourceConfig,
+    starting: Starting | None = None,
 ) -> tuple[pa.Array, list[SourceReject]]:
     """Content hashes of `files` of `source_config`, one per file in their order (null where
     it could not be read); unreadable files become rejects (io_error, or the reason
@@ -100,7 +101,7 @@ def hash_sources(
 
     Chunks of (source, path) are made as workers take them and their hashes kept as Arrow
     arrays placed by position, so hashing 10M files holds no Python object per file in this
-    process, and no second copy of the sources."""
+    process, and no second copy of the sources. `starting`: see `parallel_map`."""
     import pyarrow as pa  # NOTE: here: workers import this module and never need pyarrow
 
     table = files.table.select(["source", "path"])
@@ -113,7 +114,8 @@ def hash_sources(
     chunks: Chunks[tuple[int, list[tuple[str, str]]]] = Chunks(len(table), HASH_CHUNK, chunk)
     found: dict[int, pa.Array] = {}
     failures: list[tuple[str, str, str]] = []
-    with parallel_map(_hash_chunk, chunks, run, algorithm, source_config) as chunk_results:
+    hashing = parallel_map(_hash_chunk, chunks, run, algorithm, source_config, starting=starting)
+    with hashing as chunk_results:
         for start, results in chunk_results:
             found[start] = pa.array([value for _, value, _, _ in results], pa.string())
             failures += [
@@ -234,6 +236,7 @@ def pack(
     config: PipelineConfig,
     root: Path,
     on_progress: Callable[[int], None] = lambda n: None,
+    starting: Starting | None = None,
 ) -> Generator[PackResult | Sealed, None, None]:
     """Run `pack_batch` over every task; yields each task's result as it finishes, and each
     shard once sealed (after the results of all its tasks). Every shard is on disk (fsynced,
@@ -258,7 +261,7 @@ def pack(
 
     args = (config, str(root), token, in_workers)
     with (
-        parallel_map(pack_batch, tasks, config.run, *args) as results,
+        parallel_map(pack_batch, tasks, config.run, *args, starting=starting) as results,
         ThreadPoolExecutor(SEAL_THREADS, thread_name_prefix="seal") as sealer,
     ):
         for result in results:

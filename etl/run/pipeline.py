@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 from joblib.externals.loky.process_executor import TerminatedWorkerError
 
-from etl.config import PipelineConfig, RunConfig
+from etl.config import PipelineConfig
 from etl.engine import interrupt, parallel
 from etl.errors import (
     OUTPUT_ERRNOS,
@@ -106,6 +106,7 @@ def run(
     """
     progress = progress or Progress()
     started = time.perf_counter()
+    config = _user_code_in_processes(config)
     check_paths(config)
     check_exists(config.source)
     root = config.output.dir
@@ -153,6 +154,14 @@ def run(
 
 
 _DIED = re.compile(r"exit codes of the workers are \{(.*?)\}")
+
+
+def _user_code_in_processes(config: PipelineConfig) -> PipelineConfig:
+    """`config` with backend 'auto' made 'loky' where packing calls user code
+    (`PipelineConfig.runs_user_code`): no task of such a run runs in this process."""
+    if config.run.backend != "auto" or not config.runs_user_code:
+        return config
+    return config.model_copy(update={"run": config.run.model_copy(update={"backend": "loky"})})
 
 
 def _under(filename: object, root: Path) -> bool:
@@ -256,15 +265,18 @@ def _run_locked(
     """The phases of a run, in order: list, hash, plan, pack, commit."""
     run = _Run(config, root, dry_run, rebuild, progress, started)
     _open_previous(run)
-    # NOTE: the workers start while the run lists and plans (NOTE [ worker start-up ]) where
-    # packing is all but certain: a first run, or a kind that reads every record anyway. A
-    # rerun starts them only if its hash or pack phase needs them: a no-change rerun needs none.
+    # NOTE: the workers start as soon as the listing shows enough work for them (NOTE [ head
+    # start ]), while the run hashes and plans, where packing is all but certain: a first run,
+    # or a kind that reads every record anyway. A rerun starts them only if its hash or pack
+    # phase has that much work: a no-change rerun needs none.
     early = not dry_run and (run.reusable is None or not kind_of(config.source).by_path)
     with (
         spill.scratch(None if dry_run else root) as folder,
-        parallel.workers_starting(config.run, early) as starting,
+        parallel.workers_starting(config.run, wanted=False) as starting,
     ):
         listing = _list(run, folder)
+        if early and parallel.worth_processes(config.run, listing.listed):
+            starting.begin()
         plan = _plan(run, listing, folder, starting)
         if on_plan is not None:
             on_plan(plan)
@@ -329,33 +341,25 @@ def _list(run: _Run, scratch: Path) -> SourceListing:
         return list_sources(config.source, context)
 
 
-IN_PROCESS_HASH_FILES = 8192
-"""Files hashed in this process while the workers are still starting (about 0.5 s of reading
-and xxh3 for photos here, what a start takes); more wait for the workers and share them."""
-
-
 def _plan(run: _Run, listing: SourceListing, folder: Path, starting: parallel.Starting) -> Plan:
     """Hash what the previous version does not vouch for, and decide every file's fate
     (`etl.run.staged`), a window of the listing at a time; the time spent hashing is the
     'hash' phase, the rest 'plan'."""
     config = run.config
     hashing = [0.0]
-    here = RunConfig(n_jobs=1, backend="sequential")
 
     def hash_files(files: pa.Table) -> tuple[pa.Array, list[SourceReject]]:
         start = time.perf_counter()
-        hash_run = config.run
-        if not starting.done() and files.num_rows <= IN_PROCESS_HASH_FILES:
-            hash_run = here
-        else:
-            starting.wait()
+        if parallel.worth_processes(config.run, files.num_rows):
+            starting.begin()  # a rerun's: files to hash are likely files to pack
         try:
             return execute.hash_sources(
                 FileColumns(files),
                 config.output.checksum,
-                hash_run,
+                config.run,
                 run.progress.advance,
                 source_config=config.source,
+                starting=starting,
             )
         finally:
             hashing[0] += time.perf_counter() - start
@@ -403,11 +407,12 @@ def _pack(
     new_shards: list[ShardInfo] = []
     gaps = ShardGaps()
     run.progress.start("pack", plan.to_pack)
+    if parallel.worth_processes(run.config.run, plan.to_pack):
+        starting.begin()  # a rerun's, unless its hash phase began it
     # closing: an interrupted loop stops the workers before the run cleans up (see
     # NOTE [ stop the workers on the way out ] in etl.engine.parallel).
-    results = execute.pack(plan.tasks, run.config, run.root, run.progress.advance)
+    results = execute.pack(plan.tasks, run.config, run.root, run.progress.advance, starting)
     with run.phase("pack"), contextlib.closing(results) as packed:
-        starting.wait()  # the pool is the workers' once they have started
         for result in packed:
             if isinstance(result, execute.Sealed):
                 gaps.add(result.name, result.gaps)

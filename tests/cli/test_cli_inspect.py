@@ -50,7 +50,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("project")
     make_sample_data(root / "data" / "sample", per_class=4, seed=1)
     text = (Path(__file__).parents[2] / "pipeline.yaml").read_text()
-    text = text.replace("n_jobs: -1", "n_jobs: 1").replace("backend: loky", "backend: sequential")
+    text = text.replace("n_jobs: -1", "n_jobs: 1").replace("backend: auto", "backend: sequential")
     text = text.replace("shard_size: 4MiB", "samples_per_shard: 6").replace("val: 0.1", "val: 0.3")
     (root / "pipeline.yaml").write_text(text)
     assert pipeline.run(load_config(root / "pipeline.yaml")).committed

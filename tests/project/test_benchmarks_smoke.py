@@ -133,7 +133,8 @@ def test_bench_pack_grid_small(tmp_path: Path) -> None:
         *("--sizes", "12", "--shards", "16,256", "--jobs", "1,2", "--rounds", "1"),
         *("--work", str(tmp_path)),
     )
-    assert table.count("| 12 | 1 |") == 3 and table.count("| 12 | 2 |") == 3, table
+    assert table.count("| 12 | 1 |") == 4 and table.count("| 12 | 2 |") == 4, table
+    assert "auto x loky" in table
     assert "| photos | list | hash | plan | pack | commit | outside run | whole command |" in table
 
 

@@ -40,6 +40,7 @@ stages:
 output: {dir: out, samples_per_shard: 4}
 run: {n_jobs: 2}
 """
+CALL_STAGE = '  - call: {function: "slowstage:slow"}\n'
 
 
 def make_source(base: Path, n: int) -> None:
@@ -193,6 +194,7 @@ def pausing(fn):
 PHASES = {
     "listing": (etl.run.pipeline, "list_sources"),
     "hashing": (etl.run.execute, "hash_sources"),
+    "packing on threads": (etl.run.execute, "pack_batch"),
     "committing": (etl.format.commit, "write_record"),
 }
 module, name = PHASES[os.environ["PAUSE_IN"]]
@@ -202,14 +204,21 @@ main(sys.argv[1:])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("phase", ["listing", "hashing", "committing"])
+@pytest.mark.parametrize("phase", ["listing", "hashing", "packing on threads", "committing"])
 def test_ctrl_c_in_each_phase(tmp_path: Path, phase: str) -> None:
     """A harness pauses the run inside one phase (no sleeps tuned to this machine) and the
     terminal's SIGINT reaches the whole group there. Before the commit: nothing committed.
-    During it: the version is published whole, then the run stops and says so."""
+    During it: the version is published whole, then the run stops and says so. Packing: a
+    small run without user code packs on threads in the `etl` process (NOTE [ head start ]),
+    paused inside a task; the threads finish it before the run cleans up."""
     make_source(tmp_path, 12)
+    if phase == "packing on threads":
+        config = (tmp_path / "pipeline.yaml").read_text()
+        (tmp_path / "pipeline.yaml").write_text(config.replace(CALL_STAGE, ""))
     assert etl(tmp_path, "run", "pipeline.yaml", "-q").wait(timeout=180) == 0
-    (tmp_path / "src" / "c0" / "999.png").write_bytes((tmp_path / "src/c0/000.png").read_bytes())
+    new = io.BytesIO()
+    Image.fromarray(np.full((12, 12, 3), 200, np.uint8)).save(new, "PNG")  # a new sample
+    (tmp_path / "src" / "c0" / "999.png").write_bytes(new.getvalue())
     (tmp_path / "pausing_etl.py").write_text(PAUSING_ETL)
     mark = tmp_path / "paused"
     run = subprocess.Popen(

@@ -18,6 +18,7 @@ import xxhash
 from PIL import Image, ImageOps
 
 from etl.config import PipelineConfig, load_config
+from etl.engine import parallel
 from etl.errors import ConfigError, LockError
 from etl.format.lock import DatasetLock
 from etl.format.manifest import list_versions, read_manifest
@@ -385,20 +386,30 @@ def test_every_new_shard_is_fsynced_before_the_commit(
     assert before[-1] == ("fsync", str(root / "shards")), "the folder after the last shard"
 
 
-def test_hashing_here_while_workers_start_or_in_them_gives_the_same_dataset(
+def test_threads_here_workers_or_both_give_the_same_dataset(
     tmp_path: Path, sample_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A first run hashes a small listing in this process while the loky workers start, and a
-    large one in the workers once started (IN_PROCESS_HASH_FILES): the same version either way."""
+    """A small first run hashes and packs on threads here; a large one starts its loky
+    workers and hands them what the threads have not taken (NOTE [ head start ]); a `call`
+    stage packs in the workers only. The same version, byte for byte, every way."""
     from tests.run.test_cluster import same_dataset
 
     outputs = []
-    for limit in (10**9, 0):
-        monkeypatch.setattr(pipeline, "IN_PROCESS_HASH_FILES", limit)
-        work = tmp_path / f"limit-{limit}"
+    for worthy, user_code in ((10**9, False), (0, False), (0, True)):
+        monkeypatch.setattr(parallel, "PROCESS_WORTHY_ITEMS", worthy)
+        work = tmp_path / f"worthy-{worthy}-{user_code}"
         work.mkdir()
         os.symlink(sample_root, work / "data")
-        report = pipeline.run(make_config(work))
+        config = make_config(work)
+        assert config.run.backend == "auto"
+        if user_code:
+            text = (work / "pipeline.yaml").read_text()
+            call = '  - call: {function: "numpy:ascontiguousarray"}\noutput:'
+            (work / "pipeline.yaml").write_text(text.replace("output:", call))
+            config = load_config(work / "pipeline.yaml")
+            assert config.runs_user_code
+        report = pipeline.run(config)
         assert report.committed and report.packed_new > 0
         outputs.append(work / "out")
-    same_dataset(*outputs)
+    same_dataset(outputs[0], outputs[1])
+    same_dataset(outputs[0], outputs[2])
