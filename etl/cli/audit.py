@@ -245,6 +245,7 @@ def audit(
         sample_rate=sample_rate,
         seed=seed,
         source_root=source_root.resolve() if isinstance(source_root, Path) else source_root,
+        source_options=config.source.storage_options if config is not None else {},
         records=records,
         jobs=jobs,
         backend=cast(Backend, backend or "loky"),  # checked against BACKENDS above

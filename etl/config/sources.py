@@ -12,6 +12,7 @@ from pydantic import (
 )
 
 from etl.config.fields import ByteSize, Location, StrictModel
+from etl.format.names import is_url
 
 DEFAULT_INCLUDE = ("*.jpg", "*.jpeg", "*.png", "*.bmp", "*.gif", "*.tif", "*.tiff", "*.webp")
 
@@ -30,6 +31,10 @@ class _SourceBase(StrictModel):
     io_timeout: Annotated[float, Field(gt=0)] | None = 60.0
     """Seconds one file's read (or hash) may take; a read that stalls longer (a hung network
     mount) is rejected `io_timeout` and the run goes on. None waits forever."""
+    storage_options: dict[str, Any] = Field(default_factory=dict, repr=False)
+    """For a `path` in object storage: options for the store's fsspec driver (for S3:
+    endpoint_url, profile, key and secret, client_kwargs), over what the environment says.
+    Never written to the manifest, a report or a message."""
 
     @field_validator("split")
     @classmethod
@@ -39,6 +44,15 @@ class _SourceBase(StrictModel):
         if sum(split.values()) > 1.0 + 1e-9:
             raise ValueError(f"split fractions add up to {sum(split.values()):g} > 1")
         return split
+
+    @model_validator(mode="after")
+    def _options_need_a_store(self) -> _SourceBase:
+        if self.storage_options and not is_url(str(self.path)):
+            raise ValueError(
+                "storage_options are for a source.path in object storage (s3://..., gs://...), "
+                f"not the local path {str(self.path)!r}"
+            )
+        return self
 
     @field_validator("classes")
     @classmethod
@@ -124,11 +138,12 @@ FilePatterns = tuple[str, ...] | dict[str, tuple[str, ...]]
 
 
 class _ContainerSource(_SourceBase):
-    """Images stored inside files (tar shards, tables) under the folder `path`."""
+    """Images stored inside files (tar shards, tables) under the folder `path`, or under a
+    prefix in object storage (`s3://bucket/shards`)."""
 
-    path: Path = Path(".")
-    """The folder `files` are matched in; `source` names a file by its path relative to it.
-    Default: the config's folder."""
+    path: Location = Path(".")  # type: ignore[assignment]
+    """The folder (or prefix) `files` are matched in; `source` names a file by its path
+    relative to it. Default: the config's folder."""
     files: FilePatterns
     """Glob patterns relative to `path` ('**' crosses folders; dot-files are never matched);
     or split name -> patterns, when files hold splits (a Hub dataset's train-*.parquet and

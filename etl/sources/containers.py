@@ -27,23 +27,31 @@ from typing import IO, Any
 from etl.config import FilePatterns
 from etl.errors import SourceError
 from etl.format import names
+from etl.sources import objects
 from etl.sources.intake import DuplicateReject, RecordIntake
 from etl.sources.labels import integer_classes
 from etl.sources.safe_files import SAFE_OPEN_FLAGS, not_a_file
+from etl.sources.timed import with_time_limit
 
 # --- files --------------------------------------------------------------------------------------
 
 
-def match_files(root: Path, patterns: FilePatterns) -> list[tuple[str, str | None]]:
+def match_files(
+    root: Path | str, patterns: FilePatterns, options: objects.Options | None = None
+) -> list[tuple[str, str | None]]:
     """(path relative to `root` as an os string, split or None) of each file the glob
-    `patterns` match (a dict: split -> patterns), sorted, each once. A pattern that matches
-    nothing, or a file two splits match, is a SourceError: a typo would otherwise pack nothing,
-    or pack a file into the wrong split."""
+    `patterns` match (a dict: split -> patterns), sorted, each once; `root` a folder or a
+    prefix in object storage (`options`: its driver's). A pattern that matches nothing, or a
+    file two splits match, is a SourceError: a typo would otherwise pack nothing, or pack a
+    file into the wrong split."""
     groups = patterns.items() if isinstance(patterns, dict) else [(None, patterns)]
     found: dict[str, str | None] = {}
     for split, group in groups:
         for pattern in group:
-            matched = glob.glob(pattern, root_dir=root, recursive=True)
+            if isinstance(root, str):
+                matched = objects.glob_objects(root, pattern, options)
+            else:
+                matched = glob.glob(pattern, root_dir=root, recursive=True)
             if not matched:
                 raise SourceError(f"source.files: {pattern!r} matches nothing in {root}")
             for relative in matched:
@@ -61,11 +69,29 @@ def record_source(relative: str, key: bytes) -> str:
     return names.to_source(os.fsencode(relative) + b"/" + key)
 
 
+def joined(root: Path | str, relative: str) -> str:
+    """The file at `relative` under a folder, or the object under a prefix."""
+    return f"{root}/{relative}" if isinstance(root, str) else os.path.join(root, relative)
+
+
 @contextmanager
-def opened_file(root: Path, relative: str, intake: RecordIntake) -> Iterator[IO[bytes] | None]:
-    """The regular file at root/relative, open for reading; None (and a reject naming the file)
-    when it is a link out of the root, not a regular file, or cannot be opened."""
+def opened_file(
+    root: Path | str, relative: str, intake: RecordIntake, options: objects.Options | None = None
+) -> Iterator[IO[bytes] | None]:
+    """The regular file at root/relative (or the object, `root` a prefix in object storage),
+    open for reading; None (and a reject naming the file) when it is a link out of the root,
+    not a regular file, or cannot be opened."""
     source = names.path_to_source(relative)
+    if isinstance(root, str):
+        try:
+            remote = objects.open_object(joined(root, relative), options)
+        except OSError as exc:
+            intake.reject(source, "io_error", f"cannot open: {exc.strerror or exc}")
+            yield None
+            return
+        with remote:
+            yield remote
+        return
     full = os.path.join(root, relative)
     if not os.path.realpath(full).startswith(os.path.realpath(root) + os.sep):
         intake.reject(source, "outside_root", "link leads outside source.path")
@@ -110,7 +136,17 @@ def duplicate_in(relatives: Iterable[str], what: str) -> DuplicateReject:
 
 
 def check_container_folder(config: Any) -> None:
-    """source.path must be the folder `source.files` are matched in."""
+    """source.path must be the folder (or object-storage prefix) `source.files` are matched
+    in."""
+    if isinstance(config.path, str):
+        url, options = config.path, config.storage_options
+        try:
+            found = with_time_limit(lambda: objects.is_folder(url, options), config.io_timeout, url)
+        except OSError as exc:
+            raise SourceError(f"source.path: cannot reach {url} ({exc})") from None
+        if not found:
+            raise SourceError(f"source.path: {url} holds no object")
+        return
     if not config.path.is_dir():
         raise SourceError(
             f"source.path: {config.path} is not a folder (source.files are matched in it)"

@@ -3,8 +3,8 @@ reading one object, the only code that talks to a store on the packing side.
 
 The store is reached through fsspec (`pip install 'etl-memmap[s3]'`); endpoint and credentials
 come from the environment or the driver's own configuration (for S3: AWS_ENDPOINT_URL,
-AWS_ACCESS_KEY_ID, a profile), so nothing secret is in pipeline.yaml or the manifest, and every
-worker process finds them the same way.
+AWS_ACCESS_KEY_ID, a profile), or from `source.storage_options` (`options` here), which travel
+to the workers with the config and are never written or printed.
 
 An object's "stat" is its size, its modification time and a 63-bit hash of its ETag (kept
 where a file keeps its inode), so a rerun hashes only the objects whose metadata changed, as
@@ -14,9 +14,10 @@ it does with `stat` for files. Reads are made by the workers, each within `sourc
 
 from __future__ import annotations
 
+import io
 import re
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import IO, Any
 
 import xxhash
 
@@ -34,13 +35,17 @@ from etl.sources.safe_files import (
 _MTIME = re.compile(r"mtime|LastModified|last_modified|updated", re.I)
 
 
-def store(url: str) -> tuple[Any, str]:
+Options = Mapping[str, Any]
+"""fsspec driver options (`source.storage_options`); empty: the environment's."""
+
+
+def store(url: str, options: Options | None = None) -> tuple[Any, str]:
     """(the fsspec filesystem, the path within it) of `url`; SourceError when its driver is
     missing."""
     try:
         from fsspec.core import url_to_fs
 
-        fs, path = url_to_fs(url)
+        fs, path = url_to_fs(url, **dict(options or {}))
         return fs, str(path)
     except ImportError as exc:
         raise SourceError(
@@ -49,10 +54,10 @@ def store(url: str) -> tuple[Any, str]:
         ) from None
 
 
-def list_objects(url: str) -> Iterator[tuple[str, int, int, int]]:
+def list_objects(url: str, options: Options | None = None) -> Iterator[tuple[str, int, int, int]]:
     """(key relative to `url`, size, mtime in ns, ETag hash) of every object under the prefix,
     in the store's order. SourceError naming `url` when it cannot be listed."""
-    fs, root = store(url)
+    fs, root = store(url, options)
     root = root.rstrip("/")
     try:
         # NOTE: fsspec keeps one filesystem per process and caches listings in it; a run that
@@ -68,9 +73,9 @@ def list_objects(url: str) -> Iterator[tuple[str, int, int, int]]:
             yield relative, int(info.get("size") or 0), _mtime_ns(info), _etag_key(info)
 
 
-def is_folder(url: str) -> bool:
+def is_folder(url: str, options: Options | None = None) -> bool:
     """Whether the prefix holds any object (object stores have no empty folders)."""
-    fs, root = store(url)
+    fs, root = store(url, options)
     try:
         fs.invalidate_cache()  # all of it: a path clears neither the folders below it
         return bool(fs.isdir(root))
@@ -80,38 +85,113 @@ def is_folder(url: str) -> bool:
         ) from None
 
 
-def read_object(url: str, max_bytes: int) -> bytes:
+def glob_objects(url: str, pattern: str, options: Options | None = None) -> list[str]:
+    """The keys under the prefix `url` that the glob `pattern` matches, relative to it ('**'
+    crosses folders); objects, never folders, and no key with a dot-named part (as a local
+    glob skips dot-files). SourceError naming `url` when it cannot be listed."""
+    fs, root = store(url, options)
+    root = root.rstrip("/")
+    try:
+        fs.invalidate_cache()  # see list_objects
+        found = fs.glob(f"{root}/{pattern}", detail=True)
+    except Exception as exc:  # a driver's own errors (botocore, aiohttp) are no OSError
+        raise SourceError(f"source.path: cannot list {url} ({type(exc).__name__}: {exc})") from None
+    keys = []
+    for name, info in found.items():
+        relative = name[len(root) + 1 :] if name.startswith(root + "/") else ""
+        hidden = any(part.startswith(".") for part in relative.split("/"))
+        if relative and not hidden and info.get("type") != "directory":
+            keys.append(relative)
+    return keys
+
+
+def open_object(url: str, options: Options | None = None) -> IO[bytes]:
+    """One object, open for reading (seekable: a seek past what was read is a ranged GET).
+    Every failure, on opening or on a later read, is an OSError naming the object."""
+    fs, path = store(url, options)
+    try:
+        fs.invalidate_cache(path)  # see _chunks
+        opened = fs.open(path, "rb", block_size=HASH_CHUNK_BYTES)
+    except OSError:
+        raise
+    except Exception as exc:
+        raise OSError(f"{url}: {type(exc).__name__}: {exc}") from None
+    return io.BufferedReader(_Guarded(opened, url), HASH_CHUNK_BYTES)
+
+
+class _Guarded(io.RawIOBase):
+    """A store's file whose every failure is an OSError naming the object: the callers (tar,
+    Parquet and Arrow readers) turn an OSError into a reject naming the file, and a driver's
+    own error types would otherwise escape them."""
+
+    def __init__(self, raw: Any, url: str) -> None:
+        self._raw, self._url = raw, url
+
+    def _guard(self, call: Any, *args: Any) -> Any:
+        try:
+            return call(*args)
+        except OSError:
+            raise
+        except Exception as exc:
+            raise OSError(f"{self._url}: {type(exc).__name__}: {exc}") from None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._guard(self._raw.read, len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return int(self._guard(self._raw.seek, offset, whence))
+
+    def tell(self) -> int:
+        return int(self._guard(self._raw.tell))
+
+    def close(self) -> None:
+        if not self.closed:
+            self._guard(self._raw.close)
+        super().close()
+
+
+def read_object(url: str, max_bytes: int, options: Options | None = None) -> bytes:
     """The bytes of one object, no more than `max_bytes` (`Refused('file_too_large')`); an
     object gone since it was listed is FileNotFoundError; any other failure an OSError."""
-    return b"".join(_chunks(url, max_bytes))
+    return b"".join(_chunks(url, max_bytes, options))
 
 
-def object_digest(url: str, algorithm: str, max_bytes: int) -> str:
+def object_digest(url: str, algorithm: str, max_bytes: int, options: Options | None = None) -> str:
     """The content hash of one object, streamed in HASH_CHUNK_BYTES pieces."""
     hasher = new_hasher(algorithm)
-    for chunk in _chunks(url, max_bytes):
+    for chunk in _chunks(url, max_bytes, options):
         hasher.update(chunk)
     return hasher.hexdigest()
 
 
-def read_located(locator: str, max_bytes: int) -> bytes:
+def read_located(locator: str, max_bytes: int, options: Options | None = None) -> bytes:
     """The bytes of a listed file, whether its locator is a local path or an object's URL."""
     return (
-        read_object(locator, max_bytes)
+        read_object(locator, max_bytes, options)
         if is_url(locator)
         else read_regular_file(locator, max_bytes)
     )
 
 
-def located_digest(locator: str, algorithm: str, max_bytes: int) -> str:
+def located_digest(
+    locator: str, algorithm: str, max_bytes: int, options: Options | None = None
+) -> str:
     """The content hash of a listed file, a local path or an object's URL, streamed."""
     if is_url(locator):
-        return object_digest(locator, algorithm, max_bytes)
+        return object_digest(locator, algorithm, max_bytes, options)
     return file_digest(locator, algorithm, max_bytes)
 
 
-def _chunks(url: str, max_bytes: int) -> Iterator[bytes]:
-    fs, path = store(url)
+def _chunks(url: str, max_bytes: int, options: Options | None) -> Iterator[bytes]:
+    fs, path = store(url, options)
     total = 0
     try:
         # NOTE: not the listing's cached size and ETag: a process that listed before (a run,

@@ -63,7 +63,8 @@ def read_many(config: SourceConfig, locators: Iterable[str]) -> Iterator[bytes |
     ahead of the caller (NOTE [ read ahead ] in etl/sources/timed.py)."""
     kind = kind_of(config)
     if kind.by_path:
-        return file_outcomes(config, locators, read_located)
+        read_file = partial(read_located, options=config.storage_options)
+        return file_outcomes(config, locators, read_file)
     return outcomes(partial(kind.read, config, locator) for locator in locators)
 
 
@@ -75,7 +76,7 @@ def digest_many(
     if kind_of(config).by_path:
 
         def hash_file(path: str, max_bytes: int) -> str:
-            return located_digest(path, algorithm, max_bytes)
+            return located_digest(path, algorithm, max_bytes, config.storage_options)
 
         return file_outcomes(config, locators, hash_file)
     return (

@@ -141,8 +141,8 @@ def with_time_limit(read: Callable[[], T], seconds: float | None, path: str) -> 
 def read_file(config: Any, locator: str) -> bytes:
     """The bytes of the file at `locator` (a path or an object's URL), within
     `source.io_timeout` and `source.max_file_bytes`: the read of every kind of files."""
-    limit = config.io_timeout
-    return with_time_limit(lambda: read_located(locator, config.max_file_bytes), limit, locator)
+    limit, max_bytes, options = config.io_timeout, config.max_file_bytes, config.storage_options
+    return with_time_limit(lambda: read_located(locator, max_bytes, options), limit, locator)
 
 
 def file_outcomes(

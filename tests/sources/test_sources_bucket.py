@@ -7,18 +7,22 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
-from PIL import Image
+from PIL import Image, ImageOps
 
 from etl.cli import main
 from etl.config import load_config
-from etl.errors import SourceError
+from etl.errors import ConfigError, SourceError
 from etl.format.manifest import read_manifest
 from etl.run import pipeline
 from etl.sources import objects
@@ -206,3 +210,182 @@ def test_a_store_that_never_answers_stops_the_run_in_bounded_time(
             s3fs.S3FileSystem.clear_instance_cache()
         assert time.monotonic() - started < 30
     assert not (tmp_path / "out").exists()
+
+
+SECRET = "s3cr3t-never-written-5b1f"
+
+
+def test_storage_options_in_the_config_reach_every_worker_and_are_never_written(
+    endpoint: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """No endpoint or credentials in the environment: `source.storage_options` alone reach the
+    store, in the listing, in worker processes (backend loky) and in the audit; the secret is
+    in no file the run writes and in nothing it prints."""
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    options = {
+        "endpoint_url": endpoint,
+        "key": "testing",
+        "secret": SECRET,
+        "client_kwargs": {"region_name": "us-east-1"},
+    }
+    import boto3
+
+    boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key=SECRET,
+        region_name="us-east-1",
+    ).create_bucket(Bucket="with-options")
+    s3fs.S3FileSystem.clear_instance_cache()
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+    fs.bucket = "with-options"
+    put(fs, "photos", tree(FILES), tmp_path / "local")
+    source = f"s3://{fs.bucket}/photos"
+    config = tmp_path / "remote.yaml"
+    config.write_text(
+        CONFIG.format(source=source, out=tmp_path / "from-bucket")
+        .replace("max_file_bytes: 20000}", f"storage_options: {json.dumps(options)}}}")
+        .replace("backend: threading", "backend: loky")
+    )
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main(["run", str(config), "--json"])
+    printed = capsys.readouterr()
+    assert done.value.code == 0, printed.err
+    assert json.loads(printed.out)["packed_new"] == 9
+    local = run(tmp_path, tmp_path / "local", tmp_path / "from-disk")
+    assert local.packed_new == 9
+    assert contents(tmp_path / "from-bucket") == contents(tmp_path / "from-disk")
+    with pytest.raises(SystemExit) as audited:
+        main(["audit", str(tmp_path / "from-bucket"), "--config", str(config), "--json"])
+    printed_too = capsys.readouterr()
+    assert audited.value.code == 0, printed_too.out
+    assert json.loads(printed_too.out)["sources"]["checked"] == 9
+    for path in (tmp_path / "from-bucket").rglob("*"):
+        assert not path.is_file() or SECRET.encode() not in path.read_bytes(), path
+    assert SECRET not in printed.out + printed.err + printed_too.out + printed_too.err
+    assert SECRET not in repr(load_config(config))
+    # without them the store cannot be reached: one error naming the prefix
+    config.write_text(config.read_text().replace(f"storage_options: {json.dumps(options)}", ""))
+    s3fs.S3FileSystem.clear_instance_cache()
+    with pytest.raises(SourceError, match=re.escape(f"source.path: cannot reach {source}")):
+        pipeline.run(load_config(config))
+
+
+def test_storage_options_on_a_local_path_are_refused(tmp_path: Path) -> None:
+    config = tmp_path / "local.yaml"
+    config.write_text(
+        CONFIG.format(source=tmp_path, out=tmp_path / "out").replace(
+            "max_file_bytes: 20000}", "storage_options: {anon: true}}"
+        )
+    )
+    with pytest.raises(ConfigError, match=r"storage_options are for a source\.path in object"):
+        load_config(config)
+
+
+def tar_of(members: dict[str, bytes], mode: str = "w") -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode=mode) as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def samples_of(seeds: range, label: bytes) -> dict[str, bytes]:
+    members = {}
+    for seed in seeds:
+        members[f"s{seed}.png"] = picture(seed)
+        members[f"s{seed}.cls"] = label
+    return members
+
+
+CONTAINERS = """\
+source: {{kind: {kind}, path: {source}, files: {files}, split: {{val: 0.25}}}}
+stages:
+  - decode: {{}}
+  - resize: {{size: [16, 16]}}
+output: {{dir: {out}, samples_per_shard: 5}}
+run: {{n_jobs: 2, backend: loky}}
+"""
+
+
+def run_container(tmp_path: Path, kind: str, source: str | Path, files: str, out: str) -> Any:
+    config = tmp_path / f"{out}.yaml"
+    config.write_text(CONTAINERS.format(kind=kind, source=source, files=files, out=tmp_path / out))
+    return pipeline.run(load_config(config))
+
+
+def test_tar_shards_and_tables_in_a_bucket_pack_as_the_same_files_on_disk(
+    store: Any, tmp_path: Path
+) -> None:
+    """WebDataset shards (plain, gzip, in a sub-prefix, cut short, not a tar) and Parquet and
+    Arrow tables under a prefix: the same samples, pixels and rejects as from local disk, the
+    files matched by the same globs; a rerun finds nothing new; a glob that matches nothing is
+    one error naming the prefix."""
+    whole = tar_of(samples_of(range(3), b"0"))
+    shards = {
+        "a.tar": tar_of(samples_of(range(10, 14), b"1")),
+        "more/b.tar": tar_of(samples_of(range(20, 23), b"2")),
+        "c.tar.gz": tar_of(samples_of(range(30, 33), b"0"), "w:gz"),
+        "cut.tar": whole[: whole.index(b"s2.png") + 512 + 100],
+        "foreign.tar": b"not a tar" * 100,
+        ".hidden.tar": tar_of(samples_of(range(40, 41), b"1")),
+    }
+    put(store, "shards", shards, tmp_path / "local-shards")
+    files = '["**/*.tar", "*.tar.gz"]'
+    url = f"s3://{store.bucket}/shards"
+    remote = run_container(tmp_path, "webdataset", url, files, "tars-bucket")
+    local = run_container(tmp_path, "webdataset", tmp_path / "local-shards", files, "tars-disk")
+    assert remote.packed_new == local.packed_new == 12
+    got, rejects = contents(tmp_path / "tars-bucket")
+    assert (got, rejects) == contents(tmp_path / "tars-disk")
+    assert rejects == {
+        "cut.tar": "truncated",
+        "cut.tar/s2": "truncated",
+        "foreign.tar": "unreadable",
+    }
+    decoded = Image.open(io.BytesIO(picture(21))).convert("RGB")
+    pixels = np.asarray(ImageOps.fit(decoded, (16, 16), Image.Resampling.BILINEAR))
+    assert got["more/b.tar/s21"][2] == pixels.tobytes()
+    again = run_container(tmp_path, "webdataset", url, files, "tars-bucket")
+    assert again.packed_new == 0 and not again.committed
+    config = str(tmp_path / "tars-bucket.yaml")  # the audit lists the shards in the bucket again
+    with pytest.raises(SystemExit) as audited:
+        main(["audit", str(tmp_path / "tars-bucket"), "--config", config, "--jobs", "1"])
+    assert audited.value.code == 0
+    store.pipe(f"{store.bucket}/shards/more/b.tar", tar_of(samples_of(range(60, 63), b"2")))
+    with pytest.raises(SystemExit) as changed:
+        main(["audit", str(tmp_path / "tars-bucket"), "--config", config, "--jobs", "1"])
+    assert changed.value.code == 1
+
+    table = pa.table(
+        {
+            "image": [picture(50 + i) for i in range(4)],
+            "label": [i % 2 for i in range(4)],
+        }
+    )
+    data = io.BytesIO()
+    pq.write_table(table, data)
+    arrow = io.BytesIO()
+    with pa.ipc.new_file(arrow, table.schema) as writer:
+        writer.write_table(table.slice(0, 2))
+    tables = {"t/one.parquet": data.getvalue(), "t/two.arrow": arrow.getvalue()}
+    put(store, "tables", tables, tmp_path / "local-tables")
+    files = '["t/*.parquet", "t/*.arrow"]'
+    url = f"s3://{store.bucket}/tables"
+    remote = run_container(tmp_path, "parquet", url, files, "tables-bucket")
+    local = run_container(tmp_path, "parquet", tmp_path / "local-tables", files, "tables-disk")
+    assert remote.packed_new == local.packed_new == 6
+    assert contents(tmp_path / "tables-bucket") == contents(tmp_path / "tables-disk")
+
+    with pytest.raises(SourceError, match=re.escape(f"'*.zip' matches nothing in {url}")):
+        run_container(tmp_path, "parquet", url, '["*.zip"]', "none")

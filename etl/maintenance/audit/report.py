@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,8 @@ class AuditOptions:
     source_root: Path | str | None = None
     """Folder (or object-storage prefix) the manifest's `source` paths are relative to; None
     skips the source check."""
+    source_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    """`source.storage_options` for a prefix in object storage."""
     records: SourceConfig | None = None
     """A source whose samples are records, not files (lmdb, python, webdataset, parquet):
     listed again, as a run lists it, and each checked sample's content hash compared."""

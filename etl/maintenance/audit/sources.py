@@ -4,7 +4,8 @@ again, and report each sample whose source changed or vanished."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -28,7 +29,10 @@ SOURCE_CHUNK = 64
 
 
 def verify_source_chunk(
-    items: Sequence[tuple[int, str, str]], root: str, algorithm: str
+    items: Sequence[tuple[int, str, str]],
+    root: str,
+    algorithm: str,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> tuple[list[tuple[int, str, str | None, str]], int]:
     """Worker: (index, source, recorded hash) -> problems as (index, kind, actual digest,
     message), and the number of files looked at."""
@@ -36,7 +40,7 @@ def verify_source_chunk(
     for index, source, recorded in items:
         path = names.source_path(root, source)  # the caller passes only sources inside the root
         try:
-            got = located_digest(path, algorithm, sys.maxsize)
+            got = located_digest(path, algorithm, sys.maxsize, storage_options)
         except FileNotFoundError:
             problems.append((index, "source_missing", None, f"{path!r} no longer exists"))
             continue
@@ -134,6 +138,7 @@ def verify_sources(
             options.run_config(int(sizes[[i for i, _, _ in items]].sum())),
             str(options.source_root),
             manifest.meta.checksum,
+            options.source_options,
         ) as hashed:
             for found, done in hashed:
                 problems += found

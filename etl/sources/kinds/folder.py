@@ -149,7 +149,10 @@ def _list_prefix(config: FolderSource, url: str, context: ListContext | None) ->
     files = FileColumnsBuilder(context.scratch if context is not None else None)
     rejects = RejectsBuilder(context.scratch if context is not None else None)
     try:
-        listed = with_time_limit(lambda: list(objects.list_objects(url)), config.io_timeout, url)
+        options = config.storage_options
+        listed = with_time_limit(
+            lambda: list(objects.list_objects(url, options)), config.io_timeout, url
+        )
     except OSError as exc:  # no answer within io_timeout: a hung store stops the run, named
         raise SourceError(f"source.path: cannot list {url} ({exc})") from None
     for relative, size, mtime_ns, etag in listed:
@@ -168,7 +171,8 @@ def _check(config: FolderSource) -> None:
     if isinstance(config.path, str):
         url = config.path
         try:
-            found = with_time_limit(lambda: objects.is_folder(url), config.io_timeout, url)
+            options = config.storage_options
+            found = with_time_limit(lambda: objects.is_folder(url, options), config.io_timeout, url)
         except OSError as exc:
             raise SourceError(f"source.path: cannot reach {url} ({exc})") from None
         if not found:

@@ -54,10 +54,10 @@ class _Sample:
 
 def list_webdataset(config: WebDatasetSource, context: ListContext) -> SourceListing:
     """Every sample of every tar shard `config.files` matches (plain, .gz, .bz2 or .xz)."""
-    matched = match_files(config.path, config.files)
+    matched = match_files(config.path, config.files, config.storage_options)
     with RecordIntake(context) as intake:
         for relative, split in matched:
-            with opened_file(config.path, relative, intake) as f:
+            with opened_file(config.path, relative, intake, config.storage_options) as f:
                 if f is not None:
                     _take_shard(f, relative, split, config, intake)
     classes = None if config.classes else declared_classes(intake, None)
@@ -77,7 +77,9 @@ def _take_shard(
         # NOTE: a seekable mode, not a stream ('r|*'): skipping a member seeks, and a seek
         # past the end is an error, so a shard cut inside a skipped member is still found
         with tarfile.open(fileobj=f, mode="r:*") as tar:
-            in_place = tar.fileobj is f  # not compressed: workers read members from the file
+            # not compressed, on local disk: workers read members from the file (from object
+            # storage, they read the spool: this process has read every byte once already)
+            in_place = tar.fileobj is f and not isinstance(config.path, str)
             for member in tar:
                 if member.isdir():
                     continue

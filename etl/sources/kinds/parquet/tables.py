@@ -5,7 +5,6 @@ layouts of image datasets on the Hugging Face Hub). The rules every container sh
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -20,6 +19,7 @@ from etl.format import names
 from etl.sources.containers import (
     declared_classes,
     duplicate_in,
+    joined,
     match_files,
     opened_file,
     record_source,
@@ -38,10 +38,10 @@ TABLE_ERRORS = (pa.ArrowException, OSError, ValueError)
 def list_parquet(config: ParquetSource, context: ListContext) -> SourceListing:
     """Every row of every table `config.files` matches (Parquet, Arrow IPC file or stream)."""
     declared: tuple[str, ...] | None = None
-    matched = match_files(config.path, config.files)
+    matched = match_files(config.path, config.files, config.storage_options)
     with RecordIntake(context) as intake:
         for relative, split in matched:
-            with opened_file(config.path, relative, intake) as f:
+            with opened_file(config.path, relative, intake, config.storage_options) as f:
                 if f is not None:
                     declared = _take_table(f, relative, split, config, intake) or declared
     classes = None if config.classes else declared_classes(intake, declared)
@@ -54,7 +54,7 @@ def _take_table(
 ) -> tuple[str, ...] | None:
     """Take the rows of one table (their split: `split_column`, else the file's `split`);
     returns its ClassLabel names, if it declares them."""
-    where = os.path.join(config.path, relative)
+    where = joined(config.path, relative)
     try:
         schema, batches = _open_table(f)
     except TABLE_ERRORS as exc:
