@@ -324,6 +324,22 @@ def run_container(tmp_path: Path, kind: str, source: str | Path, files: str, out
     return pipeline.run(load_config(config))
 
 
+def bucket_and_disk(
+    store: Any, tmp_path: Path, kind: str, files: dict[str, bytes], globs: str
+) -> tuple[str, int, Any]:
+    """`files` put under a prefix and in a folder, each packed as `kind` with `globs`: the
+    prefix's URL, how many samples both packed, and the bucket's contents (equal to the
+    folder's)."""
+    put(store, kind, files, tmp_path / f"local-{kind}")
+    url = f"s3://{store.bucket}/{kind}"
+    remote = run_container(tmp_path, kind, url, globs, f"{kind}-bucket")
+    local = run_container(tmp_path, kind, tmp_path / f"local-{kind}", globs, f"{kind}-disk")
+    assert remote.packed_new == local.packed_new
+    found = contents(tmp_path / f"{kind}-bucket")
+    assert found == contents(tmp_path / f"{kind}-disk")
+    return url, remote.packed_new, found
+
+
 def test_tar_shards_and_tables_in_a_bucket_pack_as_the_same_files_on_disk(
     store: Any, tmp_path: Path
 ) -> None:
@@ -340,14 +356,9 @@ def test_tar_shards_and_tables_in_a_bucket_pack_as_the_same_files_on_disk(
         "foreign.tar": b"not a tar" * 100,
         ".hidden.tar": tar_of(samples_of(range(40, 41), b"1")),
     }
-    put(store, "shards", shards, tmp_path / "local-shards")
-    files = '["**/*.tar", "*.tar.gz"]'
-    url = f"s3://{store.bucket}/shards"
-    remote = run_container(tmp_path, "webdataset", url, files, "tars-bucket")
-    local = run_container(tmp_path, "webdataset", tmp_path / "local-shards", files, "tars-disk")
-    assert remote.packed_new == local.packed_new == 12
-    got, rejects = contents(tmp_path / "tars-bucket")
-    assert (got, rejects) == contents(tmp_path / "tars-disk")
+    globs = '["**/*.tar", "*.tar.gz"]'
+    url, packed, (got, rejects) = bucket_and_disk(store, tmp_path, "webdataset", shards, globs)
+    assert packed == 12
     assert rejects == {
         "cut.tar": "truncated",
         "cut.tar/s2": "truncated",
@@ -356,15 +367,15 @@ def test_tar_shards_and_tables_in_a_bucket_pack_as_the_same_files_on_disk(
     decoded = Image.open(io.BytesIO(picture(21))).convert("RGB")
     pixels = np.asarray(ImageOps.fit(decoded, (16, 16), Image.Resampling.BILINEAR))
     assert got["more/b.tar/s21"][2] == pixels.tobytes()
-    again = run_container(tmp_path, "webdataset", url, files, "tars-bucket")
+    again = run_container(tmp_path, "webdataset", url, globs, "webdataset-bucket")
     assert again.packed_new == 0 and not again.committed
-    config = str(tmp_path / "tars-bucket.yaml")  # the audit lists the shards in the bucket again
-    with pytest.raises(SystemExit) as audited:
-        main(["audit", str(tmp_path / "tars-bucket"), "--config", config, "--jobs", "1"])
+    out, config = tmp_path / "webdataset-bucket", str(tmp_path / "webdataset-bucket.yaml")
+    with pytest.raises(SystemExit) as audited:  # the audit lists the shards in the bucket again
+        main(["audit", str(out), "--config", config, "--jobs", "1"])
     assert audited.value.code == 0
-    store.pipe(f"{store.bucket}/shards/more/b.tar", tar_of(samples_of(range(60, 63), b"2")))
+    store.pipe(f"{url}/more/b.tar", tar_of(samples_of(range(60, 63), b"2")))
     with pytest.raises(SystemExit) as changed:
-        main(["audit", str(tmp_path / "tars-bucket"), "--config", config, "--jobs", "1"])
+        main(["audit", str(out), "--config", config, "--jobs", "1"])
     assert changed.value.code == 1
 
     table = pa.table(
@@ -379,13 +390,9 @@ def test_tar_shards_and_tables_in_a_bucket_pack_as_the_same_files_on_disk(
     with pa.ipc.new_file(arrow, table.schema) as writer:
         writer.write_table(table.slice(0, 2))
     tables = {"t/one.parquet": data.getvalue(), "t/two.arrow": arrow.getvalue()}
-    put(store, "tables", tables, tmp_path / "local-tables")
-    files = '["t/*.parquet", "t/*.arrow"]'
-    url = f"s3://{store.bucket}/tables"
-    remote = run_container(tmp_path, "parquet", url, files, "tables-bucket")
-    local = run_container(tmp_path, "parquet", tmp_path / "local-tables", files, "tables-disk")
-    assert remote.packed_new == local.packed_new == 6
-    assert contents(tmp_path / "tables-bucket") == contents(tmp_path / "tables-disk")
+    globs = '["t/*.parquet", "t/*.arrow"]'
+    url, packed, _ = bucket_and_disk(store, tmp_path, "parquet", tables, globs)
+    assert packed == 6
 
     with pytest.raises(SourceError, match=re.escape(f"'*.zip' matches nothing in {url}")):
         run_container(tmp_path, "parquet", url, '["*.zip"]', "none")
