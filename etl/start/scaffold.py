@@ -263,6 +263,7 @@ def render(found: Survey, config_path: Path) -> str:
             "larger files are rejected without being read",
         ),
         _kv(2, "io_timeout", source.io_timeout, "seconds a file's read may take; then rejected"),
+        _kv(2, "storage_options", {}, "for a path in object storage: its fsspec options"),
         "  split:                  # fractions by a hash of the path; the rest is train",
         *[_kv(4, k, v) for k, v in source.split.items()],
         "",
