@@ -88,8 +88,8 @@ def main() -> None:
     import boto3
     import s3fs
 
+    from etl.format.remote import RemoteDataset
     from loaders import PackedDataset
-    from loaders.remote import RemoteDataset
 
     shape = (args.size, args.size, 3)
     work = Path(tempfile.mkdtemp(prefix="bench-remote-"))

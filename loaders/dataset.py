@@ -21,10 +21,10 @@ from numpy.typing import NDArray
 from torch.utils.data import Dataset, get_worker_info
 
 from etl.format.names import is_url
+from etl.format.remote import STORE_TIMEOUT, RemoteDataset
 from loaders.batches import AnyBatch, BatchMemory, Samples, make_batch
 from loaders.catalog import Selection, Where, open_catalog
 from loaders.reader import ShardReader
-from loaders.remote import STORE_TIMEOUT, RemoteDataset
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 
@@ -97,7 +97,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
 
         `path` may be a URL (`s3://bucket/ds`): the version and the shards the selection reads
         are fetched into `cache_dir` (default `$ETL_CACHE`, else ~/.cache/etl-memmap), each
-        verified, and read from there (`loaders.remote`); `storage_options` go to fsspec
+        verified, and read from there (`etl.format.remote`); `storage_options` go to fsspec
         (endpoint, credentials); one call to the store that takes longer than `store_timeout`
         seconds is an error naming what it fetched.
         """

@@ -10,7 +10,7 @@ import typer
 from PIL import Image
 from rich.table import Table
 
-from etl.cli.app import app, out
+from etl.cli.app import app, dataset_location, out
 from etl.config import PipelineConfig, SourceConfig, load_config
 from etl.errors import EtlError
 from etl.explore import view as explore
@@ -18,9 +18,10 @@ from etl.format.atomic import replacing
 from etl.start import scaffold
 
 DirArg = Annotated[
-    Path,
+    str,
     typer.Argument(
-        help="Dataset folder (output.dir), a version folder or a manifest.arrow.",
+        help="Dataset folder (output.dir), a version folder, a manifest.arrow, or the dataset's "
+        "URL in object storage (s3://bucket/ds: read through the local cache).",
         show_default=False,
     ),
 ]
@@ -93,7 +94,7 @@ def inspect(
 
     Example:  etl inspect artifacts --plot balance.png
     """
-    ds = explore.open_dataset(directory, version)
+    ds = explore.open_dataset(dataset_location(directory), version)
     summary = ds.summary()
     if plot is not None:
         _save_png(ds.class_balance().image, plot)
@@ -232,7 +233,7 @@ def show(
         raise typer.BadParameter("--rejects takes --reason, not --ids, --class or --split")
     if not rejects and (wanted_reasons or source or config_path):
         raise typer.BadParameter("--reason, --source and --config go with --rejects")
-    ds = explore.open_dataset(directory, version)
+    ds = explore.open_dataset(dataset_location(directory), version)
     if rejects:
         if source is None and config_path is None:
             raise typer.BadParameter("--rejects needs --source DIR or --config pipeline.yaml")

@@ -9,22 +9,29 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from etl.cli.app import app, out
+from etl.cli.app import app, dataset_location, out
 from etl.maintenance.housekeeping import compact as run_compact
 from etl.maintenance.versions import diff as version_diff
 from etl.maintenance.versions import summaries
 
 DirArg = Annotated[Path, typer.Argument(help="Dataset folder (output.dir).", show_default=False)]
+ReadArg = Annotated[
+    str,
+    typer.Argument(
+        help="Dataset folder (output.dir), or its URL in object storage (s3://bucket/ds).",
+        show_default=False,
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
 
 @app.command()
-def versions(directory: DirArg, as_json: JsonOpt = False) -> None:
+def versions(directory: ReadArg, as_json: JsonOpt = False) -> None:
     """List a dataset's committed versions with counts, sizes and times.
 
     Example:  etl versions artifacts
     """
-    rows = summaries(directory)
+    rows = summaries(dataset_location(directory))
     if as_json:
         print(json.dumps([vars(r) for r in rows], indent=2))
         return
@@ -44,7 +51,7 @@ def versions(directory: DirArg, as_json: JsonOpt = False) -> None:
 
 @app.command()
 def diff(
-    directory: DirArg,
+    directory: ReadArg,
     a: Annotated[int, typer.Argument(help="Older version.")],
     b: Annotated[int, typer.Argument(help="Newer version.")],
     limit: Annotated[int, typer.Option(help="Rows to list per kind (0: counts only).")] = 20,
@@ -54,7 +61,7 @@ def diff(
 
     Example:  etl diff artifacts 1 2
     """
-    d = version_diff(directory, a, b)
+    d = version_diff(dataset_location(directory), a, b)
     if as_json:
         print(
             json.dumps(

@@ -19,10 +19,10 @@ checks each file against the manifest, and are read through read-only memmaps.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
@@ -35,6 +35,8 @@ from etl.errors import EtlError
 from etl.explore.drawing import Cell, Chart, Sheet, draw_class_balance, draw_sheet
 from etl.explore.reject_sheet import reject_cells
 from etl.format.manifest import Manifest, list_versions, read_manifest
+from etl.format.names import is_url
+from etl.format.remote import RemoteDataset
 from etl.format.shards import open_shard
 from etl.format.view import VersionView
 
@@ -48,12 +50,23 @@ SampleKey: TypeAlias = "int | str"
 # --- the dataset ------------------------------------------------------------------------------
 
 
-def open_dataset(path: Path | str, version: int | None = None) -> Dataset:
-    """Open a dataset folder, a version folder or a manifest.arrow file, read-only.
+def open_dataset(
+    path: Path | str,
+    version: int | None = None,
+    *,
+    cache_dir: Path | str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Dataset:
+    """Open a dataset folder, a version folder or a manifest.arrow file, read-only; or a
+    dataset in object storage (`s3://bucket/ds`), through a local mirror in `cache_dir`
+    (`etl.format.remote`: the version's files now, each shard verified when first read).
 
     The latest version unless `version` pins one; `ManifestError` if there is none or the
     manifest is not coherent (an unknown format version, a shard path outside the dataset, ...).
     """
+    if isinstance(path, str) and is_url(path):
+        remote = RemoteDataset(path, cache_dir, storage_options)
+        return Dataset(read_manifest(remote.root, remote.fetch_version(version)), remote)
     return Dataset(read_manifest(path, version))
 
 
@@ -64,19 +77,31 @@ class Dataset(VersionView):
     Shards are opened on first use and kept open (read-only memmaps cost no memory until read).
     """
 
-    def __init__(self, manifest: Manifest) -> None:
+    def __init__(self, manifest: Manifest, remote: RemoteDataset | None = None) -> None:
         super().__init__(manifest)
         self._shards: dict[str, np.memmap] = {}
+        self._remote = remote
+        """Where shards come from when this is the mirror of a dataset in object storage."""
+
+    @property
+    def location(self) -> str:
+        """Where the dataset is: its folder, or its URL in object storage."""
+        return self._remote.url if self._remote is not None else str(self.root)
+
+    @property
+    def name(self) -> str:
+        """The dataset's folder name (or the last part of its URL), for titles."""
+        return PurePosixPath(self.location).name
 
     @property
     def versions(self) -> list[int]:
         """Every committed version of this dataset, oldest first."""
-        return list_versions(self.root)
+        return self._remote.versions() if self._remote else list_versions(self.root)
 
     def __repr__(self) -> str:
         shape = "x".join(str(d) for d in self.sample_shape)
         return (
-            f"<Dataset {str(self.root)!r} version {self.version}: {len(self)} samples, "
+            f"<Dataset {self.location!r} version {self.version}: {len(self)} samples, "
             f"{len(self.classes)} classes, {shape} {self.layout}, "
             f"{self.rejects.num_rows} rejects>"
         )
@@ -127,7 +152,11 @@ class Dataset(VersionView):
 
     def _shard(self, name: str) -> np.memmap:
         if name not in self._shards:
-            rows = self.shards.filter(pc.field("shard") == name).column("rows").to_pylist()
+            shard = self.shards.filter(pc.field("shard") == name)
+            rows = shard.column("rows").to_pylist()
+            if self._remote is not None:
+                checksums = tuple(shard.column("checksum").to_pylist())
+                self._remote.fetch_shards((name,), checksums, self.manifest.meta.checksum)
             self._shards[name] = open_shard(
                 self.manifest.shard_path(name), self.sample_shape, rows[0]
             )
@@ -140,7 +169,7 @@ class Dataset(VersionView):
         meta = self.manifest.meta
         reasons = Counter(self.rejects.column("reason").to_pylist())
         return Summary(
-            root=str(self.root),
+            root=self.location,
             version=self.version,
             versions=self.versions,
             created=meta.created,
@@ -214,7 +243,7 @@ class Dataset(VersionView):
             )
             for p, r in zip(positions, rows, strict=True)
         ]
-        title = f"{self.root.name} v{self.version}: {len(cells)} of {len(self)} samples"
+        title = f"{self.name} v{self.version}: {len(cells)} of {len(self)} samples"
         return draw_sheet(cells, columns=columns, cell=cell, title=title)
 
     def reject_sheet(
@@ -257,12 +286,12 @@ class Dataset(VersionView):
 
             source = FolderSource(path=Path(source))
         cells = reject_cells(source, rows, decode, self.manifest.meta.checksum)
-        title = f"{self.root.name} v{self.version}: {len(cells)} of {self.rejects.num_rows} rejects"
+        title = f"{self.name} v{self.version}: {len(cells)} of {self.rejects.num_rows} rejects"
         return draw_sheet(cells, columns=columns, cell=cell, title=title)
 
     def class_balance(self) -> Chart:
         """A grouped bar chart of samples per class, one bar per split."""
-        title = f"{self.root.name} v{self.version}: {len(self)} samples per class and split"
+        title = f"{self.name} v{self.version}: {len(self)} samples per class and split"
         return draw_class_balance(self.counts(), self.classes, title)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import pyarrow.compute as pc
 
 from etl.format.columns import ascending, bisect_right, bool_mask, positions_in, sorted_by
 from etl.format.manifest import Manifest, list_versions, read_manifest, resolve
+from etl.format.names import is_url
+from etl.format.remote import RemoteDataset
 
 
 @dataclass(frozen=True)
@@ -24,11 +27,26 @@ class VersionSummary:
     config_digest: str
 
 
-def summaries(root: Path) -> list[VersionSummary]:
+def readable(
+    dataset: Path | str, numbers: Sequence[int] | None = None, cache_dir: Path | None = None
+) -> tuple[Path, list[int]]:
+    """The local folder to read versions `numbers` (None: every committed one) of `dataset`
+    from, and those numbers: the dataset's own folder, or for a dataset in object storage
+    (`s3://...`) its mirror in `cache_dir`, with those versions fetched
+    (`etl.format.remote`)."""
+    if isinstance(dataset, str) and is_url(dataset):
+        remote = RemoteDataset(dataset, cache_dir)
+        wanted = list(numbers) if numbers is not None else remote.versions()
+        return remote.root, [remote.fetch_version(n) for n in wanted]
+    root, _ = resolve(Path(dataset))
+    return root, list(numbers) if numbers is not None else list_versions(root)
+
+
+def summaries(dataset: Path | str, cache_dir: Path | None = None) -> list[VersionSummary]:
     """One line per committed version, oldest first."""
-    root, _ = resolve(root)
+    root, numbers = readable(dataset, None, cache_dir)
     out = []
-    for number in list_versions(root):
+    for number in numbers:
         m = read_manifest(root, number)
         out.append(
             VersionSummary(
@@ -68,13 +86,14 @@ DIFF_ROWS = 1 << 16
 """Rows of each version compared at a time."""
 
 
-def diff(root: Path, a: int, b: int) -> VersionDiff:
+def diff(dataset: Path | str, a: int, b: int, cache_dir: Path | None = None) -> VersionDiff:
     """What changed between two versions, by source: pixels (checksum), class or split.
 
     Both manifests are in source order (docs/FORMAT.md; one that is not is sorted first), so
     they are walked side by side, DIFF_ROWS of each at a time, with the pages read let go of
     after each step: 10M-row versions cost what their differences cost, not a hash table of
-    every source. Every table comes out in source order."""
+    every source. Every table comes out in source order. `dataset`: see `readable`."""
+    root, _ = readable(dataset, (a, b), cache_dir)
     old, new = read_manifest(root, a), read_manifest(root, b)
     before, after = _in_source_order(old), _in_source_order(new)
     added: list[pa.Table] = [after.slice(0, 0)]

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from etl.errors import ManifestError, ShardError
+from etl.format.remote import RemoteDataset
 from loaders import PackedDataset, make_loader
-from loaders.remote import RemoteDataset
 from tests.helpers.packed import Packed, make_packed
 from tests.helpers.stores import moto_endpoint, silent_endpoint
 

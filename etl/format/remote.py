@@ -1,7 +1,8 @@
 """Datasets in object storage (`s3://`, `gs://`, any fsspec URL), read through a local cache.
 
-`PackedDataset.open("s3://bucket/ds", cache_dir=...)` mirrors what it needs into the cache and
-opens the copy, so every later read is a local memory map:
+`PackedDataset.open("s3://bucket/ds", cache_dir=...)` (and `etl inspect`, `show`, `versions`
+and `diff` given a URL) mirror what they need into the cache and open the copy, so every later
+read is a local memory map:
 
 - the version's files (manifest, shards table, rejects, `commit.json`), then checked against
   their commit record as any local version is;
@@ -91,8 +92,9 @@ class RemoteDataset:
     def _remote(self, *parts: str) -> str:
         return "/".join([self.remote_root.rstrip("/"), *parts])
 
-    def latest_version(self) -> int:
-        """The newest committed version in the store (one listing of `versions/`)."""
+    def versions(self) -> list[int]:
+        """The committed versions in the store, oldest first (one listing of `versions/`; a
+        version folder that a writer has not published yet has a hidden name)."""
         try:
             entries = self._bounded(self.fs.ls, self._remote(VERSIONS_DIR), detail=False)
         except FileNotFoundError:
@@ -103,7 +105,11 @@ class RemoteDataset:
         found = sorted(n for n in numbers if n is not None)
         if not found:
             raise ManifestError(f"{self.url}: no manifest version found (run 'etl run' first)")
-        return found[-1]
+        return found
+
+    def latest_version(self) -> int:
+        """The newest committed version in the store."""
+        return self.versions()[-1]
 
     def fetch_version(self, version: int | None) -> int:
         """The version's files in the mirror (fetched unless there already); its number."""
