@@ -11,11 +11,12 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from etl.cli.app import app, out
+from etl.cli.app import app, dataset_location, out
 from etl.cli.progress import BarProgress
 from etl.config import BACKENDS, Backend, load_config
 from etl.errors import EtlError
 from etl.format.manifest import FORMAT_VERSION
+from etl.format.names import is_url
 from etl.format.shards import SHARDS_DIR
 from etl.maintenance import audit as audit_lib
 from etl.maintenance import checkup
@@ -31,6 +32,7 @@ class AuditBar(BarProgress):
     """BarProgress, with bytes and bytes/s for the 'verify' phase."""
 
     LABELS: ClassVar[dict[str, str]] = {
+        "download": "fetching shards",
         "verify": "verifying shards",
         "sources": "hashing sources",
         "repair": "re-packing samples",
@@ -130,9 +132,10 @@ def _print_repair(fixed: repair_lib.RepairReport) -> None:
 @app.command()
 def audit(
     dataset: Annotated[
-        Path,
+        str,
         typer.Argument(
-            help="Dataset folder (output.dir), a version folder or a manifest.arrow.",
+            help="Dataset folder (output.dir), a version folder, a manifest.arrow, or the "
+            "dataset's URL in object storage (s3://bucket/ds: audited as the store serves it).",
             show_default=False,
         ),
     ],
@@ -218,6 +221,8 @@ def audit(
             "--repair needs --config pipeline.yaml: its stages re-pack the samples",
             param_hint="--repair",
         )
+    if repair and is_url(dataset):
+        raise typer.BadParameter("--repair writes a new version: it needs a local dataset")
     if repair and sample_rate is not None:
         raise typer.BadParameter("--repair needs a whole audit, not --sample-rate")
     if address is not None and backend is None:
@@ -253,7 +258,7 @@ def audit(
     )
     show = not (quiet or as_json)
     bar = AuditBar(enabled=show)
-    report = audit_lib.audit(dataset, options, bar)
+    report = audit_lib.audit(dataset_location(dataset), options, bar)
     if show:
         _print_report(report)
     result = checkup.Checkup(report)

@@ -151,6 +151,27 @@ class RemoteDataset:
             for done in [pool.submit(self._fetch_shard, n, c, algorithm) for n, c in wanted]:
                 done.result()
 
+    def download_as_stored(self, names: tuple[str, ...], on_done: Callable[[int], None]) -> None:
+        """Each shard of `names` as the store holds it, into this mirror, NOT verified: only
+        for a scratch mirror that is audited and then removed (`etl audit s3://...`), never
+        the shared cache. A shard the store does not have is left out, for the audit to name;
+        any other failure is a ShardError naming it. `on_done(1)` after each."""
+
+        def download(name: str) -> None:
+            final = self.root / name
+            final.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                there = self._bounded(self.fs.exists, self._remote(name))
+            except Exception as exc:
+                raise ShardError(f"{self.url}/{name}: cannot look it up ({_why(exc)})") from None
+            if there:
+                self._get(self._remote(name), final, ShardError)
+            on_done(1)
+
+        with ThreadPoolExecutor(max_workers=DOWNLOADS, thread_name_prefix="etl-fetch") as pool:
+            for done in [pool.submit(download, name) for name in names]:
+                done.result()
+
     def _fetch_shard(self, name: str, checksum: str, algorithm: str) -> None:
         final = self.root / name
         final.parent.mkdir(parents=True, exist_ok=True)

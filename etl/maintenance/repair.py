@@ -139,6 +139,8 @@ def repair(
     started = time.perf_counter()
     if report.mode == "sample":
         raise EtlError("repair needs a full or --fast audit, not a sampled one")
+    if not isinstance(report.root, Path):
+        raise EtlError(f"{report.root}: repair writes a new version; it needs a local dataset")
     root = report.root
     if not report.manifest_ok:
         raise ManifestError(

@@ -14,6 +14,7 @@ import pytest
 
 from etl.cli import main
 from etl.config import load_config
+from etl.format.manifest import read_manifest
 from etl.run import pipeline
 from etl.start.sample_data import make_sample_data
 from tests.helpers.stores import moto_endpoint
@@ -124,3 +125,45 @@ def test_a_shard_changed_in_the_store_is_one_clear_error(
     cached = {p.name for p in (tmp_path / "cache").rglob("shards/*")}
     assert Path(shard).name not in cached, "the damaged shard is never cached"
     assert not [name for name in cached if name.startswith(".tmp-")]
+
+
+def findings(report: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return sorted((f["kind"], f["shard"], f["sample_id"]) for f in report["findings"])
+
+
+def test_audit_of_a_bucket_finds_what_a_local_audit_finds(
+    bucket: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`etl audit s3://...` checks the bytes the store serves now, in a scratch copy removed
+    afterwards: clean, then one flipped byte found as a local audit of the same damage finds
+    it (the same shard, the same sample)."""
+    local = two_versions(tmp_path)
+    bucket.put(str(local), "datasets/audited", recursive=True)
+    url = "s3://datasets/audited"
+    code, out, err = cli(["audit", url, "--json"], capsys)
+    assert code == 0, out + err
+    clean = json.loads(out)
+    manifest = read_manifest(local)
+    assert clean["dataset"] == url and clean["version"] == 2
+    assert clean["shards"] == {
+        "total": manifest.shards.num_rows,
+        "hashed": manifest.shards.num_rows,
+    }
+    assert clean["samples"]["verified"] == manifest.samples.num_rows
+    shard = manifest.shards.column("shard")[0].as_py()
+    data = bytearray((local / shard).read_bytes())
+    data[-3] ^= 0x5A  # a pixel of the last row
+    (local / shard).write_bytes(bytes(data))
+    bucket.pipe(f"datasets/audited/{shard}", bytes(data))
+    reports = []
+    for where in (str(local), url):
+        code, out, _ = cli(["audit", where, "--json"], capsys)
+        assert code == 1
+        reports.append(json.loads(out))
+    assert findings(reports[0]) == findings(reports[1])
+    assert {kind for kind, _, _ in findings(reports[1])} >= {"shard_checksum", "sample_checksum"}
+    assert [p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith(".audit-")] == []
+    code, _, err = cli(
+        ["audit", url, "--repair", "--config", str(tmp_path / "pipeline.yaml")], capsys
+    )
+    assert code == 2 and "needs a local dataset" in err

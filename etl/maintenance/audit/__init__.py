@@ -31,7 +31,10 @@ from __future__ import annotations
 
 import math
 import secrets
+import shutil
+import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -44,10 +47,13 @@ from etl.errors import ConfigError, ManifestError
 from etl.format.manifest import (
     MANIFEST_FILE,
     list_versions,
+    read_manifest,
     refuse_other_format,
     resolve,
     version_dir,
 )
+from etl.format.names import is_url
+from etl.format.remote import RemoteDataset, default_cache_dir
 from etl.maintenance.audit.dataset import (
     check_dataset,
     check_manifest,
@@ -97,10 +103,13 @@ def audit(
     (no such folder, no version, no version `options.version`, another format version); damage
     to the dataset itself, the manifest included, is reported as findings.
 
-    `progress` hears phases "verify" (total in bytes) and "sources" (in files).
+    `progress` hears phases "verify" (total in bytes) and "sources" (in files); and for a
+    dataset in object storage (`path` a URL: `_audit_remote`) "download" (in shards) first.
     """
     options = options or AuditOptions()
     progress = progress or Progress()
+    if isinstance(path, str) and is_url(path):
+        return _audit_remote(path, options, progress)
     started = time.perf_counter()
     root, number = resolve(Path(path), options.version)
     refuse_other_format(version_dir(root, number) / MANIFEST_FILE)
@@ -161,6 +170,38 @@ def audit(
         report.notes.append(_sampling_note(report, seed, drawn))
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _audit_remote(url: str, options: AuditOptions, progress: Progress) -> AuditReport:
+    """Audit a dataset in object storage: the version's files and every shard it references
+    are downloaded as the store holds them, unverified, into a scratch mirror beside the cache
+    (never the cache itself), audited there as a local dataset in the mode asked, and removed.
+    What is checked is what the store serves now, byte for byte; the report names the URL.
+    Orphan shards in the store are not looked for (only the version's shards are fetched)."""
+    cache = default_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".audit-", dir=cache))
+    try:
+        remote = RemoteDataset(url, scratch, options.storage_options)
+        number = remote.fetch_version(options.version)
+        try:
+            names = tuple(read_manifest(remote.root, number).shards.column("shard").to_pylist())
+        except ManifestError:
+            names = ()  # the audit of the copy reports the manifest
+        progress.start("download", len(names))
+        try:
+            remote.download_as_stored(names, progress.advance)
+        finally:
+            progress.stop()
+        report = audit(remote.root, replace(options, version=number), progress)
+        report.root = url
+        report.notes.append(
+            f"audited a copy of {url} version {number} fetched from the store just now; "
+            "orphan shards in the store were not looked for"
+        )
+        return report
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _select_samples(n: int, rate: float | None, seed: int | None) -> NDArray[np.int64]:

@@ -127,6 +127,8 @@ class AuditOptions:
     skips the source check."""
     source_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
     """`source.storage_options` for a prefix in object storage."""
+    storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    """fsspec options of the dataset's store, when it is audited at a URL."""
     records: SourceConfig | None = None
     """A source whose samples are records, not files (lmdb, python, webdataset, parquet):
     listed again, as a run lists it, and each checked sample's content hash compared."""
@@ -158,7 +160,8 @@ class AuditOptions:
 
 @dataclass
 class AuditReport:
-    root: Path
+    root: Path | str
+    """The dataset's folder, or its URL in object storage."""
     version: int
     latest: int
     mode: str
