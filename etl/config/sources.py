@@ -78,9 +78,11 @@ class FolderSource(_SourceBase):
 
 
 class ListingSource(_SourceBase):
-    """A CSV or Parquet file with columns path, label and optionally split."""
+    """A CSV or Parquet file with columns path, label and optionally split: a local file, or
+    an object in a bucket (`s3://bucket/train.csv`), its paths relative to its prefix."""
 
     kind: Literal["listing"] = "listing"
+    path: Location  # type: ignore[assignment]
     path_column: str = "path"
     label_column: str = "label"
     split_column: str = "split"

@@ -31,7 +31,7 @@ from etl.sources import objects
 from etl.sources.intake import DuplicateReject, RecordIntake
 from etl.sources.labels import integer_classes
 from etl.sources.safe_files import SAFE_OPEN_FLAGS, not_a_file
-from etl.sources.timed import with_time_limit
+from etl.sources.timed import check_in_store
 
 # --- files --------------------------------------------------------------------------------------
 
@@ -139,15 +139,8 @@ def check_container_folder(config: Any) -> None:
     """source.path must be the folder (or object-storage prefix) `source.files` are matched
     in."""
     if isinstance(config.path, str):
-        url, options = config.path, config.storage_options
-        try:
-            found = with_time_limit(lambda: objects.is_folder(url, options), config.io_timeout, url)
-        except OSError as exc:
-            raise SourceError(f"source.path: cannot reach {url} ({exc})") from None
-        if not found:
-            raise SourceError(f"source.path: {url} holds no object")
-        return
-    if not config.path.is_dir():
+        check_in_store(config, objects.is_folder, "holds no object")
+    elif not config.path.is_dir():
         raise SourceError(
             f"source.path: {config.path} is not a folder (source.files are matched in it)"
         )

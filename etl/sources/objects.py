@@ -24,6 +24,7 @@ import xxhash
 from etl.errors import SourceError
 from etl.format.checksums import new_hasher
 from etl.format.names import is_url
+from etl.sources.entries import FileStat
 from etl.sources.safe_files import (
     HASH_CHUNK_BYTES,
     Refused,
@@ -71,6 +72,27 @@ def list_objects(url: str, options: Options | None = None) -> Iterator[tuple[str
         relative = name[len(root) + 1 :] if name.startswith(root + "/") else None
         if relative:
             yield relative, int(info.get("size") or 0), _mtime_ns(info), _etag_key(info)
+
+
+def stats_under(url: str, options: Options | None = None) -> dict[str, FileStat]:
+    """What `list_objects` says of every object under the prefix, by key relative to it: the
+    "stat" of each, to look listed keys up in (one listing, not a request per key)."""
+    return {
+        key: FileStat(size, mtime_ns, 0, etag)
+        for key, size, mtime_ns, etag in list_objects(url, options)
+    }
+
+
+def is_object(url: str, options: Options | None = None) -> bool:
+    """Whether `url` names an object (not a prefix, not nothing)."""
+    fs, path = store(url, options)
+    try:
+        fs.invalidate_cache()
+        return bool(fs.isfile(path))
+    except Exception as exc:
+        raise SourceError(
+            f"source.path: cannot reach {url} ({type(exc).__name__}: {exc})"
+        ) from None
 
 
 def is_folder(url: str, options: Options | None = None) -> bool:

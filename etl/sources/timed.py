@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any, TypeVar
 
+from etl.errors import SourceError
 from etl.sources.objects import read_located
 from etl.sources.safe_files import Refused
 
@@ -136,6 +137,19 @@ def with_time_limit(read: Callable[[], T], seconds: float | None, path: str) -> 
             raise outcome
         return outcome
     raise AssertionError("one read, one outcome")
+
+
+def check_in_store(config: Any, probe: Callable[[str, Any], bool], missing: str) -> None:
+    """The check of a `source.path` in object storage: probe(url, storage_options) within
+    `source.io_timeout`; SourceError naming the URL when the store does not answer, and
+    "source.path: URL `missing`" when the probe says no."""
+    url, options = config.path, config.storage_options
+    try:
+        found = with_time_limit(lambda: probe(url, options), config.io_timeout, url)
+    except OSError as exc:
+        raise SourceError(f"source.path: cannot reach {url} ({exc})") from None
+    if not found:
+        raise SourceError(f"source.path: {url} {missing}")
 
 
 def read_file(config: Any, locator: str) -> bytes:

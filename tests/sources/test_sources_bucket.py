@@ -396,3 +396,70 @@ def test_tar_shards_and_tables_in_a_bucket_pack_as_the_same_files_on_disk(
 
     with pytest.raises(SourceError, match=re.escape(f"'*.zip' matches nothing in {url}")):
         run_container(tmp_path, "parquet", url, '["*.zip"]', "none")
+
+
+LISTING = """\
+source: {{kind: listing, path: {source}, split: {{val: 0.25}}, max_file_bytes: 20000}}
+stages:
+  - decode: {{}}
+  - resize: {{size: [16, 16]}}
+output: {{dir: {out}, samples_per_shard: 5}}
+run: {{n_jobs: 2, backend: threading}}
+"""
+
+
+def run_listing(tmp_path: Path, source: str | Path, out: str) -> Any:
+    config = tmp_path / f"{out}.yaml"
+    config.write_text(LISTING.format(source=source, out=tmp_path / out))
+    return pipeline.run(load_config(config))
+
+
+def test_a_listing_in_a_bucket_packs_as_the_same_listing_on_disk(
+    store: Any, tmp_path: Path
+) -> None:
+    """A CSV in a bucket naming objects under its prefix: missing objects, paths out of the
+    prefix, rows without a label and an object over max_file_bytes are the same rejects as on
+    disk; a rerun reads nothing again; a changed object is packed again."""
+    files = tree({f"img/{i}.png": i for i in range(6)})
+    files["img/big.png"] = Image.new("RGB", (300, 300)).tobytes()[:30000]
+    rows = [f"img/{i}.png,{'cat' if i % 2 else 'dog'}" for i in range(6)]
+    rows[5] = "img/5.png,"  # no label
+    rows += ["img/gone.png,cat", "../outside.png,cat", "img/big.png,dog"]
+    files["lists/train.csv"] = ("path,label\n" + "\n".join(rows) + "\n").encode()
+    put(store, "data", files, tmp_path / "local")
+    # the listing names paths relative to its own folder: lists/ holds a copy of img/
+    for name, data in list(files.items()):
+        if name.startswith("img/"):
+            store.pipe(f"{store.bucket}/data/lists/{name}", data)
+            (tmp_path / "local" / "lists" / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / "local" / "lists" / name).write_bytes(data)
+    url = f"s3://{store.bucket}/data/lists/train.csv"
+    remote = run_listing(tmp_path, url, "list-bucket")
+    local = run_listing(tmp_path, tmp_path / "local" / "lists" / "train.csv", "list-disk")
+    assert remote.packed_new == local.packed_new == 5
+    got, rejects = contents(tmp_path / "list-bucket")
+    assert (got, rejects) == contents(tmp_path / "list-disk")
+    assert sorted(rejects.values()) == sorted(
+        ["missing", "outside_root", "unknown_label", "file_too_large"]
+    )
+    hashed: list[str] = []
+    real = objects.object_digest
+
+    def counted(url: str, *args: Any) -> str:
+        hashed.append(url.rsplit("/lists/", 1)[1])
+        return real(url, *args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(objects, "object_digest", counted)
+        again = run_listing(tmp_path, url, "list-bucket")
+        assert again.packed_new == 0 and not again.committed and hashed == []
+        store.pipe(f"{store.bucket}/data/lists/img/0.png", picture(77))
+        changed = run_listing(tmp_path, url, "list-bucket")
+    assert hashed == ["img/0.png"]
+    assert changed.committed and changed.packed_new == 1
+    config = str(tmp_path / "list-bucket.yaml")  # the audit re-hashes the objects it lists
+    with pytest.raises(SystemExit) as audited:
+        main(["audit", str(tmp_path / "list-bucket"), "--config", config, "--jobs", "1"])
+    assert audited.value.code == 0
+    with pytest.raises(SourceError, match="is not an object in the store"):
+        run_listing(tmp_path, f"s3://{store.bucket}/data/lists/nope.csv", "none")

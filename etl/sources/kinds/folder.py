@@ -16,7 +16,7 @@ from etl.format import names
 from etl.sources import objects
 from etl.sources.kind import SourceKind
 from etl.sources.safe_files import stat_file, too_large
-from etl.sources.timed import read_file, with_time_limit
+from etl.sources.timed import check_in_store, read_file, with_time_limit
 
 if TYPE_CHECKING:
     pass
@@ -169,14 +169,7 @@ def _list_prefix(config: FolderSource, url: str, context: ListContext | None) ->
 
 def _check(config: FolderSource) -> None:
     if isinstance(config.path, str):
-        url = config.path
-        try:
-            options = config.storage_options
-            found = with_time_limit(lambda: objects.is_folder(url, options), config.io_timeout, url)
-        except OSError as exc:
-            raise SourceError(f"source.path: cannot reach {url} ({exc})") from None
-        if not found:
-            raise SourceError(f"source.path: {config.path} holds no object")
+        check_in_store(config, objects.is_folder, "holds no object")
     elif not config.path.is_dir():
         raise SourceError(f"source.path: {config.path} is not a folder")
 

@@ -6,20 +6,22 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from etl.config import ListingSource
 from etl.errors import SourceError
 from etl.format import names
+from etl.sources import objects
 from etl.sources.kind import SourceKind
-from etl.sources.safe_files import stat_file
-from etl.sources.timed import read_file
+from etl.sources.safe_files import stat_file, too_large
+from etl.sources.timed import check_in_store, read_file, with_time_limit
 
 if TYPE_CHECKING:
     import pyarrow as pa
 from etl.sources.entries import (
+    FileStat,
     ListContext,
     SourceListing,
     SourceReject,
@@ -28,10 +30,11 @@ from etl.sources.intake import ListingBuilder, Occurrences
 
 
 def listing_batches(
-    path: Path,
+    path: Path | str,
     text_columns: tuple[str, ...] = (),
     bad_rows: list[tuple[int, str]] | None = None,
     byte_columns: tuple[str, ...] = (),
+    options: objects.Options | None = None,
 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     """The schema of a CSV/TSV/Parquet listing and its rows, a batch at a time (a 10M-row
     listing is never whole in memory).
@@ -41,6 +44,7 @@ def listing_batches(
     CSV row with the wrong number of fields is skipped and recorded there as (line number,
     text) before the batch it would have been in is yielded; without it, it is an error naming
     the line. An unreadable file is a SourceError, on opening or at the batch that fails.
+    `path` may be an object's URL (`options`: its store's).
     """
 
     def skip(row: Any) -> str:
@@ -54,18 +58,19 @@ def listing_batches(
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    suffix = path.suffix.lower()
+    suffix = PurePosixPath(str(path)).suffix.lower()
     if suffix not in (".parquet", ".csv", ".tsv"):
         raise SourceError(
             f"{path}: listing must be .csv, .tsv or .parquet, not {suffix or 'no suffix'}"
         )
     try:
+        source: Any = objects.open_object(path, options) if isinstance(path, str) else path
         if suffix == ".parquet":
-            parquet = pq.ParquetFile(path)
+            parquet = pq.ParquetFile(source)
             schema, batches = parquet.schema_arrow, parquet.iter_batches(LISTING_BATCH)
         else:
             reader = pacsv.open_csv(
-                path,
+                source,
                 # NOTE: one thread, so the handler sees every bad row with its line number
                 read_options=pacsv.ReadOptions(use_threads=bad_rows is None),
                 parse_options=pacsv.ParseOptions(
@@ -100,7 +105,9 @@ LISTING_BATCH = 1 << 14
 """Rows of a listing read at a time."""
 
 
-def table_column(table: pa.Table, name: str, path: Path, required: bool) -> list[str | None] | None:
+def table_column(
+    table: pa.Table, name: str, path: Path | str, required: bool
+) -> list[str | None] | None:
     if name not in table.column_names:
         if required:
             raise SourceError(
@@ -116,11 +123,11 @@ def table_column(table: pa.Table, name: str, path: Path, required: bool) -> list
     ]
 
 
-def _line_names(path: Path, bad_rows: list[tuple[int, str]]) -> Iterator[str]:
+def _line_names(path: Path | str, bad_rows: list[tuple[int, str]]) -> Iterator[str]:
     """How an error names each row of the table, in order: 'row i' in Parquet; in CSV its
     line (the header is line 1), counting the skipped bad rows' lines. `bad_rows` may grow
     while this is read, as long as it holds every bad row before the row asked for."""
-    if path.suffix.lower() == ".parquet":
+    if PurePosixPath(str(path)).suffix.lower() == ".parquet":
         yield from (f"row {i}" for i in itertools.count())
         return
     passed = 0
@@ -131,14 +138,16 @@ def _line_names(path: Path, bad_rows: list[tuple[int, str]]) -> Iterator[str]:
             yield f"line {number}"
 
 
-def line_name(path: Path, bad_rows: list[tuple[int, str]], row: int) -> str:
+def line_name(path: Path | str, bad_rows: list[tuple[int, str]], row: int) -> str:
     """`_line_names` of row `row` alone."""
     return next(itertools.islice(_line_names(path, bad_rows), row, None))
 
 
-def listing_cell(path: Path, column: str, row: int) -> str | None:
+def listing_cell(
+    path: Path | str, column: str, row: int, options: objects.Options | None = None
+) -> str | None:
     """The text of one cell of a listing, read again (for an error message)."""
-    _, batches = listing_batches(path, bad_rows=[], byte_columns=(column,))
+    _, batches = listing_batches(path, bad_rows=[], byte_columns=(column,), options=options)
     for batch in batches:
         if row < batch.num_rows:
             (value,) = table_column(batch.slice(row, 1), column, path, required=True) or [None]
@@ -148,22 +157,26 @@ def listing_cell(path: Path, column: str, row: int) -> str | None:
 
 
 def list_listing(config: ListingSource, context: ListContext | None = None) -> SourceListing:
-    """Read a listing; paths are relative to the listing file's folder. A row that cannot be a
-    sample (malformed, empty, absolute, leading out of the folder, not a regular file) is a
-    reject naming its line; only a path listed twice stops the run, naming both lines.
+    """Read a listing; paths are relative to the listing file's folder (or, for a listing in
+    object storage, its prefix: the listed objects are looked up in one listing of it). A row
+    that cannot be a sample (malformed, empty, absolute, leading out of the folder, not a
+    regular file) is a reject naming its line; only a path listed twice stops the run, naming
+    both lines.
 
     The table is read a batch of rows at a time, its cells as Python values; a path listed
     twice is found on the sorted listing (`ListingBuilder`), not in a set."""
-    listing = config.path
-    if not listing.is_file():
-        raise SourceError(f"source.path: {listing} is not a file")
+    listing, options = config.path, config.storage_options
+    _check(config)
     bad_rows: list[tuple[int, str]] = []
     text = tuple(c for c in (config.label_column, config.split_column) if c)
-    schema, batches = listing_batches(listing, text, bad_rows, (config.path_column,))
+    schema, batches = listing_batches(listing, text, bad_rows, (config.path_column,), options)
     for name in (config.path_column, config.label_column):
         table_column(schema.empty_table(), name, listing, required=True)
-    base = listing.parent
-    real_base = os.path.realpath(base) + os.sep
+    if isinstance(listing, str):
+        find = _remote_files(config, listing)
+    else:
+        find = _local_files(config, listing)
+    listing_name = PurePosixPath(str(listing)).name
     taken = ListingBuilder(context.scratch if context is not None else None)
     line_of = _line_names(listing, bad_rows)
     met = Occurrences()
@@ -178,7 +191,7 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
             where = f"{listing}:{line}"
             if raw is None or not raw.strip():
                 taken.reject(
-                    SourceReject(f"{listing.name} {line}", "bad_row", f"{where}: empty path")
+                    SourceReject(f"{listing_name} {line}", "bad_row", f"{where}: empty path")
                 )
                 met.meet("")
                 continue
@@ -190,12 +203,7 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
                 why = f"{where}: path {raw!r} is outside the listing's folder"
                 taken.reject(SourceReject(source, "outside_root", why))
                 continue
-            full = os.path.join(base, relative)
-            if not os.path.realpath(full).startswith(real_base):
-                why = f"{where}: a link leads outside the listing's folder"
-                taken.reject(SourceReject(source, "outside_root", why))
-                continue
-            outcome = stat_file(source, full, config.max_file_bytes)
+            full, outcome = find(source, relative, where)
             if isinstance(outcome, SourceReject):
                 taken.reject(outcome)
             elif label is None or not label.strip():
@@ -206,7 +214,7 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
         where = f"{listing}:{number}"
         taken.reject(
             SourceReject(
-                f"{listing.name} line {number}",
+                f"{listing_name} line {number}",
                 "bad_row",
                 f"{where}: malformed row {text_of_row[:80]!r}",
             )
@@ -214,7 +222,7 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
     found = taken.build(lambda source: ("duplicate_path", "listed twice"))
     if taken.duplicated:
         *before, last = met.positions(taken.duplicated[0])
-        raw_path = listing_cell(listing, config.path_column, last)
+        raw_path = listing_cell(listing, config.path_column, last, options)
         also = ", ".join(line_name(listing, bad_rows, i) for i in before)
         raise SourceError(
             f"{listing}:{line_name(listing, bad_rows, last)}: path {raw_path!r} is listed "
@@ -223,9 +231,61 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
     return found
 
 
+FindFile = Callable[[str, str, str], tuple[str, "FileStat | SourceReject"]]
+"""(source, path relative to the listing's folder, where in the listing) -> (its locator, its
+stat or why it cannot be a sample)."""
+
+
+def _local_files(config: ListingSource, listing: Path) -> FindFile:
+    """Listed paths as files under the listing's folder: stat-ed, links followed only inside."""
+    base = listing.parent
+    real_base = os.path.realpath(base) + os.sep
+
+    def find(source: str, relative: str, where: str) -> tuple[str, FileStat | SourceReject]:
+        full = os.path.join(base, relative)
+        if not os.path.realpath(full).startswith(real_base):
+            why = f"{where}: a link leads outside the listing's folder"
+            return full, SourceReject(source, "outside_root", why)
+        return full, stat_file(source, full, config.max_file_bytes)
+
+    return find
+
+
+def _remote_files(config: ListingSource, listing: str) -> FindFile:
+    """Listed paths as objects under the listing's prefix, looked up in one listing of it
+    (`objects.stats_under`, within io_timeout): its size, time and ETag stand for a stat."""
+    base = listing.rsplit("/", 1)[0]
+    options = config.storage_options
+    try:
+        stats = with_time_limit(lambda: objects.stats_under(base, options), config.io_timeout, base)
+    except OSError as exc:  # no answer within io_timeout
+        raise SourceError(f"source.path: cannot list {base} ({exc})") from None
+
+    def find(source: str, relative: str, where: str) -> tuple[str, FileStat | SourceReject]:
+        full = f"{base}/{relative}"
+        found = stats.get(relative)
+        if found is None:
+            return full, SourceReject(source, "missing", f"{where}: no object {full}")
+        if found.size > config.max_file_bytes:
+            why = too_large(found.size, config.max_file_bytes)
+            return full, found.reject(source, "file_too_large", why)
+        return full, found
+
+    return find
+
+
 def _check(config: ListingSource) -> None:
-    if not config.path.is_file():
+    if isinstance(config.path, str):
+        check_in_store(config, objects.is_object, "is not an object in the store")
+    elif not config.path.is_file():
         raise SourceError(f"source.path: {config.path} is not a file")
+
+
+def _folder_of(config: ListingSource) -> Path | str:
+    """Where listed paths are relative to: the listing's folder, or its prefix."""
+    if isinstance(config.path, str):
+        return config.path.rsplit("/", 1)[0]
+    return config.path.parent
 
 
 KIND = SourceKind(
@@ -234,6 +294,6 @@ KIND = SourceKind(
     list=list_listing,
     read=read_file,
     check=_check,
-    root=lambda config: config.path.parent,  # listed paths are relative to the listing's folder
+    root=_folder_of,
     by_path=True,
 )
