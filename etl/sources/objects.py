@@ -225,8 +225,18 @@ def _chunks(url: str, max_bytes: int, options: Options | None) -> Iterator[bytes
                 if total > max_bytes:
                     raise Refused("file_too_large", too_large(total, max_bytes))
                 yield chunk
-    except OSError:
-        raise  # FileNotFoundError, Refused, a connection error: the reader's reject reasons
+            size = getattr(f, "size", None)
+            if isinstance(size, int) and total != size:  # never take a cut body as whole
+                raise OSError(f"the store sent {total} of its {size} bytes")
+    except Refused:
+        raise  # the reader's reject reason, as it is
+    except OSError as exc:  # FileNotFoundError, PermissionError, ...: the same, naming `url`
+        message = f"{url}: {exc.strerror or exc}"
+        try:
+            named = type(exc)(exc.errno, message)
+        except Exception:  # a driver's subclass that takes other arguments
+            named = OSError(exc.errno, message)
+        raise named from None
     except Exception as exc:  # a driver's own errors become an OSError naming the object
         raise OSError(f"{url}: {type(exc).__name__}: {exc}") from None
 

@@ -12,6 +12,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from etl.errors import SourceError
+from etl.format.names import is_url
 from etl.sources.objects import read_located
 from etl.sources.safe_files import Refused
 
@@ -98,10 +99,11 @@ class _TimedReads:
                     pending = deque(_Job(j.read, j.path) for j in pending)
                     for waiting in pending:
                         self._jobs().put(waiting)
+                    what = "store (or one that throttles)" if is_url(job.path) else "mount"
                     yield Refused(
                         "io_timeout",
                         f"{job.path}: no answer in {seconds:g} s (source.io_timeout): a hung or "
-                        "very slow mount?",
+                        f"very slow {what}?",
                     )
                 elif job.error is None:
                     yield job.value

@@ -49,3 +49,92 @@ def silent_endpoint() -> Iterator[str]:
         server.close()
         for conn in held:
             conn.close()
+
+
+S3_ERROR = (
+    '<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+    "<Message>{message}</Message></Error>"
+)
+
+
+@contextlib.contextmanager
+def faulty_proxy(upstream: str, faults: dict[str, str]) -> Iterator[str]:
+    """An S3 endpoint on 127.0.0.1 that forwards every request to `upstream` (moto's server),
+    except requests for a key ending in one of `faults` (path suffix -> fault):
+
+    - "throttle": every request answered 503 SlowDown, a throttle that never clears;
+    - "deny": 403 AccessDenied;
+    - "short": a GET's body cut in half, its Content-Length still the whole length, and the
+      connection closed (a body shorter than its length);
+    - "shortened": a GET's body cut in half with a Content-Length that says so and no checksum
+      header, while HEAD still gives the whole size (a store that serves less than it lists).
+    """
+    import http.client
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import urlsplit
+
+    target = urlsplit(upstream)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _error(self, status: int, code: str) -> None:
+            body = S3_ERROR.format(code=code, message=code).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def _forward(self) -> None:
+            path = urlsplit(self.path).path
+            fault = next((f for suffix, f in faults.items() if path.endswith(suffix)), None)
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            if fault == "throttle":
+                return self._error(503, "SlowDown")
+            if fault == "deny":
+                return self._error(403, "AccessDenied")
+            upstream_conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+            headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+            upstream_conn.request(self.command, self.path, body, headers)
+            answer = upstream_conn.getresponse()
+            data = answer.read()
+            upstream_conn.close()
+            self.send_response(answer.status)
+            dropped = {"transfer-encoding", "connection", "content-length"}
+            for key, value in answer.getheaders():
+                # "shortened": no checksum header either, as from a store that sends none
+                checksum = fault == "shortened" and key.lower().startswith("x-amz-checksum")
+                if key.lower() not in dropped and not checksum:
+                    self.send_header(key, value)
+            whole = answer.getheader("Content-Length") if self.command == "HEAD" else None
+            if fault == "shortened" and self.command == "GET":
+                data = data[: len(data) // 2]
+            self.send_header("Content-Length", whole or str(len(data)))
+            if fault == "short" and self.command == "GET" and data:
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(data[: len(data) // 2])
+                self.close_connection = True
+                return None
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+            return None
+
+        do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

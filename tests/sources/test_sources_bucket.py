@@ -26,7 +26,7 @@ from etl.errors import ConfigError, SourceError
 from etl.format.manifest import read_manifest
 from etl.run import pipeline
 from etl.sources import objects
-from tests.helpers.stores import moto_endpoint, silent_endpoint
+from tests.helpers.stores import faulty_proxy, moto_endpoint, silent_endpoint
 
 s3fs = pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
@@ -463,3 +463,42 @@ def test_a_listing_in_a_bucket_packs_as_the_same_listing_on_disk(
     assert audited.value.code == 0
     with pytest.raises(SourceError, match="is not an object in the store"):
         run_listing(tmp_path, f"s3://{store.bucket}/data/lists/nope.csv", "none")
+
+
+def test_objects_the_store_refuses_or_cuts_short_are_rejects_naming_them(
+    store: Any, endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through a proxy that throttles one object forever, denies another, cuts a third's body
+    short (its length header still whole) and serves half of a fourth as if whole: each is a
+    reject naming it, never a stored sample and never a hang; the rest packs as from disk."""
+    files = tree({f"cat/{i}.png": i for i in range(4)} | {f"dog/{i}.png": 10 + i for i in range(4)})
+    put(store, "photos", files, tmp_path / "local")
+    faults = {
+        "/cat/1.png": "throttle",
+        "/dog/2.png": "deny",
+        "/dog/3.png": "short",
+        "/dog/1.png": "shortened",
+    }
+    config = tmp_path / "faulty.yaml"
+    config.write_text(
+        CONFIG.format(source=f"s3://{store.bucket}/photos", out=tmp_path / "out").replace(
+            "max_file_bytes: 20000", "max_file_bytes: 20000, io_timeout: 5"
+        )
+    )
+    with faulty_proxy(endpoint, faults) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
+        s3fs.S3FileSystem.clear_instance_cache()
+        started = time.monotonic()
+        try:
+            report = pipeline.run(load_config(config))
+        finally:
+            s3fs.S3FileSystem.clear_instance_cache()
+        assert time.monotonic() - started < 120
+    assert report.packed_new == 4
+    got, rejects = contents(tmp_path / "out")
+    assert set(rejects) == {"cat/1.png", "dog/1.png", "dog/2.png", "dog/3.png"}
+    assert set(rejects.values()) <= {"io_error", "io_timeout"}, rejects
+    local = run(tmp_path, tmp_path / "local", tmp_path / "from-disk")
+    assert local.packed_new == 8
+    on_disk, _ = contents(tmp_path / "from-disk")
+    assert got == {source: on_disk[source] for source in got}
