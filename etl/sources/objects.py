@@ -165,6 +165,10 @@ class _Guarded(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int:
         data = self._guard(self._raw.read, len(buffer))
+        if not data and len(buffer):  # the end: where the listed size says it is?
+            at, size = self._guard(self._raw.tell), getattr(self._raw, "size", None)
+            if isinstance(size, int) and at < size:
+                raise OSError(f"{self._url}: the store sent {at} of its {size} bytes")
         buffer[: len(data)] = data
         return len(data)
 

@@ -502,3 +502,27 @@ def test_objects_the_store_refuses_or_cuts_short_are_rejects_naming_them(
     assert local.packed_new == 8
     on_disk, _ = contents(tmp_path / "from-disk")
     assert got == {source: on_disk[source] for source in got}
+
+
+def test_a_container_the_store_serves_short_is_never_read_as_whole(
+    store: Any, endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tar or table read from a bucket (`objects.open_object`) ends in an error naming the
+    object when the store serves fewer bytes than it lists: a tar cut at a member boundary
+    would otherwise read as a shorter, valid shard."""
+    data = tar_of(samples_of(range(4), b"0"))
+    store.pipe(f"{store.bucket}/shards/a.tar", data)
+    url = f"s3://{store.bucket}/shards/a.tar"
+    with objects.open_object(url) as whole:
+        assert whole.read() == data
+    with faulty_proxy(endpoint, {"/shards/a.tar": "shortened"}) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
+        s3fs.S3FileSystem.clear_instance_cache()
+        try:
+            with (
+                pytest.raises(OSError, match=re.escape(f"{url}: the store sent")),
+                objects.open_object(url) as short,
+            ):
+                short.read()
+        finally:
+            s3fs.S3FileSystem.clear_instance_cache()
