@@ -1,7 +1,7 @@
 """The benchmarks still run end to end: `python -m benchmarks.bench_pack --tiny`,
 `python -m benchmarks.bench_sources --tiny`, `python -m benchmarks.bench_scale --tiny`,
 `python -m benchmarks.bench_tree --tiny`, `python -m benchmarks.bench_cold --tiny`, and small
-runs of `bench_remote`, `bench_pack_grid` and `bench_rejects`.
+runs of `bench_remote`, `bench_remote_pack`, `bench_pack_grid` and `bench_rejects`.
 
 Numbers from 16 photos mean nothing; the test checks that every part runs (photo generation,
 bare loops, the pipeline on every backend, the memory runs) and that the pipeline's pixels equal
@@ -141,3 +141,13 @@ def test_bench_pack_grid_small(tmp_path: Path) -> None:
 def test_bench_rejects_small(tmp_path: Path) -> None:
     out = run_module("bench_rejects", "--rows", "500,2000", "--work", str(tmp_path))
     assert "| 2,000 |" in out and "bytes per extra entry" in out
+
+
+def test_bench_remote_pack_small(tmp_path: Path) -> None:
+    """Packing from a bucket and from disk: the run stops before its table unless both
+    datasets hold the same samples."""
+    pytest.importorskip("moto")
+    args = ("--photos", "12", "--rounds", "1", "--work", str(tmp_path))
+    table = run_module("bench_remote_pack", *args)
+    for name in ("source on local disk", "source in the bucket", "endpoint: 8 concurrent GETs"):
+        assert name in table, table
