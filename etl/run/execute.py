@@ -71,14 +71,15 @@ class PackResult:
 
 
 def _hash_chunk(
-    chunk: tuple[int, Sequence[tuple[str, str]]], algorithm: str, source_config: SourceConfig
+    chunk: tuple[int, Sequence[tuple[str, str, int]]], algorithm: str, source_config: SourceConfig
 ) -> tuple[int, list[tuple[str, str | None, str, str]]]:
-    """For a chunk (its start, its (source, locator)s): its start, and (source, digest or None,
-    reject reason, message) for each file."""
+    """For a chunk (its start, its (source, locator, listed size)s): its start, and (source,
+    digest or None, reject reason, message) for each file."""
     start, files = chunk
     out: list[tuple[str, str | None, str, str]] = []
-    digests = readers.digest_many(source_config, (path for _, path in files), algorithm)
-    for (source, _), value in zip(files, digests, strict=True):
+    sizes = {path: size for _, path, size in files}
+    digests = readers.digest_many(source_config, (path for _, path, _ in files), algorithm, sizes)
+    for (source, _, _), value in zip(files, digests, strict=True):
         if isinstance(value, OSError):
             out.append((source, None, *read_failure(value)))
         else:
@@ -104,14 +105,14 @@ def hash_sources(
     process, and no second copy of the sources. `starting`: see `parallel_map`."""
     import pyarrow as pa  # NOTE: here: workers import this module and never need pyarrow
 
-    table = files.table.select(["source", "path"])
+    table = files.table.select(["source", "path", "size"])
 
-    def chunk(start: int, stop: int) -> tuple[int, list[tuple[str, str]]]:
+    def chunk(start: int, stop: int) -> tuple[int, list[tuple[str, str, int]]]:
         columns = table.slice(start, stop - start).to_pydict()
         paths = (os.fsdecode(path) for path in columns["path"])
-        return start, list(zip(columns["source"], paths, strict=True))
+        return start, list(zip(columns["source"], paths, columns["size"], strict=True))
 
-    chunks: Chunks[tuple[int, list[tuple[str, str]]]] = Chunks(len(table), HASH_CHUNK, chunk)
+    chunks: Chunks[tuple[int, list[tuple[str, str, int]]]] = Chunks(len(table), HASH_CHUNK, chunk)
     found: dict[int, pa.Array] = {}
     failures: list[tuple[str, str, str]] = []
     hashing = parallel_map(_hash_chunk, chunks, run, algorithm, source_config, starting=starting)

@@ -204,10 +204,18 @@ def read_object(url: str, max_bytes: int, options: Options | None = None) -> byt
     return bytes(data)
 
 
-def object_digest(url: str, algorithm: str, max_bytes: int, options: Options | None = None) -> str:
-    """The content hash of one object, streamed in HASH_CHUNK_BYTES pieces."""
+def object_digest(
+    url: str,
+    algorithm: str,
+    max_bytes: int,
+    options: Options | None = None,
+    size: int | None = None,
+) -> str:
+    """The content hash of one object, streamed in HASH_CHUNK_BYTES pieces. `size`: the size
+    it was listed with (else the store is asked first, a request more); fewer bytes than that
+    is an OSError."""
     hasher = new_hasher(algorithm)
-    for chunk in _chunks(url, max_bytes, options):
+    for chunk in _chunks(url, max_bytes, options, size):
         hasher.update(chunk)
     return hasher.hexdigest()
 
@@ -222,22 +230,29 @@ def read_located(locator: str, max_bytes: int, options: Options | None = None) -
 
 
 def located_digest(
-    locator: str, algorithm: str, max_bytes: int, options: Options | None = None
+    locator: str,
+    algorithm: str,
+    max_bytes: int,
+    options: Options | None = None,
+    size: int | None = None,
 ) -> str:
-    """The content hash of a listed file, a local path or an object's URL, streamed."""
+    """The content hash of a listed file, a local path or an object's URL (`size`: see
+    `object_digest`), streamed."""
     if is_url(locator):
-        return object_digest(locator, algorithm, max_bytes, options)
+        return object_digest(locator, algorithm, max_bytes, options, size)
     return file_digest(locator, algorithm, max_bytes)
 
 
-def _chunks(url: str, max_bytes: int, options: Options | None) -> Iterator[bytes]:
+def _chunks(
+    url: str, max_bytes: int, options: Options | None, size: int | None = None
+) -> Iterator[bytes]:
     fs, path = store(url, options)
     total = 0
     try:
         # NOTE: not the listing's cached size and ETag: a process that listed before (a run,
         # then an audit in the same process) would read a changed object as gone
         fs.invalidate_cache(path)
-        with fs.open(path, "rb", block_size=HASH_CHUNK_BYTES) as f:
+        with fs.open(path, "rb", block_size=HASH_CHUNK_BYTES, size=size) as f:
             while chunk := f.read(HASH_CHUNK_BYTES):
                 total += len(chunk)
                 if total > max_bytes:

@@ -16,7 +16,7 @@ Reader errors are OSError: the executor turns them into `io_error` rejects, or i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -69,14 +69,21 @@ def read_many(config: SourceConfig, locators: Iterable[str]) -> Iterator[bytes |
 
 
 def digest_many(
-    config: SourceConfig, locators: Iterable[str], algorithm: str
+    config: SourceConfig,
+    locators: Iterable[str],
+    algorithm: str,
+    sizes: Mapping[str, int] | None = None,
 ) -> Iterator[str | OSError]:
     """The content hash of each input, as `digest(read(...))` gives it, in order, or the
-    OSError its read raised; files are streamed and read ahead, never held whole."""
+    OSError its read raised; files are streamed and read ahead, never held whole. `sizes`:
+    the listed size of a file by locator, which an object in a store must have (a shorter
+    body is an OSError) and which spares asking the store for it."""
     if kind_of(config).by_path:
+        listed = sizes or {}
 
         def hash_file(path: str, max_bytes: int) -> str:
-            return located_digest(path, algorithm, max_bytes, config.storage_options)
+            size = listed.get(path)
+            return located_digest(path, algorithm, max_bytes, config.storage_options, size)
 
         return file_outcomes(config, locators, hash_file)
     return (
