@@ -107,8 +107,8 @@ def _head_start(
             while (index := handout.take()) is not None:
                 finished.put(("result", fn(tasks[index], *args)))
         except BaseException as exc:  # re-raised in the caller's thread
+            finished.put(("error", exc))  # queued before the handout closes: see below
             handout.close()
-            finished.put(("error", exc))
         finally:
             finished.put(("end", None))
 
@@ -142,6 +142,7 @@ def _head_start(
             thread.start()
         while running and not handout.closed and not starting.started:
             yield from take(HEAD_START_POLL)
+        yield from take(None)  # a thread's error, if that is why the handout closed
         given = handout.close()
         if given < len(tasks):
             rest = _parallel_results(fn, _Tail(tasks, given), run, *args)

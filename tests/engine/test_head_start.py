@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -120,3 +121,29 @@ def test_backend_loky_never_runs_a_task_here() -> None:
         assert starting.started
     assert sorted(index for index, _, _ in found) == list(range(20))
     assert PARENT not in {pid for _, pid, _ in found}
+
+
+def fails_first(index: int, folder: str) -> int:
+    """Task 0 fails at once; the others leave a file named by the process that ran them."""
+    if index == 0:
+        raise ValueError("the first task failed")
+    time.sleep(0.05)
+    (Path(folder) / f"{os.getpid()}-{index}").touch()
+    return index
+
+
+def test_a_task_failing_while_the_workers_start_hands_nothing_to_them(tmp_path: Path) -> None:
+    """The error stops the run: the tasks left are not handed to the workers once they have
+    started (nor to the pool while it is still starting)."""
+    tasks = range(200)
+    with (
+        parallel.workers_starting(RUN) as starting,
+        pytest.raises(ValueError, match="the first task failed"),
+        parallel_map(fails_first, tasks, RUN, str(tmp_path), starting=starting) as results,
+    ):
+        for _ in results:
+            pass
+    time.sleep(0.5)
+    ran_by = {int(p.name.split("-")[0]) for p in tmp_path.iterdir()}
+    assert ran_by <= {PARENT}, ran_by
+    assert not head_threads()
