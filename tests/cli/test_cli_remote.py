@@ -144,6 +144,9 @@ def test_audit_of_a_bucket_finds_what_a_local_audit_finds(
     assert code == 0, out + err
     clean = json.loads(out)
     manifest = read_manifest(local)
+    code, out, err = cli(["audit", url, "--version", "1", "--json"], capsys)
+    assert code == 0, out + err
+    assert {k: json.loads(out)[k] for k in ("version", "latest")} == {"version": 1, "latest": 2}
     assert clean["dataset"] == url and clean["version"] == 2
     assert clean["shards"] == {
         "total": manifest.shards.num_rows,

@@ -194,7 +194,7 @@ def _audit_remote(url: str, options: AuditOptions, progress: Progress) -> AuditR
         finally:
             progress.stop()
         report = audit(remote.root, replace(options, version=number), progress)
-        report.root = url
+        report.root, report.latest = url, remote.latest_version()
         report.notes.append(
             f"audited a copy of {url} version {number} fetched from the store just now; "
             "orphan shards in the store were not looked for"
