@@ -71,6 +71,19 @@ def options(port: int) -> dict[str, Any]:
     }
 
 
+def create_bucket(port: int, name: str) -> None:
+    """A bucket on the server at `port`, with the credentials of `options`."""
+    import boto3
+
+    boto3.client(
+        "s3",
+        endpoint_url=f"http://127.0.0.1:{port}",
+        region_name="us-east-1",
+        aws_access_key_id="bench",
+        aws_secret_access_key="bench",
+    ).create_bucket(Bucket=name)
+
+
 def epoch(ds: Any) -> None:
     from loaders import make_loader
 
@@ -85,7 +98,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    import boto3
     import s3fs
 
     from etl.format.remote import RemoteDataset
@@ -98,13 +110,7 @@ def main() -> None:
     try:
         local = work / "local"
         n = write_synthetic(local, args.samples * shape[0] * shape[1] * 3, shape)
-        boto3.client(
-            "s3",
-            endpoint_url=f"http://127.0.0.1:{port}",
-            region_name="us-east-1",
-            aws_access_key_id="bench",
-            aws_secret_access_key="bench",
-        ).create_bucket(Bucket="bench")
+        create_bucket(port, "bench")
         fs = s3fs.S3FileSystem(**options(port))
         fs.put(str(local), "bench/ds", recursive=True)
         url = "s3://bench/ds"

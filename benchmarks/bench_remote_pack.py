@@ -30,7 +30,7 @@ from typing import Any
 
 from benchmarks.bench_pack import machine_info
 from benchmarks.bench_pack_grid import write_config
-from benchmarks.bench_remote import free_port, options, start_server
+from benchmarks.bench_remote import create_bucket, free_port, options, start_server
 from benchmarks.photos import make_photos
 
 BUCKET = "photos"
@@ -79,7 +79,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--work", type=Path, default=Path("data/bench"))
     args = parser.parse_args()
-    import boto3
     import s3fs
 
     root = args.work.resolve() / f"photos-{args.photos}-s0"
@@ -89,13 +88,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix=".remote-pack-", dir=args.work.resolve()))
     times: dict[str, list[float]] = {"local": [], "bucket": [], "endpoint": []}
     try:
-        boto3.client(
-            "s3",
-            endpoint_url=f"http://127.0.0.1:{port}",
-            region_name="us-east-1",
-            aws_access_key_id="bench",
-            aws_secret_access_key="bench",
-        ).create_bucket(Bucket=BUCKET)
+        create_bucket(port, BUCKET)
         fs = s3fs.S3FileSystem(**options(port))
         upload(fs, photos, root)
         keys = [f"{BUCKET}/photos/{p.relative_to(root).as_posix()}" for p in photos]

@@ -85,22 +85,21 @@ def stats_under(url: str, options: Options | None = None) -> dict[str, FileStat]
 
 def is_object(url: str, options: Options | None = None) -> bool:
     """Whether `url` names an object (not a prefix, not nothing)."""
-    fs, path = store(url, options)
-    try:
-        fs.invalidate_cache()
-        return bool(fs.isfile(path))
-    except Exception as exc:
-        raise SourceError(
-            f"source.path: cannot reach {url} ({type(exc).__name__}: {exc})"
-        ) from None
+    return _asks(url, options, "isfile")
 
 
 def is_folder(url: str, options: Options | None = None) -> bool:
     """Whether the prefix holds any object (object stores have no empty folders)."""
-    fs, root = store(url, options)
+    return _asks(url, options, "isdir")
+
+
+def _asks(url: str, options: Options | None, question: str) -> bool:
+    """fs.isfile or fs.isdir (`question`) of `url`, never from a cached listing; SourceError
+    naming `url` when the store cannot be reached."""
+    fs, path = store(url, options)
     try:
         fs.invalidate_cache()  # all of it: a path clears neither the folders below it
-        return bool(fs.isdir(root))
+        return bool(getattr(fs, question)(path))
     except Exception as exc:
         raise SourceError(
             f"source.path: cannot reach {url} ({type(exc).__name__}: {exc})"
