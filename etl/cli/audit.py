@@ -211,6 +211,8 @@ def audit(
     problem found, 2 a usage error or a folder that is not a readable dataset.
 
     Example:  etl audit artifacts --source data/sample --report audit.json
+
+    In a bucket:  etl audit s3://bucket/ds (what the store serves now)
     """
     if sample_rate is not None and not 0.0 < sample_rate <= 1.0:
         raise typer.BadParameter(f"{sample_rate} is not in (0, 1]", param_hint="--sample-rate")

@@ -93,6 +93,8 @@ def inspect(
     rejects by reason, checksum algorithm and the output-shaping config.
 
     Example:  etl inspect artifacts --plot balance.png
+
+    In a bucket:  etl inspect s3://bucket/ds (read through the local cache)
     """
     ds = explore.open_dataset(dataset_location(directory), version)
     summary = ds.summary()

@@ -29,7 +29,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")
 def versions(directory: ReadArg, as_json: JsonOpt = False) -> None:
     """List a dataset's committed versions with counts, sizes and times.
 
-    Example:  etl versions artifacts
+    Example:  etl versions artifacts   (or s3://bucket/ds)
     """
     rows = summaries(dataset_location(directory))
     if as_json:
