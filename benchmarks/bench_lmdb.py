@@ -88,7 +88,7 @@ run: {{n_jobs: -1}}
     report = pipeline.run(config)
     seconds = time.perf_counter() - started
     assert report.packed_new == samples, report.to_dict()
-    return config.output.dir, samples / seconds
+    return Path(config.output.dir), samples / seconds
 
 
 # --- 2. the LMDB-per-sample baseline ----------------------------------------------------------

@@ -80,7 +80,12 @@ def log(message: str) -> None:
 
 
 def write_config(
-    path: Path, photos: Path | str, output: Path, shard_mib: int, jobs: int, backend: str = "auto"
+    path: Path,
+    photos: Path | str,
+    output: Path | str,
+    shard_mib: int,
+    jobs: int,
+    backend: str = "auto",
 ) -> Path:
     """The bare loop's stages (decode RGB, centre crop 224x224 bilinear), `shard_mib` MiB."""
     path.write_text(

@@ -7,10 +7,11 @@ process on 127.0.0.1) in one run.
 The photos (`benchmarks.photos`) are uploaded to a bucket once. Each round, in an order that
 rotates: `etl run` as a cold process with `source.path` the local folder, then the bucket
 prefix (same stages as `bench_pack_grid`: decode RGB, centre crop 224x224 bilinear); and the
-endpoint: plain concurrent GETs (8 threads) of every photo, no decode. Medians over rounds, as
-photos/s. The two datasets' samples (source, class, split, pixel checksum) must be equal, or
-the run stops; no speed is asserted. The output goes to local disk in both (a bucket output is
-not built yet, issue #41).
+then the bucket prefix into a bucket (`output.dir: s3://...`, a new prefix each round, so each
+is a first run: pack, upload, read back to verify, publish); and the endpoint: plain concurrent
+GETs (8 threads) of every photo, no decode. Medians over rounds, as photos/s. The datasets'
+samples (source, class, split, pixel checksum) must be equal, or the run stops; no speed is
+asserted.
 """
 
 from __future__ import annotations
@@ -65,9 +66,14 @@ def etl_seconds(config: Path, env: dict[str, str]) -> float:
     return seconds
 
 
-def samples(out: Path) -> list[tuple[Any, ...]]:
+def samples(out: Path | str, cache: Path) -> list[tuple[Any, ...]]:
     from etl.format.manifest import read_manifest
+    from etl.format.remote import RemoteDataset
 
+    if isinstance(out, str):  # a dataset in the bucket: its latest version's files, fetched
+        remote = RemoteDataset(out, cache)
+        remote.fetch_version(None)
+        out = remote.root
     table = read_manifest(out).samples.select(["source", "class_name", "split", "checksum"])
     return sorted(tuple(row.values()) for row in table.to_pylist())
 
@@ -86,7 +92,8 @@ def main() -> None:
     port = free_port()
     server = start_server(port)
     work = Path(tempfile.mkdtemp(prefix=".remote-pack-", dir=args.work.resolve()))
-    times: dict[str, list[float]] = {"local": [], "bucket": [], "endpoint": []}
+    variants = ["local", "bucket", "to-bucket", "endpoint"]
+    times: dict[str, list[float]] = {v: [] for v in variants}
     try:
         create_bucket(port, BUCKET)
         fs = s3fs.S3FileSystem(**options(port))
@@ -98,26 +105,34 @@ def main() -> None:
             "AWS_ACCESS_KEY_ID": "bench",
             "AWS_SECRET_ACCESS_KEY": "bench",
             "AWS_DEFAULT_REGION": "us-east-1",
+            "ETL_CACHE": str(work / "cache"),
         }
-        sources = {"local": str(root), "bucket": f"s3://{BUCKET}/photos"}
-        variants = ["local", "bucket", "endpoint"]
+        bucket = f"s3://{BUCKET}/photos"
+        sources = {"local": str(root), "bucket": bucket, "to-bucket": bucket}
+        outputs: dict[str, Path | str] = {}
         for round_ in range(args.rounds):
             turn = round_ % len(variants)
             for variant in variants[turn:] + variants[:turn]:
                 if variant == "endpoint":
                     seconds = endpoint_seconds(fs, keys)
                 else:
-                    out = work / f"out-{variant}"
+                    out: Path | str = work / f"out-{variant}"
+                    if variant == "to-bucket":
+                        out = f"s3://{BUCKET}/out-{round_}"
                     shutil.rmtree(out, ignore_errors=True)
                     config = write_config(
                         work / f"{variant}.yaml", sources[variant], out, 256, args.jobs
                     )
                     seconds = etl_seconds(config, env)
+                    outputs[variant] = out
                 times[variant].append(seconds)
                 rate = args.photos / seconds
                 print(f"round {round_ + 1}: {variant:>8} {rate:8.1f} photos/s", file=sys.stderr)
-        if samples(work / "out-local") != samples(work / "out-bucket"):
-            raise RuntimeError("the bucket's dataset differs from the local one")
+        os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
+        local = samples(outputs["local"], work / "cache")
+        for variant in ("bucket", "to-bucket"):
+            if samples(outputs[variant], work / "cache") != local:
+                raise RuntimeError(f"the {variant} dataset differs from the local one")
     finally:
         server.kill()
         shutil.rmtree(work, ignore_errors=True)
@@ -131,6 +146,8 @@ def main() -> None:
         f"| `etl run`, source on local disk | {rate['local']:.0f} | 1.00x |\n"
         f"| `etl run`, source in the bucket | {rate['bucket']:.0f} | "
         f"**{rate['bucket'] / rate['local']:.2f}x** |\n"
+        f"| `etl run`, bucket into a bucket | {rate['to-bucket']:.0f} | "
+        f"**{rate['to-bucket'] / rate['local']:.2f}x** |\n"
         f"| endpoint: 8 concurrent GETs, no decode | {rate['endpoint']:.0f} | "
         f"{rate['endpoint'] / rate['local']:.2f}x |"
     )

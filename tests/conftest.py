@@ -10,6 +10,8 @@ GPU path (see `BREAKS` in tests/loaders/test_cuda.py), keeps only the tests mark
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 
@@ -41,3 +43,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _guarded(item: pytest.Item) -> set[str]:
     return {name for mark in item.iter_markers("guards") for name in mark.args}
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    """moto's S3-compatible server on 127.0.0.1, one per test module that asks for it."""
+    pytest.importorskip("moto.server")
+    from tests.helpers.stores import moto_endpoint
+
+    with moto_endpoint() as url:
+        yield url

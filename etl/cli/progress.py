@@ -34,7 +34,11 @@ class RateColumn(ProgressColumn):
 class BarProgress(Progress):
     """A rich progress bar per phase, with rate and ETA, drawn on stderr."""
 
-    LABELS: ClassVar[dict[str, str]] = {"hash": "hashing sources", "pack": "decode, resize, pack"}
+    LABELS: ClassVar[dict[str, str]] = {
+        "hash": "hashing sources",
+        "pack": "decode, resize, pack",
+        "upload": "upload, verify",
+    }
     BYTE_PHASES: ClassVar[frozenset[str]] = frozenset()
     """Phases counted in bytes (shown as MiB and MiB/s) rather than items."""
 

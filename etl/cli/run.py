@@ -85,7 +85,7 @@ def run(
         typer.Option(
             "--json",
             help="Print the summary as JSON, with the seconds each phase took "
-            "(list, hash, plan, pack, commit).",
+            "(list, hash, plan, pack, commit, and upload for a bucket).",
         ),
     ] = False,
 ) -> None:
@@ -94,6 +94,9 @@ def run(
     Example:  etl run pipeline.yaml --jobs 2
 
     On a Dask cluster:  etl run pipeline.yaml --address tcp://10.0.0.5:8786
+
+    Into a bucket: set output.dir to s3://bucket/datasets/photos in pipeline.yaml; the run packs
+    in a local work folder under $ETL_CACHE and publishes the version to the bucket.
     """
     if address is not None and backend is None:
         backend = "dask"

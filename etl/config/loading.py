@@ -171,5 +171,7 @@ def _resolve_paths(config: PipelineConfig, base: Path) -> PipelineConfig:
     # every Path of a source (path, an LMDB source's labels) is relative to the config file
     paths = {k: resolve(v) for k, v in config.source if isinstance(v, Path)}
     source = config.source.model_copy(update=paths)
-    output = config.output.model_copy(update={"dir": resolve(config.output.dir)})
+    out = config.output.dir  # a URL stays as it is
+    resolved = resolve(out) if isinstance(out, Path) else out
+    output = config.output.model_copy(update={"dir": resolved})
     return config.model_copy(update={"source": source, "output": output})

@@ -17,9 +17,10 @@ from pydantic import (
     model_validator,
 )
 
-from etl.config.fields import ByteSize, Color, StrictModel
+from etl.config.fields import ByteSize, Color, Location, StrictModel
 from etl.config.sources import Source
 from etl.errors import ConfigError
+from etl.format.names import is_url
 
 DEFAULT_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF")
 """Pillow's names for the common photo formats. JPEG includes MPO (a JPEG with extra pictures,
@@ -141,7 +142,12 @@ dataset sized by bytes. An explicit samples_per_shard is taken as given."""
 
 
 class OutputConfig(StrictModel):
-    dir: Path = Path("artifacts")
+    dir: Location = Path("artifacts")
+    """The dataset folder, or its URL in object storage (s3://bucket/prefix, any fsspec
+    protocol): a run packs in a local work folder and publishes there (etl.run.to_store)."""
+    storage_options: dict[str, Any] = Field(default_factory=dict, repr=False)
+    """For a `dir` in object storage: options for the store's fsspec driver, as
+    `source.storage_options`. Never written to the manifest, a report or a message."""
     shard_size: ByteSize | None = None
     """Target bytes of pixels per shard, e.g. '256MiB', and at most MAX_SAMPLES_PER_SHARD
     samples. Default when neither is set: SHARD_BYTES (256MiB)."""
@@ -153,6 +159,11 @@ class OutputConfig(StrictModel):
     def _one_shard_rule(self) -> OutputConfig:
         if self.shard_size is not None and self.samples_per_shard is not None:
             raise ValueError("set shard_size or samples_per_shard, not both")
+        if self.storage_options and not is_url(str(self.dir)):
+            raise ValueError(
+                "storage_options are for an output.dir in object storage (s3://..., gs://...), "
+                f"not the local path {str(self.dir)!r}"
+            )
         return self
 
 

@@ -88,3 +88,19 @@ def check_record(folder: Path, version: int, files: tuple[str, ...]) -> list[str
         elif actual != entry.get(TAMPER_DIGEST):
             problems.append(f"{where}/{name}: bytes changed after the commit ({TAMPER_DIGEST})")
     return problems
+
+
+FILES_AT = "files_at"
+"""A record key set by a version published to object storage: the hidden folder, beside the
+version's own, that holds its other files (NOTE [ publishing to a store ] in
+etl.format.publish). Sealed with the rest; local readers ignore it."""
+
+
+def relocated(folder: Path, files_at: str) -> bytes:
+    """`folder/commit.json` (already checked) with `files_at` added and the seal made again:
+    the record a store's version is published with."""
+    body = json.loads((folder / RECORD_FILE).read_bytes())
+    body.pop("record")
+    body[FILES_AT] = files_at
+    body["record"] = digest(_canonical(body), TAMPER_DIGEST)
+    return json.dumps(body, sort_keys=True, indent=1).encode() + b"\n"

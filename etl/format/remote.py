@@ -43,7 +43,7 @@ from typing import Any, TypeVar, cast
 from etl.errors import EtlError, ManifestError, ShardError
 from etl.format.checksums import new_hasher
 from etl.format.manifest import VERSIONS_DIR, version_name, version_number
-from etl.format.record import RECORD_FILE
+from etl.format.record import FILES_AT, RECORD_FILE
 
 CACHE_ENV = "ETL_CACHE"
 """The environment variable naming the cache folder when `cache_dir` is not given."""
@@ -73,6 +73,7 @@ class RemoteDataset:
         cache_dir: Path | str | None = None,
         storage_options: Mapping[str, Any] | None = None,
         timeout: float = STORE_TIMEOUT,
+        root: Path | None = None,
     ) -> None:
         try:
             from fsspec.core import url_to_fs
@@ -84,25 +85,37 @@ class RemoteDataset:
         self.url = url.rstrip("/")
         self.fs, self.remote_root = url_to_fs(self.url, **dict(storage_options or {}))
         key = hashlib.blake2b(self.url.encode(), digest_size=8).hexdigest()
-        self.root = Path(cache_dir or default_cache_dir()) / key
+        self.key = key
+        self.root = root or Path(cache_dir or default_cache_dir()) / key
         """The mirror: a local dataset folder holding what was fetched of `url`."""
         self.timeout = timeout
         """Seconds one call to the store (a listing, an open, a chunk's read) may take."""
 
+    def remote(self, *parts: str) -> str:
+        """The store's path of a file of the dataset ('shards', 'v000001-00000.npy')."""
+        return self._remote(*parts)
+
     def _remote(self, *parts: str) -> str:
         return "/".join([self.remote_root.rstrip("/"), *parts])
 
-    def versions(self) -> list[int]:
-        """The committed versions in the store, oldest first (one listing of `versions/`; a
-        version folder that a writer has not published yet has a hidden name)."""
+    def committed(self) -> list[int]:
+        """The committed versions in the store, oldest first, maybe none (one listing of
+        `versions/`, never an old one from fsspec's cache; a writer's files before its version
+        is published are in a hidden folder, NOTE [ publishing to a store ])."""
+        folder = self._remote(VERSIONS_DIR)
         try:
-            entries = self._bounded(self.fs.ls, self._remote(VERSIONS_DIR), detail=False)
+            self.fs.invalidate_cache(folder)
+            entries = self.bounded(self.fs.ls, folder, detail=False)
         except FileNotFoundError:
             entries = []
         except Exception as exc:
-            raise ManifestError(f"{self.url}: cannot list its versions ({_why(exc)})") from None
+            raise ManifestError(f"{self.url}: cannot list its versions ({why(exc)})") from None
         numbers = [version_number(PurePosixPath(entry).name) for entry in entries]
-        found = sorted(n for n in numbers if n is not None)
+        return sorted(n for n in numbers if n is not None)
+
+    def versions(self) -> list[int]:
+        """The committed versions in the store, oldest first; ManifestError if none."""
+        found = self.committed()
         if not found:
             raise ManifestError(f"{self.url}: no manifest version found (run 'etl run' first)")
         return found
@@ -123,8 +136,11 @@ class RemoteDataset:
         try:
             self._get(f"{remote}/{RECORD_FILE}", staging / RECORD_FILE, ManifestError)
             record = _read_record(staging / RECORD_FILE, f"{remote}/{RECORD_FILE}")
-            for name in _recorded_files(record, f"{self.url}/{VERSIONS_DIR}/{folder.name}"):
-                self._get(f"{remote}/{name}", staging / name, ManifestError)
+            where = f"{self.url}/{VERSIONS_DIR}/{folder.name}"
+            files_at = _files_at(record, number, where)
+            stored = self._remote(VERSIONS_DIR, files_at) if files_at else remote
+            for name in _recorded_files(record, where):
+                self._get(f"{stored}/{name}", staging / name, ManifestError)
             try:
                 os.rename(staging, folder)
             except OSError:
@@ -161,9 +177,9 @@ class RemoteDataset:
             final = self.root / name
             final.parent.mkdir(parents=True, exist_ok=True)
             try:
-                there = self._bounded(self.fs.exists, self._remote(name))
+                there = self.bounded(self.fs.exists, self._remote(name))
             except Exception as exc:
-                raise ShardError(f"{self.url}/{name}: cannot look it up ({_why(exc)})") from None
+                raise ShardError(f"{self.url}/{name}: cannot look it up ({why(exc)})") from None
             if there:
                 self._get(self._remote(name), final, ShardError)
             on_done(1)
@@ -194,29 +210,48 @@ class RemoteDataset:
     ) -> str | None:
         """Download `remote` to `local` (flushed to disk); with `algorithm`, its digest,
         computed as it is written. A file that cannot be downloaded is an `error` naming it."""
+        try:
+            with open(local, "wb") as dst:
+                digest = self._read(remote, error, algorithm, dst.write)
+                dst.flush()
+                os.fsync(dst.fileno())  # on disk before its rename makes it trusted
+        except BaseException:
+            local.unlink(missing_ok=True)
+            raise
+        return digest
+
+    def stored_digest(self, remote: str, algorithm: str, error: type[EtlError]) -> str:
+        """The `algorithm` digest of `remote` as the store serves it, read whole (nothing
+        written here): how an upload is verified. An `error` naming it if it cannot be read."""
+        return cast(str, self._read(remote, error, algorithm, lambda chunk: None))
+
+    def _read(
+        self,
+        remote: str,
+        error: type[EtlError],
+        algorithm: str | None,
+        sink: Callable[[bytes], object],
+    ) -> str | None:
+        """Every byte of `remote`, a chunk at a time, to `sink`; with `algorithm`, their
+        digest. A file that cannot be read is an `error` naming it."""
         hasher = new_hasher(algorithm) if algorithm else None
         try:
-            src = self._bounded(self.fs.open, remote, "rb", block_size=DOWNLOAD_CHUNK)
+            src = self.bounded(self.fs.open, remote, "rb", block_size=DOWNLOAD_CHUNK)
             try:
-                with open(local, "wb") as dst:
-                    while chunk := self._bounded(src.read, DOWNLOAD_CHUNK):
-                        dst.write(chunk)
-                        if hasher is not None:
-                            hasher.update(chunk)
-                    dst.flush()
-                    os.fsync(dst.fileno())  # on disk before its rename makes it trusted
+                while chunk := self.bounded(src.read, DOWNLOAD_CHUNK):
+                    sink(chunk)
+                    if hasher is not None:
+                        hasher.update(chunk)
             finally:
                 with suppress(Exception):
-                    self._bounded(src.close)
+                    self.bounded(src.close)
         except FileNotFoundError:
-            local.unlink(missing_ok=True)
             raise error(f"{remote}: not in the store") from None
         except Exception as exc:  # OSError, or a driver's own (botocore, aiohttp) errors
-            local.unlink(missing_ok=True)
-            raise error(f"{remote}: cannot download ({_why(exc)})") from None
+            raise error(f"{remote}: cannot download ({why(exc)})") from None
         return hasher.hexdigest() if hasher is not None else None
 
-    def _bounded(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def bounded(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """call(*args, **kwargs), or TimeoutError once it has taken `timeout` seconds.
 
         NOTE: a call to a store that accepts the connection and never answers blocks for as
@@ -252,6 +287,31 @@ def _read_record(path: Path, remote: str) -> Any:
         raise ManifestError(f"{remote}: unreadable commit record ({exc})") from None
 
 
+def _files_at(record: Any, version: int, where: str) -> str | None:
+    """Where a record published to a store keeps its other files (`FILES_AT`): only the
+    hidden folder of its own version's attempt, '.v000005-1f2e3d4c', or None (beside it)."""
+    files_at = record.get(FILES_AT) if isinstance(record, dict) else None
+    if files_at is None:
+        return None
+    if not isinstance(files_at, str) or not staging_name_of(files_at) == version:
+        raise ManifestError(f"{where}/{RECORD_FILE}: {FILES_AT} is {files_at!r}, not its own")
+    return files_at
+
+
+def staging_name(version: int, writer: str) -> str:
+    """The hidden folder beside `versions/vNNNNNN` that holds an attempt's files."""
+    return f".{version_name(version)}-{writer}"
+
+
+_STAGING = re.compile(r"^\.v(\d{6})-[0-9a-f]{8}$")
+
+
+def staging_name_of(name: str) -> int | None:
+    """The version a staging folder's name is for, None for any other name."""
+    match = _STAGING.match(name)
+    return int(match.group(1)) if match else None
+
+
 def _recorded_files(record: Any, where: str) -> list[str]:
     """The file names a commit record lists: plain names only (a record naming '../x' or a
     path is refused before anything is downloaded)."""
@@ -284,5 +344,5 @@ def _remove_tree(folder: Path) -> None:
         folder.rmdir()
 
 
-def _why(exc: BaseException) -> str:
+def why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"

@@ -53,13 +53,21 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-_SHARD_NAME = re.compile(r"^v(\d{6})-\d{5}\.npy$")
+_SHARD_NAME = re.compile(r"^v(\d{6})-(?:[0-9a-f]{8}-)?\d{5}\.npy$")
+WRITER_TAG = re.compile(r"^[0-9a-f]{8}$")
 
 
-def shard_name(version: int, index: int) -> str:
+def shard_name(version: int, index: int, writer: str = "") -> str:
     """The `index`-th shard written for `version`: 'shards/v000003-00012.npy'. A shard keeps
-    the version that wrote it for life, so a reader can tell leftovers of uncommitted versions."""
-    return f"{SHARDS_DIR}/v{version:06d}-{index:05d}.npy"
+    the version that wrote it for life, so a reader can tell leftovers of uncommitted versions.
+
+    `writer` (8 hex digits) tags the shards of one attempt to publish to object storage,
+    'shards/v000003-1f2e3d4c-00012.npy': two writers racing for the same version there never
+    write the same object (NOTE [ publishing to a store ] in etl.format.publish)."""
+    if writer and not WRITER_TAG.match(writer):
+        raise ValueError(f"writer tag {writer!r} is not 8 hex digits")
+    tag = f"{writer}-" if writer else ""
+    return f"{SHARDS_DIR}/v{version:06d}-{tag}{index:05d}.npy"
 
 
 def shard_version(file_name: str) -> int | None:

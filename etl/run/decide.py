@@ -145,6 +145,7 @@ def assemble(
     decided: Decided,
     rejects: pa.Table,
     maps: tuple[Mapped, ...] = (),
+    writer: str = "",
 ) -> Plan:
     """The plan of `decided` (the whole listing's decisions; its counts with 'deleted' in
     them), with the rejects made before deciding (sorted by source): its shards, cut into
@@ -164,7 +165,7 @@ def assemble(
 
     def task(shard: int, start: int, stop: int, shard_start: int, capacity: int) -> PackTask:
         return _pack_task(
-            shard_name(version, shard),
+            shard_name(version, shard, writer),
             start,
             start - shard_start,
             capacity,

@@ -44,9 +44,10 @@ from etl.format.manifest import (
     read_manifest,
 )
 from etl.format.mapped import releasing
+from etl.format.names import is_url
 from etl.format.shards import ShardInfo
 from etl.progress import Progress
-from etl.run import execute, spill
+from etl.run import execute, spill, to_store
 from etl.run.phases import convert_while_waiting, phase, release_freed_memory
 from etl.run.plan import Plan, settled_hashes
 from etl.run.report import RunReport, by_reason
@@ -59,15 +60,22 @@ from etl.sources.registry import check_exists, kind_of, list_sources
 
 def check_paths(config: PipelineConfig) -> None:
     """The output must not live inside a folder source: a rerun would try to pack its shards."""
-    out = config.output.dir
-    if kind_of(config.source).walks_path:
-        src = config.source.path
-        if out == src or out.is_relative_to(src):
-            raise ConfigError(
-                f"output.dir: {out} is inside source.path {src}; put the output elsewhere"
-            )
-    if out.exists() and not out.is_dir():
+    out, src = config.output.dir, config.source.path
+    if kind_of(config.source).walks_path and _inside(out, src):
+        raise ConfigError(
+            f"output.dir: {out} is inside source.path {src}; put the output elsewhere"
+        )
+    if isinstance(out, Path) and out.exists() and not out.is_dir():
         raise ConfigError(f"output.dir: {out} exists and is not a folder")
+
+
+def _inside(out: Path | str, src: Path | str) -> bool:
+    """Whether `out` is `src` or under it: two paths, or two URLs ('s3://b/x' is under 's3://b')."""
+    if isinstance(out, Path) and isinstance(src, Path):
+        return out == src or out.is_relative_to(src)
+    if isinstance(out, str) and isinstance(src, str):
+        return out == src or out.startswith(src.rstrip("/") + "/")
+    return False
 
 
 RELEASE_ROWS = 1 << 16
@@ -102,22 +110,35 @@ def run(
     """Pack `config.source` into `config.output.dir` as a new manifest version.
 
     An output whose latest version was made with different output-shaping settings is refused
-    unless `rebuild`, which packs everything again as a new version.
+    unless `rebuild`, which packs everything again as a new version. An output.dir in object
+    storage is packed in a local work folder and published there (`etl.run.to_store`).
     """
     progress = progress or Progress()
-    started = time.perf_counter()
     config = _user_code_in_processes(config)
     check_paths(config)
     check_exists(config.source)
-    root = config.output.dir
-    if dry_run and not root.exists():
+
+    def run_here(local: PipelineConfig, writer: str) -> RunReport:
+        root = Path(local.output.dir)
+        started = time.perf_counter()
+        return _run_here(_Run(local, root, dry_run, rebuild, progress, started, writer), on_plan)
+
+    if is_url(config.output.dir):
+        return to_store.run_to_store(config, run_here, dry_run, progress)
+    return run_here(config, "")
+
+
+def _run_here(run: _Run, on_plan: Callable[[Plan], None] | None) -> RunReport:
+    """`run` into the local folder `run.root`, under its lock."""
+    config, root = run.config, run.root
+    if run.dry_run and not root.exists():
         temporary = Path(tempfile.gettempdir())
         try:
             with (
                 parallel.engine(config.run, readable=_worker_inputs(config)),
                 readers.released(None),
             ):
-                return _run_locked(config, root, dry_run, rebuild, progress, on_plan, started)
+                return _run_locked(run, on_plan)
         except OSError as exc:
             if exc.errno not in OUTPUT_ERRNOS or not _under(exc.filename, temporary):
                 raise
@@ -137,7 +158,7 @@ def run(
                 parallel.engine(config.run, writable_root=root, readable=_worker_inputs(config)),
                 readers.released(spool),
             ):
-                return _run_locked(config, root, dry_run, rebuild, progress, on_plan, started)
+                return _run_locked(run, on_plan)
         except (interrupt.Interrupted, KeyboardInterrupt) as exc:
             signum = exc.signum if isinstance(exc, interrupt.Interrupted) else signal.SIGINT
             message = f"interrupted: {_cleaned_up(root, before)}"
@@ -214,6 +235,8 @@ class _Run:
     rebuild: bool
     progress: Progress
     started: float
+    writer: str = ""
+    """Tags the new shards' names: set by a run that publishes to object storage."""
     latest: int = 0
     """The latest committed version (0: none)."""
     previous: Manifest | None = None
@@ -253,17 +276,9 @@ class _Packed:
         return self.new_samples.rows
 
 
-def _run_locked(
-    config: PipelineConfig,
-    root: Path,
-    dry_run: bool,
-    rebuild: bool,
-    progress: Progress,
-    on_plan: Callable[[Plan], None] | None,
-    started: float,
-) -> RunReport:
+def _run_locked(run: _Run, on_plan: Callable[[Plan], None] | None) -> RunReport:
     """The phases of a run, in order: list, hash, plan, pack, commit."""
-    run = _Run(config, root, dry_run, rebuild, progress, started)
+    config, root, dry_run = run.config, run.root, run.dry_run
     _open_previous(run)
     # NOTE: the workers start as soon as the listing shows enough work for them (NOTE [ head
     # start ]), while the run hashes and plans, where packing is all but certain: a first run,
@@ -378,6 +393,7 @@ def _plan(run: _Run, listing: SourceListing, folder: Path, starting: parallel.St
             prior,
             folder,
             run.progress.advance,
+            run.writer,
         )
     finally:
         run.progress.stop()

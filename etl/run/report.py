@@ -13,7 +13,8 @@ import pyarrow.compute as pc
 
 @dataclass
 class RunReport:
-    output: Path
+    output: Path | str
+    """The dataset folder, or its URL in object storage."""
     version: int | None
     """The version committed, or the unchanged latest one when there was nothing to do."""
     committed: bool

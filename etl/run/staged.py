@@ -61,10 +61,12 @@ def staged_plan(
     prior_classes: tuple[str, ...],
     folder: Path,
     on_known: Callable[[int], None] = lambda n: None,
+    writer: str = "",
 ) -> Plan:
     """The plan of `listing`, hashing what the previous version does not vouch for as it
     goes; temporary files go in `folder`, and the plan's two tables stay there (mapped) until
-    the caller removes it. `on_known(n)`: n more files needed no hashing."""
+    the caller removes it. `on_known(n)`: n more files needed no hashing. `writer` tags the
+    new shards' names (`shard_name`)."""
     files = listing.files.table
     previous = _in_source_order(previous)
     rejects = SortedSpill(folder, REJECTS_SCHEMA, "source", "rejects")
@@ -115,7 +117,8 @@ def staged_plan(
         )
     if previous is not None:
         decided.counts["deleted"] = previous.samples.num_rows - matched
-    return assemble(config, version, classes, decided, rejected.table, (*maps, rejected))
+    kept = (*maps, rejected)
+    return assemble(config, version, classes, decided, rejected.table, kept, writer)
 
 
 def _store(stored: Buckets, samples: pa.Table | None) -> None:

@@ -309,7 +309,13 @@ def render(found: Survey, config_path: Path) -> str:
         '  # - call: {function: "mypackage.module:function", options: {}}   # fn(array) -> array',
         "",
         "output:",
-        _kv(2, "dir", _relative(output_dir, base), "relative to this file; outside source.path"),
+        _kv(
+            2,
+            "dir",
+            _relative(output_dir, base),
+            "relative to this file, outside source.path; or s3://bucket/prefix",
+        ),
+        _kv(2, "storage_options", {}, "for a dir in object storage: its fsspec options"),
         _kv(
             2,
             "shard_size",

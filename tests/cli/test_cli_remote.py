@@ -6,52 +6,29 @@ and a shard changed in the store one clear error."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from etl.cli import main
 from etl.config import load_config
 from etl.format.manifest import read_manifest
 from etl.run import pipeline
 from etl.start.sample_data import make_sample_data
-from tests.helpers.stores import moto_endpoint
+from tests.helpers.cli import cli
+from tests.helpers.stores import point_at
 
 s3fs = pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
 
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    with moto_endpoint() as url:
-        yield url
-
-
 @pytest.fixture
 def bucket(endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
-    for name, value in {
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "ETL_CACHE": str(tmp_path / "cache"),
-    }.items():
-        monkeypatch.setenv(name, value)
+    point_at(endpoint, monkeypatch, tmp_path / "cache")
     import boto3
 
-    s3fs.S3FileSystem.clear_instance_cache()
     boto3.client("s3").create_bucket(Bucket="datasets")
     return s3fs.S3FileSystem(skip_instance_cache=True)
-
-
-def cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as done:
-        main(args)
-    captured = capsys.readouterr()
-    code = done.value.code
-    return (code if isinstance(code, int) else 0), captured.out, captured.err
 
 
 def two_versions(tmp_path: Path) -> Path:

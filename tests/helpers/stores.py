@@ -7,6 +7,11 @@ import contextlib
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
 
 
 def free_port() -> int:
@@ -27,6 +32,46 @@ def moto_endpoint() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.stop()
+
+
+def point_at(endpoint: str, monkeypatch: pytest.MonkeyPatch, cache: Path | None = None) -> None:
+    """The environment a user sets for a store at `endpoint` (and a cache folder), with
+    s3fs's cached instances dropped: they keep the endpoint they were made with."""
+    settings = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    if cache is not None:
+        settings["ETL_CACHE"] = str(cache)
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+def packed_contents(root: Path) -> tuple[dict[str, tuple[Any, ...]], dict[str, str]]:
+    """A local dataset's latest version, read with pyarrow and numpy alone: samples (class,
+    split, pixels) and rejects (reason) by source."""
+    import pyarrow as pa
+
+    versions = sorted(p for p in (root / "versions").iterdir() if p.name.startswith("v"))
+
+    def table(name: str) -> pa.Table:
+        with pa.ipc.open_file(versions[-1] / name) as reader:
+            return reader.read_all()
+
+    samples = {
+        s["source"]: (
+            s["class_name"],
+            s["split"],
+            np.load(root / s["shard"], mmap_mode="r")[s["row"]].tobytes(),
+        )
+        for s in table("manifest.arrow").to_pylist()
+    }
+    return samples, {r["source"]: r["reason"] for r in table("rejects.arrow").to_pylist()}
 
 
 @contextlib.contextmanager
@@ -58,7 +103,9 @@ S3_ERROR = (
 
 
 @contextlib.contextmanager
-def faulty_proxy(upstream: str, faults: dict[str, str]) -> Iterator[str]:
+def faulty_proxy(
+    upstream: str, faults: dict[str, str], held: threading.Event | None = None
+) -> Iterator[str]:
     """An S3 endpoint on 127.0.0.1 that forwards every request to `upstream` (moto's server),
     except requests for a key ending in one of `faults` (path suffix -> fault):
 
@@ -67,8 +114,11 @@ def faulty_proxy(upstream: str, faults: dict[str, str]) -> Iterator[str]:
     - "short": a GET's body cut in half, its Content-Length still the whole length, and the
       connection closed (a body shorter than its length);
     - "shortened": a GET's body cut in half with a Content-Length that says so and no checksum
-      header, while HEAD still gives the whole size (a store that serves less than it lists).
+      header, while HEAD still gives the whole size (a store that serves less than it lists);
+    - "hold": a PUT is never answered (until the proxy stops); `held` is set when one arrives,
+      so a test can kill the writer mid-upload.
     """
+    release = threading.Event()
     import http.client
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from urllib.parse import urlsplit
@@ -99,6 +149,11 @@ def faulty_proxy(upstream: str, faults: dict[str, str]) -> Iterator[str]:
                 return self._error(503, "SlowDown")
             if fault == "deny":
                 return self._error(403, "AccessDenied")
+            if fault == "hold" and self.command == "PUT":
+                if held is not None:
+                    held.set()
+                release.wait(120)
+                return self._error(503, "SlowDown")
             upstream_conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
             headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
             upstream_conn.request(self.command, self.path, body, headers)
@@ -136,5 +191,6 @@ def faulty_proxy(upstream: str, faults: dict[str, str]) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
+        release.set()
         server.shutdown()
         server.server_close()

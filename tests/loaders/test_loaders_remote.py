@@ -20,17 +20,10 @@ from etl.errors import ManifestError, ShardError
 from etl.format.remote import RemoteDataset
 from loaders import PackedDataset, make_loader
 from tests.helpers.packed import Packed, make_packed
-from tests.helpers.stores import moto_endpoint, silent_endpoint
+from tests.helpers.stores import silent_endpoint
 
 s3fs = pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
-
-
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    """An S3-compatible server on 127.0.0.1, for this module only."""
-    with moto_endpoint() as url:
-        yield url
 
 
 def options(endpoint: str) -> dict[str, Any]:

@@ -144,10 +144,10 @@ def test_bench_rejects_small(tmp_path: Path) -> None:
 
 
 def test_bench_remote_pack_small(tmp_path: Path) -> None:
-    """Packing from a bucket and from disk: the run stops before its table unless both
-    datasets hold the same samples."""
+    """Packing from a bucket, from disk and into a bucket: the run stops before its table
+    unless the datasets hold the same samples."""
     pytest.importorskip("moto")
     args = ("--photos", "12", "--rounds", "1", "--work", str(tmp_path))
     table = run_module("bench_remote_pack", *args)
-    for name in ("source on local disk", "source in the bucket", "endpoint: 8 concurrent GETs"):
+    for name in ("on local disk", "in the bucket", "into a bucket", "endpoint: 8 concurrent"):
         assert name in table, table

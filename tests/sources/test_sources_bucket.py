@@ -10,7 +10,6 @@ import json
 import re
 import tarfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +22,14 @@ from PIL import Image, ImageOps
 from etl.cli import main
 from etl.config import load_config
 from etl.errors import ConfigError, SourceError
-from etl.format.manifest import read_manifest
 from etl.run import pipeline
 from etl.sources import objects
-from tests.helpers.stores import faulty_proxy, moto_endpoint, silent_endpoint
+from tests.helpers.stores import (
+    faulty_proxy,
+    packed_contents,
+    point_at,
+    silent_endpoint,
+)
 
 s3fs = pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
@@ -41,25 +44,12 @@ run: {{n_jobs: 2, backend: threading}}
 """
 
 
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    with moto_endpoint() as url:
-        yield url
-
-
 @pytest.fixture
 def store(endpoint: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Any:
     """A new bucket, with the environment pointing at the server (no other address is used)."""
-    for name, value in {
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(name, value)
+    point_at(endpoint, monkeypatch)
     import boto3
 
-    s3fs.S3FileSystem.clear_instance_cache()  # the endpoint is read when one is made
     bucket = f"b{abs(hash(request.node.nodeid)) % 10**10}"
     boto3.client("s3").create_bucket(Bucket=bucket)
     fs = s3fs.S3FileSystem(skip_instance_cache=True)
@@ -101,20 +91,6 @@ def run(tmp_path: Path, source: str | Path, out: Path) -> Any:
     return pipeline.run(load_config(config))
 
 
-def contents(root: Path) -> tuple[dict[str, tuple[Any, ...]], dict[str, str]]:
-    """Samples (class, split, pixels) and rejects (reason) by source, read with plain numpy."""
-    m = read_manifest(root)
-    samples = {
-        s["source"]: (
-            s["class_name"],
-            s["split"],
-            np.load(root / s["shard"], mmap_mode="r")[s["row"]].tobytes(),
-        )
-        for s in m.samples.to_pylist()
-    }
-    return samples, {r["source"]: r["reason"] for r in m.rejects.to_pylist()}
-
-
 def test_a_folder_in_a_bucket_packs_as_the_same_folder_on_disk(
     store: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -125,8 +101,8 @@ def test_a_folder_in_a_bucket_packs_as_the_same_folder_on_disk(
     remote = run(tmp_path, f"s3://{store.bucket}/photos", tmp_path / "from-bucket")
     local = run(tmp_path, tmp_path / "local", tmp_path / "from-disk")
     assert remote.packed_new == local.packed_new == 9
-    got, rejects = contents(tmp_path / "from-bucket")
-    assert (got, rejects) == contents(tmp_path / "from-disk")
+    got, rejects = packed_contents(tmp_path / "from-bucket")
+    assert (got, rejects) == packed_contents(tmp_path / "from-disk")
     assert rejects == {"loose.png": "no_class", "dog/big.png": "file_too_large"}
     assert {name.split("/")[0] for name in got} == {"cat", "dog"}
     # the audit re-reads every source from the bucket and finds them as packed, then a changed one
@@ -176,7 +152,7 @@ def test_a_rerun_sees_objects_added_changed_and_deleted(
         "unchanged": 7,
         "rejected": 1,  # loose.png, rejected again without being read
     }
-    samples, _ = contents(tmp_path / "out")
+    samples, _ = packed_contents(tmp_path / "out")
     assert "cat/0.png" not in samples and "cat/new.png" in samples and len(samples) == 9
 
 
@@ -262,7 +238,7 @@ def test_storage_options_in_the_config_reach_every_worker_and_are_never_written(
     assert json.loads(printed.out)["packed_new"] == 9
     local = run(tmp_path, tmp_path / "local", tmp_path / "from-disk")
     assert local.packed_new == 9
-    assert contents(tmp_path / "from-bucket") == contents(tmp_path / "from-disk")
+    assert packed_contents(tmp_path / "from-bucket") == packed_contents(tmp_path / "from-disk")
     with pytest.raises(SystemExit) as audited:
         main(["audit", str(tmp_path / "from-bucket"), "--config", str(config), "--json"])
     printed_too = capsys.readouterr()
@@ -335,8 +311,8 @@ def bucket_and_disk(
     remote = run_container(tmp_path, kind, url, globs, f"{kind}-bucket")
     local = run_container(tmp_path, kind, tmp_path / f"local-{kind}", globs, f"{kind}-disk")
     assert remote.packed_new == local.packed_new
-    found = contents(tmp_path / f"{kind}-bucket")
-    assert found == contents(tmp_path / f"{kind}-disk")
+    found = packed_contents(tmp_path / f"{kind}-bucket")
+    assert found == packed_contents(tmp_path / f"{kind}-disk")
     return url, remote.packed_new, found
 
 
@@ -437,8 +413,8 @@ def test_a_listing_in_a_bucket_packs_as_the_same_listing_on_disk(
     remote = run_listing(tmp_path, url, "list-bucket")
     local = run_listing(tmp_path, tmp_path / "local" / "lists" / "train.csv", "list-disk")
     assert remote.packed_new == local.packed_new == 5
-    got, rejects = contents(tmp_path / "list-bucket")
-    assert (got, rejects) == contents(tmp_path / "list-disk")
+    got, rejects = packed_contents(tmp_path / "list-bucket")
+    assert (got, rejects) == packed_contents(tmp_path / "list-disk")
     assert sorted(rejects.values()) == sorted(
         ["missing", "outside_root", "unknown_label", "file_too_large"]
     )
@@ -495,12 +471,12 @@ def test_objects_the_store_refuses_or_cuts_short_are_rejects_naming_them(
             s3fs.S3FileSystem.clear_instance_cache()
         assert time.monotonic() - started < 120
     assert report.packed_new == 4
-    got, rejects = contents(tmp_path / "out")
+    got, rejects = packed_contents(tmp_path / "out")
     assert set(rejects) == {"cat/1.png", "dog/1.png", "dog/2.png", "dog/3.png"}
     assert set(rejects.values()) <= {"io_error", "io_timeout"}, rejects
     local = run(tmp_path, tmp_path / "local", tmp_path / "from-disk")
     assert local.packed_new == 8
-    on_disk, _ = contents(tmp_path / "from-disk")
+    on_disk, _ = packed_contents(tmp_path / "from-disk")
     assert got == {source: on_disk[source] for source in got}
 
 

@@ -1,0 +1,209 @@
+"""Publishing a version packed in a local folder to a dataset in object storage.
+
+NOTE [ publishing to a store ]: an object store has no rename and no lock. What it has (S3 and
+the stores that speak its If-None-Match, and a local disk) is a put that succeeds only while
+the key does not exist: fsspec's `pipe_file(..., mode="create")`. So one object decides a
+version, its commit record `versions/vNNNNNN/commit.json`, put last and only if absent, and
+everything before it goes to names no other writer uses:
+
+- the version's shards carry the attempt's writer tag: 'shards/v000005-1f2e3d4c-00000.npy';
+- its Arrow files go to the hidden folder `versions/.v000005-1f2e3d4c/`, which the record names
+  (`files_at`) and no reader lists as a version.
+
+Each file is uploaded, then read back from the store and its size and checksum compared with
+the local file's, before the record is put. Of two writers racing for a version, one put of
+the record succeeds; the other removes what it uploaded and says to run again. A writer killed
+at any point leaves only tagged objects that no version names: the attempt file in its work
+folder names them, and the next run from that folder removes them before anything else.
+
+What each backend guarantees: s3fs sends If-None-Match (AWS S3 since 2024, MinIO, moto's
+server), fsspec's local file system opens with O_EXCL: one winner, always. A driver without
+its own create mode falls back to fsspec's check-then-write, which two writers within the same
+moment can both pass; the loser's record then overwrites the winner's, and since each record
+names only its own files, the version stays whole, but it is the loser's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+from etl.errors import EtlError, LockError, OutputError
+from etl.format.checksums import TAMPER_DIGEST
+from etl.format.manifest import RECORDED_FILES, VERSIONS_DIR, read_manifest, version_name
+from etl.format.record import FILES_AT, RECORD_FILE, relocated
+from etl.format.remote import DOWNLOAD_CHUNK, DOWNLOADS, RemoteDataset, staging_name, why
+from etl.format.shards import SHARDS_DIR, shard_version
+from etl.progress import Progress
+
+ATTEMPT_FILE = "attempt.json"
+"""In a run's work folder while it publishes: the version and writer tag of what it uploads."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One try at publishing `version`, its objects tagged `writer` (8 hex digits)."""
+
+    version: int
+    writer: str
+
+    @property
+    def staging(self) -> str:
+        return staging_name(self.version, self.writer)
+
+    def save(self, work: Path) -> None:
+        """Written, and flushed to disk, before the first byte is uploaded."""
+        path = work / ATTEMPT_FILE
+        with open(path, "w") as f:
+            json.dump({"version": self.version, "writer": self.writer}, f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    @staticmethod
+    def saved(work: Path) -> Attempt | None:
+        """The attempt a killed run left in `work`, None if none (or unreadable: then what it
+        uploaded stays in the store as objects no version names)."""
+        try:
+            body = json.loads((work / ATTEMPT_FILE).read_bytes())
+            return Attempt(int(body["version"]), str(body["writer"]))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+def publish(store: RemoteDataset, local: Path, attempt: Attempt, progress: Progress) -> None:
+    """Upload version `attempt.version` of the local dataset `local` (its new shards, its files)
+    to `store`, verify each, then put its record only if no writer has published that version.
+
+    LockError when another writer has (what this attempt uploaded is removed first);
+    OutputError naming the object for an upload or a check that fails.
+    """
+    folder = local / VERSIONS_DIR / version_name(attempt.version)
+    record = store.remote(VERSIONS_DIR, version_name(attempt.version), RECORD_FILE)
+    if _stored_record(store, record) is not None:
+        raise _beaten(store, attempt)
+    uploads = [
+        (local / name, store.remote(name), checksum, algorithm)
+        for name, checksum, algorithm in _new_shards(local, attempt)
+    ] + [
+        (folder / name, store.remote(VERSIONS_DIR, attempt.staging, name), digest, TAMPER_DIGEST)
+        for name, digest in _recorded_digests(folder).items()
+    ]
+    progress.start("upload", len(uploads))
+    try:
+        with ThreadPoolExecutor(max_workers=DOWNLOADS, thread_name_prefix="etl-upload") as pool:
+            for done in [pool.submit(_upload, store, *upload) for upload in uploads]:
+                done.result()
+                progress.advance(1)
+        sealed = relocated(folder, attempt.staging)
+        try:
+            store.bounded(store.fs.pipe_file, record, sealed, mode="create")
+        except FileExistsError:
+            if _stored_record(store, record) != sealed:  # not this attempt's own put, retried
+                raise _beaten(store, attempt) from None
+        except Exception as exc:
+            raise OutputError(f"{record}: cannot put the version's record ({why(exc)})") from None
+    except BaseException:
+        with suppress(EtlError):
+            forget(store, attempt)
+        raise
+    finally:
+        progress.stop()
+
+
+def forget(store: RemoteDataset, attempt: Attempt) -> bool:
+    """Remove what `attempt` uploaded, unless its record was published (then it is the
+    version's). Returns whether it was published. OutputError if the store cannot be asked."""
+    record = store.remote(VERSIONS_DIR, version_name(attempt.version), RECORD_FILE)
+    stored = _stored_record(store, record)
+    if stored is not None:
+        try:
+            published = json.loads(stored).get(FILES_AT)
+        except (ValueError, AttributeError):
+            published = None
+        if published == attempt.staging:
+            return True
+    pattern = store.remote(SHARDS_DIR, f"v{attempt.version:06d}-{attempt.writer}-*.npy")
+    try:
+        leftovers = store.bounded(store.fs.glob, pattern)
+        leftovers += store.bounded(store.fs.find, store.remote(VERSIONS_DIR, attempt.staging))
+        if leftovers:
+            store.bounded(store.fs.rm, sorted(set(leftovers)))
+    except FileNotFoundError:
+        pass
+    except Exception as exc:
+        raise OutputError(
+            f"{store.url}: cannot remove what an unfinished attempt at version "
+            f"{attempt.version} uploaded ({why(exc)})"
+        ) from None
+    return False
+
+
+def _new_shards(local: Path, attempt: Attempt) -> list[tuple[str, str, str]]:
+    """(name, checksum, algorithm) of each shard the attempt wrote: those of its version."""
+    manifest = read_manifest(local, attempt.version)
+    algorithm, table = manifest.meta.checksum, manifest.shards
+    return [
+        (name, checksum, algorithm)
+        for name, checksum in zip(
+            table.column("shard").to_pylist(), table.column("checksum").to_pylist(), strict=True
+        )
+        if shard_version(Path(name).name) == attempt.version
+    ]
+
+
+def _recorded_digests(folder: Path) -> dict[str, str]:
+    """The TAMPER_DIGEST of each file the local commit record lists."""
+    files = json.loads((folder / RECORD_FILE).read_bytes())["files"]
+    return {name: files[name][TAMPER_DIGEST] for name in RECORDED_FILES}
+
+
+def _upload(store: RemoteDataset, path: Path, remote: str, digest: str, algorithm: str) -> None:
+    """Put `path` at `remote` (multipart when it is larger than a chunk), then read it back:
+    the store must hold exactly `path`'s size and `digest`. OutputError naming it if not."""
+    size = path.stat().st_size
+    try:
+        dst = store.bounded(store.fs.open, remote, "wb", block_size=DOWNLOAD_CHUNK)
+        try:
+            with open(path, "rb") as src:
+                while chunk := src.read(DOWNLOAD_CHUNK):
+                    store.bounded(dst.write, chunk)
+        except BaseException:
+            with suppress(Exception):  # s3fs aborts a multipart upload; a leftover is forgotten
+                store.bounded(dst.discard)
+            raise
+        store.bounded(dst.close)
+        stored = store.bounded(store.fs.info, remote).get("size")
+    except Exception as exc:
+        raise OutputError(f"{remote}: cannot upload ({why(exc)})") from None
+    if stored != size:
+        raise OutputError(f"{remote}: the store holds {stored} bytes of the {size} uploaded")
+    got = store.stored_digest(remote, algorithm, OutputError)
+    if got != digest:
+        raise OutputError(
+            f"{remote}: the store's bytes are not the ones uploaded ({algorithm} {got}, "
+            f"expected {digest})"
+        )
+
+
+def _stored_record(store: RemoteDataset, remote: str) -> bytes | None:
+    """The record at `remote` as the store holds it now, None if there is none: a GET, never
+    an answer from fsspec's cache of listings."""
+    try:
+        return bytes(store.bounded(store.fs.cat_file, remote))
+    except FileNotFoundError:
+        return None
+    except Exception as exc:
+        raise OutputError(f"{remote}: cannot read it ({why(exc)})") from None
+
+
+def _beaten(store: RemoteDataset, attempt: Attempt) -> LockError:
+    return LockError(
+        f"{store.url}: another writer published version {attempt.version} while this run "
+        "packed; nothing of this run was published: run it again to build on that version"
+    )

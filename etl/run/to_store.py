@@ -1,0 +1,90 @@
+"""`etl run` with output.dir in object storage: pack in a local work folder, then publish.
+
+The work folder, `<cache>/writing/<key>/` (the cache of `etl.format.remote`), holds a local
+dataset folder, `dataset/`, with the files of the store's latest version (none of its shards: a
+run reads no shard of the version it builds on) and what this run packs; and, while it
+publishes, the attempt file (`etl.format.publish`). A run:
+
+1. takes the work folder's lock (one writer per node and dataset; other nodes are kept out by
+   the record's conditional put, NOTE [ publishing to a store ]);
+2. removes what a killed attempt from this folder left in the store, and empties `dataset/`;
+3. fetches the store's latest version into `dataset/` and packs there, as into any folder,
+   its new shards tagged with a fresh writer tag;
+4. publishes the new version, and empties `dataset/` again.
+
+A run killed at any step leaves the store's versions as they were; the next run converges.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from etl.config import PipelineConfig
+from etl.format.lock import DatasetLock
+from etl.format.manifest import VERSIONS_DIR
+from etl.format.publish import ATTEMPT_FILE, Attempt, forget, publish
+from etl.format.remote import RemoteDataset, default_cache_dir
+from etl.format.shards import SHARDS_DIR
+from etl.progress import Progress
+from etl.run.report import RunReport
+
+WORK_DIR = "writing"
+"""The work folders' parent under the cache folder."""
+
+RunHere = Callable[[PipelineConfig, str], RunReport]
+"""Packs a config whose output.dir is a local folder, its new shards tagged with the writer."""
+
+
+def work_folder(store: RemoteDataset) -> Path:
+    """Where a run to `store` packs: one folder per dataset URL under the cache."""
+    return default_cache_dir() / WORK_DIR / store.key
+
+
+def run_to_store(
+    config: PipelineConfig, run_here: RunHere, dry_run: bool, progress: Progress
+) -> RunReport:
+    """Pack `config.source` as a new version of the dataset at the URL `config.output.dir`."""
+    started = time.perf_counter()
+    url = str(config.output.dir)
+    work = work_folder(RemoteDataset(url, storage_options=config.output.storage_options))
+    local = work / "dataset"
+    store = RemoteDataset(url, storage_options=config.output.storage_options, root=local)
+    with DatasetLock(work):
+        _finish_killed_attempt(store, work)
+        _empty(local)
+        latest = store.committed()
+        if latest:
+            store.fetch_version(latest[-1])
+        output = config.output.model_copy(update={"dir": local, "storage_options": {}})
+        writer = secrets.token_hex(4)
+        report = run_here(config.model_copy(update={"output": output}), writer)
+        if report.committed and not dry_run:
+            assert report.version is not None
+            attempt = Attempt(report.version, writer)
+            attempt.save(work)
+            start = time.perf_counter()
+            publish(store, local, attempt, progress)
+            (work / ATTEMPT_FILE).unlink()
+            report.phases["upload"] = time.perf_counter() - start
+        _empty(local)
+    return replace(report, output=url, seconds=time.perf_counter() - started)
+
+
+def _finish_killed_attempt(store: RemoteDataset, work: Path) -> None:
+    """Remove from the store what an attempt killed mid-publish uploaded (nothing, if its
+    record was published: then it is a version), and forget the attempt."""
+    attempt = Attempt.saved(work)
+    if attempt is not None:
+        forget(store, attempt)
+    (work / ATTEMPT_FILE).unlink(missing_ok=True)
+
+
+def _empty(local: Path) -> None:
+    """`local` without versions or shards: the work of one run, never trusted by the next."""
+    for name in (VERSIONS_DIR, SHARDS_DIR):
+        shutil.rmtree(local / name, ignore_errors=True)

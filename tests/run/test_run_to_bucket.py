@@ -1,0 +1,278 @@
+"""`etl run` with `output.dir: s3://bucket/prefix`, on a real S3-compatible server (moto's, on
+127.0.0.1): the bucket holds what a run to local disk holds, read back here with s3fs, pyarrow
+and numpy alone; reruns converge; two writers racing for a version publish one whole version;
+a writer killed mid-upload leaves nothing the next run does not remove."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from PIL import Image
+
+from etl.config import load_config
+from etl.errors import ConfigError
+from etl.format import publish as publishing
+from etl.run import pipeline, to_store
+from etl.start.sample_data import make_sample_data
+from tests.helpers.cli import cli
+from tests.helpers.stores import faulty_proxy, packed_contents, point_at
+
+s3fs = pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
+
+URL = "s3://datasets/out"
+CONFIG = (
+    "source: {{kind: folder, path: data, split: {{val: 0.25}}}}\n"
+    "stages: [{{decode: {{mode: RGB}}}}, {{resize: {{size: [16, 16]}}}}]\n"
+    "output: {{dir: '{out}', samples_per_shard: 5}}\n"
+    "run: {{n_jobs: 1, backend: threading}}\n"
+)
+TAGGED_SHARD = re.compile(r"^shards/v\d{6}-[0-9a-f]{8}-\d{5}\.npy$")
+
+
+@pytest.fixture
+def bucket(endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    """An empty bucket 'datasets', the environment pointing at the server, a cache here."""
+    point_at(endpoint, monkeypatch, tmp_path / "cache")
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    if fs.exists("datasets"):
+        fs.rm("datasets", recursive=True)
+    fs.mkdir("datasets")
+    return fs
+
+
+def write_config(tmp_path: Path, out: str, name: str = "pipeline.yaml") -> Path:
+    config = tmp_path / name
+    config.write_text(CONFIG.format(out=out))
+    return config
+
+
+def stored_in_bucket(fs: Any, prefix: str = "datasets/out") -> tuple[dict[str, Any], dict]:
+    """The latest version in the bucket, read with s3fs, pyarrow and numpy alone: samples
+    (class, split, pixels) and rejects (reason) by source."""
+    fs.invalidate_cache()
+    versions = sorted(
+        p.rsplit("/", 1)[1] for p in fs.ls(f"{prefix}/versions") if re.search(r"/v\d{6}$", p)
+    )
+    folder = f"{prefix}/versions/{versions[-1]}"
+    record = json.loads(fs.cat(f"{folder}/commit.json"))
+    files = f"{prefix}/versions/{record['files_at']}"
+
+    def table(name: str) -> pa.Table:
+        return pa.ipc.open_file(pa.BufferReader(fs.cat(f"{files}/{name}"))).read_all()
+
+    shards: dict[str, np.ndarray] = {}
+    samples = {}
+    for s in table("manifest.arrow").to_pylist():
+        if s["shard"] not in shards:
+            shards[s["shard"]] = np.load(io.BytesIO(fs.cat(f"{prefix}/{s['shard']}")))
+        pixels = shards[s["shard"]][s["row"]].tobytes()
+        samples[s["source"]] = (s["class_name"], s["split"], pixels)
+    rejects = {r["source"]: r["reason"] for r in table("rejects.arrow").to_pylist()}
+    return samples, rejects
+
+
+def named_by_versions(fs: Any, prefix: str = "datasets/out") -> set[str]:
+    """Every object some published version names: its record, its files, its shards."""
+    named = set()
+    for folder in fs.ls(f"{prefix}/versions"):
+        if not re.search(r"/v\d{6}$", folder):
+            continue
+        record = json.loads(fs.cat(f"{folder}/commit.json"))
+        named.add(f"{folder}/commit.json")
+        files = f"{prefix}/versions/{record['files_at']}"
+        named.update(f"{files}/{name}" for name in record["files"])
+        shards = pa.ipc.open_file(pa.BufferReader(fs.cat(f"{files}/shards.arrow"))).read_all()
+        named.update(f"{prefix}/{name}" for name in shards.column("shard").to_pylist())
+    return named
+
+
+def all_objects(fs: Any, prefix: str = "datasets/out") -> set[str]:
+    fs.invalidate_cache()
+    return set(fs.find(prefix))
+
+
+def change_sources(data: Path) -> None:
+    """One image added, one changed (new pixels), one deleted."""
+    rng = np.random.default_rng(3)
+    for name in ("added.png", sorted(p.name for p in (data / "circle").glob("circle_*"))[0]):
+        pixels = rng.integers(0, 255, (20, 30, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(data / "circle" / name, format="PNG")
+    sorted((data / "square").glob("square_*"))[0].unlink()
+
+
+def test_a_bucket_holds_what_a_disk_holds_and_reruns_converge(
+    bucket: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_sample_data(tmp_path / "data", per_class=3, seed=7)
+    to_disk = write_config(tmp_path, "disk", "disk.yaml")
+    to_bucket = write_config(tmp_path, URL)
+
+    assert pipeline.run(load_config(to_disk)).committed
+    code, out, err = cli(["run", str(to_bucket)], capsys)
+    assert code == 0, err
+    assert URL in out
+    assert stored_in_bucket(bucket) == packed_contents(tmp_path / "disk")
+    assert all_objects(bucket) == named_by_versions(bucket)
+    shards = {p.removeprefix("datasets/out/") for p in all_objects(bucket) if p.endswith(".npy")}
+    assert shards and all(TAGGED_SHARD.match(name) for name in shards)
+
+    change_sources(tmp_path / "data")
+    assert pipeline.run(load_config(to_disk)).committed
+    report = pipeline.run(load_config(to_bucket))
+    assert (report.version, report.packed_new, report.plan_counts["deleted"]) == (2, 2, 1)
+    assert report.output == URL
+    assert stored_in_bucket(bucket) == packed_contents(tmp_path / "disk")
+    assert all_objects(bucket) == named_by_versions(bucket)
+    again = pipeline.run(load_config(to_bucket))
+    assert (again.version, again.committed) == (2, False)
+
+    code, out, err = cli(["audit", URL], capsys)
+    assert code == 0, out + err
+    code, out, err = cli(["versions", URL, "--json"], capsys)
+    assert code == 0, err
+    assert [v["version"] for v in json.loads(out)] == [1, 2]
+    work = to_store.work_folder(to_store.RemoteDataset(URL)) / "dataset"
+    assert not list(work.rglob("*.npy"))  # the work folder keeps no shard between runs
+
+
+@pytest.mark.parametrize("when", ["before A uploads", "before A puts its record"])
+def test_a_writer_that_loses_the_race_publishes_nothing_and_says_so(
+    bucket: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    when: str,
+) -> None:
+    """Writer A packs version 1; before it uploads, or after it uploaded everything and just
+    before it puts its record, writer B (another node: its own cache) packs and publishes
+    version 1 from other sources. A stops in one line, having removed what it uploaded; the
+    store holds B's version 1, whole."""
+    make_sample_data(tmp_path / "data", per_class=3, seed=7)
+    config = write_config(tmp_path, URL)
+    other = tmp_path / "other"
+    other.mkdir()
+    make_sample_data(other / "data", per_class=2, seed=8)
+    other_config = write_config(other, URL)
+    early = when == "before A uploads"
+    module, name = (to_store, "publish") if early else (publishing, "relocated")
+    step = getattr(module, name)
+    b_done: list[bool] = []
+
+    def b_publishes_first(*args: Any) -> Any:
+        if not b_done:  # A's step: B's run first (B's own step is the real one)
+            b_done.append(True)
+            with monkeypatch.context() as m:
+                m.setenv("ETL_CACHE", str(other / "cache"))
+                assert pipeline.run(load_config(other_config)).version == 1
+        return step(*args)
+
+    monkeypatch.setattr(module, name, b_publishes_first)
+    code, out, err = cli(["run", str(config)], capsys)
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "another writer published version 1" in lines[0], err
+    assert "Traceback" not in err
+    monkeypatch.setattr(module, name, step)
+
+    assert all_objects(bucket) == named_by_versions(bucket)  # nothing of A's is left
+    on_b = tmp_path / "b-disk.yaml"
+    on_b.write_text(CONFIG.format(out="b-disk").replace("path: data", f"path: {other / 'data'}"))
+    pipeline.run(load_config(on_b))
+    assert stored_in_bucket(bucket) == packed_contents(tmp_path / "b-disk")
+    report = pipeline.run(load_config(config))  # A again: builds on B's version
+    assert (report.version, report.committed) == (2, True)
+    assert all_objects(bucket) == named_by_versions(bucket)
+    code, out, err = cli(["audit", URL], capsys)
+    assert code == 0, out + err
+
+
+def run_etl(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "etl", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_two_writers_at_once_leave_whole_versions(bucket: Any, tmp_path: Path) -> None:
+    """Two `etl run` processes of two nodes (two caches), started together: each ends with
+    exit 0 or a one-line exit 2, and the store holds exactly the versions that succeeded."""
+    make_sample_data(tmp_path / "data", per_class=3, seed=7)
+    config = write_config(tmp_path, URL)
+    runs = []
+    for node in ("a", "b"):
+        env = {**os.environ, "ETL_CACHE": str(tmp_path / f"cache-{node}")}
+        runs.append(run_etl(["run", str(config)], env, tmp_path))
+    ended = [(p.wait(timeout=120), *p.communicate()) for p in runs]
+    for code, _, err in ended:
+        assert code in (0, 2) and "Traceback" not in err, err
+        if code == 2:
+            errors = [line for line in err.splitlines() if line.startswith("error:")]
+            assert len(errors) == 1 and "another writer published version" in errors[0], err
+    published = sorted(json.loads(p)["version"] for p in _records(bucket))
+    successes = [code for code, _, _ in ended if code == 0]
+    assert successes and len(published) == len(successes)
+    assert all_objects(bucket) == named_by_versions(bucket)
+
+
+def _records(fs: Any) -> list[bytes]:
+    fs.invalidate_cache()
+    return [fs.cat(p) for p in fs.glob("datasets/out/versions/v*/commit.json")]
+
+
+@pytest.mark.parametrize("held", [".npy", "manifest.arrow", "commit.json"])
+def test_a_writer_killed_mid_upload_leaves_nothing_a_rerun_does_not_remove(
+    bucket: Any, tmp_path: Path, endpoint: str, held: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """kill -9 while a shard, a version file or the record is being put: no version is
+    published, and the next run from the same node removes the killed attempt's objects and
+    publishes version 1, the same as a run never interrupted."""
+    make_sample_data(tmp_path / "data", per_class=3, seed=7)
+    config = write_config(tmp_path, URL)
+    arrived = threading.Event()
+    with faulty_proxy(endpoint, {held: "hold"}, arrived) as proxy:
+        env = {**os.environ, "AWS_ENDPOINT_URL": proxy}
+        writer = run_etl(["run", str(config)], env, tmp_path)
+        try:
+            assert arrived.wait(90), writer.communicate(timeout=5)
+        finally:
+            writer.kill()
+            writer.wait(30)
+    assert _records(bucket) == []
+    leftovers = all_objects(bucket)
+    if held != ".npy":
+        assert leftovers  # the shards were uploaded before it was killed
+
+    code, _, err = cli(["run", str(config)], capsys)
+    assert code == 0, err
+    assert all_objects(bucket) == named_by_versions(bucket)
+    assert [json.loads(r)["version"] for r in _records(bucket)] == [1]
+    disk = write_config(tmp_path, "disk", "disk.yaml")
+    pipeline.run(load_config(disk))
+    assert stored_in_bucket(bucket) == packed_contents(tmp_path / "disk")
+
+
+def test_storage_options_of_a_local_output_are_refused(tmp_path: Path) -> None:
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(
+        "source: {kind: folder, path: data}\n"
+        "stages: [{decode: {}}, {resize: {size: [8, 8]}}]\n"
+        "output: {dir: out, storage_options: {anon: true}}\n"
+    )
+    with pytest.raises(ConfigError, match=r"storage_options are for an output\.dir"):
+        load_config(config)
