@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
@@ -36,8 +37,15 @@ from etl.errors import EtlError, LockError, OutputError
 from etl.format.checksums import TAMPER_DIGEST
 from etl.format.manifest import RECORDED_FILES, VERSIONS_DIR, read_manifest, version_name
 from etl.format.record import FILES_AT, RECORD_FILE, relocated
-from etl.format.remote import DOWNLOAD_CHUNK, DOWNLOADS, RemoteDataset, staging_name, why
-from etl.format.shards import SHARDS_DIR, shard_version
+from etl.format.remote import (
+    DOWNLOAD_CHUNK,
+    DOWNLOADS,
+    RemoteDataset,
+    staging_name,
+    staging_name_of,
+    why,
+)
+from etl.format.shards import SHARDS_DIR, WRITER_TAG, shard_version
 from etl.progress import Progress
 
 ATTEMPT_FILE = "attempt.json"
@@ -65,15 +73,20 @@ class Attempt:
 
     @staticmethod
     def saved(work: Path) -> Attempt | None:
-        """The attempt a killed run left in `work`, None if none (or unreadable: then what it
-        uploaded stays in the store as objects no version names)."""
+        """The attempt a killed run left in `work`, None if none or if the file is not one
+        this module wrote: damaged, a writer tag that is not 8 hex digits (a '*' would widen
+        what `forget` removes to other writers' objects). What such an attempt uploaded stays
+        in the store as objects no version names."""
         try:
             body = json.loads((work / ATTEMPT_FILE).read_bytes())
-            return Attempt(int(body["version"]), str(body["writer"]))
-        except FileNotFoundError:
+            version, writer = body["version"], body["writer"]
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             return None
-        except (OSError, ValueError, KeyError, TypeError):
+        if type(version) is not int or not 0 < version < 10**6:
             return None
+        if not isinstance(writer, str) or not WRITER_TAG.fullmatch(writer):
+            return None
+        return Attempt(version, writer)
 
 
 def publish(store: RemoteDataset, local: Path, attempt: Attempt, progress: Progress) -> None:
@@ -142,6 +155,57 @@ def forget(store: RemoteDataset, attempt: Attempt) -> bool:
             f"{attempt.version} uploaded ({why(exc)})"
         ) from None
     return False
+
+
+_TAGGED_SHARD = re.compile(r"^v(\d{6})-([0-9a-f]{8})-\d{5}\.npy$")
+
+
+def sweep(store: RemoteDataset) -> int:
+    """Remove what attempts that lost left in the store, whoever made them: a tagged shard or
+    a staging folder of a version that is published under another tag. Returns how many.
+
+    Safe beside live writers: an attempt at a version already published can only fail (its
+    record's put), so nothing it uploaded will ever be named. What a writer killed on another
+    node left for the version after the latest stays until that version is published.
+    OutputError if the store cannot be listed or cleaned."""
+    try:
+        store.fs.invalidate_cache(store.remote())
+        shards = store.bounded(store.fs.find, store.remote(SHARDS_DIR))
+        folders = store.bounded(store.fs.ls, store.remote(VERSIONS_DIR), detail=False)
+    except FileNotFoundError:
+        return 0
+    except Exception as exc:
+        raise OutputError(f"{store.url}: cannot list it ({why(exc)})") from None
+    candidates: dict[int, list[tuple[str, str]]] = {}
+    for path in shards:
+        tagged = _TAGGED_SHARD.match(path.rsplit("/", 1)[-1])
+        if tagged:
+            candidates.setdefault(int(tagged[1]), []).append((tagged[2], path))
+    for path in folders:
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        number = staging_name_of(name)
+        if number is not None:
+            candidates.setdefault(number, []).append((name.rsplit("-", 1)[1], path))
+    lost: list[str] = []
+    for number, objects in sorted(candidates.items()):
+        record = store.remote(VERSIONS_DIR, version_name(number), RECORD_FILE)
+        stored = _stored_record(store, record)
+        if stored is None:
+            continue  # not published: a live writer's, or a dead one's until it is
+        try:
+            files_at = json.loads(stored).get(FILES_AT)
+        except (ValueError, AttributeError):
+            continue  # a damaged record: the audit names it; nothing is removed on its word
+        published = files_at.rsplit("-", 1)[1] if isinstance(files_at, str) else None
+        lost += [path for tag, path in objects if tag != published]
+    if lost:
+        try:
+            store.bounded(store.fs.rm, lost, recursive=True)
+        except FileNotFoundError:
+            pass
+        except Exception as exc:
+            raise OutputError(f"{store.url}: cannot remove lost attempts ({why(exc)})") from None
+    return len(lost)
 
 
 def _new_shards(local: Path, attempt: Attempt) -> list[tuple[str, str, str]]:

@@ -116,7 +116,11 @@ def decide(
     stored_pos = np.full(checked.num_rows, -1, dtype=np.int64)
     repeat = np.zeros(checked.num_rows, dtype=bool)
     if stored is not None:
+        # a file's own previous row where its content is unchanged, else any row of the same
+        # content: two files of one content keep their own rows, so a rerun changes nothing
         stored_pos = positions_in(digests, stored.column("source_hash"))
+        own = positions_in(checked.column("old_id"), stored.column("sample_id"))
+        stored_pos = np.where((own >= 0) & same, own, stored_pos)
     if remembered is not None:
         remembered_pos = positions_in(digests, remembered.column("source_hash"))
         repeat = candidate & (stored_pos < 0) & (remembered_pos >= 0)

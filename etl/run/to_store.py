@@ -10,7 +10,8 @@ publishes, the attempt file (`etl.format.publish`). A run:
 2. removes what a killed attempt from this folder left in the store, and empties `dataset/`;
 3. fetches the store's latest version into `dataset/` and packs there, as into any folder,
    its new shards tagged with a fresh writer tag;
-4. publishes the new version, and empties `dataset/` again.
+4. publishes the new version, removes what lost attempts of any node left in the store
+   (`sweep`), and empties `dataset/` again.
 
 A run killed at any step leaves the store's versions as they were; the next run converges.
 """
@@ -27,7 +28,7 @@ from pathlib import Path
 from etl.config import PipelineConfig
 from etl.format.lock import DatasetLock
 from etl.format.manifest import VERSIONS_DIR
-from etl.format.publish import ATTEMPT_FILE, Attempt, forget, publish
+from etl.format.publish import ATTEMPT_FILE, Attempt, forget, publish, sweep
 from etl.format.remote import RemoteDataset, default_cache_dir
 from etl.format.shards import SHARDS_DIR
 from etl.progress import Progress
@@ -71,6 +72,8 @@ def run_to_store(
             publish(store, local, attempt, progress)
             (work / ATTEMPT_FILE).unlink()
             report.phases["upload"] = time.perf_counter() - start
+        if not dry_run:
+            sweep(store)
         _empty(local)
     return replace(report, output=url, seconds=time.perf_counter() - started)
 

@@ -343,3 +343,31 @@ def test_an_in_place_rewrite_with_its_old_mtime_is_packed_again(tmp_path: Path) 
         after["a/y.bmp"]["row"],
     )
     assert again["a/y.bmp"]["source_ctime_ns"] == (source / "a/y.bmp").stat().st_ctime_ns
+
+
+@pytest.mark.parametrize("policy", ["allow", "keep_first"])
+def test_a_rerun_with_files_of_one_content_changes_nothing(tmp_path: Path, policy: str) -> None:
+    """Files of one content, each a sample (duplicates: allow) or one kept and the others
+    rejected (keep_first): on a rerun every kept file keeps its own row. Before, a rerun gave a
+    kept duplicate the first such file's row, and committed a version that changed nothing but
+    row numbers."""
+    rng = np.random.default_rng(1)
+    for name in ("a/1.png", "a/2.png", "b/3.png", "b/4.png"):
+        (tmp_path / "src" / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(
+            tmp_path / "src" / name
+        )
+    same = (tmp_path / "src" / "a" / "1.png").read_bytes()
+    (tmp_path / "src" / "b" / "0-copy.png").write_bytes(same)  # sorts before, packs apart
+    (tmp_path / "src" / "b" / "9-copy.png").write_bytes(same)
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        CONFIG.format(source=tmp_path / "src", out=tmp_path / "out").replace(
+            "duplicates: keep_first", f"duplicates: {policy}"
+        )
+    )
+    first = pipeline.run(load_config(path))
+    again = pipeline.run(load_config(path))
+    assert (again.version, again.committed) == (first.version, False), again.notes
+    rows = read_manifest(tmp_path / "out").samples.select(["shard", "row"]).to_pylist()
+    assert len({(r["shard"], r["row"]) for r in rows}) == len(rows) == first.samples_total

@@ -235,18 +235,34 @@ def _records(fs: Any) -> list[bytes]:
     return [fs.cat(p) for p in fs.glob("datasets/out/versions/v*/commit.json")]
 
 
-@pytest.mark.parametrize("held", [".npy", "manifest.arrow", "commit.json"])
+@pytest.mark.parametrize(
+    ("held", "node"),
+    [
+        (".npy", "this node"),
+        ("manifest.arrow", "this node"),
+        ("commit.json", "this node"),
+        ("commit.json", "another node"),
+    ],
+)
 def test_a_writer_killed_mid_upload_leaves_nothing_a_rerun_does_not_remove(
-    bucket: Any, tmp_path: Path, endpoint: str, held: str, capsys: pytest.CaptureFixture[str]
+    bucket: Any,
+    tmp_path: Path,
+    endpoint: str,
+    held: str,
+    node: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """kill -9 while a shard, a version file or the record is being put: no version is
-    published, and the next run from the same node removes the killed attempt's objects and
-    publishes version 1, the same as a run never interrupted."""
+    published, and the next run publishes version 1, the same as a run never interrupted,
+    with nothing of the killed attempt left: from the same node, whose work folder names the
+    attempt, or from another, which removes an attempt at a version published since."""
     make_sample_data(tmp_path / "data", per_class=3, seed=7)
     config = write_config(tmp_path, URL)
     arrived = threading.Event()
     with faulty_proxy(endpoint, {held: "hold"}, arrived) as proxy:
         env = {**os.environ, "AWS_ENDPOINT_URL": proxy}
+        if node == "another node":
+            env["ETL_CACHE"] = str(tmp_path / "other-cache")
         writer = run_etl(["run", str(config)], env, tmp_path)
         try:
             assert arrived.wait(90), writer.communicate(timeout=5)
@@ -276,3 +292,36 @@ def test_storage_options_of_a_local_output_are_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match=r"storage_options are for an output\.dir"):
         load_config(config)
+
+
+def test_a_damaged_attempt_file_never_widens_what_a_run_removes(
+    bucket: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The attempt file names what a killed run uploaded, and the next run removes it. One
+    that is damaged, or names a tag that is a pattern or a path, is ignored: the published
+    version keeps every object."""
+    make_sample_data(tmp_path / "data", per_class=3, seed=7)
+    config = write_config(tmp_path, URL)
+    assert pipeline.run(load_config(config)).version == 1
+    published = all_objects(bucket)
+    work = to_store.work_folder(to_store.RemoteDataset(URL))
+    record = json.loads(_records(bucket)[0])
+    writer = record["files_at"].rsplit("-", 1)[1]
+    bodies = [
+        b'{"version": 1, "writer": "*"}',
+        b'{"version": 1, "writer": "*-*"}',
+        b'{"version": 1, "writer": "../../x"}',
+        b'{"version": "1", "writer": "%s"}' % writer[:7].encode(),
+        b'{"version": 1.0, "writer": "%s*"}' % writer[:7].encode(),
+        b'[1, "*"]',
+        b"\xff\xfe{",
+        b'{"version": 1, "writer": "' + b"[" * 10000 + b'"}',
+    ]
+    for body in bodies:
+        (work / publishing.ATTEMPT_FILE).write_bytes(body)
+        code, out, err = cli(["run", str(config)], capsys)
+        assert code == 0 and "Traceback" not in err, (body, err)
+        assert all_objects(bucket) == published, body
+        assert not (work / publishing.ATTEMPT_FILE).exists()
+    code, out, err = cli(["audit", URL], capsys)
+    assert code == 0, out + err
