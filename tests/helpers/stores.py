@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def moto_endpoint() -> Iterator[str]:
-    """moto's S3 server on a free port of 127.0.0.1, stopped on the way out."""
+    """moto's S3 server on a free port of 127.0.0.1, emptied and stopped on the way out."""
     from moto.server import ThreadedMotoServer
 
     port = free_port()
@@ -31,6 +32,11 @@ def moto_endpoint() -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
+        # moto keeps its buckets in this process, whichever server serves them: forget them,
+        # so the next server starts empty
+        urllib.request.urlopen(
+            urllib.request.Request(f"http://127.0.0.1:{port}/moto-api/reset", method="POST")
+        ).close()
         server.stop()
 
 

@@ -31,7 +31,7 @@ from tests.helpers.stores import faulty_proxy, packed_contents, point_at
 s3fs = pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
-URL = "s3://datasets/out"
+URL = "s3://published/out"
 CONFIG = (
     "source: {{kind: folder, path: data, split: {{val: 0.25}}}}\n"
     "stages: [{{decode: {{mode: RGB}}}}, {{resize: {{size: [16, 16]}}}}]\n"
@@ -43,12 +43,12 @@ TAGGED_SHARD = re.compile(r"^shards/v\d{6}-[0-9a-f]{8}-\d{5}\.npy$")
 
 @pytest.fixture
 def bucket(endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
-    """An empty bucket 'datasets', the environment pointing at the server, a cache here."""
+    """An empty bucket 'published', the environment pointing at the server, a cache here."""
     point_at(endpoint, monkeypatch, tmp_path / "cache")
     fs = s3fs.S3FileSystem(skip_instance_cache=True)
-    if fs.exists("datasets"):
-        fs.rm("datasets", recursive=True)
-    fs.mkdir("datasets")
+    if fs.exists("published"):
+        fs.rm("published", recursive=True)
+    fs.mkdir("published")
     return fs
 
 
@@ -58,7 +58,7 @@ def write_config(tmp_path: Path, out: str, name: str = "pipeline.yaml") -> Path:
     return config
 
 
-def stored_in_bucket(fs: Any, prefix: str = "datasets/out") -> tuple[dict[str, Any], dict]:
+def stored_in_bucket(fs: Any, prefix: str = "published/out") -> tuple[dict[str, Any], dict]:
     """The latest version in the bucket, read with s3fs, pyarrow and numpy alone: samples
     (class, split, pixels) and rejects (reason) by source."""
     fs.invalidate_cache()
@@ -83,7 +83,7 @@ def stored_in_bucket(fs: Any, prefix: str = "datasets/out") -> tuple[dict[str, A
     return samples, rejects
 
 
-def named_by_versions(fs: Any, prefix: str = "datasets/out") -> set[str]:
+def named_by_versions(fs: Any, prefix: str = "published/out") -> set[str]:
     """Every object some published version names: its record, its files, its shards."""
     named = set()
     for folder in fs.ls(f"{prefix}/versions"):
@@ -98,7 +98,7 @@ def named_by_versions(fs: Any, prefix: str = "datasets/out") -> set[str]:
     return named
 
 
-def all_objects(fs: Any, prefix: str = "datasets/out") -> set[str]:
+def all_objects(fs: Any, prefix: str = "published/out") -> set[str]:
     fs.invalidate_cache()
     return set(fs.find(prefix))
 
@@ -125,7 +125,7 @@ def test_a_bucket_holds_what_a_disk_holds_and_reruns_converge(
     assert URL in out
     assert stored_in_bucket(bucket) == packed_contents(tmp_path / "disk")
     assert all_objects(bucket) == named_by_versions(bucket)
-    shards = {p.removeprefix("datasets/out/") for p in all_objects(bucket) if p.endswith(".npy")}
+    shards = {p.removeprefix("published/out/") for p in all_objects(bucket) if p.endswith(".npy")}
     assert shards and all(TAGGED_SHARD.match(name) for name in shards)
 
     change_sources(tmp_path / "data")
@@ -232,7 +232,7 @@ def test_two_writers_at_once_leave_whole_versions(bucket: Any, tmp_path: Path) -
 
 def _records(fs: Any) -> list[bytes]:
     fs.invalidate_cache()
-    return [fs.cat(p) for p in fs.glob("datasets/out/versions/v*/commit.json")]
+    return [fs.cat(p) for p in fs.glob("published/out/versions/v*/commit.json")]
 
 
 @pytest.mark.parametrize(
