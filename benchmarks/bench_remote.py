@@ -10,7 +10,11 @@ bucket. Each round measures, in this order:
 - cold: `PackedDataset.open(url, cache_dir=<empty>)` and one epoch of random batches of 256
   (download, verify, map, read);
 - warm: the same again on the filled cache (no byte from the store);
-- local: the same dataset opened from local disk, one epoch.
+- local: the same dataset opened from local disk, one epoch;
+- limit, epoch 1 and 2: `cache_limit` at half the dataset, an empty cache, two epochs of the
+  block order (`shuffle="blocks"`: a random order touches every shard in each batch, which
+  no cache smaller than the dataset can hold), shards fetched ahead in that order;
+- local blocks: the same order from local disk.
 Medians over rounds, as samples/s. Every cached shard is then compared byte for byte with the
 packed one (the run stops if one differs); no speed is asserted.
 """
@@ -37,6 +41,12 @@ from benchmarks.bench_loaders import write_synthetic
 from benchmarks.common import cpu_model
 
 BATCH = 256
+
+
+def shards_of(local: Path) -> list[str]:
+    from loaders import PackedDataset
+
+    return list(PackedDataset.open(local).selection.shards.names)
 
 
 def free_port() -> int:
@@ -91,6 +101,21 @@ def epoch(ds: Any) -> None:
         pass
 
 
+def block_epochs(ds: Any, epochs: int) -> list[float]:
+    """Seconds of each of `epochs` epochs of the block order, one loader."""
+    from loaders import make_loader
+
+    loader = make_loader(ds, batch_size=BATCH, shuffle="blocks", seed=1, pin_memory=False)
+    seconds = []
+    for number in range(epochs):
+        loader.set_epoch(number)
+        start = time.perf_counter()
+        for _ in loader:
+            pass
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=5000)
@@ -114,8 +139,11 @@ def main() -> None:
         fs = s3fs.S3FileSystem(**options(port))
         fs.put(str(local), "bench/ds", recursive=True)
         url = "s3://bench/ds"
-        shards = [f"bench/ds/{name}" for name in PackedDataset.open(local).selection.shards.names]
-        times: dict[str, list[float]] = {k: [] for k in ("endpoint", "cold", "warm", "local")}
+        shards = [f"bench/ds/{name}" for name in shards_of(local)]
+        names = ("endpoint", "cold", "warm", "local", "limit-1", "limit-2", "local-blocks")
+        times: dict[str, list[float]] = {k: [] for k in names}
+        sizes = [(local / name).stat().st_size for name in shards_of(local)]
+        limit = max(sum(sizes) // 2, max(sizes))  # never below one shard (an error)
         for _ in range(args.rounds):
             fresh = s3fs.S3FileSystem(**options(port), skip_instance_cache=True)
             start = time.perf_counter()
@@ -131,6 +159,15 @@ def main() -> None:
             start = time.perf_counter()
             epoch(PackedDataset.open(local))
             times["local"].append(time.perf_counter() - start)
+            limited = work / "limited"
+            shutil.rmtree(limited, ignore_errors=True)
+            ds = PackedDataset.open(
+                url, cache_dir=limited, storage_options=options(port), cache_limit=limit
+            )
+            first, second = block_epochs(ds, 2)
+            times["limit-1"].append(first)
+            times["limit-2"].append(second)
+            times["local-blocks"].append(block_epochs(PackedDataset.open(local), 1)[0])
         mirror = RemoteDataset(url, work / "cache").root
         for name in PackedDataset.open(local).selection.shards.names:
             if not filecmp.cmp(local / name, mirror / name, shallow=False):
@@ -149,6 +186,9 @@ def main() -> None:
             ("cold", "from the bucket, cache cold (open + epoch)"),
             ("warm", "from the bucket, cache warm (open + epoch)"),
             ("local", "local disk (open + epoch)"),
+            ("limit-1", "cache limit half the dataset, block order, epoch 1 (cold)"),
+            ("limit-2", "cache limit half the dataset, block order, epoch 2"),
+            ("local-blocks", "local disk, block order (epoch)"),
         ):
             print(
                 f"| {label} | {rate[name]:,.0f} | {rate[name] / rate['local']:.2f} "

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from etl.errors import EtlError, ShardError
+from etl.format.cache import BoundedCache
 from etl.format.manifest import read_manifest
 from etl.format.view import VersionView, Where
 
@@ -48,6 +49,11 @@ class ShardSet:
     """Per shard, (row, checksum) of one sample stored in it: what `ShardReader` checks each
     time it opens the shard, so a file swapped with another of the same shape, or rewritten,
     is an error and not a shard of wrong samples (see NOTE [ probe ] in `loaders.reader`)."""
+    sizes: tuple[int, ...] = ()
+    """Per shard, its file's bytes (the shards table's)."""
+    cache: BoundedCache | None = None
+    """For a dataset in object storage read through a byte-limited cache: where each shard
+    is fetched (and held) before it is opened (`etl.format.cache`)."""
 
     def path(self, shard: int) -> Path:
         return self.root / self.names[shard]
@@ -173,6 +179,7 @@ class Catalog(VersionView):
             sample_shape=self.sample_shape,
             version=self.version,
             probes=tuple(zip(probe_rows, probe_sums, strict=True)),
+            sizes=tuple(shards.column("bytes").to_numpy()[used].tolist()),
         )
         labels = self.table.column("label").to_numpy()
         return Selection(

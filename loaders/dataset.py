@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,10 @@ import torch
 from numpy.typing import NDArray
 from torch.utils.data import Dataset, get_worker_info
 
+from etl.format.cache import BoundedCache
 from etl.format.names import is_url
 from etl.format.remote import STORE_TIMEOUT, RemoteDataset
+from etl.format.sizes import parse_byte_size
 from loaders.batches import AnyBatch, BatchMemory, Samples, make_batch
 from loaders.catalog import Selection, Where, open_catalog
 from loaders.reader import ShardReader
@@ -89,6 +92,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         cache_dir: Path | str | None = None,
         storage_options: Mapping[str, Any] | None = None,
         store_timeout: float = STORE_TIMEOUT,
+        cache_limit: int | str | None = None,
     ) -> PackedDataset:
         """Open a dataset directory or manifest and select samples (see `Catalog.select`).
 
@@ -99,17 +103,31 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         are fetched into `cache_dir` (default `$ETL_CACHE`, else ~/.cache/etl-memmap), each
         verified, and read from there (`etl.format.remote`); `storage_options` go to fsspec
         (endpoint, credentials); one call to the store that takes longer than `store_timeout`
-        seconds is an error naming what it fetched.
+        seconds is an error naming what it fetched. Without `cache_limit` every shard the
+        selection reads is fetched at open and kept; with one (bytes, or '20GiB'), shards are
+        fetched as the loader's order needs them, ahead of it, and removed to stay within the
+        limit, which every process using the cache folder shares (`etl.format.cache`).
         """
         remote = None
+        url = str(path)
+        if cache_limit is not None and not is_url(path):
+            raise ValueError(f"cache_limit is for a dataset in object storage, not {url!r}")
         if is_url(path):
-            remote = RemoteDataset(str(path), cache_dir, storage_options, store_timeout)
+            remote = RemoteDataset(url, cache_dir, storage_options, store_timeout)
             version = remote.fetch_version(version)
             path = remote.root
         selection = open_catalog(path, version, verify_manifest).select(split, classes, where)
         if remote is not None:
             shards = selection.shards
-            remote.fetch_shards(shards.names, shards.checksums, shards.algorithm)
+            if cache_limit is None:
+                remote.fetch_shards(shards.names, shards.checksums, shards.algorithm)
+            else:
+                limit = parse_byte_size(cache_limit)
+                cache = BoundedCache(
+                    url, cache_dir, storage_options, store_timeout, limit,
+                    shards.names, shards.sizes, shards.checksums, shards.algorithm,
+                )  # fmt: skip
+                selection = replace(selection, shards=replace(shards, cache=cache))
         return cls(selection, transform, verify, release_every, readahead, drop_behind)
 
     @property

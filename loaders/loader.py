@@ -31,6 +31,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from etl.errors import EtlError
+from etl.format.cache import BoundedCache
 from loaders.batches import BatchMemory, SharedRing
 from loaders.dataset import PackedDataset, collate_batch
 from loaders.named_orders import OrderOptions, named_order, order_of, order_seed
@@ -48,6 +49,12 @@ def _from_worker(exc: EtlError) -> EtlError:
         return exc
     last = text.rstrip().splitlines()[-1]
     return type(exc)(last.partition(f"{type(exc).__name__}: ")[2] or last)
+
+
+def _bounded_cache(dataset: object) -> BoundedCache | None:
+    """The bounded cache a map-style dataset reads through, if any."""
+    shards = getattr(getattr(dataset, "selection", None), "shards", None)
+    return getattr(shards, "cache", None)
 
 
 def _stop_workers(batches: Iterator[Any] | None, persistent: bool) -> None:
@@ -254,6 +261,7 @@ class PackedLoader(DataLoader[Any]):
                 batches = super().__iter__()
                 if stream is not None:
                     stream.mark_started()  # the workers took the resume point
+            self._fetch_ahead(position)  # after the workers are forked: a thread here
             for batch in batches:
                 if position is not None:
                     position.batches += 1
@@ -261,6 +269,22 @@ class PackedLoader(DataLoader[Any]):
         except EtlError as exc:
             _stop_workers(batches, self.persistent_workers)
             raise _from_worker(exc) from None
+        finally:
+            cache = _bounded_cache(self.dataset)
+            if cache is not None:
+                cache.stop_ahead()
+
+    def _fetch_ahead(self, position: Position | None) -> None:
+        """For a dataset read through a bounded cache, have its shards downloaded in the
+        order this iteration's batches will need them (NOTE [ bounded cache ])."""
+        cache = _bounded_cache(self.dataset)
+        if cache is None or self.order is None or position is None:
+            return
+        order = self.order.order()[position.skip :]
+        size = self._batch_size()
+        shard_idx = self.dataset.selection.shard_idx  # type: ignore[attr-defined]
+        batches = (shard_idx[order[i : i + size]].tolist() for i in range(0, len(order), size))
+        cache.fetch_ahead(batches, lambda: position.batches)
 
     def _begin(self) -> Position | None:
         if self.order is not None:

@@ -214,7 +214,11 @@ class ShardReader:
         return found
 
     def _checked_path(self, shard: int) -> Path:
-        """The path of shard `shard`, its checksum verified first when `verify` is on."""
+        """The path of shard `shard`, its checksum verified first when `verify` is on; from a
+        bounded cache, held and fetched first (NOTE [ bounded cache ] in etl.format.cache)."""
+        cache = self.shards.cache
+        if cache is not None:
+            cache.acquire([shard])  # a no-op for the shards of a batch `_let_go` acquired
         path = self.shards.path(shard)
         if self.verify:
             verify_shard(path, self.shards.algorithm, self.shards.checksums[shard])
@@ -248,9 +252,26 @@ class ShardReader:
 
     def row(self, shard: int, row: int) -> NDArray[np.uint8]:
         """A copy of one sample."""
-        sample = np.array(self.array(shard)[row])
-        self._count(sample.nbytes, (shard,), (row,))
+        with self._lock:
+            self._let_go(np.array([shard]))
+            sample = np.array(self.array(shard)[row])
+            self._count(sample.nbytes, (shard,), (row,))
+            self._let_go(np.empty(0, np.int64))
         return sample
+
+    def _let_go(self, keep: NDArray[np.int64]) -> None:
+        """From a bounded cache, close every shard but those of `keep` (the batch about to be
+        read, or none after it was), then hold and fetch those, all at once: a process holds
+        the shards of the batch it reads, and nothing while it waits for its next one, which
+        another process may need room for (NOTE [ bounded cache ])."""
+        cache = self.shards.cache
+        if cache is None:
+            return
+        wanted = np.unique(keep).tolist()
+        for shard in (self.mapped() | cache.held()).difference(wanted):
+            self.close(shard)
+        if wanted:
+            cache.acquire(wanted)
 
     def _count(self, nbytes: int, shards: ArrayLike, rows: ArrayLike) -> None:
         self._read_since_release += nbytes
@@ -269,6 +290,10 @@ class ShardReader:
                 self._span.close()
                 self._span = None
             self._read_since_release = 0
+            cache = self.shards.cache
+            if cache is not None:
+                for shard in cache.held():
+                    cache.release(shard)
             if self._read:
                 self._drop(*map(np.concatenate, zip(*self._read, strict=True)))
                 self._read.clear()
@@ -295,6 +320,8 @@ class ShardReader:
             self._arrays.pop(shard, None)
             if self._span is not None:
                 self._span.unmap(shard)
+            if self.shards.cache is not None:
+                self.shards.cache.release(shard)
 
     def mapped(self) -> set[int]:
         """The shards this reader holds mapped now."""
@@ -352,6 +379,7 @@ class ShardReader:
         if n != len(shard) or out.nbytes != n * self.sample_bytes:
             raise ValueError(f"gather of {n} rows into an output of shape {out.shape}")
         with self._lock:
+            self._let_go(shard)  # first: what the last batch held may make room for this one
             span = self._spanned(shard) if self.use_span else None
             if span is not None:
                 span_rows = span.first[shard] + row
@@ -360,6 +388,7 @@ class ShardReader:
             else:
                 self._gather_rows(shard, row, out)
             self._count(n * self.sample_bytes, shard, row)
+            self._let_go(np.empty(0, np.int64))  # an idle process holds nothing
 
     def prefetch(self, shard_idx: NDArray[np.integer], rows: NDArray[np.integer]) -> None:
         """Have the kernel start reading samples (shard_idx[j], rows[j]) from disk now and
@@ -371,6 +400,8 @@ class ShardReader:
         Advice only: a bad row or an unreadable shard is left for the `gather` to name."""
         if not (self.readahead or self.drop_behind) or not len(rows):
             return
+        if self.shards.cache is not None:
+            return  # a bounded cache's shards come through its fetch-ahead, never opened here
         try:
             shard, row = self._checked_rows(shard_idx, rows)
             with self._lock:

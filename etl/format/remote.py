@@ -194,16 +194,25 @@ class RemoteDataset:
         with _locked(final.with_name(final.name + ".lock")):
             if final.is_file():  # another process fetched it while this one waited
                 return
-            partial = final.with_name(f"{TMP_PREFIX}{final.name}-{os.getpid()}")
-            got = self._get(self._remote(name), partial, ShardError, algorithm)
-            if got != checksum:
-                partial.unlink(missing_ok=True)
-                raise ShardError(
-                    f"{self.url}/{name}: its bytes in the store are not the ones the manifest "
-                    f"recorded ({algorithm} {got}, expected {checksum}): the shard was changed "
-                    "after the commit; run etl audit on the dataset"
-                )
-            os.replace(partial, final)
+            self.download_shard(name, checksum, algorithm)
+
+    def download_shard(
+        self, name: str, checksum: str, algorithm: str, partial: Path | None = None
+    ) -> None:
+        """Download shard `name` to a `.tmp-` file (`partial`, or one named for this
+        process), verify it against `checksum` and rename it into place. The caller holds
+        the shard's `.lock` (NOTE [ cache safety ])."""
+        final = self.root / name
+        partial = partial or final.with_name(f"{TMP_PREFIX}{final.name}-{os.getpid()}")
+        got = self._get(self._remote(name), partial, ShardError, algorithm)
+        if got != checksum:
+            partial.unlink(missing_ok=True)
+            raise ShardError(
+                f"{self.url}/{name}: its bytes in the store are not the ones the manifest "
+                f"recorded ({algorithm} {got}, expected {checksum}): the shard was changed "
+                "after the commit; run etl audit on the dataset"
+            )
+        os.replace(partial, final)
 
     def _get(
         self, remote: str, local: Path, error: type[EtlError], algorithm: str | None = None

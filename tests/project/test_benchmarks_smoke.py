@@ -115,7 +115,7 @@ def test_bench_remote_small(tmp_path: Path) -> None:
     )
     # the run stops before its table unless every cached shard equals the packed one
     assert result.returncode == 0, result.stderr[-3000:]
-    for name in ("endpoint: 8 concurrent GETs", "cache cold", "cache warm", "local disk"):
+    for name in ("endpoint: 8 concurrent", "cache cold", "cache warm", "local disk", "epoch 2"):
         assert name in result.stdout, result.stdout
 
 

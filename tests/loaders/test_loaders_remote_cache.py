@@ -1,0 +1,212 @@
+"""Training from object storage through a cache smaller than the dataset (`cache_limit`), on a
+real S3-compatible server (moto's, on 127.0.0.1): every sample once per epoch with the pixels
+it was packed with, and the cache folder never over its limit, measured from outside by a
+thread that sums the sizes of its files while the loaders run."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.multiprocessing as mp
+
+from etl.errors import ShardError
+from etl.format.remote import RemoteDataset
+from loaders import PackedDataset, make_loader
+from tests.helpers.packed import Packed, make_packed
+
+s3fs = pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
+
+SHAPE = (16, 16, 3)  # 768 bytes a sample
+SHARDS = (10, 12, 9, 11, 10, 8, 12, 10)  # 82 samples, shards of 6-9 KiB
+
+
+def options(endpoint: str) -> dict[str, Any]:
+    return {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+    }
+
+
+@pytest.fixture
+def dataset(endpoint: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Packed, str]:
+    """A packed dataset uploaded to a new bucket, and its URL."""
+    import boto3
+
+    name = f"c{abs(hash(request.node.nodeid)) % 10**10}"
+    boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    ).create_bucket(Bucket=name)
+    packed = make_packed(tmp_path / "ds", shard_sizes=SHARDS, sample_shape=SHAPE)
+    s3fs.S3FileSystem(**options(endpoint)).put(str(packed.root), f"{name}/ds", recursive=True)
+    return packed, f"s3://{name}/ds"
+
+
+def shard_bytes(packed: Packed) -> list[int]:
+    return [p.stat().st_size for p in sorted((packed.root / "shards").glob("*.npy"))]
+
+
+@contextmanager
+def watched(folder: Path) -> Iterator[list[int]]:
+    """The largest number of bytes of shard files (whole or partial) seen in `folder`,
+    polled every millisecond while the block runs."""
+    peak = [0]
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            total = 0
+            for entry in os.scandir(folder) if folder.is_dir() else []:
+                if entry.name.endswith(".npy") or entry.name.startswith(".tmp-"):
+                    with suppress(FileNotFoundError):  # removed since the listing
+                        total += entry.stat().st_size
+            peak[0] = max(peak[0], total)
+            stop.wait(0.001)
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        yield peak
+    finally:
+        stop.set()
+        thread.join()
+
+
+def read_epoch(loader: Any) -> list[tuple[int, bytes]]:
+    return [
+        (int(i), image.numpy().tobytes())
+        for batch in loader
+        for image, i in zip(batch.images, batch.indices, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_epochs_through_a_cache_smaller_than_the_dataset(
+    dataset: tuple[Packed, str], endpoint: str, tmp_path: Path, workers: int
+) -> None:
+    packed, url = dataset
+    sizes = shard_bytes(packed)
+    limit = sum(sizes) * 6 // 10  # a batch of the block order touches up to 4 of 8 shards
+    cache = tmp_path / "cache"
+    ds = PackedDataset.open(
+        url, cache_dir=cache, storage_options=options(endpoint), cache_limit=limit
+    )
+    folder = RemoteDataset(url, cache).root / "shards"
+    assert not list(folder.glob("*.npy")) if folder.is_dir() else True  # nothing at open
+    loader = make_loader(
+        ds, batch_size=4, shuffle="blocks", seed=3, num_workers=workers, with_indices=True
+    )
+    with watched(folder) as peak:
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            seen = read_epoch(loader)
+            assert sorted(i for i, _ in seen) == list(range(len(ds)))
+            for i, pixels in seen:
+                assert pixels == packed.images[ds.selection.positions[i]].tobytes()
+    assert 0 < peak[0] <= limit, (peak[0], limit)
+
+
+def test_a_limit_smaller_than_one_shard_is_one_clear_error(
+    dataset: tuple[Packed, str], endpoint: str, tmp_path: Path
+) -> None:
+    packed, url = dataset
+    with pytest.raises(ShardError, match="cache_limit 100 bytes is smaller than one shard"):
+        PackedDataset.open(
+            url, cache_dir=tmp_path / "c", storage_options=options(endpoint), cache_limit=100
+        )
+    with pytest.raises(ValueError, match="cache_limit is for a dataset in object storage"):
+        PackedDataset.open(packed.root, cache_limit="1MiB")
+
+
+def rank(rank: int, url: str, endpoint: str, cache: str, limit: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        ds = PackedDataset.open(
+            url, cache_dir=cache, storage_options=options(endpoint), cache_limit=limit
+        )
+        loader = make_loader(
+            ds, batch_size=3, shuffle="blocks", seed=5, num_workers=2, with_indices=True
+        )
+        seen = {}
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            seen[epoch] = [(i, pixels.hex()) for i, pixels in read_epoch(loader)]
+        gathered: list[object] = [None, None]
+        dist.all_gather_object(gathered, seen)
+        if rank == 0:
+            Path(out).write_text(json.dumps(gathered))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_share_one_cache_smaller_than_the_dataset(
+    dataset: tuple[Packed, str], endpoint: str, tmp_path: Path
+) -> None:
+    """Two gloo ranks with two workers each, one cache folder at 60% of the dataset: each
+    sample once per epoch across the ranks (DistributedSampler's padding aside), the packed
+    pixels, and the folder never over the limit."""
+    from tests.loaders.test_loaders_distributed import free_port
+
+    packed, url = dataset
+    limit = sum(shard_bytes(packed)) * 6 // 10
+    cache, out = tmp_path / "cache", tmp_path / "seen.json"
+    folder = RemoteDataset(url, cache).root / "shards"
+    n = len(packed.images)
+    args = (url, endpoint, str(cache), limit, free_port(), str(out))
+    with watched(folder) as peak:
+        mp.spawn(rank, args=args, nprocs=2)
+    ranks = json.loads(out.read_text())
+    positions = PackedDataset.open(packed.root).selection.positions
+    for epoch in ("0", "1"):
+        both = [(i, pixels) for seen in ranks for i, pixels in seen[epoch]]
+        assert {i for i, _ in both} == set(range(n))
+        assert len(both) == 2 * -(-n // 2)  # equal parts, padded
+        for i, pixels in both:
+            assert bytes.fromhex(pixels) == packed.images[positions[i]].tobytes()
+    assert 0 < peak[0] <= limit, (peak[0], limit)
+
+
+def test_shards_are_fetched_ahead_in_the_loaders_order(
+    dataset: tuple[Packed, str], endpoint: str, tmp_path: Path
+) -> None:
+    """While the training loop works on its first batch, the shards of the next batches
+    arrive in the cache without being asked for by a read."""
+    packed, url = dataset
+    limit = sum(shard_bytes(packed)) * 6 // 10
+    cache = tmp_path / "cache"
+    ds = PackedDataset.open(
+        url, cache_dir=cache, storage_options=options(endpoint), cache_limit=limit
+    )
+    loader = make_loader(ds, batch_size=2, shuffle="blocks", seed=3)
+    loader.set_epoch(0)
+    order = loader.order.order()
+    batches = [set(ds.selection.shard_idx[order[i : i + 2]].tolist()) for i in (2, 4)]
+    folder = RemoteDataset(url, cache).root / "shards"
+    names = ds.selection.shards.names
+    batches_ahead = [{Path(names[s]).name for s in batch} for batch in batches]
+    iterator = iter(loader)
+    next(iterator)  # the first batch: read; the second is not asked for yet
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        cached = {p.name for p in folder.glob("*.npy")}
+        if batches_ahead[0] <= cached:
+            break
+        time.sleep(0.01)
+    assert batches_ahead[0] <= cached, (batches_ahead, cached)
+    rest = list(iterator)
+    assert len(rest) == -(-len(ds) // 2) - 1
