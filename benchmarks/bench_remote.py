@@ -12,9 +12,10 @@ bucket. Each round measures, in this order:
 - warm: the same again on the filled cache (no byte from the store);
 - local: the same dataset opened from local disk, one epoch;
 - limit, epoch 1 and 2: `cache_limit` at half the dataset, an empty cache, two epochs of the
-  block order (`shuffle="blocks"`: a random order touches every shard in each batch, which
-  no cache smaller than the dataset can hold), shards fetched ahead in that order;
-- local blocks: the same order from local disk.
+  shard-group order, one shard at a time (`ShardGroupSampler(group=1)`; a random or block
+  order touches every shard in each batch, which no cache smaller than the dataset can hold),
+  shards fetched ahead in it;
+- local, shard groups: the same order from local disk.
 Medians over rounds, as samples/s. Every cached shard is then compared byte for byte with the
 packed one (the run stops if one differs); no speed is asserted.
 """
@@ -102,10 +103,13 @@ def epoch(ds: Any) -> None:
 
 
 def block_epochs(ds: Any, epochs: int) -> list[float]:
-    """Seconds of each of `epochs` epochs of the block order, one loader."""
+    """Seconds of each of `epochs` epochs of the shard-group order, one shard at a time (a
+    batch then reads at most two shards, which half of 5 shards holds), one loader."""
     from loaders import make_loader
+    from loaders.samplers import ShardGroupSampler
 
-    loader = make_loader(ds, batch_size=BATCH, shuffle="blocks", seed=1, pin_memory=False)
+    order = ShardGroupSampler(ds.shard_idx, group=1, seed=1)
+    loader = make_loader(ds, batch_size=BATCH, sampler=order, pin_memory=False)
     seconds = []
     for number in range(epochs):
         loader.set_epoch(number)
@@ -186,9 +190,9 @@ def main() -> None:
             ("cold", "from the bucket, cache cold (open + epoch)"),
             ("warm", "from the bucket, cache warm (open + epoch)"),
             ("local", "local disk (open + epoch)"),
-            ("limit-1", "cache limit half the dataset, block order, epoch 1 (cold)"),
-            ("limit-2", "cache limit half the dataset, block order, epoch 2"),
-            ("local-blocks", "local disk, block order (epoch)"),
+            ("limit-1", "cache limit half the dataset, shard groups, epoch 1 (cold)"),
+            ("limit-2", "cache limit half the dataset, shard groups, epoch 2"),
+            ("local-blocks", "local disk, shard groups (epoch)"),
         ):
             print(
                 f"| {label} | {rate[name]:,.0f} | {rate[name] / rate['local']:.2f} "

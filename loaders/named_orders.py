@@ -14,6 +14,7 @@ from loaders.samplers import (
     BlockShuffleSampler,
     ClassBalancedSampler,
     OrderSampler,
+    ShardGroupSampler,
     ShuffleSampler,
 )
 
@@ -50,6 +51,7 @@ SHUFFLES: dict[str, Callable[[PackedDataset, OrderOptions], OrderSampler]] = {
     "sequential": lambda ds, o: ShuffleSampler(len(ds), False, **o.common()),
     "random": lambda ds, o: ShuffleSampler(len(ds), True, **o.common()),
     "blocks": _blocks,
+    "shards": lambda ds, o: ShardGroupSampler(ds.shard_idx, 2, **o.common()),
     "balanced": lambda ds, o: ClassBalancedSampler(ds.labels, **o.common()),
 }
 """Sample orders by name; see `loaders.orders` for what each one does."""

@@ -96,6 +96,26 @@ def balanced_order(
     return rng.permutation(interleaved).astype(np.int64)
 
 
+def shard_group_order(
+    shard_idx: NDArray[np.integer], seed: int, epoch: int, group: int = 2
+) -> Order:
+    """Shards in a random order, `group` at a time, each group's rows shuffled together.
+
+    The order for a cache that holds a few shards (`PackedDataset.open(url, cache_limit=)`):
+    a batch reads at most `group` shards (twice that where two groups meet), and a shard is
+    done with once its group is, while every sample still moves between epochs. `shard_idx` is
+    `PackedDataset.shard_idx` ((shard, row) order)."""
+    if group < 1:
+        raise ValueError(f"group must be >= 1, got {group}")
+    shard = np.asarray(shard_idx, dtype=np.int64)
+    rng = seeded_rng(seed, epoch)
+    shards = np.unique(shard)
+    rank_of = np.empty(int(shards.max()) + 1 if len(shards) else 0, dtype=np.int64)
+    rank_of[rng.permutation(shards)] = np.arange(len(shards))
+    keys = rng.random(len(shard))
+    return np.lexsort((keys, rank_of[shard] // group)).astype(np.int64)
+
+
 def partition(order: Order, rank: int, world_size: int, drop_last: bool = False) -> Order:
     """Rank `rank`'s part of `order`: every world_size-th index, starting at `rank`.
 

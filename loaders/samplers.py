@@ -23,6 +23,7 @@ from loaders.orders import (
     partition,
     random_order,
     sequential_order,
+    shard_group_order,
 )
 from loaders.resume import State, check_state, resume_point
 
@@ -205,6 +206,33 @@ class ShuffleSampler(OrderSampler):
 
     def describe(self) -> str:
         return f"{'random' if self.shuffle else 'sequential'}(n={self.n})"
+
+
+class ShardGroupSampler(OrderSampler):
+    """Shards in a random order, `group` at a time, rows shuffled within a group
+    (`shard_group_order`): what a cache smaller than the dataset can follow."""
+
+    def __init__(
+        self,
+        shard_idx: NDArray[np.integer],
+        group: int = 2,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+    ) -> None:
+        super().__init__(seed, rank, world_size, drop_last)
+        self.shard_idx = shard_idx
+        self.group = group
+
+    def global_length(self) -> int:
+        return len(self.shard_idx)
+
+    def global_order(self, epoch: int) -> Order:
+        return shard_group_order(self.shard_idx, self.seed, epoch, self.group)
+
+    def describe(self) -> str:
+        return f"shard_groups(n={len(self.shard_idx)}, group={self.group})"
 
 
 class BlockShuffleSampler(OrderSampler):

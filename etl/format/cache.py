@@ -15,7 +15,8 @@ process leaves locked (the kernel drops its locks):
   it was fetched for. A shard is removed only under LOCK_EX|LOCK_NB of its `.use`: never one
   that anybody holds, so no process ever maps a file that is being deleted.
 - **Room.** Under `shards/.room.lock`, the bytes of the cached shards and of the downloads under
-  way (a `.tmp-` file counts at its shard's full size) plus the new shard must fit the limit;
+  way (a `.tmp-` file counts at its shard's full size; one whose process died is removed)
+  plus the new shard must fit the limit;
   shards nobody holds are removed, least recently used first (a hit touches the file), until
   they do. A download that cannot get room waits (others finish their batches) for at most
   the store timeout, then fails naming the limit: the shards one batch of every process needs
@@ -248,7 +249,10 @@ class BoundedCache:
             try:
                 size = entry.stat().st_size
                 if name.startswith(TMP_PREFIX):  # a download under way, at its final size
-                    shard = name[len(TMP_PREFIX) :].rsplit("-", 1)[0]
+                    shard, _, owner = name[len(TMP_PREFIX) :].rpartition("-")
+                    if not _alive(owner):  # its process was killed: it never finishes
+                        os.unlink(entry.path)
+                        continue
                     used += self.size_of.get(f"{SHARDS_DIR}/{shard}", size)
                 elif name.endswith(".npy"):
                     used += size
@@ -354,6 +358,21 @@ def _remove_unheld(path: Path) -> int:
         return 0
     finally:
         os.close(fd)
+
+
+def _alive(owner: str) -> bool:
+    """Whether the process a `.tmp-` file's name ends with ('1234' or '1234.5678': pid and
+    thread) still runs; True when the name says no pid (never removed on a guess)."""
+    pid = owner.partition(".")[0]
+    if not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists, as another user's
+    return True
 
 
 @contextmanager

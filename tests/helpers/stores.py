@@ -58,6 +58,20 @@ def point_at(endpoint: str, monkeypatch: pytest.MonkeyPatch, cache: Path | None 
     s3fs.S3FileSystem.clear_instance_cache()
 
 
+def new_bucket(endpoint: str, name: str) -> None:
+    """Create bucket `name` at `endpoint` with the test credentials, nothing from the
+    environment."""
+    import boto3
+
+    boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    ).create_bucket(Bucket=name)
+
+
 def packed_contents(root: Path) -> tuple[dict[str, tuple[Any, ...]], dict[str, str]]:
     """A local dataset's latest version, read with pyarrow and numpy alone: samples (class,
     split, pixels) and rejects (reason) by source."""

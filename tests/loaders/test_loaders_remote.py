@@ -20,7 +20,7 @@ from etl.errors import ManifestError, ShardError
 from etl.format.remote import RemoteDataset
 from loaders import PackedDataset, make_loader
 from tests.helpers.packed import Packed, make_packed
-from tests.helpers.stores import silent_endpoint
+from tests.helpers.stores import new_bucket, silent_endpoint
 
 s3fs = pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
@@ -39,16 +39,8 @@ def options(endpoint: str) -> dict[str, Any]:
 @pytest.fixture
 def bucket(endpoint: str, request: pytest.FixtureRequest) -> str:
     """A new, empty bucket for one test."""
-    import boto3
-
     name = f"b{abs(hash(request.node.nodeid)) % 10**10}"
-    boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    ).create_bucket(Bucket=name)
+    new_bucket(endpoint, name)
     return name
 
 

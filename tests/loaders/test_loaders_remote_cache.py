@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +23,7 @@ from etl.errors import ShardError
 from etl.format.remote import RemoteDataset
 from loaders import PackedDataset, make_loader
 from tests.helpers.packed import Packed, make_packed
+from tests.helpers.stores import new_bucket
 
 s3fs = pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
@@ -40,16 +43,8 @@ def options(endpoint: str) -> dict[str, Any]:
 @pytest.fixture
 def dataset(endpoint: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Packed, str]:
     """A packed dataset uploaded to a new bucket, and its URL."""
-    import boto3
-
     name = f"c{abs(hash(request.node.nodeid)) % 10**10}"
-    boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    ).create_bucket(Bucket=name)
+    new_bucket(endpoint, name)
     packed = make_packed(tmp_path / "ds", shard_sizes=SHARDS, sample_shape=SHAPE)
     s3fs.S3FileSystem(**options(endpoint)).put(str(packed.root), f"{name}/ds", recursive=True)
     return packed, f"s3://{name}/ds"
@@ -99,7 +94,7 @@ def test_epochs_through_a_cache_smaller_than_the_dataset(
 ) -> None:
     packed, url = dataset
     sizes = shard_bytes(packed)
-    limit = sum(sizes) * 6 // 10  # a batch of the block order touches up to 4 of 8 shards
+    limit = sum(sizes) * 6 // 10
     cache = tmp_path / "cache"
     ds = PackedDataset.open(
         url, cache_dir=cache, storage_options=options(endpoint), cache_limit=limit
@@ -107,7 +102,7 @@ def test_epochs_through_a_cache_smaller_than_the_dataset(
     folder = RemoteDataset(url, cache).root / "shards"
     assert not list(folder.glob("*.npy")) if folder.is_dir() else True  # nothing at open
     loader = make_loader(
-        ds, batch_size=4, shuffle="blocks", seed=3, num_workers=workers, with_indices=True
+        ds, batch_size=4, shuffle="shards", seed=3, num_workers=workers, with_indices=True
     )
     with watched(folder) as peak:
         for epoch in (0, 1):
@@ -140,7 +135,7 @@ def rank(rank: int, url: str, endpoint: str, cache: str, limit: int, port: int, 
             url, cache_dir=cache, storage_options=options(endpoint), cache_limit=limit
         )
         loader = make_loader(
-            ds, batch_size=3, shuffle="blocks", seed=5, num_workers=2, with_indices=True
+            ds, batch_size=3, shuffle="shards", seed=5, num_workers=2, with_indices=True
         )
         seen = {}
         for epoch in (0, 1):
@@ -192,7 +187,7 @@ def test_shards_are_fetched_ahead_in_the_loaders_order(
     ds = PackedDataset.open(
         url, cache_dir=cache, storage_options=options(endpoint), cache_limit=limit
     )
-    loader = make_loader(ds, batch_size=2, shuffle="blocks", seed=3)
+    loader = make_loader(ds, batch_size=2, shuffle="shards", seed=3)
     loader.set_epoch(0)
     order = loader.order.order()
     batches = [set(ds.selection.shard_idx[order[i : i + 2]].tolist()) for i in (2, 4)]
@@ -210,3 +205,47 @@ def test_shards_are_fetched_ahead_in_the_loaders_order(
     assert batches_ahead[0] <= cached, (batches_ahead, cached)
     rest = list(iterator)
     assert len(rest) == -(-len(ds) // 2) - 1
+
+
+def test_what_a_killed_download_left_does_not_count_against_the_limit(
+    dataset: tuple[Packed, str], endpoint: str, tmp_path: Path
+) -> None:
+    """A `.tmp-` file of a process that died (its pid free) is removed when room is made: it
+    would otherwise count as a download under way for ever, and shrink the cache."""
+    packed, url = dataset
+    limit = sum(shard_bytes(packed)) * 6 // 10
+    cache = tmp_path / "cache"
+    ds = PackedDataset.open(
+        url, cache_dir=cache, storage_options=options(endpoint), cache_limit=limit
+    )
+    folder = RemoteDataset(url, cache).root / "shards"
+    folder.mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = folder / f".tmp-{Path(ds.selection.shards.names[0]).name}-{dead.pid}"
+    stale.write_bytes(b"\0" * limit)  # as large as the whole limit
+    loader = make_loader(ds, batch_size=2, shuffle="shards", seed=3, with_indices=True)
+    seen = read_epoch(loader)
+    assert sorted(i for i, _ in seen) == list(range(len(ds)))
+    assert not stale.exists()
+
+
+def test_a_shard_changed_in_the_store_is_a_named_error_when_its_batch_comes(
+    dataset: tuple[Packed, str], endpoint: str, tmp_path: Path
+) -> None:
+    packed, url = dataset
+    fs = s3fs.S3FileSystem(**options(endpoint))
+    shard = PackedDataset.open(packed.root).selection.shards.names[3]
+    key = f"{url.removeprefix('s3://')}/{shard}"
+    data = bytearray(fs.cat(key))
+    data[-1] ^= 0xFF  # one pixel byte, after the commit
+    fs.pipe(key, bytes(data))
+    limit = sum(shard_bytes(packed)) * 6 // 10
+    cache = tmp_path / "cache"
+    ds = PackedDataset.open(
+        url, cache_dir=cache, storage_options=options(endpoint), cache_limit=limit
+    )
+    with pytest.raises(ShardError, match=rf"{shard}.*changed after the commit"):
+        read_epoch(make_loader(ds, batch_size=2, shuffle="shards", seed=3, with_indices=True))
+    folder = RemoteDataset(url, cache).root / "shards"
+    assert not (folder / Path(shard).name).exists() and not list(folder.glob(".tmp-*"))

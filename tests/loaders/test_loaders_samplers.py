@@ -291,3 +291,37 @@ def test_order_samplers_are_distributed_samplers_by_torch_meaning(
             assert sampler.num_samples == len(list(sampler)) == per_rank > 0
             assert sampler.total_size == per_rank * world_size
     assert ShuffleSampler(n, shuffle=False).shuffle is False
+
+
+@pytest.mark.parametrize("group", [1, 2, 3])
+def test_shard_group_order_reads_a_few_shards_at_a_time(group: int) -> None:
+    """Every index once; the shards come one group after another (each group's rows
+    together, a shard never met again once its group is over); two epochs differ."""
+    from loaders.orders import shard_group_order
+
+    sizes = [7, 12, 5, 9, 11, 8, 10]
+    shard_idx = np.repeat(np.arange(len(sizes)), sizes)
+    first = shard_group_order(shard_idx, seed=3, epoch=0, group=group)
+    assert sorted(first.tolist()) == list(range(len(shard_idx)))
+    seen = shard_idx[first]
+    groups = [set(chunk.tolist()) for chunk in _runs_of_groups(seen, sizes, group)]
+    assert all(len(g) <= group for g in groups)
+    assert set().union(*groups) == set(range(len(sizes)))
+    assert sum(len(g) for g in groups) == len(sizes)  # no shard in two groups
+    again = shard_group_order(shard_idx, seed=3, epoch=0, group=group)
+    assert np.array_equal(first, again)
+    assert not np.array_equal(first, shard_group_order(shard_idx, seed=3, epoch=1, group=group))
+
+
+def _runs_of_groups(seen: np.ndarray, sizes: list[int], group: int) -> list[np.ndarray]:
+    """`seen` cut where a group of shards ends: each group's rows are contiguous."""
+    cuts, start, shards = [], 0, []
+    for shard in seen.tolist():
+        if shard not in shards:
+            if len(shards) == group:
+                length = sum(sizes[s] for s in shards)
+                cuts.append(seen[start : start + length])
+                start, shards = start + length, []
+            shards.append(shard)
+    cuts.append(seen[start:])
+    return cuts
