@@ -256,10 +256,10 @@ class ShardReader:
             self._let_go(np.array([shard]))
             sample = np.array(self.array(shard)[row])
             self._count(sample.nbytes, (shard,), (row,))
-            self._let_go(np.empty(0, np.int64))
+            self._let_go(())
         return sample
 
-    def _let_go(self, keep: NDArray[np.int64]) -> None:
+    def _let_go(self, keep: ArrayLike) -> None:
         """From a bounded cache, close every shard but those of `keep` (the batch about to be
         read, or none after it was), then hold and fetch those, all at once: a process holds
         the shards of the batch it reads, and nothing while it waits for its next one, which
@@ -388,7 +388,7 @@ class ShardReader:
             else:
                 self._gather_rows(shard, row, out)
             self._count(n * self.sample_bytes, shard, row)
-            self._let_go(np.empty(0, np.int64))  # an idle process holds nothing
+            self._let_go(())  # an idle process holds nothing
 
     def prefetch(self, shard_idx: NDArray[np.integer], rows: NDArray[np.integer]) -> None:
         """Have the kernel start reading samples (shard_idx[j], rows[j]) from disk now and

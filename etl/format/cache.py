@@ -36,12 +36,11 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from etl.errors import ShardError
-from etl.format.remote import TMP_PREFIX, RemoteDataset
+from etl.format.remote import TMP_PREFIX, RemoteDataset, locked
 from etl.format.shards import SHARDS_DIR
 
 ROOM_LOCK = ".room.lock"
@@ -192,7 +191,7 @@ class BoundedCache:
         Room is made, the downloads reserved and the holds taken under the room lock, which
         every removal takes too: nothing is removed between the look and the hold."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        with _flocked(self.folder / ROOM_LOCK, fcntl.LOCK_EX):
+        with locked(self.folder / ROOM_LOCK):
             missing = [s for s in shards if not self.path(s).is_file()]
             need = sum(self.sizes[s] for s in missing)
             mine = {self.path(s) for s in shards}
@@ -218,7 +217,7 @@ class BoundedCache:
         try:
             for shard, partial in zip(missing, reservations, strict=True):
                 final = self.path(shard)
-                with _flocked(final.with_name(final.name + ".lock"), fcntl.LOCK_EX):
+                with locked(final.with_name(final.name + ".lock")):
                     if final.is_file():  # another process fetched it meanwhile
                         continue
                     try:
@@ -288,7 +287,6 @@ class _Ahead:
         """shard -> the last batch it was held for."""
         self.headroom = 0
         """Bytes of the largest batch seen (at most half the limit): left free for readers."""
-        self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="etl-fetch-ahead", daemon=True)
         self.thread.start()
 
@@ -303,8 +301,8 @@ class _Ahead:
                     return
             while self.pinned and not self.stopped.wait(WAIT):
                 self._unpin()
-        except BaseException as exc:  # the reader's own fetch names it when it needs it
-            self.error = exc
+        except Exception:  # nothing lost: the reader's own fetch names it when it needs it
+            pass
         finally:
             for shard in list(self.pinned):
                 self.cache.release(shard, AHEAD)
@@ -373,17 +371,6 @@ def _alive(owner: str) -> bool:
     except OSError:
         return True  # it exists, as another user's
     return True
-
-
-@contextmanager
-def _flocked(path: Path, how: int) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, how)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _no_room(exc: ShardError, folder: Path) -> ShardError:

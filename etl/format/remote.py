@@ -191,7 +191,7 @@ class RemoteDataset:
     def _fetch_shard(self, name: str, checksum: str, algorithm: str) -> None:
         final = self.root / name
         final.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(final.with_name(final.name + ".lock")):
+        with locked(final.with_name(final.name + ".lock")):
             if final.is_file():  # another process fetched it while this one waited
                 return
             self.download_shard(name, checksum, algorithm)
@@ -335,7 +335,7 @@ def _recorded_files(record: Any, where: str) -> list[str]:
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
     """An exclusive flock on `path` (created if need be) for the block: released by the kernel
     when the process dies, so a killed downloader never blocks the others."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
