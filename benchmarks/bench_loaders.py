@@ -241,19 +241,22 @@ def _children_cpu() -> float:
 # --- resident memory over an epoch ---------------------------------------------------------
 
 
-def write_synthetic(root: Path, total_bytes: int, shape: tuple[int, ...]) -> int:
-    """A packed dataset of random pixels, `total_bytes` large, in shards of 1000 samples."""
-    n = max(1000, total_bytes // int(np.prod(shape)))
+def write_synthetic(
+    root: Path, total_bytes: int, shape: tuple[int, ...], per_shard: int = 1000
+) -> int:
+    """A packed dataset of random pixels, `total_bytes` large, in shards of `per_shard`
+    samples."""
+    n = max(per_shard, total_bytes // int(np.prod(shape)))
     rng = np.random.default_rng(0)
     samples, shards = [], []
-    for k in range(-(-n // 1000)):
-        rows = min(1000, n - 1000 * k)
+    for k in range(-(-n // per_shard)):
+        rows = min(per_shard, n - per_shard * k)
         name = f"shards/v000001-{k:05d}.npy"
         block = rng.integers(0, 256, (rows, *shape), dtype=np.uint8)
         with ShardWriter(root, name, rows, shape, "xxh3_64") as writer:
             for r in range(rows):
                 _, checksum = writer.append(block[r])
-                i = 1000 * k + r
+                i = per_shard * k + r
                 samples.append(_synthetic_row(i, name, r, checksum, shape))
             info = writer.finish()
         assert info is not None

@@ -1,9 +1,10 @@
 """Training from object storage against local disk and against the endpoint's own limit, all
 against one S3-compatible server (moto's, in its own process on 127.0.0.1) in one run.
 
-    python -m benchmarks.bench_remote [--samples 5000] [--size 224] [--rounds 3]
+    python -m benchmarks.bench_remote [--samples 5000] [--size 224] [--per-shard 1000]
+        [--rounds 3]
 
-A synthetic dataset of `--samples` random uint8 samples (shards of 1,000) is uploaded to a
+A synthetic dataset of `--samples` random uint8 samples (shards of `--per-shard`) is uploaded to a
 bucket. Each round measures, in this order:
 - endpoint: plain concurrent GETs (8 threads) of every shard's bytes, no verification, no
   file written: the most any client of this endpoint gets;
@@ -124,6 +125,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=5000)
     parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--per-shard", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -138,7 +140,7 @@ def main() -> None:
     server = start_server(port)
     try:
         local = work / "local"
-        n = write_synthetic(local, args.samples * shape[0] * shape[1] * 3, shape)
+        n = write_synthetic(local, args.samples * shape[0] * shape[1] * 3, shape, args.per_shard)
         create_bucket(port, "bench")
         fs = s3fs.S3FileSystem(**options(port))
         fs.put(str(local), "bench/ds", recursive=True)
@@ -180,7 +182,8 @@ def main() -> None:
         mib = n * shape[0] * shape[1] * 3 / 2**20
         print(
             f"# bench_remote, {time.strftime('%Y-%m-%d')}, {cpu_model()}, {os.cpu_count()} CPUs: "
-            f"{n} samples of {shape} ({mib:,.0f} MiB), shards of 1,000, moto S3 on 127.0.0.1, "
+            f"{n} samples of {shape} ({mib:,.0f} MiB), shards of {args.per_shard:,}, moto S3 on "
+            "127.0.0.1, "
             f"median of {args.rounds} rounds\n"
         )
         print("| contender | samples/s | vs local | vs endpoint |")

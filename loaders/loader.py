@@ -278,13 +278,19 @@ class PackedLoader(DataLoader[Any]):
         """For a dataset read through a bounded cache, have its shards downloaded in the
         order this iteration's batches will need them (NOTE [ bounded cache ])."""
         cache = _bounded_cache(self.dataset)
-        if cache is None or self.order is None or position is None:
+        if cache is None or position is None:
             return
-        order = self.order.order()[position.skip :]
-        size = self._batch_size()
         shard_idx = self.dataset.selection.shard_idx  # type: ignore[attr-defined]
-        batches = (shard_idx[order[i : i + size]].tolist() for i in range(0, len(order), size))
-        cache.fetch_ahead(batches, lambda: position.batches)
+        stream = self.stream
+        if stream is not None:
+            chunks: Iterator[Any] = stream.delivery(position.skip)
+        elif self.order is not None:
+            order = self.order.order()[position.skip :]
+            size = self._batch_size()
+            chunks = (order[i : i + size] for i in range(0, len(order), size))
+        else:
+            return
+        cache.fetch_ahead((shard_idx[c].tolist() for c in chunks), lambda: position.batches)
 
     def _begin(self) -> Position | None:
         if self.order is not None:

@@ -266,6 +266,43 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
             self.drop_last,
         )
 
+    def _chunks(self, order: Order, slot: int, n_slots: int, delivered: int) -> Iterator[int]:
+        """Where each batch `slot` still has to yield starts in its `order`, a loaded state's
+        `delivered` batches skipped (NOTE [ stream resume ])."""
+        step = self.batch_size or 1
+        workers = n_slots // self.world_size
+        role = slot % workers  # which of its rank's slots this worker plays
+        skipped = delivered // workers + (1 if role < delivered % workers else 0)
+        for start in range(skipped * step, len(order), step):
+            if self.batch_size is not None and self.drop_last and start + step > len(order):
+                return
+            yield start
+
+    def delivery(self, delivered: int = 0) -> Iterator[Order]:
+        """The indices of each batch this rank's loader delivers this epoch after `delivered`,
+        in the order it delivers them: its workers' batches round-robin from worker 0 (NOTE
+        [ stream resume ]). What a bounded cache fetches ahead by."""
+        workers = max(self.workers, 1)
+        n_slots = self.world_size * workers
+        per_worker = []
+        for worker in range(workers):
+            slot = self.rank * workers + (worker + delivered) % workers
+            groups = self.groups(slot, n_slots)
+            order = np.concatenate(groups) if groups else np.zeros(0, np.int64)
+            per_worker.append(self._cut(order, self._chunks(order, slot, n_slots, delivered)))
+        while per_worker:
+            for batches in list(per_worker):
+                chunk = next(batches, None)
+                if chunk is None:
+                    per_worker.remove(batches)
+                else:
+                    yield chunk
+
+    def _cut(self, order: Order, starts: Iterator[int]) -> Iterator[Order]:
+        step = self.batch_size or 1
+        for start in starts:
+            yield order[start : start + step]
+
     def __iter__(self) -> Iterator[AnyBatch | tuple[torch.Tensor, int]]:
         sel = self.selection
         delivered = self.pending_batches() or 0
@@ -279,14 +316,9 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
         ends = np.cumsum([len(g) for g in groups])
         shards = [np.unique(sel.shard_idx[g]).tolist() for g in groups]
         step = self.batch_size or 1
-        workers = n_slots // self.world_size
-        role = slot % workers  # which of its rank's slots this worker plays
-        skipped = delivered // workers + (1 if role < delivered % workers else 0)
         current = -1
-        for start in range(skipped * step, len(order), step):
+        for start in self._chunks(order, slot, n_slots, delivered):
             chunk = order[start : start + step]
-            if self.batch_size is not None and self.drop_last and len(chunk) < step:
-                break
             group = int(np.searchsorted(ends, start + len(chunk) - 1, side="right"))
             if group > current:
                 current = group

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -11,10 +10,10 @@ from rich.table import Table
 
 from etl.cli.app import app, dataset_location, out
 from etl.maintenance.housekeeping import compact as run_compact
+from etl.maintenance.store_compact import compact_store
 from etl.maintenance.versions import diff as version_diff
 from etl.maintenance.versions import summaries
 
-DirArg = Annotated[Path, typer.Argument(help="Dataset folder (output.dir).", show_default=False)]
 ReadArg = Annotated[
     str,
     typer.Argument(
@@ -94,7 +93,7 @@ def diff(
 
 @app.command()
 def compact(
-    directory: DirArg,
+    directory: ReadArg,
     keep_last: Annotated[
         int, typer.Option(help="Keep the last K versions (a new compacted one counts).")
     ] = 1,
@@ -111,10 +110,15 @@ def compact(
 ) -> None:
     """Rewrite mostly-dead shards and delete versions and shards outside the retention policy.
 
-    A kept version stays readable and byte-identical. Example:
-    etl compact artifacts --keep-last 2 --keep 5
+    A kept version stays readable and byte-identical; in object storage the compacted version
+    is published as a run's is. Example:
+    etl compact artifacts --keep-last 2 --keep 5   (or s3://bucket/ds)
     """
-    report = run_compact(directory, keep_last, keep or (), min_dead, dry_run)
+    where = dataset_location(directory)
+    if isinstance(where, str):
+        report = compact_store(where, keep_last, keep or (), min_dead, dry_run)
+    else:
+        report = run_compact(where, keep_last, keep or (), min_dead, dry_run)
     if as_json:
         print(json.dumps(vars(report), indent=2))
         return

@@ -30,17 +30,18 @@ process leaves locked (the kernel drops its locks):
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 from etl.errors import ShardError
-from etl.format.remote import TMP_PREFIX, RemoteDataset, locked
+from etl.format.remote import DOWNLOADS, TMP_PREFIX, RemoteDataset, locked
 from etl.format.shards import SHARDS_DIR
 
 ROOM_LOCK = ".room.lock"
@@ -186,7 +187,17 @@ class BoundedCache:
 
     def fetch(self, shards: list[int], limit: int, owner: str) -> bool:
         """Hold every shard of `shards` for `owner` and have each in the cache; False, holding
-        and downloading nothing, if the missing ones do not all fit in `limit` now.
+        and downloading nothing, if the missing ones do not all fit in `limit` now."""
+        reserved = self.reserve(shards, limit, owner)
+        if reserved is None:
+            return False
+        self.download(shards, reserved, owner)
+        return True
+
+    def reserve(self, shards: list[int], limit: int, owner: str) -> list[tuple[int, Path]] | None:
+        """Hold every shard of `shards` for `owner` and reserve room for the missing ones
+        (shard, its reservation file), for `download` to fill; None, holding nothing, if they
+        do not all fit in `limit` now.
 
         Room is made, the downloads reserved and the holds taken under the room lock, which
         every removal takes too: nothing is removed between the look and the hold."""
@@ -202,38 +213,40 @@ class BoundedCache:
                 if victim not in mine:
                     used -= _remove_unheld(victim)
             if used + need > limit:
-                return False
+                return None
             tag = f"{os.getpid()}.{threading.get_ident()}"
-            reservations = [
-                self.path(s).with_name(f"{TMP_PREFIX}{Path(self.names[s]).name}-{tag}")
+            reserved = [
+                (s, self.path(s).with_name(f"{TMP_PREFIX}{Path(self.names[s]).name}-{tag}"))
                 for s in missing
             ]
-            for partial in reservations:
+            for _, partial in reserved:
                 partial.touch()
             for shard in shards:
                 self.hold(shard, owner)
                 if shard not in missing:
                     os.utime(self.path(shard))  # recently used: removed last
+        return reserved
+
+    def download(self, shards: list[int], reserved: list[tuple[int, Path]], owner: str) -> None:
+        """Download the shards `reserve` made room for (each once per node: under its
+        `.lock`, another process may have fetched it meanwhile); on failure let go of every
+        shard of `shards`. Either way the reservations are removed."""
         try:
-            for shard, partial in zip(missing, reservations, strict=True):
+            for shard, partial in reserved:
                 final = self.path(shard)
                 with locked(final.with_name(final.name + ".lock")):
                     if final.is_file():  # another process fetched it meanwhile
                         continue
-                    try:
-                        self.remote.download_shard(
-                            self.names[shard], self.checksums[shard], self.algorithm, partial
-                        )
-                    except ShardError as exc:
-                        raise _no_room(exc, self.folder) from None
+                    self.remote.download_shard(
+                        self.names[shard], self.checksums[shard], self.algorithm, partial
+                    )
         except BaseException:
             for shard in shards:
                 self.release(shard, owner)
             raise
         finally:
-            for partial in reservations:
+            for _, partial in reserved:
                 partial.unlink(missing_ok=True)
-        return True
 
     def _usage(self) -> tuple[int, list[Path]]:
         """Bytes of cached shards and downloads under way, and the cached shard files,
@@ -287,6 +300,8 @@ class _Ahead:
         """shard -> the last batch it was held for."""
         self.headroom = 0
         """Bytes of the largest batch seen (at most half the limit): left free for readers."""
+        self.downloads = ThreadPoolExecutor(DOWNLOADS, thread_name_prefix="etl-fetch-ahead")
+        """Downloads in flight at once: a store serves parallel GETs faster than one."""
         self.thread = threading.Thread(target=self._run, name="etl-fetch-ahead", daemon=True)
         self.thread.start()
 
@@ -304,14 +319,25 @@ class _Ahead:
         except Exception:  # nothing lost: the reader's own fetch names it when it needs it
             pass
         finally:
+            self.stopped.set()  # what is queued only lets go of its reservation
+            self.downloads.shutdown(wait=True)
             for shard in list(self.pinned):
                 self.cache.release(shard, AHEAD)
             self.pinned.clear()
 
+    def _download(self, shards: list[int], reserved: list[tuple[int, Path]]) -> None:
+        if self.stopped.is_set():  # the epoch ended first: give the room back
+            for _, partial in reserved:
+                partial.unlink(missing_ok=True)
+            return
+        with suppress(Exception):  # the reader's own fetch names it when it needs it
+            self.cache.download(shards, reserved, AHEAD)
+
     def _fetch(self, batch: int, shards: list[int]) -> bool:
         """Hold and fetch the shards of `batch`, no more than `BATCHES_AHEAD` batches ahead of
         the loader, leaving room in the cache for a batch as large as the largest seen (what
-        a reader needs to go on; at most half the limit); False once stopped."""
+        a reader, of this process or another, needs to go on; at most half the limit) but
+        for the next batch; False once stopped."""
         need = sum(self.cache.sizes[s] for s in shards)
         self.headroom = min(max(self.headroom, need), self.cache.limit // 2)
         while not self.stopped.is_set():
@@ -319,11 +345,17 @@ class _Ahead:
             delivered = self.delivered()
             if batch < delivered:
                 return True  # delivered already: the loader got past it
-            if batch < delivered + BATCHES_AHEAD and self.cache.fetch(
-                shards, self.cache.limit - self.headroom, AHEAD
-            ):
+            # the next batch may use the whole limit: its reader would fetch it anyway
+            room = self.cache.limit - (self.headroom if batch > delivered else 0)
+            reserved = (
+                self.cache.reserve(shards, room, AHEAD)
+                if batch < delivered + BATCHES_AHEAD
+                else None
+            )
+            if reserved is not None:
                 for shard in shards:
                     self.pinned[shard] = batch
+                self.downloads.submit(self._download, shards, reserved)
                 return True
             self.stopped.wait(WAIT)
         return False
@@ -371,15 +403,3 @@ def _alive(owner: str) -> bool:
     except OSError:
         return True  # it exists, as another user's
     return True
-
-
-def _no_room(exc: ShardError, folder: Path) -> ShardError:
-    """A download that failed for want of disk space says so, with the fix."""
-    cause = exc.__context__
-    full = isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-    if full or any(os.strerror(e) in str(exc) for e in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)):
-        return ShardError(
-            f"{exc}; the cache disk is full ({folder}): free space there, or set a smaller "
-            "cache_limit"
-        )
-    return exc

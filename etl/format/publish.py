@@ -114,6 +114,10 @@ def publish(store: RemoteDataset, local: Path, attempt: Attempt, progress: Progr
                 done.result()
                 progress.advance(1)
         sealed = relocated(folder, attempt.staging)
+        if any(number >= attempt.version for number in store.committed()):
+            # a later version exists: this attempt's version was published and then compacted
+            # away (its record removed), and a put now would bring it back on an old base
+            raise _beaten(store, attempt)
         try:
             store.bounded(store.fs.pipe_file, record, sealed, mode="create")
         except FileExistsError:

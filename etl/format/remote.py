@@ -28,6 +28,7 @@ written anywhere.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -54,6 +55,8 @@ DOWNLOADS = 8
 STORE_TIMEOUT = 60.0
 """Seconds one call to the store may take by default (`PackedDataset.open(store_timeout=)`)."""
 TMP_PREFIX = ".tmp-"
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+"""A local write failed for want of room: no space, a quota, a file-size limit."""
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 T = TypeVar("T")
 
@@ -99,19 +102,26 @@ class RemoteDataset:
         return "/".join([self.remote_root.rstrip("/"), *parts])
 
     def committed(self) -> list[int]:
-        """The committed versions in the store, oldest first, maybe none (one listing of
-        `versions/`, never an old one from fsspec's cache; a writer's files before its version
-        is published are in a hidden folder, NOTE [ publishing to a store ])."""
+        """The committed versions in the store, oldest first, maybe none: the version folders
+        that hold a commit record (one listing of `versions/`, never an old one from fsspec's
+        cache). A writer's files before its version is published are in a hidden folder
+        (NOTE [ publishing to a store ]); a version being compacted away loses its record
+        first (`etl.maintenance.store_compact`)."""
         folder = self._remote(VERSIONS_DIR)
         try:
             self.fs.invalidate_cache(folder)
-            entries = self.bounded(self.fs.ls, folder, detail=False)
+            entries = self.bounded(self.fs.find, folder)  # one paged listing of the prefix
         except FileNotFoundError:
             entries = []
         except Exception as exc:
             raise ManifestError(f"{self.url}: cannot list its versions ({why(exc)})") from None
-        numbers = [version_number(PurePosixPath(entry).name) for entry in entries]
-        return sorted(n for n in numbers if n is not None)
+        numbers = [
+            version_number(PurePosixPath(entry).parent.name)
+            for entry in entries
+            if PurePosixPath(entry).name == RECORD_FILE
+            and PurePosixPath(entry).parent.parent.name == VERSIONS_DIR
+        ]
+        return sorted({n for n in numbers if n is not None})
 
     def versions(self) -> list[int]:
         """The committed versions in the store, oldest first; ManifestError if none."""
@@ -224,6 +234,15 @@ class RemoteDataset:
                 digest = self._read(remote, error, algorithm, dst.write)
                 dst.flush()
                 os.fsync(dst.fileno())  # on disk before its rename makes it trusted
+        except OSError as exc:
+            local.unlink(missing_ok=True)
+            if exc.errno in DISK_FULL:
+                raise error(
+                    f"{remote}: the cache disk is full ({local.parent}: {why(exc)}): free "
+                    "space there, point ETL_CACHE (cache_dir=) at a larger disk, or set a "
+                    "smaller cache_limit"
+                ) from None
+            raise
         except BaseException:
             local.unlink(missing_ok=True)
             raise
@@ -256,7 +275,11 @@ class RemoteDataset:
                     self.bounded(src.close)
         except FileNotFoundError:
             raise error(f"{remote}: not in the store") from None
-        except Exception as exc:  # OSError, or a driver's own (botocore, aiohttp) errors
+        except OSError as exc:
+            if exc.errno in DISK_FULL:
+                raise  # writing the copy failed, not reading the store (see `_get`)
+            raise error(f"{remote}: cannot download ({why(exc)})") from None
+        except Exception as exc:  # a driver's own (botocore, aiohttp) errors
             raise error(f"{remote}: cannot download ({why(exc)})") from None
         return hasher.hexdigest() if hasher is not None else None
 

@@ -74,9 +74,62 @@ def sparse_shards(manifest: Manifest, min_dead_fraction: float) -> list[str]:
     return out
 
 
-def _rewrite(manifest: Manifest, sparse: list[str], version: int) -> Manifest:
-    """Copy the live rows of `sparse` shards into new shards; verify each row on the way so
-    corruption is never copied forward."""
+def retention(
+    versions: list[int], keep_last: int, keep: Iterable[int], rewrites: bool
+) -> tuple[int | None, set[int]]:
+    """(the compacted version to write, None if nothing is rewritten; the versions to keep):
+    the last `keep_last` versions, counting the compacted one, and every version of `keep`.
+    ManifestError for a policy that would keep nothing or names unknown versions."""
+    if keep_last < 1:
+        raise ManifestError("--keep-last must be at least 1: the latest version is always kept")
+    unknown = sorted(set(keep) - set(versions))
+    if unknown:
+        raise ManifestError(f"--keep names versions that do not exist: {unknown}")
+    new_version = versions[-1] + 1 if rewrites else None
+    timeline = [*versions, new_version] if new_version else versions
+    return new_version, set(timeline[-keep_last:]) | set(keep)
+
+
+def check_min_dead(min_dead_fraction: float) -> None:
+    if not 0.0 < min_dead_fraction <= 1.0:
+        raise ManifestError("--min-dead must be in (0, 1]")
+
+
+def plan_compaction(
+    where: Path | str,
+    versions: list[int],
+    latest: Manifest,
+    keep_last: int,
+    keep: Iterable[int],
+    min_dead_fraction: float,
+    dry_run: bool,
+) -> CompactReport:
+    """What compacting the dataset at `where` (its `versions`, the `latest` one's manifest)
+    rewrites, keeps and retires; the shards to delete are for the caller to list."""
+    sparse = sparse_shards(latest, min_dead_fraction)
+    try:
+        new_version, kept = retention(versions, keep_last, keep, bool(sparse))
+    except ManifestError as exc:
+        raise ManifestError(f"{where}: {exc}") from None
+    return CompactReport(
+        kept_versions=sorted(kept),
+        deleted_versions=[v for v in versions if v not in kept],
+        rewritten_shards=sparse,
+        new_version=new_version,
+        dry_run=dry_run,
+    )
+
+
+def still_named_by_rewrite(latest: Manifest, sparse: list[str]) -> set[str]:
+    """The shards a compacted version of `latest` would name that exist already (a dry run
+    writes none)."""
+    return set(latest.shards.column("shard").to_pylist()) - set(sparse)
+
+
+def rewrite(manifest: Manifest, sparse: list[str], version: int, writer: str = "") -> Manifest:
+    """Copy the live rows of `sparse` shards into new shards (tagged `writer`, see
+    `shard_name`) and commit them as `version`; verify each row on the way so corruption is
+    never copied forward."""
     meta = manifest.meta
     samples = manifest.samples
     moving = samples.filter(pc.is_in(samples.column("shard"), value_set=pa.array(sparse)))
@@ -94,7 +147,7 @@ def _rewrite(manifest: Manifest, sparse: list[str], version: int) -> Manifest:
     records = moving.select(["sample_id", "shard", "row", "checksum"]).to_pylist()
     for start in range(0, len(records), per_shard):
         chunk = records[start : start + per_shard]
-        name = shard_name(version, start // per_shard)
+        name = shard_name(version, start // per_shard, writer)
         with ShardWriter(manifest.root, name, len(chunk), meta.sample_shape, meta.checksum) as w:
             opened: dict[str, np.memmap] = {}
             for rec in chunk:
@@ -135,37 +188,24 @@ def compact(
     new version with the same samples and bytes), then delete versions outside the retention
     policy (the last `keep_last` versions, counting a new compacted one, plus every version in
     `keep`) and every shard no remaining version references."""
-    if keep_last < 1:
-        raise ManifestError("--keep-last must be at least 1: the latest version is always kept")
-    if not 0.0 < min_dead_fraction <= 1.0:
-        raise ManifestError("--min-dead must be in (0, 1]")
+    check_min_dead(min_dead_fraction)
     root, _ = resolve(path)
     with DatasetLock(root):
         versions = list_versions(root)
         latest = versions[-1]
-        unknown = sorted(set(keep) - set(versions))
-        if unknown:
-            raise ManifestError(f"{root}: --keep names versions that do not exist: {unknown}")
+        manifest = read_manifest(root, latest)
+        report = plan_compaction(
+            root, versions, manifest, keep_last, keep, min_dead_fraction, dry_run
+        )
+        new_version, sparse = report.new_version, report.rewritten_shards
         if not dry_run:
             clean_leftovers(root, latest)
-        manifest = read_manifest(root, latest)
-        sparse = sparse_shards(manifest, min_dead_fraction)
-        new_version = latest + 1 if sparse else None
-        timeline = [*versions, new_version] if new_version else versions
-        kept = set(timeline[-keep_last:]) | set(keep)
-        report = CompactReport(
-            kept_versions=sorted(kept),
-            deleted_versions=[v for v in versions if v not in kept],
-            rewritten_shards=sparse,
-            new_version=new_version,
-            dry_run=dry_run,
-        )
         if new_version and not dry_run:
-            _rewrite(manifest, sparse, new_version)
-        existing_kept = kept & set(list_versions(root))
+            rewrite(manifest, sparse, new_version)
+        existing_kept = set(report.kept_versions) & set(list_versions(root))
         still_referenced = referenced_shards(root, existing_kept)
-        if new_version in kept and dry_run:
-            still_referenced |= set(manifest.shards.column("shard").to_pylist()) - set(sparse)
+        if new_version and dry_run:
+            still_referenced |= still_named_by_rewrite(manifest, sparse)
         if not dry_run:
             for number in report.deleted_versions:
                 folder = version_dir(root, number)

@@ -56,8 +56,8 @@ def run_to_store(
     local = work / "dataset"
     store = RemoteDataset(url, storage_options=config.output.storage_options, root=local)
     with DatasetLock(work):
-        _finish_killed_attempt(store, work)
-        _empty(local)
+        finish_killed_attempt(store, work)
+        empty_work(local)
         latest = store.committed()
         if latest:
             store.fetch_version(latest[-1])
@@ -74,11 +74,11 @@ def run_to_store(
             report.phases["upload"] = time.perf_counter() - start
         if not dry_run:
             sweep(store)
-        _empty(local)
+        empty_work(local)
     return replace(report, output=url, seconds=time.perf_counter() - started)
 
 
-def _finish_killed_attempt(store: RemoteDataset, work: Path) -> None:
+def finish_killed_attempt(store: RemoteDataset, work: Path) -> None:
     """Remove from the store what an attempt killed mid-publish uploaded (nothing, if its
     record was published: then it is a version), and forget the attempt."""
     attempt = Attempt.saved(work)
@@ -87,7 +87,7 @@ def _finish_killed_attempt(store: RemoteDataset, work: Path) -> None:
     (work / ATTEMPT_FILE).unlink(missing_ok=True)
 
 
-def _empty(local: Path) -> None:
+def empty_work(local: Path) -> None:
     """`local` without versions or shards: the work of one run, never trusted by the next."""
     for name in (VERSIONS_DIR, SHARDS_DIR):
         shutil.rmtree(local / name, ignore_errors=True)

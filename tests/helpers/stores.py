@@ -130,6 +130,7 @@ def faulty_proxy(
     except requests for a key ending in one of `faults` (path suffix -> fault):
 
     - "throttle": every request answered 503 SlowDown, a throttle that never clears;
+    - "throttle-2": the first two requests answered 503 SlowDown, a throttle that clears;
     - "deny": 403 AccessDenied;
     - "short": a GET's body cut in half, its Content-Length still the whole length, and the
       connection closed (a body shorter than its length);
@@ -139,6 +140,9 @@ def faulty_proxy(
       so a test can kill the writer mid-upload.
     """
     release = threading.Event()
+    answered: dict[str, int] = {}
+    """Requests seen per path, for "throttle-2"."""
+    counted = threading.Lock()
     import http.client
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from urllib.parse import urlsplit
@@ -167,6 +171,11 @@ def faulty_proxy(
             body = self.rfile.read(length) if length else None
             if fault == "throttle":
                 return self._error(503, "SlowDown")
+            if fault == "throttle-2":
+                with counted:
+                    answered[path] = answered.get(path, 0) + 1
+                    if answered[path] <= 2:
+                        return self._error(503, "SlowDown")
             if fault == "deny":
                 return self._error(403, "AccessDenied")
             if fault == "hold" and self.command == "PUT":

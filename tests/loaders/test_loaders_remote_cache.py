@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 
 from etl.errors import ShardError
 from etl.format.remote import RemoteDataset
-from loaders import PackedDataset, make_loader
+from loaders import PackedDataset, PackedStream, make_loader, stream_loader
 from tests.helpers.packed import Packed, make_packed
 from tests.helpers.stores import new_bucket
 
@@ -88,6 +88,19 @@ def read_epoch(loader: Any) -> list[tuple[int, bytes]]:
     ]
 
 
+def two_epochs_within(loader: Any, ds: Any, packed: Packed, folder: Path, limit: int) -> None:
+    """Two epochs of `loader`: each sample once with its packed pixels, and the cache
+    `folder` never over `limit` bytes."""
+    with watched(folder) as peak:
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            seen = read_epoch(loader)
+            assert sorted(i for i, _ in seen) == list(range(len(ds)))
+            for i, pixels in seen:
+                assert pixels == packed.images[ds.selection.positions[i]].tobytes()
+    assert 0 < peak[0] <= limit, (peak[0], limit)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_epochs_through_a_cache_smaller_than_the_dataset(
     dataset: tuple[Packed, str], endpoint: str, tmp_path: Path, workers: int
@@ -104,14 +117,7 @@ def test_epochs_through_a_cache_smaller_than_the_dataset(
     loader = make_loader(
         ds, batch_size=4, shuffle="shards", seed=3, num_workers=workers, with_indices=True
     )
-    with watched(folder) as peak:
-        for epoch in (0, 1):
-            loader.set_epoch(epoch)
-            seen = read_epoch(loader)
-            assert sorted(i for i, _ in seen) == list(range(len(ds)))
-            for i, pixels in seen:
-                assert pixels == packed.images[ds.selection.positions[i]].tobytes()
-    assert 0 < peak[0] <= limit, (peak[0], limit)
+    two_epochs_within(loader, ds, packed, folder, limit)
 
 
 def test_a_limit_smaller_than_one_shard_is_one_clear_error(
@@ -249,3 +255,128 @@ def test_a_shard_changed_in_the_store_is_a_named_error_when_its_batch_comes(
         read_epoch(make_loader(ds, batch_size=2, shuffle="shards", seed=3, with_indices=True))
     folder = RemoteDataset(url, cache).root / "shards"
     assert not (folder / Path(shard).name).exists() and not list(folder.glob(".tmp-*"))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_stream_reads_through_a_cache_smaller_than_the_dataset(
+    dataset: tuple[Packed, str], endpoint: str, tmp_path: Path, workers: int
+) -> None:
+    """The stream form: every sample once per epoch with its packed pixels, the cache never
+    over its limit, and the shards of later batches fetched ahead of the reads."""
+    packed, url = dataset
+    sizes = shard_bytes(packed)
+    limit = sum(sizes) * 6 // 10
+    cache = tmp_path / "cache"
+    ds = PackedDataset.open(
+        url, cache_dir=cache, storage_options=options(endpoint), cache_limit=limit
+    )
+    stream = PackedStream(ds.selection, batch_size=4, seed=3, window=2)
+    loader = stream_loader(stream, num_workers=workers, with_indices=True)
+    folder = RemoteDataset(url, cache).root / "shards"
+    two_epochs_within(loader, ds, packed, folder, limit)
+    # a cold cache with room for the next window (fetch-ahead leaves a batch's worth free)
+    cache = tmp_path / "cold"
+    folder = RemoteDataset(url, cache).root / "shards"
+    ds = PackedDataset.open(
+        url, cache_dir=cache, storage_options=options(endpoint), cache_limit=sum(sizes)
+    )
+    loader = stream_loader(
+        PackedStream(ds.selection, batch_size=4, seed=3, window=1),
+        num_workers=workers,
+        with_indices=True,
+    )
+    loader.set_epoch(2)
+    upcoming = [
+        {Path(ds.selection.shards.names[s]).name for s in ds.selection.shard_idx[chunk]}
+        for chunk in loader.dataset.delivery()
+    ]
+    iterator = iter(loader)
+    next(iterator)
+    ahead = next(names for names in upcoming[1:] if names - upcoming[0])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not ahead <= {p.name for p in folder.glob("*.npy")}:
+        time.sleep(0.01)
+    assert ahead <= {p.name for p in folder.glob("*.npy")}, "fetched before it was read"
+    del iterator
+
+
+def test_a_resumed_epoch_through_a_cache_smaller_than_the_dataset(
+    dataset: tuple[Packed, str], endpoint: str, tmp_path: Path
+) -> None:
+    """A state saved mid-epoch, loaded by a new process's loader on a cold cache (another
+    cache folder): the rest of the epoch is what the first run had still to read, in order."""
+    packed, url = dataset
+    limit = sum(shard_bytes(packed)) * 6 // 10
+
+    def loader_in(cache: Path) -> Any:
+        ds = PackedDataset.open(
+            url, cache_dir=cache, storage_options=options(endpoint), cache_limit=limit
+        )
+        return make_loader(
+            ds, batch_size=4, shuffle="shards", seed=7, num_workers=2, with_indices=True
+        )
+
+    whole_run = loader_in(tmp_path / "whole")
+    whole_run.set_epoch(1)
+    whole = read_epoch(whole_run)
+    first = loader_in(tmp_path / "first")
+    first.set_epoch(1)
+    iterator = iter(first)
+    seen = [
+        (int(i), image.numpy().tobytes())
+        for batch in (next(iterator) for _ in range(6))
+        for image, i in zip(batch.images, batch.indices, strict=True)
+    ]
+    state = json.loads(json.dumps(first.state_dict()))
+    del iterator
+    second = loader_in(tmp_path / "second")
+    second.load_state_dict(state)
+    second.set_epoch(1)
+    assert seen + read_epoch(second) == whole
+
+
+FULL_DISK = """
+import json, resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, ({fsize}, {fsize}))
+from etl.errors import EtlError
+from loaders import PackedDataset, make_loader
+try:
+    ds = PackedDataset.open(
+        {url!r}, cache_dir={cache!r}, storage_options=json.loads({options!r}),
+        cache_limit={limit!r},
+    )
+    for _ in make_loader(ds, batch_size=4, shuffle="shards"):
+        pass
+except EtlError as exc:
+    print(exc)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("limit", [None, "1MiB"])
+def test_a_full_cache_disk_is_one_clear_error(
+    endpoint: str, tmp_path: Path, limit: str | None
+) -> None:
+    """A cache disk that cannot take a shard (here a file-size limit, EFBIG, as a full disk's
+    ENOSPC) stops the loader with one line naming the cache folder and the way out; no
+    partial download is left to count against the cache."""
+    new_bucket(endpoint, "fulldisk")
+    packed = make_packed(tmp_path / "ds", shard_sizes=(4, 4), sample_shape=(64, 64, 3))
+    s3fs.S3FileSystem(**options(endpoint)).put(str(packed.root), "fulldisk/ds", recursive=True)
+    url, cache = "s3://fulldisk/ds", tmp_path / "cache"
+    script = FULL_DISK.format(
+        fsize=min(shard_bytes(packed)) // 2,  # above the manifest files, below a shard
+        url=url,
+        cache=str(cache),
+        options=json.dumps(options(endpoint)),
+        limit=limit,
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 3, done.stdout + done.stderr
+    (line,) = done.stdout.strip().splitlines()
+    folder = RemoteDataset(url, cache).root / "shards"
+    assert "the cache disk is full" in line and str(folder) in line, line
+    assert not list(folder.glob(".tmp-*")) and not list(folder.glob("*.npy"))

@@ -151,3 +151,29 @@ def test_spawned_persistent_workers_see_the_new_epoch(packed: Packed) -> None:
     loader.set_epoch(1)
     second = stream_positions(packed, stream, list(loader))
     assert second != first and sorted(second) == sorted(first)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("num_workers", [0, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_delivery_is_the_order_the_loader_delivers_in(
+    packed: Packed, num_workers: int, drop_last: bool
+) -> None:
+    """`PackedStream.delivery`, which a bounded cache fetches ahead by, names the batches in
+    the order the DataLoader hands them out (its workers round-robin), resumed or not."""
+    selection = open_catalog(packed.root).select()
+    stream = PackedStream(selection, batch_size=4, seed=2, window=2, drop_last=drop_last)
+    loader = stream_loader(stream, num_workers=num_workers, with_indices=True)
+    loader.set_epoch(1)
+    delivered = [batch.indices.tolist() for batch in loader]
+    twin = loader.dataset
+    assert [b.tolist() for b in twin.delivery()] == delivered
+    first = iter(loader)
+    for _ in range(5):
+        next(first)
+    state = loader.state_dict()
+    del first
+    loader.load_state_dict(state)
+    loader.set_epoch(1)
+    assert [b.tolist() for b in twin.delivery(5)] == delivered[5:]
+    assert [batch.indices.tolist() for batch in loader] == delivered[5:]

@@ -325,3 +325,91 @@ def test_a_damaged_attempt_file_never_widens_what_a_run_removes(
         assert not (work / publishing.ATTEMPT_FILE).exists()
     code, out, err = cli(["audit", URL], capsys)
     assert code == 0, out + err
+
+
+def test_compact_on_a_bucket_keeps_what_a_local_compaction_keeps(
+    bucket: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`etl compact s3://...` decides as a local compaction of the same history decides;
+    the kept version holds the same samples with the same pixels, read back with s3fs,
+    pyarrow and numpy alone; no object is left that no version names; the shards of a writer
+    packing the next version now, and the whole retired versions of a killed compaction,
+    are told apart."""
+    make_sample_data(tmp_path / "data", per_class=5, seed=11)
+    to_disk = write_config(tmp_path, str(tmp_path / "disk"), "disk.yaml")
+    to_bucket = write_config(tmp_path, URL)
+    for config in (to_disk, to_bucket):
+        assert pipeline.run(load_config(config)).committed
+    for picture in sorted((tmp_path / "data").rglob("*.png"))[::2]:
+        picture.unlink()  # half the samples: shards mostly dead
+    for config in (to_disk, to_bucket):
+        assert pipeline.run(load_config(config)).version == 2
+    before = stored_in_bucket(bucket)
+    assert before == packed_contents(tmp_path / "disk")
+
+    reports = []
+    for where in (str(tmp_path / "disk"), URL):
+        code, out, err = cli(["compact", where, "--min-dead", "0.3", "--json"], capsys)
+        assert code == 0, err
+        reports.append(json.loads(out))
+    local, remote = reports
+    assert remote["rewritten_shards"], "the history left shards to rewrite"
+    for key in ("kept_versions", "deleted_versions", "new_version"):
+        assert remote[key] == local[key], key
+    assert len(remote["rewritten_shards"]) == len(local["rewritten_shards"])
+    assert len(remote["deleted_shards"]) == len(local["deleted_shards"])
+    assert stored_in_bucket(bucket) == before
+    assert all_objects(bucket) == named_by_versions(bucket)
+    code, out, err = cli(["versions", URL, "--json"], capsys)
+    assert [v["version"] for v in json.loads(out)] == [3]
+    code, out, err = cli(["audit", URL], capsys)
+    assert code == 0, out + err
+
+    # a writer uploading version 4 now, and what a compaction killed after removing
+    # version 2's record left
+    bucket.pipe("published/out/shards/v000004-0badcafe-00000.npy", b"in flight")
+    bucket.pipe("published/out/versions/v000002/manifest.arrow", b"left behind")
+    code, out, err = cli(["compact", URL, "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["deleted_shards"] == []
+    leftovers = all_objects(bucket) - named_by_versions(bucket)
+    assert leftovers == {"published/out/shards/v000004-0badcafe-00000.npy"}
+    code, _, err = cli(["inspect", URL, "--version", "1"], capsys)
+    assert code != 0 and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_version_compacted_away_is_never_published_again(
+    bucket: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Writer A packs version 1. Before it puts its record, writer B publishes versions 1
+    and 2, and a compaction retires version 1 (its record removed). A's put would now
+    succeed: A must see the later version and stop, publishing nothing."""
+    make_sample_data(tmp_path / "data", per_class=3, seed=7)
+    config = write_config(tmp_path, URL)
+    other = tmp_path / "other"
+    other.mkdir()
+    make_sample_data(other / "data", per_class=2, seed=8)
+    other_config = write_config(other, URL)
+    step = publishing.relocated
+    b_done: list[bool] = []
+
+    def b_publishes_and_compacts_first(*args: Any) -> Any:
+        if not b_done:
+            b_done.append(True)
+            with monkeypatch.context() as m:
+                m.setenv("ETL_CACHE", str(other / "cache"))
+                m.setattr(publishing, "relocated", step)
+                assert pipeline.run(load_config(other_config)).version == 1
+                change_sources(other / "data")
+                assert pipeline.run(load_config(other_config)).version == 2
+                assert cli(["compact", URL], capsys)[0] == 0
+        return step(*args)
+
+    monkeypatch.setattr(publishing, "relocated", b_publishes_and_compacts_first)
+    code, out, err = cli(["run", str(config)], capsys)
+    assert code == 2, out + err
+    assert "another writer published version 1" in err
+    monkeypatch.setattr(publishing, "relocated", step)
+    code, out, err = cli(["versions", URL, "--json"], capsys)
+    assert [v["version"] for v in json.loads(out)] == [2]
+    assert all_objects(bucket) == named_by_versions(bucket)

@@ -446,7 +446,8 @@ def test_objects_the_store_refuses_or_cuts_short_are_rejects_naming_them(
 ) -> None:
     """Through a proxy that throttles one object forever, denies another, cuts a third's body
     short (its length header still whole) and serves half of a fourth as if whole: each is a
-    reject naming it, never a stored sample and never a hang; the rest packs as from disk."""
+    reject naming it, never a stored sample and never a hang; the rest packs as from disk,
+    a fifth object throttled twice included (the driver retries, with backoff)."""
     files = tree({f"cat/{i}.png": i for i in range(4)} | {f"dog/{i}.png": 10 + i for i in range(4)})
     put(store, "photos", files, tmp_path / "local")
     faults = {
@@ -454,6 +455,7 @@ def test_objects_the_store_refuses_or_cuts_short_are_rejects_naming_them(
         "/dog/2.png": "deny",
         "/dog/3.png": "short",
         "/dog/1.png": "shortened",
+        "/cat/2.png": "throttle-2",
     }
     config = tmp_path / "faulty.yaml"
     config.write_text(
@@ -478,6 +480,7 @@ def test_objects_the_store_refuses_or_cuts_short_are_rejects_naming_them(
     assert local.packed_new == 8
     on_disk, _ = packed_contents(tmp_path / "from-disk")
     assert got == {source: on_disk[source] for source in got}
+    assert "cat/2.png" in got, "a throttle that clears is retried through"
 
 
 def test_a_container_the_store_serves_short_is_never_read_as_whole(

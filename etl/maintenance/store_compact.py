@@ -1,0 +1,186 @@
+"""`etl compact` on a dataset in object storage: the local policy, published as a run publishes.
+
+A store has no rename and no lock (NOTE [ publishing to a store ] in etl.format.publish), so
+the order of the steps is what keeps every reader and writer safe, and every step safe to kill:
+
+1. In the run's work folder, under its lock (`etl.run.to_store`): the latest version's files
+   and the sparse shards it rewrites are fetched (verified), the compacted version is written
+   there with tagged shards and published with one conditional put of its record, like a run's
+   version. A writer that published first wins; compaction then stops with one line.
+2. A retired version loses its commit record first: from then on no reader lists it
+   (`RemoteDataset.committed`). Its files and its staging folder are removed after.
+3. A shard is removed only if no kept version names it and it was written for a version no
+   later than the latest: a writer packing the next version now writes shards of a later
+   version, and names old shards only through the latest version, which is always kept.
+
+A compaction killed at any point leaves the store's kept versions whole; what it left (a
+version folder without a record, shards no kept version names) is removed by the next one.
+A training job reading a retired version fails with an error naming the missing object: keep
+its version with `--keep N` while it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterable, Mapping
+from pathlib import PurePosixPath
+from typing import Any
+
+from etl.errors import OutputError
+from etl.format.lock import DatasetLock
+from etl.format.manifest import VERSIONS_DIR, read_manifest, version_name, version_number
+from etl.format.publish import ATTEMPT_FILE, Attempt, publish, sweep
+from etl.format.record import FILES_AT, RECORD_FILE
+from etl.format.remote import RemoteDataset, staging_name_of, why
+from etl.format.shards import SHARDS_DIR, shard_version
+from etl.maintenance.housekeeping import (
+    CompactReport,
+    check_min_dead,
+    plan_compaction,
+    referenced_shards,
+    rewrite,
+    still_named_by_rewrite,
+)
+from etl.progress import Progress
+from etl.run.to_store import empty_work, finish_killed_attempt, work_folder
+
+
+def compact_store(
+    url: str,
+    keep_last: int = 1,
+    keep: Iterable[int] = (),
+    min_dead_fraction: float = 0.5,
+    dry_run: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> CompactReport:
+    """`etl.maintenance.housekeeping.compact` for the dataset at `url` in object storage."""
+    check_min_dead(min_dead_fraction)
+    work = work_folder(RemoteDataset(url, storage_options=storage_options))
+    local = work / "dataset"
+    store = RemoteDataset(url, storage_options=storage_options, root=local)
+    with DatasetLock(work):
+        finish_killed_attempt(store, work)
+        empty_work(local)
+        try:
+            versions = store.versions()
+            latest = store.fetch_version(versions[-1])
+            manifest = read_manifest(local, latest)
+            report = plan_compaction(
+                url, versions, manifest, keep_last, keep, min_dead_fraction, dry_run
+            )
+            new_version, sparse = report.new_version, report.rewritten_shards
+            if new_version and not dry_run:
+                _publish_rewrite(store, work, sparse, new_version, progress or Progress())
+            newest = new_version or latest
+            named = referenced_shards(
+                local,
+                [store.fetch_version(v) for v in report.kept_versions if v != new_version],
+            )
+            if new_version:
+                if dry_run:
+                    named |= still_named_by_rewrite(manifest, sparse)
+                else:
+                    named |= referenced_shards(local, [new_version])
+            if not dry_run:
+                for number in report.deleted_versions:
+                    _retire(store, number)
+                _remove_unlisted_versions(store, newest)
+            for name, size in _stored_shards(store).items():
+                written_for = shard_version(PurePosixPath(name).name)
+                if written_for is not None and written_for <= newest and name not in named:
+                    report.deleted_shards.append(name)
+                    report.freed_bytes += size
+            if not dry_run:
+                _remove(store, [store.remote(name) for name in report.deleted_shards])
+                sweep(store)
+        finally:
+            empty_work(local)
+    return report
+
+
+def _publish_rewrite(
+    store: RemoteDataset, work: Any, sparse: list[str], version: int, progress: Progress
+) -> None:
+    """Fetch the `sparse` shards (verified), write their live rows as `version` in the work
+    folder and publish it (LockError if another writer published `version` first)."""
+    local = store.root
+    manifest = read_manifest(local, version - 1)
+    table = manifest.shards
+    checksums = dict(
+        zip(table.column("shard").to_pylist(), table.column("checksum").to_pylist(), strict=True)
+    )
+    store.fetch_shards(
+        tuple(sparse), tuple(checksums[name] for name in sparse), manifest.meta.checksum
+    )
+    writer = secrets.token_hex(4)
+    rewrite(manifest, sparse, version, writer)
+    attempt = Attempt(version, writer)
+    attempt.save(work)
+    publish(store, local, attempt, progress)
+    (work / ATTEMPT_FILE).unlink()
+
+
+def _retire(store: RemoteDataset, number: int) -> None:
+    """Remove version `number`: its record first (then no reader lists it), its files after."""
+    folder = store.remote(VERSIONS_DIR, version_name(number))
+    record = f"{folder}/{RECORD_FILE}"
+    staging = None
+    try:
+        files_at = json.loads(store.bounded(store.fs.cat_file, record)).get(FILES_AT)
+        if isinstance(files_at, str) and staging_name_of(files_at) == number:
+            staging = store.remote(VERSIONS_DIR, files_at)
+    except (ValueError, AttributeError):
+        pass  # a damaged record names nothing to follow; the folder goes all the same
+    except FileNotFoundError:
+        return
+    except Exception as exc:
+        raise OutputError(f"{record}: cannot read it ({why(exc)})") from None
+    _remove(store, [record])
+    _remove(store, [p for p in (folder, staging) if p], recursive=True)
+
+
+def _remove_unlisted_versions(store: RemoteDataset, newest: int) -> None:
+    """Remove what killed compactions left in `versions/`: the files of a version no later
+    than `newest` whose record is gone (no writer can publish such a version any more)."""
+    listed = set(store.committed())
+    try:
+        names = store.bounded(store.fs.ls, store.remote(VERSIONS_DIR), detail=False)
+    except FileNotFoundError:
+        return
+    except Exception as exc:
+        raise OutputError(f"{store.url}: cannot list its versions ({why(exc)})") from None
+    leftovers = []
+    for path in names:
+        number = version_number(PurePosixPath(path).name)
+        if number is not None and number <= newest and number not in listed:
+            leftovers.append(path)
+    _remove(store, leftovers, recursive=True)
+
+
+def _stored_shards(store: RemoteDataset) -> dict[str, int]:
+    """Every shard object in the store: its dataset-relative name and its size."""
+    folder = store.remote(SHARDS_DIR)
+    try:
+        store.fs.invalidate_cache(folder)
+        found = store.bounded(store.fs.find, folder, detail=True)
+    except FileNotFoundError:
+        return {}
+    except Exception as exc:
+        raise OutputError(f"{store.url}: cannot list its shards ({why(exc)})") from None
+    return {
+        f"{SHARDS_DIR}/{PurePosixPath(path).name}": int(info.get("size") or 0)
+        for path, info in found.items()
+    }
+
+
+def _remove(store: RemoteDataset, paths: list[str], recursive: bool = False) -> None:
+    if not paths:
+        return
+    try:
+        store.bounded(store.fs.rm, paths, recursive=recursive)
+    except FileNotFoundError:
+        pass
+    except Exception as exc:
+        raise OutputError(f"{store.url}: cannot remove {paths[0]} ({why(exc)})") from None
