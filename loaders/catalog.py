@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 from etl.errors import EtlError, ShardError
 from etl.format.cache import BoundedCache
 from etl.format.manifest import read_manifest
+from etl.format.ranged import RangedRows
 from etl.format.view import VersionView, Where
 
 
@@ -54,6 +55,9 @@ class ShardSet:
     cache: BoundedCache | None = None
     """For a dataset in object storage read through a byte-limited cache: where each shard
     is fetched (and held) before it is opened (`etl.format.cache`)."""
+    ranged: RangedRows | None = None
+    """For a dataset in object storage read with ranged GETs: where rows are read instead of
+    from shard files (`etl.format.ranged`)."""
 
     def path(self, shard: int) -> Path:
         return self.root / self.names[shard]

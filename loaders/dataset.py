@@ -23,10 +23,11 @@ from torch.utils.data import Dataset, get_worker_info
 
 from etl.format.cache import BoundedCache
 from etl.format.names import is_url
+from etl.format.ranged import RangedRows
 from etl.format.remote import STORE_TIMEOUT, RemoteDataset
 from etl.format.sizes import parse_byte_size
 from loaders.batches import AnyBatch, BatchMemory, Samples, make_batch
-from loaders.catalog import Selection, Where, open_catalog
+from loaders.catalog import Catalog, Selection, Where, open_catalog
 from loaders.reader import ShardReader
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
@@ -93,6 +94,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         storage_options: Mapping[str, Any] | None = None,
         store_timeout: float = STORE_TIMEOUT,
         cache_limit: int | str | None = None,
+        ranged: bool = False,
     ) -> PackedDataset:
         """Open a dataset directory or manifest and select samples (see `Catalog.select`).
 
@@ -106,20 +108,33 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         seconds is an error naming what it fetched. Without `cache_limit` every shard the
         selection reads is fetched at open and kept; with one (bytes, or '20GiB'), shards are
         fetched as the loader's order needs them, ahead of it, and removed to stay within the
-        limit, which every process using the cache folder shares (`etl.format.cache`).
+        limit, which every process using the cache folder shares (`etl.format.cache`). With
+        `ranged=True` no shard is fetched: each batch's rows are read with ranged GETs and
+        verified one by one (`etl.format.ranged`), for a selection that reads few rows of
+        each shard.
         """
         remote = None
         url = str(path)
-        if cache_limit is not None and not is_url(path):
-            raise ValueError(f"cache_limit is for a dataset in object storage, not {url!r}")
+        for given, name in ((cache_limit is not None, "cache_limit"), (ranged, "ranged")):
+            if given and not is_url(path):
+                raise ValueError(f"{name} is for a dataset in object storage, not {url!r}")
+        if ranged and cache_limit is not None:
+            raise ValueError("ranged=True caches no shard: give it or cache_limit, not both")
         if is_url(path):
             remote = RemoteDataset(url, cache_dir, storage_options, store_timeout)
             version = remote.fetch_version(version)
             path = remote.root
-        selection = open_catalog(path, version, verify_manifest).select(split, classes, where)
+        catalog = open_catalog(path, version, verify_manifest)
+        selection = catalog.select(split, classes, where)
         if remote is not None:
             shards = selection.shards
-            if cache_limit is None:
+            if ranged:
+                rows = RangedRows(
+                    url, storage_options, store_timeout, shards.names, shards.sizes, shards.rows,
+                    shards.sample_shape, shards.algorithm, *_row_checksums(catalog, selection),
+                )  # fmt: skip
+                selection = replace(selection, shards=replace(shards, ranged=rows))
+            elif cache_limit is None:
                 remote.fetch_shards(shards.names, shards.checksums, shards.algorithm)
             else:
                 limit = parse_byte_size(cache_limit)
@@ -221,3 +236,11 @@ def _check_index(index: int, length: int) -> int:
     if not -length <= i < length:
         raise IndexError(f"index {index} out of range for a dataset of {length} samples")
     return i % length
+
+
+def _row_checksums(catalog: Catalog, selection: Selection) -> tuple[NDArray[np.int64], list[str]]:
+    """(shard << 32 | row, sorted; the recorded checksum of each) of the selected samples."""
+    keys = (selection.shard_idx.astype(np.int64) << 32) | selection.rows.astype(np.int64)
+    order = np.argsort(keys, kind="stable")
+    taken = pa.array(selection.positions[order], pa.int64())
+    return keys[order], catalog.table.column("checksum").take(taken).to_pylist()

@@ -252,6 +252,11 @@ class ShardReader:
 
     def row(self, shard: int, row: int) -> NDArray[np.uint8]:
         """A copy of one sample."""
+        ranged = self.shards.ranged
+        if ranged is not None:
+            sample = np.empty((1, *self.shards.sample_shape), np.uint8)
+            ranged.read(np.array([shard], np.int64), np.array([row], np.int64), sample)
+            return sample[0]
         with self._lock:
             self._let_go(np.array([shard]))
             sample = np.array(self.array(shard)[row])
@@ -378,6 +383,9 @@ class ShardReader:
         shard, row = self._checked_rows(shard_idx, rows)
         if n != len(shard) or out.nbytes != n * self.sample_bytes:
             raise ValueError(f"gather of {n} rows into an output of shape {out.shape}")
+        if self.shards.ranged is not None:
+            self.shards.ranged.read(shard, row, out)  # no file: ranged GETs, rows verified
+            return
         with self._lock:
             self._let_go(shard)  # first: what the last batch held may make room for this one
             span = self._spanned(shard) if self.use_span else None
@@ -400,8 +408,8 @@ class ShardReader:
         Advice only: a bad row or an unreadable shard is left for the `gather` to name."""
         if not (self.readahead or self.drop_behind) or not len(rows):
             return
-        if self.shards.cache is not None:
-            return  # a bounded cache's shards come through its fetch-ahead, never opened here
+        if self.shards.cache is not None or self.shards.ranged is not None:
+            return  # a bounded cache's shards come through its fetch-ahead; ranged: no file
         try:
             shard, row = self._checked_rows(shard_idx, rows)
             with self._lock:

@@ -244,3 +244,54 @@ def test_a_hostile_commit_record_in_the_store_is_refused_before_any_download(
         PackedDataset.open(url, version=1, cache_dir=cache, storage_options=options(endpoint))
     mirror = RemoteDataset(url, cache).root
     assert not (mirror / "versions" / "v000001").exists() and not list(mirror.rglob(".tmp-*"))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_ranged_reads_fetch_no_shard_and_verify_every_row(
+    endpoint: str, bucket: str, tmp_path: Path, workers: int
+) -> None:
+    """`ranged=True`: a quarter of each shard's rows (the val split) read with ranged GETs,
+    the packed pixels, and no shard file in the cache. A byte changed in a row the selection
+    does not read changes nothing; one in a row it reads is an error naming the shard."""
+    packed = make_packed(tmp_path / "ds", shard_sizes=(9, 11, 8, 10))
+    url = f"s3://{bucket}/ds"
+    fs = upload(packed, endpoint, url)
+    cache = tmp_path / "cache"
+
+    def opened() -> PackedDataset:
+        return PackedDataset.open(
+            url, split="val", cache_dir=cache, storage_options=options(endpoint), ranged=True
+        )
+
+    ds = opened()
+    assert_same_samples(ds, packed)
+    loader = make_loader(ds, batch_size=3, shuffle=True, num_workers=workers, with_indices=True)
+    seen = {
+        int(i): image.numpy() for b in loader for image, i in zip(b.images, b.indices, strict=True)
+    }
+    assert sorted(seen) == list(range(len(ds)))
+    for i, image in seen.items():
+        np.testing.assert_array_equal(image, packed.images[ds.selection.positions[i]])
+    assert not list(RemoteDataset(url, cache).root.rglob("*.npy")), "no shard is downloaded"
+
+    key = f"{bucket}/ds/shards/v000001-00000.npy"
+    data = bytearray(fs.cat(key))
+    row_bytes = packed.images[0].nbytes
+    first_row = len(data) - 9 * row_bytes
+    data[first_row + 5] ^= 0xFF  # sample 0, a train sample: not read
+    fs.pipe(key, bytes(data))
+    assert_same_samples(opened(), packed)
+    data[first_row + row_bytes + 5] ^= 0xFF  # sample 1, a val sample
+    fs.pipe(key, bytes(data))
+    with pytest.raises(ShardError, match=r"v000001-00000\.npy: row 1 does not match"):
+        list(make_loader(opened(), batch_size=3, num_workers=workers))
+
+
+def test_ranged_is_for_a_store_and_without_a_cache_limit(
+    endpoint: str, bucket: str, tmp_path: Path
+) -> None:
+    packed = make_packed(tmp_path / "ds")
+    with pytest.raises(ValueError, match="ranged is for a dataset in object storage"):
+        PackedDataset.open(packed.root, ranged=True)
+    with pytest.raises(ValueError, match="give it or cache_limit, not both"):
+        PackedDataset.open(f"s3://{bucket}/ds", ranged=True, cache_limit="1GiB")

@@ -1,0 +1,121 @@
+"""Rows of a remote dataset's shards read with ranged GETs, for selections that read few rows
+of each shard (an evaluation subset, a `where=` filter, a look at a few samples).
+
+`PackedDataset.open("s3://...", ranged=True)` downloads no shard: a batch's rows are read from
+the store as byte ranges, one per run of consecutive rows of a shard, all of a batch's ranges
+at once (fsspec's `cat_ranges`), and each row is verified against the checksum the manifest
+recorded for its sample before it is handed out: a shard changed in the store is an error
+naming it, never a wrong sample. Nothing is cached: every epoch reads the store again, so a
+selection that reads most of each shard is faster with whole shards (the default).
+
+A row's bytes start at the shard's size less its rows' bytes (`.npy` files hold the header,
+then the rows, nothing after), so no header is read.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from etl.errors import ShardError
+from etl.format.checksums import row_digest
+from etl.format.remote import RemoteDataset, why
+
+
+class RangedRows:
+    """The rows `(shard, row)` of `keys` (a selection's, sorted, `shard << 32 | row`) of the
+    dataset at `url`, each checked against `checksums` (aligned with `keys`).
+
+    Pickles to a worker as its settings; each process opens its own store connection."""
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None,
+        timeout: float,
+        names: Sequence[str],
+        sizes: Sequence[int],
+        rows: Sequence[int] | NDArray[np.int64],
+        sample_shape: tuple[int, ...],
+        algorithm: str,
+        keys: NDArray[np.int64],
+        checksums: Sequence[str],
+    ) -> None:
+        self.url = url
+        self.storage_options = dict(storage_options or {})
+        self.timeout = timeout
+        self.names = tuple(names)
+        self.sample_bytes = int(np.prod(sample_shape))
+        self.offsets = np.asarray(sizes, np.int64) - np.asarray(rows, np.int64) * self.sample_bytes
+        self.algorithm = algorithm
+        self.keys = keys
+        self.checksums = np.asarray(checksums, dtype=object)
+        self._remote: RemoteDataset | None = None
+        self._remote_pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_remote": None}
+
+    @property
+    def remote(self) -> RemoteDataset:
+        """This process's connection to the store (fsspec's async drivers are not fork-safe)."""
+        if self._remote is None or self._remote_pid != os.getpid():
+            self._remote_pid = os.getpid()
+            self._remote = RemoteDataset(self.url, None, self.storage_options, self.timeout)
+        return self._remote
+
+    def read(
+        self, shard: NDArray[np.int64], row: NDArray[np.int64], out: NDArray[np.uint8]
+    ) -> None:
+        """Copy rows (shard[j], row[j]) into out[j], each verified; ShardError naming the shard
+        for a range the store does not serve whole, or a row whose bytes are not its sample's."""
+        size = self.sample_bytes
+        order = np.lexsort((row, shard))  # consecutive rows of a shard become one range
+        s, r = shard[order], row[order]
+        expected = self._expected(s, r)
+        first = np.flatnonzero(np.r_[True, (s[1:] != s[:-1]) | (r[1:] != r[:-1] + 1)])
+        ends = np.r_[first[1:], len(s)]
+        starts = self.offsets[s[first]] + r[first] * size
+        stops = starts + (ends - first) * size
+        paths = [self.remote.remote(self.names[k]) for k in s[first].tolist()]
+        try:
+            blobs = self.remote.bounded(
+                self.remote.fs.cat_ranges, paths, starts.tolist(), stops.tolist()
+            )
+        except Exception as exc:
+            raise ShardError(f"{self.url}: cannot read rows of its shards ({why(exc)})") from None
+        flat = out.reshape(len(out), -1)
+        digest = row_digest(self.algorithm)
+        for begin, end, blob, path in zip(first.tolist(), ends.tolist(), blobs, paths, strict=True):
+            if isinstance(blob, BaseException):
+                what = "not in the store" if isinstance(blob, FileNotFoundError) else why(blob)
+                raise ShardError(f"{path}: cannot read rows ({what})")
+            if len(blob) != (end - begin) * size:
+                raise ShardError(
+                    f"{path}: the store sent {len(blob):,} bytes of a range of "
+                    f"{(end - begin) * size:,}: the shard is shorter than the manifest records"
+                )
+            for j in range(end - begin):
+                piece = blob[j * size : (j + 1) * size]
+                if digest(piece) != expected[begin + j]:
+                    raise ShardError(
+                        f"{path}: row {int(r[begin + j])} does not match the checksum the "
+                        "manifest recorded for its sample: the shard was changed after the "
+                        "commit; run etl audit on the dataset"
+                    )
+                flat[order[begin + j]] = np.frombuffer(piece, np.uint8)
+
+    def _expected(self, shard: NDArray[np.int64], row: NDArray[np.int64]) -> NDArray[Any]:
+        """The recorded checksums of rows (shard, row); IndexError for a row not selected."""
+        wanted = (shard << 32) | row
+        at = np.searchsorted(self.keys, wanted)
+        found = at < len(self.keys)
+        found[found] = self.keys[at[found]] == wanted[found]
+        if not found.all():
+            bad = int(np.flatnonzero(~found)[0])
+            raise IndexError(f"row {row[bad]} of {self.names[shard[bad]]} is not selected")
+        return self.checksums[at]
