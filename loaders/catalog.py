@@ -58,6 +58,8 @@ class ShardSet:
     ranged: RangedRows | None = None
     """For a dataset in object storage read with ranged GETs: where rows are read instead of
     from shard files (`etl.format.ranged`)."""
+    url: str = ""
+    """For a dataset in object storage, its URL (`root` is then its mirror in the cache)."""
 
     def path(self, shard: int) -> Path:
         return self.root / self.names[shard]
@@ -75,7 +77,7 @@ class ShardSet:
         listed = ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
         held = f"; it holds {len(ids)} sample(s) of version {self.version} ({listed})"
         return ShardError(
-            f"{reason}{held if ids else ''}; repair: etl audit {self.root} "
+            f"{reason}{held if ids else ''}; repair: etl audit {self.url or self.root} "
             f"--version {self.version} --repair --config pipeline.yaml"
         )
 

@@ -127,7 +127,8 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         catalog = open_catalog(path, version, verify_manifest)
         selection = catalog.select(split, classes, where)
         if remote is not None:
-            shards = selection.shards
+            shards = replace(selection.shards, url=url)
+            selection = replace(selection, shards=shards)
             if ranged:
                 rows = RangedRows(
                     url, storage_options, store_timeout, shards.names, shards.sizes, shards.rows,

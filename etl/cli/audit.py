@@ -16,7 +16,6 @@ from etl.cli.progress import BarProgress
 from etl.config import BACKENDS, Backend, load_config
 from etl.errors import EtlError
 from etl.format.manifest import FORMAT_VERSION
-from etl.format.names import is_url
 from etl.format.shards import SHARDS_DIR
 from etl.maintenance import audit as audit_lib
 from etl.maintenance import checkup
@@ -223,8 +222,6 @@ def audit(
             "--repair needs --config pipeline.yaml: its stages re-pack the samples",
             param_hint="--repair",
         )
-    if repair and is_url(dataset):
-        raise typer.BadParameter("--repair writes a new version: it needs a local dataset")
     if repair and sample_rate is not None:
         raise typer.BadParameter("--repair needs a whole audit, not --sample-rate")
     if address is not None and backend is None:

@@ -105,7 +105,7 @@ class RangedRows:
                     raise ShardError(
                         f"{path}: row {int(r[begin + j])} does not match the checksum the "
                         "manifest recorded for its sample: the shard was changed after the "
-                        "commit; run etl audit on the dataset"
+                        f"commit; repair: etl audit {self.url} --repair --config pipeline.yaml"
                     )
                 flat[order[begin + j]] = np.frombuffer(piece, np.uint8)
 

@@ -220,7 +220,8 @@ class RemoteDataset:
             raise ShardError(
                 f"{self.url}/{name}: its bytes in the store are not the ones the manifest "
                 f"recorded ({algorithm} {got}, expected {checksum}): the shard was changed "
-                "after the commit; run etl audit on the dataset"
+                f"after the commit; repair: etl audit {self.url} --repair --config "
+                "pipeline.yaml"
             )
         os.replace(partial, final)
 
@@ -263,6 +264,9 @@ class RemoteDataset:
         """Every byte of `remote`, a chunk at a time, to `sink`; with `algorithm`, their
         digest. A file that cannot be read is an `error` naming it."""
         hasher = new_hasher(algorithm) if algorithm else None
+        # NOTE: what the store serves now, never a size and ETag that fsspec's listings cache
+        # kept from before (it would refuse a changed object as FileExpired)
+        self.fs.invalidate_cache(remote)
         try:
             src = self.bounded(self.fs.open, remote, "rb", block_size=DOWNLOAD_CHUNK)
             try:

@@ -21,6 +21,7 @@ from etl.maintenance.audit import (
     audit,
 )
 from etl.maintenance.repair import RepairReport, repair
+from etl.maintenance.store_repair import repair_in_store
 from etl.progress import Progress
 
 REPORT_METADATA = b"etl.audit"
@@ -85,7 +86,8 @@ def repair_and_recheck(
     it commits with the same options; a clean report is returned as it is."""
     if not needs_repair(report):
         return Checkup(report)
-    fixed = repair(
+    fix = repair if isinstance(report.root, Path) else repair_in_store
+    fixed = fix(
         report,
         config,
         source_root,

@@ -126,8 +126,10 @@ def repair(
     backend: Backend = "loky",
     address: str | None = None,
     progress: Progress | None = None,
+    writer: str = "",
 ) -> RepairReport:
-    """Re-pack what `report` found damaged, as a new version of `report.root`, under the lock.
+    """Re-pack what `report` found damaged, as a new version of `report.root`, under the lock
+    (its new shards tagged `writer`, for a version published to a store: `shard_name`).
 
     Bad samples are decoded again from their source (any kind; `source_root`: where it is now,
     when not where `config` says) through `config`'s stages, if the source still has its
@@ -172,7 +174,7 @@ def repair(
         spool = readers.spool_path(root)
         with readers.released(spool):
             located, unlocated = _located(items, config, source_root, spool)
-            tasks = _repair_tasks(located, manifest.version + 1, config.samples_per_shard)
+            tasks = _repair_tasks(located, manifest.version + 1, config.samples_per_shard, writer)
             outcomes = [RepairOutcome(None, (), tuple(unlocated))]
             run = choose_run(jobs, backend, address, worth_workers=len(tasks) > 1)
             # workers read spooled records from the output folder, files from the source
@@ -249,9 +251,11 @@ def _located(
     return kept, unlocated
 
 
-def _repair_tasks(items: list[RepairItem], version: int, per_shard: int) -> list[RepairTask]:
+def _repair_tasks(
+    items: list[RepairItem], version: int, per_shard: int, writer: str = ""
+) -> list[RepairTask]:
     return [
-        RepairTask(shard_name(version, n), tuple(items[i : i + per_shard]))
+        RepairTask(shard_name(version, n, writer), tuple(items[i : i + per_shard]))
         for n, i in enumerate(range(0, len(items), per_shard))
     ]
 

@@ -24,13 +24,13 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Iterable, Mapping
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from etl.errors import OutputError
 from etl.format.lock import DatasetLock
 from etl.format.manifest import VERSIONS_DIR, read_manifest, version_name, version_number
-from etl.format.publish import ATTEMPT_FILE, Attempt, publish, sweep
+from etl.format.publish import sweep
 from etl.format.record import FILES_AT, RECORD_FILE
 from etl.format.remote import RemoteDataset, staging_name_of, why
 from etl.format.shards import SHARDS_DIR, shard_version
@@ -43,7 +43,7 @@ from etl.maintenance.housekeeping import (
     still_named_by_rewrite,
 )
 from etl.progress import Progress
-from etl.run.to_store import empty_work, finish_killed_attempt, work_folder
+from etl.run.to_store import empty_work, finish_killed_attempt, publish_from_work, work_folder
 
 
 def compact_store(
@@ -101,7 +101,7 @@ def compact_store(
 
 
 def _publish_rewrite(
-    store: RemoteDataset, work: Any, sparse: list[str], version: int, progress: Progress
+    store: RemoteDataset, work: Path, sparse: list[str], version: int, progress: Progress
 ) -> None:
     """Fetch the `sparse` shards (verified), write their live rows as `version` in the work
     folder and publish it (LockError if another writer published `version` first)."""
@@ -116,10 +116,7 @@ def _publish_rewrite(
     )
     writer = secrets.token_hex(4)
     rewrite(manifest, sparse, version, writer)
-    attempt = Attempt(version, writer)
-    attempt.save(work)
-    publish(store, local, attempt, progress)
-    (work / ATTEMPT_FILE).unlink()
+    publish_from_work(store, work, version, writer, progress)
 
 
 def _retire(store: RemoteDataset, number: int) -> None:

@@ -66,16 +66,24 @@ def run_to_store(
         report = run_here(config.model_copy(update={"output": output}), writer)
         if report.committed and not dry_run:
             assert report.version is not None
-            attempt = Attempt(report.version, writer)
-            attempt.save(work)
             start = time.perf_counter()
-            publish(store, local, attempt, progress)
-            (work / ATTEMPT_FILE).unlink()
+            publish_from_work(store, work, report.version, writer, progress)
             report.phases["upload"] = time.perf_counter() - start
         if not dry_run:
             sweep(store)
         empty_work(local)
     return replace(report, output=url, seconds=time.perf_counter() - started)
+
+
+def publish_from_work(
+    store: RemoteDataset, work: Path, version: int, writer: str, progress: Progress
+) -> None:
+    """Publish `version`, written in the work folder with shards tagged `writer`, to `store`;
+    the attempt is on disk while it uploads, for the next run to clean up after a kill."""
+    attempt = Attempt(version, writer)
+    attempt.save(work)
+    publish(store, store.root, attempt, progress)
+    (work / ATTEMPT_FILE).unlink()
 
 
 def finish_killed_attempt(store: RemoteDataset, work: Path) -> None:

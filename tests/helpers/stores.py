@@ -94,6 +94,37 @@ def packed_contents(root: Path) -> tuple[dict[str, tuple[Any, ...]], dict[str, s
     return samples, {r["source"]: r["reason"] for r in table("rejects.arrow").to_pylist()}
 
 
+def stored_in_bucket(fs: Any, prefix: str = "published/out") -> tuple[dict[str, Any], dict]:
+    """The latest version in the bucket, read with s3fs, pyarrow and numpy alone: samples
+    (class, split, pixels) and rejects (reason) by source."""
+    import io
+    import json
+    import re
+
+    import pyarrow as pa
+
+    fs.invalidate_cache()
+    versions = sorted(
+        p.rsplit("/", 1)[1] for p in fs.ls(f"{prefix}/versions") if re.search(r"/v\d{6}$", p)
+    )
+    folder = f"{prefix}/versions/{versions[-1]}"
+    record = json.loads(fs.cat(f"{folder}/commit.json"))
+    files = f"{prefix}/versions/{record['files_at']}"
+
+    def table(name: str) -> pa.Table:
+        return pa.ipc.open_file(pa.BufferReader(fs.cat(f"{files}/{name}"))).read_all()
+
+    shards: dict[str, np.ndarray] = {}
+    samples = {}
+    for s in table("manifest.arrow").to_pylist():
+        if s["shard"] not in shards:
+            shards[s["shard"]] = np.load(io.BytesIO(fs.cat(f"{prefix}/{s['shard']}")))
+        pixels = shards[s["shard"]][s["row"]].tobytes()
+        samples[s["source"]] = (s["class_name"], s["split"], pixels)
+    rejects = {r["source"]: r["reason"] for r in table("rejects.arrow").to_pylist()}
+    return samples, rejects
+
+
 @contextlib.contextmanager
 def silent_endpoint() -> Iterator[str]:
     """An endpoint that accepts every connection and never sends a byte."""

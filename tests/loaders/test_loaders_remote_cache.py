@@ -251,8 +251,9 @@ def test_a_shard_changed_in_the_store_is_a_named_error_when_its_batch_comes(
     ds = PackedDataset.open(
         url, cache_dir=cache, storage_options=options(endpoint), cache_limit=limit
     )
-    with pytest.raises(ShardError, match=rf"{shard}.*changed after the commit"):
+    with pytest.raises(ShardError, match=rf"{shard}.*changed after the commit") as raised:
         read_epoch(make_loader(ds, batch_size=2, shuffle="shards", seed=3, with_indices=True))
+    assert f"repair: etl audit {url} --repair" in str(raised.value)
     folder = RemoteDataset(url, cache).root / "shards"
     assert not (folder / Path(shard).name).exists() and not list(folder.glob(".tmp-*"))
 

@@ -23,6 +23,7 @@ from etl.errors import ExecutionError
 from etl.format.manifest import list_versions, read_manifest
 from etl.run import pipeline
 from etl.start.sample_data import make_sample_data
+from tests.helpers.stores import new_bucket, packed_contents, point_at, stored_in_bucket
 
 pytestmark = pytest.mark.slow
 distributed = pytest.importorskip("distributed")
@@ -296,3 +297,35 @@ def test_audit_on_the_cluster_names_the_bad_sample(
     report = json.loads(capsys.readouterr().out)
     bad = [f for f in report["findings"] if f.get("sample_id")]
     assert [f["sample_id"] for f in bad] == [victim["sample_id"]]
+
+
+def test_a_cluster_packs_into_a_bucket(
+    tmp_path: Path,
+    source: Path,
+    cluster: Cluster,
+    endpoint: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`output.dir: s3://...` with the Dask backend: the workers pack into the packing node's
+    work folder, which they share here (one machine); the bucket then holds what loky packs
+    to local disk, read back with s3fs, pyarrow and numpy alone. A cluster whose workers
+    cannot see that folder is refused as for a local output
+    (test_worker_that_cannot_see_the_output_is_refused)."""
+    s3fs = pytest.importorskip("s3fs")
+    point_at(endpoint, monkeypatch, tmp_path / "cache")
+    new_bucket(endpoint, "clustered")
+    pipeline.run(config(tmp_path, source, "loky", "loky"))
+    path = tmp_path / "to-bucket.yaml"
+    path.write_text(
+        CONFIG.format(
+            source=source,
+            out="s3://clustered/ds",
+            per_shard=6,
+            backend="dask",
+            address=f", address: '{cluster.address}'",
+        )
+    )
+    report = pipeline.run(load_config(path))
+    assert report.committed and report.output == "s3://clustered/ds"
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    assert stored_in_bucket(fs, "clustered/ds") == packed_contents(tmp_path / "loky")
