@@ -4,7 +4,10 @@ tests/format/test_format_fuzz.py. Not a test module.
     python tests/format/fuzz_driver.py     # reads cases as JSON lines on stdin
 
 A case is {"case": n, "root": dataset folder, "config": pipeline.yaml or null, "readers":
-[names]}; for each it writes one JSON line to stdout: {"case": n, "results": {reader: result}},
+[names]}, or, for a dataset in object storage, {"case": n, "url": its URL, "cache": the cache
+folder its mirror is in, "readers": [names]} (the store's endpoint and credentials come from
+this process's environment); for each it writes one JSON line to stdout: {"case": n,
+"results": {reader: result}},
 where a result is {"code": exit code, "error": what was said, or "bug": a traceback}. Every
 `etl` command runs in-process through `etl.cli.main`, as the console script would; the loaders
 run as a training job would use them. A crash (a signal) ends this process: the test sees it
@@ -16,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import sys
 import tempfile
 import time
@@ -101,13 +105,44 @@ def readers(root: str, config: str | None, scratch: Path) -> dict[str, Callable[
     }
 
 
+def read_remote(url: str, workers: int = 0, **options: Any) -> None:
+    """Every sample of the dataset at `url` through the mirror in $ETL_CACHE."""
+    read_all(url, workers, **options)
+
+
+def stream_remote(url: str) -> None:
+    selection = PackedDataset.open(url).selection
+    loader = stream_loader(PackedStream(selection, batch_size=8, window=2))
+    count = sum(len(batch.labels) for batch in loader)
+    assert count >= len(selection), f"streamed {count} of {len(selection)} samples"
+
+
+def remote_readers(url: str, scratch: Path) -> dict[str, Callable[[], Any]]:
+    """The readers of a dataset in object storage that read its mirror in the cache."""
+    return {
+        "inspect": lambda: cli("inspect", url),
+        "versions": lambda: cli("versions", url),
+        "diff": lambda: cli("diff", url, "1", "2"),
+        "show": lambda: cli("show", url, "-n", "4", "--out", str(scratch / "sheet.png")),
+        "loaders": lambda: python(lambda: read_remote(url)),
+        "loaders-verify": lambda: python(lambda: read_remote(url, verify=True)),
+        "loaders-workers": lambda: python(lambda: read_remote(url, workers=2)),
+        "loaders-limited": lambda: python(lambda: read_remote(url, cache_limit="1GiB")),
+        "stream": lambda: python(lambda: stream_remote(url)),
+    }
+
+
 def main() -> None:
     torch.set_num_threads(1)
     np.seterr(all="ignore")
     for line in sys.stdin:
         case = json.loads(line)
         with tempfile.TemporaryDirectory() as scratch:
-            every = readers(case["root"], case.get("config"), Path(scratch))
+            if "url" in case:
+                os.environ["ETL_CACHE"] = case["cache"]
+                every = remote_readers(case["url"], Path(scratch))
+            else:
+                every = readers(case["root"], case.get("config"), Path(scratch))
             results = {}
             for name in case["readers"]:
                 start = time.perf_counter()

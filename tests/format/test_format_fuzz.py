@@ -11,7 +11,9 @@ or a hang. What can know of the damage must say so: the audit always, the loader
 for a shard, the loaders for a version file (its commit record).
 
 Hypothesis draws the mutations (a few dozen per kind; `--fuzz-long` for thousands); every byte
-of a shard's `.npy` header and of `commit.json` is also swept exhaustively.
+of a shard's `.npy` header and of `commit.json` is also swept exhaustively. The mirror a
+training node keeps of a dataset in object storage (moto's server on 127.0.0.1) is fuzzed the
+same way, read by URL.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,13 +119,15 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
 class Driver:
     """The readers' process; started again after a case kills it."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
         self.process: subprocess.Popen[str] | None = None
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.cases = 0
+        self.env = env or {}
+        """Set in the readers' environment (a store's endpoint and credentials)."""
 
     def start(self) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen(
             [sys.executable, str(DRIVER)],
             stdin=subprocess.PIPE,
@@ -143,11 +148,15 @@ class Driver:
         threading.Thread(target=pump, daemon=True).start()
 
     def run(self, root: Path, config: Path, readers: tuple[str, ...]) -> dict[str, Any]:
+        return self.run_case({"root": str(root), "config": str(config)}, readers)
+
+    def run_case(self, case: dict[str, Any], readers: tuple[str, ...]) -> dict[str, Any]:
+        """`readers` on one case (see tests/format/fuzz_driver.py): their results by name."""
         if self.process is None or self.process.poll() is not None:
             self.start()
         assert self.process is not None and self.process.stdin is not None
         self.cases += 1
-        case = {"case": self.cases, "root": str(root), "config": str(config)}
+        case = {**case, "case": self.cases}
         self.process.stdin.write(json.dumps({**case, "readers": list(readers)}) + "\n")
         self.process.stdin.flush()
         try:
@@ -232,14 +241,15 @@ def check(mutation: Mutation, results: dict[str, Any]) -> None:
         if result["code"] == 2:
             message = result["error"]
             assert message and "\n" not in message.strip(), f"{reader}: {message!r}"
-    covered = mutation.kind not in ("lock", "leftovers")  # no damage to a committed file
+    covered = mutation.kind not in ("lock", "leftovers", "cache-locks")  # a committed file?
     if "audit" in results and covered:
         assert results["audit"]["code"] in (1, 2), f"the audit missed {mutation}"
     if "loaders-verify" in results and covered:
         assert results["loaders-verify"]["code"] == 2, f"verify=True read {mutation}"
-    if "loaders" in results and covered and mutation.kind != "shard":
+    shard = mutation.kind in ("shard", "cached-shard")
+    if "loaders" in results and covered and not shard:
         assert results["loaders"]["code"] == 2, f"the commit record missed {mutation}"
-    if mutation.kind == "shard" and mutation.how == "swap":
+    if shard and mutation.how == "swap":
         for reader in ("loaders", "stream"):
             if reader in results:
                 assert results[reader]["code"] == 2, f"{reader}'s probe row missed {mutation}"
@@ -344,3 +354,114 @@ def test_leftovers_of_an_interrupted_run_are_never_trusted(
         "leftovers are no damage: every reader reads the committed version"
     )
     assert not scratch.exists() and not uncommitted.exists(), "the next run removed them"
+
+
+REMOTE_READERS = (
+    "inspect",
+    "versions",
+    "diff",
+    "show",
+    "loaders",
+    "loaders-verify",
+    "loaders-workers",
+    "loaders-limited",
+    "stream",
+)
+"""The readers of a dataset in object storage that trust its mirror in the cache."""
+
+
+@dataclass(frozen=True)
+class Mirror:
+    url: str
+    cache: Path
+    """A cache folder holding the dataset's mirror: both versions and every shard."""
+    mirror: Path
+    """The mirror's folder in `cache`."""
+    files: dict[str, list[str]]
+    """Paths relative to `mirror` of each kind of file the mirror keeps."""
+
+
+@pytest.fixture(scope="module")
+def mirrored(base: Base, endpoint: str) -> Iterator[tuple[Mirror, Driver]]:
+    """The packed dataset in a bucket of moto's server on 127.0.0.1, a cache folder that holds
+    its mirror (as a training node's does after one epoch), and readers pointed at the store."""
+    s3fs = pytest.importorskip("s3fs")
+    from etl.format.remote import RemoteDataset
+    from loaders import PackedDataset
+    from tests.helpers.stores import new_bucket
+
+    env = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    options = {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+    }
+    new_bucket(endpoint, "fuzzed")
+    s3fs.S3FileSystem(**options).put(str(base.root), "fuzzed/ds", recursive=True)
+    url, cache = "s3://fuzzed/ds", base.work / "cache"
+    PackedDataset.open(url, cache_dir=cache, storage_options=options)
+    remote = RemoteDataset(url, cache, options)
+    remote.fetch_version(1)
+    mirror = remote.root
+    (mirror / "shards" / "v000001-00000.npy.use").touch()  # as a bounded cache leaves them
+    version = sorted(p for p in (mirror / "versions").iterdir() if p.name.startswith("v"))[-1]
+
+    def relative(paths: Iterable[Path]) -> list[str]:
+        return sorted(str(p.relative_to(mirror)) for p in paths)
+
+    files = {
+        "cached-shard": relative((mirror / "shards").glob("*.npy")),
+        "cached-version": relative(version.iterdir()),
+        "cache-locks": relative(
+            p for p in (mirror / "shards").iterdir() if p.name.endswith((".lock", ".use"))
+        ),
+    }
+    assert all(files.values()), files
+    readers = Driver(env)
+    yield Mirror(url, cache, mirror, files), readers
+    readers.stop()
+
+
+def mirror_case(mirrored: Mirror, tmp: Path) -> tuple[Path, Path]:
+    """A fresh copy of the cache folder, and the mirror in it."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(mirrored.cache, tmp)
+    return tmp, tmp / mirrored.mirror.relative_to(mirrored.cache)
+
+
+@pytest.mark.parametrize("kind", ["cached-shard", "cached-version", "cache-locks"])
+def test_any_damage_to_a_remote_datasets_mirror_is_named_never_a_crash(
+    mirrored: tuple[Mirror, Driver], tmp_path: Path, request: pytest.FixtureRequest, kind: str
+) -> None:
+    """What a training node's cache holds of a dataset in object storage (its shards, its
+    versions' files, the lock and hold files of its processes), damaged as a bad disk damages
+    it: each reader of the URL ends with one named error or reads the store's samples; a
+    damaged version file is always named (its commit record), a swapped shard by its probe
+    row, any damage to a shard with `verify=True`."""
+    mirror, driver = mirrored
+    seen = []
+
+    @settings(
+        max_examples=examples(request) // 2,
+        deadline=None,
+        derandomize=not request.config.getoption("--fuzz-long"),
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(mutation=mutations(mirror.files, kind))
+    def one(mutation: Mutation) -> None:
+        cache, root = mirror_case(mirror, tmp_path / "case")
+        if not mutation.apply(root):
+            return
+        seen.append(mutation)
+        results = driver.run_case({"url": mirror.url, "cache": str(cache)}, REMOTE_READERS)
+        check(mutation, results)
+        if kind == "cache-locks":
+            assert {r["code"] for r in results.values()} == {0}, "a lock file holds nothing"
+
+    one()
+    assert len(seen) >= examples(request) // 4, "most drawn mutations changed a byte"
