@@ -61,7 +61,8 @@ def compact_store(
     local = work / "dataset"
     store = RemoteDataset(url, storage_options=storage_options, root=local)
     with DatasetLock(work):
-        finish_killed_attempt(store, work)
+        if not dry_run:  # a dry run writes nothing to the store
+            finish_killed_attempt(store, work)
         empty_work(local)
         try:
             versions = store.versions()

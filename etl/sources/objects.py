@@ -194,13 +194,25 @@ def read_object(url: str, max_bytes: int, options: Options | None = None) -> byt
     fs, path = store(url, options)
     try:
         data = fs.cat_file(path, start=0, end=max_bytes + 1)
-    except OSError as exc:
+    except FileNotFoundError as exc:
         raise _named(exc, url) from None
     except Exception as exc:
+        if _is_empty(fs, path):  # a range of an empty object is refused (HTTP 416)
+            return b""
+        if isinstance(exc, OSError):
+            raise _named(exc, url) from None
         raise OSError(f"{url}: {type(exc).__name__}: {exc}") from None
     if len(data) > max_bytes:
         raise Refused("file_too_large", too_large(len(data), max_bytes))
     return bytes(data)
+
+
+def _is_empty(fs: Any, path: str) -> bool:
+    """Whether the object at `path` is there and empty (False when that cannot be known)."""
+    try:
+        return int(fs.info(path).get("size", -1)) == 0
+    except Exception:
+        return False
 
 
 def object_digest(

@@ -320,6 +320,11 @@ def test_compact_on_a_bucket_keeps_what_a_local_compaction_keeps(
         assert pipeline.run(load_config(config)).version == 2
     before = stored_in_bucket(bucket)
     assert before == packed_contents(tmp_path / "disk")
+    objects = all_objects(bucket)
+    code, out, err = cli(["compact", URL, "--min-dead", "0.3", "--dry-run", "--json"], capsys)
+    assert code == 0, err
+    planned = json.loads(out)
+    assert all_objects(bucket) == objects, "a dry run changes nothing in the store"
 
     reports = []
     for where in (str(tmp_path / "disk"), URL):
@@ -332,6 +337,9 @@ def test_compact_on_a_bucket_keeps_what_a_local_compaction_keeps(
         assert remote[key] == local[key], key
     assert len(remote["rewritten_shards"]) == len(local["rewritten_shards"])
     assert len(remote["deleted_shards"]) == len(local["deleted_shards"])
+    for key in ("kept_versions", "deleted_versions", "new_version", "rewritten_shards"):
+        assert planned[key] == remote[key], key
+    assert planned["deleted_shards"] == remote["deleted_shards"]
     assert stored_in_bucket(bucket) == before
     assert all_objects(bucket) == named_by_versions(bucket)
     code, out, err = cli(["versions", URL, "--json"], capsys)
@@ -415,5 +423,85 @@ def test_audit_repair_of_a_bucket_publishes_the_repaired_version(
     assert all_objects(bucket) == named_by_versions(bucket)
     shards = {p.removeprefix("published/out/") for p in all_objects(bucket) if p.endswith(".npy")}
     assert all(TAGGED_SHARD.match(name) for name in shards)
+    code, out, err = cli(["audit", URL], capsys)
+    assert code == 0, out + err
+
+
+def test_any_damage_to_the_attempt_file_is_ignored_never_trusted(
+    bucket: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The attempt file as a fuzzer meets it (#38): a real one, a byte set, cut short or
+    extended at drawn places; the next run exits 0 without a traceback, removes it, and the
+    published version keeps every object."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    make_sample_data(tmp_path / "data", per_class=3, seed=7)
+    config = write_config(tmp_path, URL)
+    assert pipeline.run(load_config(config)).version == 1
+    published = all_objects(bucket)
+    work = to_store.work_folder(to_store.RemoteDataset(URL))
+    writer = json.loads(_records(bucket)[0])["files_at"].rsplit("-", 1)[1]
+    real = json.dumps({"version": 2, "writer": writer}).encode()
+
+    @settings(
+        max_examples=40,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(
+        how=st.sampled_from(["set", "truncate", "extend"]),
+        at=st.integers(0, len(real) - 1),
+        value=st.integers(0, 255),
+    )
+    def one(how: str, at: int, value: int) -> None:
+        body = bytearray(real)
+        if how == "set":
+            body[at] = value
+        elif how == "truncate":
+            del body[at:]
+        else:
+            body += bytes([value]) * (1 + at)
+        (work / publishing.ATTEMPT_FILE).write_bytes(bytes(body))
+        code, _, err = cli(["run", str(config)], capsys)
+        assert code == 0 and "Traceback" not in err, (bytes(body), err)
+        assert all_objects(bucket) == published, bytes(body)
+        assert not (work / publishing.ATTEMPT_FILE).exists()
+
+    one()
+
+
+def test_a_folder_in_a_bucket_packed_into_a_bucket_converges_as_on_disk(
+    bucket: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The issue's end-to-end case: images in a bucket packed into a bucket; a rerun after one
+    object is added, one changed and one deleted in the store packs those two and drops the
+    third; the audit is clean; each time the bucket holds what packing the same files from
+    local disk holds."""
+    make_sample_data(tmp_path / "data", per_class=3, seed=7)
+    bucket.put(str(tmp_path / "data"), "published/photos", recursive=True)
+    to_disk = write_config(tmp_path, "disk", "disk.yaml")
+    to_bucket = tmp_path / "bucket.yaml"
+    to_bucket.write_text(
+        CONFIG.format(out=URL).replace("path: data", "path: s3://published/photos")
+    )
+
+    def same_as_disk() -> None:
+        assert pipeline.run(load_config(to_disk)).committed
+        assert stored_in_bucket(bucket) == packed_contents(tmp_path / "disk")
+        assert all_objects(bucket) - named_by_versions(bucket) == {
+            p for p in all_objects(bucket) if p.startswith("published/photos/")
+        }
+
+    code, out, err = cli(["run", str(to_bucket)], capsys)
+    assert code == 0, err
+    same_as_disk()
+    change_sources(tmp_path / "data")  # on disk, then the same in the store
+    bucket.rm("published/photos", recursive=True)
+    bucket.put(str(tmp_path / "data"), "published/photos", recursive=True)
+    report = pipeline.run(load_config(to_bucket))
+    assert (report.version, report.packed_new, report.plan_counts["deleted"]) == (2, 2, 1)
+    same_as_disk()
     code, out, err = cli(["audit", URL], capsys)
     assert code == 0, out + err
