@@ -18,7 +18,7 @@ import pytest
 
 from etl.errors import ManifestError, ShardError
 from etl.format.remote import RemoteDataset
-from loaders import PackedDataset, make_loader
+from loaders import PackedDataset, PackedStream, make_loader, stream_loader
 from tests.helpers.packed import Packed, make_packed
 from tests.helpers.stores import new_bucket, silent_endpoint
 
@@ -246,6 +246,13 @@ def test_a_hostile_commit_record_in_the_store_is_refused_before_any_download(
     assert not (mirror / "versions" / "v000001").exists() and not list(mirror.rglob(".tmp-*"))
 
 
+def by_index(loader: Any) -> dict[int, np.ndarray]:
+    """Every image a loader with indices yields, by dataset index."""
+    return {
+        int(i): image.numpy() for b in loader for image, i in zip(b.images, b.indices, strict=True)
+    }
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_ranged_reads_fetch_no_shard_and_verify_every_row(
     endpoint: str, bucket: str, tmp_path: Path, workers: int
@@ -266,12 +273,17 @@ def test_ranged_reads_fetch_no_shard_and_verify_every_row(
     ds = opened()
     assert_same_samples(ds, packed)
     loader = make_loader(ds, batch_size=3, shuffle=True, num_workers=workers, with_indices=True)
-    seen = {
-        int(i): image.numpy() for b in loader for image, i in zip(b.images, b.indices, strict=True)
-    }
+    seen = by_index(loader)
     assert sorted(seen) == list(range(len(ds)))
     for i, image in seen.items():
         np.testing.assert_array_equal(image, packed.images[ds.selection.positions[i]])
+    stream = stream_loader(
+        PackedStream(ds.selection, batch_size=3, window=2), num_workers=workers, with_indices=True
+    )
+    streamed = by_index(stream)
+    assert sorted(streamed) == list(range(len(ds)))
+    for i, image in streamed.items():
+        np.testing.assert_array_equal(image, seen[i])
     assert not list(RemoteDataset(url, cache).root.rglob("*.npy")), "no shard is downloaded"
 
     key = f"{bucket}/ds/shards/v000001-00000.npy"
