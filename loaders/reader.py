@@ -350,10 +350,12 @@ class ShardReader:
                     span = self._span = ShardSpan(
                         self.shards.rows, self.sample_bytes, offset, exact=self.drop_behind
                     )
-                except OSError:
-                    # NOTE: no room to reserve address space for every shard at once (a
-                    # `ulimit -v`, or a manifest read with verify_manifest=False that claims
-                    # far more rows than its shards hold: 633 TB in the fuzz tests): copy row
+                except (OSError, OverflowError, ValueError, MemoryError):
+                    # NOTE: a span that cannot be made: no room to reserve address space for
+                    # every shard at once (a `ulimit -v`), or a manifest read with
+                    # verify_manifest=False that claims far more rows than its shards hold
+                    # (633 TB: mmap's ENOMEM; past 2**64 bytes, which `span._map` refuses
+                    # rather than let ctypes wrap it: both found by the fuzz tests). Copy row
                     # by row, and each shard's own check names the one that does not match.
                     self.use_span = False
                     return None

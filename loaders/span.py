@@ -27,6 +27,7 @@ Linux and macOS only (`SUPPORTED`); elsewhere `loaders.reader` copies row by row
 from __future__ import annotations
 
 import ctypes
+import errno
 import math
 import mmap
 import os
@@ -91,6 +92,11 @@ def prefault(array: NDArray[np.uint8]) -> None:
 
 def _map(address: int | None, length: int, flags: int, fd: int = -1) -> int:
     assert _LIBC is not None
+    if not 0 < length < 1 << 63:
+        # NOTE: ctypes would pass such a length modulo 2**64: a small mapping that the rows
+        # are then laid out over (a shards table read with verify_manifest=False claiming
+        # 2**58 rows, found by the fuzz tests). No address space is that large anyway.
+        raise OSError(errno.ENOMEM, f"mmap of {length} bytes: no address space is that large")
     result = _LIBC.mmap(address, length, mmap.PROT_READ, flags, fd, 0)
     if result is None or result == _MAP_FAILED:
         err = ctypes.get_errno()

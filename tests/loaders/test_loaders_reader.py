@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import loaders.reader
+from etl.errors import ShardError
 from loaders import open_catalog
 from loaders.catalog import ShardSet
 from loaders.reader import ShardReader, advise_file, row_pages
@@ -245,3 +247,25 @@ def test_no_address_space_for_a_span_means_row_by_row_not_an_error(
     assert not reader.use_span
     want = expected(packed, shards.names, shard.tolist(), row.tolist())
     np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("claimed", [2**40, 2**52, "wraps", 2**62])
+def test_a_shards_table_claiming_absurd_rows_is_row_by_row_then_named(
+    packed: Packed, claimed: int | str
+) -> None:
+    """A shards table read with verify_manifest=False whose last shard claims absurd rows
+    (2**58 + 3: the fuzz tests' case, a span length past 2**64 that ctypes would wrap): shard
+    0 reads row by row, the lying shard is a ShardError naming it, never an OverflowError."""
+    shards = open_catalog(packed.root).select().shards
+    rows = shards.rows.copy()
+    row_bytes = int(np.prod(packed.sample_shape))
+    # "wraps": the span's length just past 2**64, which ctypes would pass as a few bytes
+    rows[-1] = 2**64 // row_bytes + 1 if claimed == "wraps" else int(claimed)
+    reader = ShardReader(replace(shards, rows=rows))
+    out = np.empty((2, *packed.sample_shape), dtype=np.uint8)
+    shard, row = np.array([0, 0]), np.array([1, 0])
+    reader.gather(shard, row, out)
+    np.testing.assert_array_equal(out, expected(packed, shards.names, [0, 0], [1, 0]))
+    last = len(rows) - 1
+    with pytest.raises(ShardError, match=Path(shards.names[last]).name):
+        reader.gather(np.array([last]), np.array([0]), out[:1])

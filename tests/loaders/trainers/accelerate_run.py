@@ -59,6 +59,11 @@ def main() -> None:
             break
     (out / f"{args.phase}-{accelerator.process_index}.json").write_text(json.dumps(seen))
     accelerator.wait_for_everyone()
+    # NOTE: the DDP-wrapped model holds the gloo process group; left to the interpreter's
+    # teardown, its C++ threads can die with "terminate called without an active exception"
+    # (SIGABRT, seen once in CI). Free it while the interpreter is whole, then destroy.
+    del model, optimizer
+    accelerator.free_memory()
     accelerator.end_training()
 
 
