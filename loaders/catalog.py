@@ -24,6 +24,7 @@ from etl.errors import EtlError, ShardError
 from etl.format.cache import BoundedCache
 from etl.format.manifest import read_manifest
 from etl.format.ranged import RangedRows
+from etl.format.rowsums import RowChecksums
 from etl.format.view import VersionView, Where
 
 
@@ -60,6 +61,8 @@ class ShardSet:
     from shard files (`etl.format.ranged`)."""
     url: str = ""
     """For a dataset in object storage, its URL (`root` is then its mirror in the cache)."""
+    row_sums: RowChecksums | None = None
+    """With `verify="rows"`: each selected row's recorded checksum, checked as it is read."""
 
     def path(self, shard: int) -> Path:
         return self.root / self.names[shard]

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +25,7 @@ from etl.format.cache import BoundedCache
 from etl.format.names import is_url
 from etl.format.ranged import RangedRows
 from etl.format.remote import STORE_TIMEOUT, RemoteDataset
+from etl.format.rowsums import RowChecksums
 from etl.format.sizes import parse_byte_size
 from loaders.batches import AnyBatch, BatchMemory, Samples, make_batch
 from loaders.catalog import Catalog, Selection, Where, open_catalog
@@ -47,7 +48,9 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
 
     `transform` (optional) maps one uint8 image tensor to a tensor; it runs per sample, also in
     `__getitems__`, which then stacks the results (prefer `DeviceLoader`'s batched conversion).
-    `verify` checks each opened shard's checksum against the manifest, once per process.
+    `verify` checks each opened shard's checksum against the manifest, once per process;
+    `PackedDataset.open(verify="rows")` instead checks each row as it is read against its
+    sample's checksum (a changed byte in the pixels is then an error, never a wrong sample).
     `release_every` bounds resident memory per process (see `ShardReader`). `readahead` (on by
     default) has a batch that is not in the page cache read from disk all at once (see
     `ShardReader` and NOTE [ readahead ] in `loaders.reader`). `drop_behind` (with
@@ -85,7 +88,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         where: Where | None = None,
         version: int | None = None,
         transform: Transform | None = None,
-        verify: bool = False,
+        verify: bool | Literal["rows"] = False,
         release_every: int | None = None,
         verify_manifest: bool = True,
         readahead: bool = True,
@@ -99,7 +102,9 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         """Open a dataset directory or manifest and select samples (see `Catalog.select`).
 
         `verify_manifest=False` opens a version whose files no longer match its commit record
-        (see `open_catalog`); `verify` is about shard bytes (see the class).
+        (see `open_catalog`); `verify` is about shard bytes (see the class): True hashes each
+        shard whole once per process, "rows" checks every row read against its sample's
+        checksum (about a tenth more time on a batch gathered from memory).
 
         `path` may be a URL (`s3://bucket/ds`): the version and the shards the selection reads
         are fetched into `cache_dir` (default `$ETL_CACHE`, else ~/.cache/etl-memmap), each
@@ -126,13 +131,19 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
             path = remote.root
         catalog = open_catalog(path, version, verify_manifest)
         selection = catalog.select(split, classes, where)
+        if verify == "rows":
+            sums = row_checksums(catalog, selection)
+            selection = replace(selection, shards=replace(selection.shards, row_sums=sums))
+            verify = False  # no whole-shard hash: each row is checked as it is read
+        elif not isinstance(verify, bool):
+            raise ValueError(f"verify must be True, False or 'rows', not {verify!r}")
         if remote is not None:
             shards = replace(selection.shards, url=url)
             selection = replace(selection, shards=shards)
             if ranged:
                 rows = RangedRows(
                     url, storage_options, store_timeout, shards.names, shards.sizes, shards.rows,
-                    shards.sample_shape, shards.algorithm, *_row_checksums(catalog, selection),
+                    shards.sample_shape, row_checksums(catalog, selection),
                 )  # fmt: skip
                 selection = replace(selection, shards=replace(shards, ranged=rows))
             elif cache_limit is None:
@@ -239,9 +250,10 @@ def _check_index(index: int, length: int) -> int:
     return i % length
 
 
-def _row_checksums(catalog: Catalog, selection: Selection) -> tuple[NDArray[np.int64], list[str]]:
-    """(shard << 32 | row, sorted; the recorded checksum of each) of the selected samples."""
+def row_checksums(catalog: Catalog, selection: Selection) -> RowChecksums:
+    """The recorded checksum of each selected sample, by (shard, row)."""
     keys = (selection.shard_idx.astype(np.int64) << 32) | selection.rows.astype(np.int64)
     order = np.argsort(keys, kind="stable")
     taken = pa.array(selection.positions[order], pa.int64())
-    return keys[order], catalog.table.column("checksum").take(taken).to_pylist()
+    sums = catalog.table.column("checksum").take(taken).to_pylist()
+    return RowChecksums(keys[order], sums, selection.shards.algorithm)

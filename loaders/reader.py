@@ -262,6 +262,7 @@ class ShardReader:
             sample = np.array(self.array(shard)[row])
             self._count(sample.nbytes, (shard,), (row,))
             self._let_go(())
+        self._check_rows(np.array([shard]), np.array([row]), sample[None])
         return sample
 
     def _let_go(self, keep: ArrayLike) -> None:
@@ -399,6 +400,27 @@ class ShardReader:
                 self._gather_rows(shard, row, out)
             self._count(n * self.sample_bytes, shard, row)
             self._let_go(())  # an idle process holds nothing
+        self._check_rows(shard, row, out)
+
+    def _check_rows(
+        self, shard: NDArray[np.int64], row: NDArray[np.int64], out: NDArray[np.uint8]
+    ) -> None:
+        """With `verify="rows"`: a ShardError (naming the shard, its samples and the repair)
+        for the first row read whose bytes are not its sample's."""
+        sums = self.shards.row_sums
+        if sums is None:
+            return
+        bad = sums.first_mismatch(shard, row, out)
+        if bad is not None:
+            s = int(shard[bad])
+            raise self.shards.unreadable(
+                s,
+                ShardError(
+                    f"{self.shards.path(s)}: row {int(row[bad])} does not match the checksum "
+                    "the manifest recorded for its sample: the shard was changed after the "
+                    "commit"
+                ),
+            )
 
     def prefetch(self, shard_idx: NDArray[np.integer], rows: NDArray[np.integer]) -> None:
         """Have the kernel start reading samples (shard_idx[j], rows[j]) from disk now and

@@ -22,13 +22,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from etl.errors import ShardError
-from etl.format.checksums import row_digest
 from etl.format.remote import RemoteDataset, why
+from etl.format.rowsums import RowChecksums
 
 
 class RangedRows:
-    """The rows `(shard, row)` of `keys` (a selection's, sorted, `shard << 32 | row`) of the
-    dataset at `url`, each checked against `checksums` (aligned with `keys`).
+    """The selected rows of the dataset at `url`'s shards, each checked against `sums` (the
+    checksums of the selection's samples by shard and row).
 
     Pickles to a worker as its settings; each process opens its own store connection."""
 
@@ -41,9 +41,7 @@ class RangedRows:
         sizes: Sequence[int],
         rows: Sequence[int] | NDArray[np.int64],
         sample_shape: tuple[int, ...],
-        algorithm: str,
-        keys: NDArray[np.int64],
-        checksums: Sequence[str],
+        sums: RowChecksums,
     ) -> None:
         self.url = url
         self.storage_options = dict(storage_options or {})
@@ -51,9 +49,7 @@ class RangedRows:
         self.names = tuple(names)
         self.sample_bytes = int(np.prod(sample_shape))
         self.offsets = np.asarray(sizes, np.int64) - np.asarray(rows, np.int64) * self.sample_bytes
-        self.algorithm = algorithm
-        self.keys = keys
-        self.checksums = np.asarray(checksums, dtype=object)
+        self.sums = sums
         self._remote: RemoteDataset | None = None
         self._remote_pid = os.getpid()
 
@@ -74,9 +70,9 @@ class RangedRows:
         """Copy rows (shard[j], row[j]) into out[j], each verified; ShardError naming the shard
         for a range the store does not serve whole, or a row whose bytes are not its sample's."""
         size = self.sample_bytes
+        self.sums.expected(shard, row)  # IndexError for a row not selected, before any GET
         order = np.lexsort((row, shard))  # consecutive rows of a shard become one range
         s, r = shard[order], row[order]
-        expected = self._expected(s, r)
         first = np.flatnonzero(np.r_[True, (s[1:] != s[:-1]) | (r[1:] != r[:-1] + 1)])
         ends = np.r_[first[1:], len(s)]
         starts = self.offsets[s[first]] + r[first] * size
@@ -89,7 +85,6 @@ class RangedRows:
         except Exception as exc:
             raise ShardError(f"{self.url}: cannot read rows of its shards ({why(exc)})") from None
         flat = out.reshape(len(out), -1)
-        digest = row_digest(self.algorithm)
         for begin, end, blob, path in zip(first.tolist(), ends.tolist(), blobs, paths, strict=True):
             if isinstance(blob, BaseException):
                 what = "not in the store" if isinstance(blob, FileNotFoundError) else why(blob)
@@ -99,23 +94,11 @@ class RangedRows:
                     f"{path}: the store sent {len(blob):,} bytes of a range of "
                     f"{(end - begin) * size:,}: the shard is shorter than the manifest records"
                 )
-            for j in range(end - begin):
-                piece = blob[j * size : (j + 1) * size]
-                if digest(piece) != expected[begin + j]:
-                    raise ShardError(
-                        f"{path}: row {int(r[begin + j])} does not match the checksum the "
-                        "manifest recorded for its sample: the shard was changed after the "
-                        f"commit; repair: etl audit {self.url} --repair --config pipeline.yaml"
-                    )
-                flat[order[begin + j]] = np.frombuffer(piece, np.uint8)
-
-    def _expected(self, shard: NDArray[np.int64], row: NDArray[np.int64]) -> NDArray[Any]:
-        """The recorded checksums of rows (shard, row); IndexError for a row not selected."""
-        wanted = (shard << 32) | row
-        at = np.searchsorted(self.keys, wanted)
-        found = at < len(self.keys)
-        found[found] = self.keys[at[found]] == wanted[found]
-        if not found.all():
-            bad = int(np.flatnonzero(~found)[0])
-            raise IndexError(f"row {row[bad]} of {self.names[shard[bad]]} is not selected")
-        return self.checksums[at]
+            pieces = np.frombuffer(blob, np.uint8).reshape(end - begin, size)
+            flat[order[begin:end]] = pieces
+        try:
+            self.sums.check(shard, row, out, lambda k: self.remote.remote(self.names[k]))
+        except ShardError as exc:
+            raise ShardError(
+                f"{exc}; repair: etl audit {self.url} --repair --config pipeline.yaml"
+            ) from None

@@ -98,6 +98,7 @@ def readers(root: str, config: str | None, scratch: Path) -> dict[str, Callable[
         "run": lambda: cli("run", str(config), "--jobs", "1", "--backend", "sequential"),
         "loaders": lambda: python(lambda: read_all(root)),
         "loaders-verify": lambda: python(lambda: read_all(root, verify=True)),
+        "loaders-rows": lambda: python(lambda: read_all(root, verify="rows")),
         "loaders-lenient": lambda: python(lambda: read_all(root, verify_manifest=False)),
         "loaders-workers": lambda: python(lambda: read_all(root, workers=2)),
         "stream": lambda: python(lambda: stream_all(root, workers=0)),

@@ -165,6 +165,34 @@ def test_verify_catches_changed_bytes_of_the_shards_opened(packed: Packed) -> No
         list(stream)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_verify_rows_names_a_changed_pixel_as_its_row_is_read(packed: Packed, workers: int) -> None:
+    """One pixel byte of sample 1 (shard 0, row 1) changed: the default open reads it (only
+    the probe row and the file's size are checked); `verify="rows"` reads every other sample
+    with its packed pixels and stops at that row with an error naming the shard, the row and
+    the repair, in the map-style loader, its workers and the stream."""
+    path = packed.root / packed.shards[0]
+    data = bytearray(path.read_bytes())
+    row_bytes = packed.images[0].nbytes
+    header = len(data) - np.load(path, mmap_mode="r").shape[0] * row_bytes
+    data[header + row_bytes + 3] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert PackedDataset.open(packed.root)[1][0].numpy().tobytes() != packed.images[1].tobytes()
+    ds = PackedDataset.open(packed.root, verify="rows")
+    positions = ds.selection.positions
+    for i in (0, 2, len(ds) - 1):
+        assert ds[i][0].numpy().tobytes() == packed.images[positions[i]].tobytes()
+    pattern = r"v000001-00000\.npy: row 1 does not match the checksum.*repair: etl audit"
+    with pytest.raises(ShardError, match=pattern):
+        ds[int(np.flatnonzero(positions == 1)[0])]
+    with pytest.raises(ShardError, match=pattern):
+        list(make_loader(ds, batch_size=4, shuffle=True, num_workers=workers))
+    with pytest.raises(ShardError, match=pattern):
+        list(PackedStream(ds.selection, batch_size=4))
+    with pytest.raises(ValueError, match="verify must be True, False or 'rows'"):
+        PackedDataset.open(packed.root, verify="yes")  # type: ignore[arg-type]
+
+
 def test_verify_hashes_each_shard_once_per_process(
     packed: Packed, monkeypatch: pytest.MonkeyPatch
 ) -> None:
