@@ -1,7 +1,8 @@
 """The benchmarks still run end to end: `python -m benchmarks.bench_pack --tiny`,
 `python -m benchmarks.bench_sources --tiny`, `python -m benchmarks.bench_scale --tiny`,
 `python -m benchmarks.bench_tree --tiny`, `python -m benchmarks.bench_cold --tiny`, and small
-runs of `bench_remote`, `bench_remote_pack`, `bench_pack_grid` and `bench_rejects`.
+runs of `bench_remote`, `bench_remote_pack`, `bench_pack_grid`, `bench_rejects` and
+`bench_verify_rows`.
 
 Numbers from 16 photos mean nothing; the test checks that every part runs (photo generation,
 bare loops, the pipeline on every backend, the memory runs) and that the pipeline's pixels equal
@@ -151,3 +152,11 @@ def test_bench_remote_pack_small(tmp_path: Path) -> None:
     table = run_module("bench_remote_pack", *args)
     for name in ("on local disk", "in the bucket", "into a bucket", "endpoint: 8 concurrent"):
         assert name in table, table
+
+
+def test_bench_verify_rows_small() -> None:
+    done = run_benchmark(
+        "bench_verify_rows", "--samples", "64", "--size", "16", "--rounds", "1", timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "rows:" in done.stdout and "unchecked:" in done.stdout

@@ -99,8 +99,9 @@ def start_cluster(tmp: Path, n_workers: int = 2, worker_prefix: list[str] | None
         cluster.workers.append(
             subprocess.Popen([*(worker_prefix or []), *command], stdout=log, stderr=log)
         )
-    with distributed.Client(address, timeout=30) as client:
-        client.wait_for_workers(n_workers, timeout=60)
+    # generous: on a loaded 2-core machine the scheduler took over 30 s to answer once
+    with distributed.Client(address, timeout=120) as client:
+        client.wait_for_workers(n_workers, timeout=120)
     return cluster
 
 

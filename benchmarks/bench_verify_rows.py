@@ -1,0 +1,59 @@
+"""What `verify="rows"` costs: an epoch of random batches with each row checked against its
+sample's checksum, against the same epoch unchecked, page-cached, interleaved in one run.
+
+    python -m benchmarks.bench_verify_rows [--samples 4000] [--size 224] [--rounds 5]
+
+Samples/s of each, median over rounds; nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+from benchmarks.bench_loaders import write_synthetic
+
+
+def epoch(root: Path, verify: bool | str) -> float:
+    from loaders import PackedDataset, make_loader
+
+    ds = PackedDataset.open(root, verify=verify)  # type: ignore[arg-type]
+    loader = make_loader(ds, batch_size=256, shuffle=True, seed=1, pin_memory=False)
+    start = time.perf_counter()
+    for _ in loader:
+        pass
+    return len(ds) / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--samples", type=int, default=4000)
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    shape = (args.size, args.size, 3)
+    root = Path(tempfile.mkdtemp(prefix="bench-verify-rows-"))
+    write_synthetic(root, args.samples * shape[0] * shape[1] * 3, shape)
+    epoch(root, False)  # into the page cache
+    rates: dict[str, list[float]] = {"unchecked": [], "rows": []}
+    for _ in range(args.rounds):
+        rates["unchecked"].append(epoch(root, False))
+        rates["rows"].append(epoch(root, "rows"))
+    median = {k: statistics.median(v) for k, v in rates.items()}
+    print(
+        f"# bench_verify_rows, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, "
+        f"{args.samples} samples of {shape}, batches of 256, page-cached, median of "
+        f"{args.rounds} rounds"
+    )
+    for name, rate in median.items():
+        print(f"{name:>10}: {rate:,.0f} samples/s ({rate / median['unchecked']:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
