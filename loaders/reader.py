@@ -21,6 +21,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from etl.errors import ShardError
 from etl.format.checksums import digest, file_digests
+from etl.format.rowsums import mismatch
 from etl.format.shards import check_shard, open_shard
 from loaders.catalog import ShardSet
 from loaders.span import SUPPORTED, ShardSpan, runs
@@ -413,14 +414,7 @@ class ShardReader:
         bad = sums.first_mismatch(shard, row, out)
         if bad is not None:
             s = int(shard[bad])
-            raise self.shards.unreadable(
-                s,
-                ShardError(
-                    f"{self.shards.path(s)}: row {int(row[bad])} does not match the checksum "
-                    "the manifest recorded for its sample: the shard was changed after the "
-                    "commit"
-                ),
-            )
+            raise self.shards.unreadable(s, mismatch(self.shards.path(s), int(row[bad])))
 
     def prefetch(self, shard_idx: NDArray[np.integer], rows: NDArray[np.integer]) -> None:
         """Have the kernel start reading samples (shard_idx[j], rows[j]) from disk now and

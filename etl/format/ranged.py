@@ -70,7 +70,6 @@ class RangedRows:
         """Copy rows (shard[j], row[j]) into out[j], each verified; ShardError naming the shard
         for a range the store does not serve whole, or a row whose bytes are not its sample's."""
         size = self.sample_bytes
-        self.sums.expected(shard, row)  # IndexError for a row not selected, before any GET
         order = np.lexsort((row, shard))  # consecutive rows of a shard become one range
         s, r = shard[order], row[order]
         first = np.flatnonzero(np.r_[True, (s[1:] != s[:-1]) | (r[1:] != r[:-1] + 1)])

@@ -53,7 +53,12 @@ class RowChecksums:
         whose bytes are not its sample's."""
         bad = self.first_mismatch(shard, row, rows)
         if bad is not None:
-            raise ShardError(
-                f"{name(int(shard[bad]))}: row {int(row[bad])} does not match the checksum the "
-                "manifest recorded for its sample: the shard was changed after the commit"
-            )
+            raise mismatch(name(int(shard[bad])), int(row[bad]))
+
+
+def mismatch(shard: Any, row: int) -> ShardError:
+    """The error for row `row` of `shard` (its name or path) whose bytes are not its sample's."""
+    return ShardError(
+        f"{shard}: row {row} does not match the checksum the manifest recorded for its "
+        "sample: the shard was changed after the commit"
+    )

@@ -29,7 +29,13 @@ from typing import Any
 
 from etl.errors import OutputError
 from etl.format.lock import DatasetLock
-from etl.format.manifest import VERSIONS_DIR, read_manifest, version_name, version_number
+from etl.format.manifest import (
+    VERSIONS_DIR,
+    Manifest,
+    read_manifest,
+    version_name,
+    version_number,
+)
 from etl.format.publish import sweep
 from etl.format.record import FILES_AT, RECORD_FILE
 from etl.format.remote import RemoteDataset, staging_name_of, why
@@ -73,7 +79,7 @@ def compact_store(
             )
             new_version, sparse = report.new_version, report.rewritten_shards
             if new_version and not dry_run:
-                _publish_rewrite(store, work, sparse, new_version, progress or Progress())
+                _publish_rewrite(store, work, manifest, sparse, progress or Progress())
             newest = new_version or latest
             named = referenced_shards(
                 local,
@@ -102,12 +108,12 @@ def compact_store(
 
 
 def _publish_rewrite(
-    store: RemoteDataset, work: Path, sparse: list[str], version: int, progress: Progress
+    store: RemoteDataset, work: Path, latest: Manifest, sparse: list[str], progress: Progress
 ) -> None:
-    """Fetch the `sparse` shards (verified), write their live rows as `version` in the work
-    folder and publish it (LockError if another writer published `version` first)."""
-    local = store.root
-    manifest = read_manifest(local, version - 1)
+    """Fetch the `sparse` shards of `latest` (verified), write their live rows as the next
+    version in the work folder and publish it (LockError if another writer published that
+    version first)."""
+    manifest, version = latest, latest.meta.version + 1
     table = manifest.shards
     checksums = dict(
         zip(table.column("shard").to_pylist(), table.column("checksum").to_pylist(), strict=True)

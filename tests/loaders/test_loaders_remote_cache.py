@@ -50,6 +50,13 @@ def dataset(endpoint: str, tmp_path: Path, request: pytest.FixtureRequest) -> tu
     return packed, f"s3://{name}/ds"
 
 
+def limited(url: str, endpoint: str, cache: Path, limit: int | str) -> PackedDataset:
+    """The dataset at `url`, read through a cache folder `cache` of at most `limit` bytes."""
+    return PackedDataset.open(
+        url, cache_dir=cache, storage_options=options(endpoint), cache_limit=limit
+    )
+
+
 def shard_bytes(packed: Packed) -> list[int]:
     return [p.stat().st_size for p in sorted((packed.root / "shards").glob("*.npy"))]
 
@@ -109,9 +116,7 @@ def test_epochs_through_a_cache_smaller_than_the_dataset(
     sizes = shard_bytes(packed)
     limit = sum(sizes) * 6 // 10
     cache = tmp_path / "cache"
-    ds = PackedDataset.open(
-        url, cache_dir=cache, storage_options=options(endpoint), cache_limit=limit
-    )
+    ds = limited(url, endpoint, cache, limit)
     folder = RemoteDataset(url, cache).root / "shards"
     assert not list(folder.glob("*.npy")) if folder.is_dir() else True  # nothing at open
     loader = make_loader(
@@ -190,9 +195,7 @@ def test_shards_are_fetched_ahead_in_the_loaders_order(
     packed, url = dataset
     limit = sum(shard_bytes(packed)) * 6 // 10
     cache = tmp_path / "cache"
-    ds = PackedDataset.open(
-        url, cache_dir=cache, storage_options=options(endpoint), cache_limit=limit
-    )
+    ds = limited(url, endpoint, cache, limit)
     loader = make_loader(ds, batch_size=2, shuffle="shards", seed=3)
     loader.set_epoch(0)
     order = loader.order.order()
@@ -221,9 +224,7 @@ def test_what_a_killed_download_left_does_not_count_against_the_limit(
     packed, url = dataset
     limit = sum(shard_bytes(packed)) * 6 // 10
     cache = tmp_path / "cache"
-    ds = PackedDataset.open(
-        url, cache_dir=cache, storage_options=options(endpoint), cache_limit=limit
-    )
+    ds = limited(url, endpoint, cache, limit)
     folder = RemoteDataset(url, cache).root / "shards"
     folder.mkdir(parents=True)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -248,9 +249,7 @@ def test_a_shard_changed_in_the_store_is_a_named_error_when_its_batch_comes(
     fs.pipe(key, bytes(data))
     limit = sum(shard_bytes(packed)) * 6 // 10
     cache = tmp_path / "cache"
-    ds = PackedDataset.open(
-        url, cache_dir=cache, storage_options=options(endpoint), cache_limit=limit
-    )
+    ds = limited(url, endpoint, cache, limit)
     with pytest.raises(ShardError, match=rf"{shard}.*changed after the commit") as raised:
         read_epoch(make_loader(ds, batch_size=2, shuffle="shards", seed=3, with_indices=True))
     assert f"repair: etl audit {url} --repair" in str(raised.value)
@@ -268,9 +267,7 @@ def test_the_stream_reads_through_a_cache_smaller_than_the_dataset(
     sizes = shard_bytes(packed)
     limit = sum(sizes) * 6 // 10
     cache = tmp_path / "cache"
-    ds = PackedDataset.open(
-        url, cache_dir=cache, storage_options=options(endpoint), cache_limit=limit
-    )
+    ds = limited(url, endpoint, cache, limit)
     stream = PackedStream(ds.selection, batch_size=4, seed=3, window=2)
     loader = stream_loader(stream, num_workers=workers, with_indices=True)
     folder = RemoteDataset(url, cache).root / "shards"
@@ -278,9 +275,7 @@ def test_the_stream_reads_through_a_cache_smaller_than_the_dataset(
     # a cold cache with room for the next window (fetch-ahead leaves a batch's worth free)
     cache = tmp_path / "cold"
     folder = RemoteDataset(url, cache).root / "shards"
-    ds = PackedDataset.open(
-        url, cache_dir=cache, storage_options=options(endpoint), cache_limit=sum(sizes)
-    )
+    ds = limited(url, endpoint, cache, sum(sizes))
     loader = stream_loader(
         PackedStream(ds.selection, batch_size=4, seed=3, window=1),
         num_workers=workers,
@@ -310,9 +305,7 @@ def test_a_resumed_epoch_through_a_cache_smaller_than_the_dataset(
     limit = sum(shard_bytes(packed)) * 6 // 10
 
     def loader_in(cache: Path) -> Any:
-        ds = PackedDataset.open(
-            url, cache_dir=cache, storage_options=options(endpoint), cache_limit=limit
-        )
+        ds = limited(url, endpoint, cache, limit)
         return make_loader(
             ds, batch_size=4, shuffle="shards", seed=7, num_workers=2, with_indices=True
         )

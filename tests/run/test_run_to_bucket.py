@@ -77,6 +77,16 @@ def all_objects(fs: Any, prefix: str = "published/out") -> set[str]:
     return set(fs.find(prefix))
 
 
+def two_writers(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """Writer A's config (sample data here) and writer B's folder and config (other sample
+    data, its own folder), both publishing to URL."""
+    make_sample_data(tmp_path / "data", per_class=3, seed=7)
+    other = tmp_path / "other"
+    other.mkdir()
+    make_sample_data(other / "data", per_class=2, seed=8)
+    return write_config(tmp_path, URL), other, write_config(other, URL)
+
+
 def change_sources(data: Path) -> None:
     """One image added, one changed (new pixels), one deleted."""
     rng = np.random.default_rng(3)
@@ -133,12 +143,7 @@ def test_a_writer_that_loses_the_race_publishes_nothing_and_says_so(
     before it puts its record, writer B (another node: its own cache) packs and publishes
     version 1 from other sources. A stops in one line, having removed what it uploaded; the
     store holds B's version 1, whole."""
-    make_sample_data(tmp_path / "data", per_class=3, seed=7)
-    config = write_config(tmp_path, URL)
-    other = tmp_path / "other"
-    other.mkdir()
-    make_sample_data(other / "data", per_class=2, seed=8)
-    other_config = write_config(other, URL)
+    config, other, other_config = two_writers(tmp_path)
     early = when == "before A uploads"
     module, name = (to_store, "publish") if early else (publishing, "relocated")
     step = getattr(module, name)
@@ -366,12 +371,7 @@ def test_a_version_compacted_away_is_never_published_again(
     """Writer A packs version 1. Before it puts its record, writer B publishes versions 1
     and 2, and a compaction retires version 1 (its record removed). A's put would now
     succeed: A must see the later version and stop, publishing nothing."""
-    make_sample_data(tmp_path / "data", per_class=3, seed=7)
-    config = write_config(tmp_path, URL)
-    other = tmp_path / "other"
-    other.mkdir()
-    make_sample_data(other / "data", per_class=2, seed=8)
-    other_config = write_config(other, URL)
+    config, other, other_config = two_writers(tmp_path)
     step = publishing.relocated
     b_done: list[bool] = []
 
