@@ -28,7 +28,6 @@ from etl.format.manifest import (
     RECORDED_FILES,
     REJECTS_FILE,
     REJECTS_SCHEMA,
-    SAMPLES_SCHEMA,
     SHARDS_FILE,
     SHARDS_SCHEMA,
     VERSIONS_DIR,
@@ -117,7 +116,7 @@ def _publish(
         used: set[str] = set()
         _write_rows(
             temp / MANIFEST_FILE,
-            SAMPLES_SCHEMA.with_metadata(metadata),
+            meta.samples_schema.with_metadata(metadata),
             samples,
             lambda piece: used.update(piece.column("shard").unique().to_pylist()),
         )

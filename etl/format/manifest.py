@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
@@ -119,6 +119,21 @@ class ManifestMeta:
     created: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     dtype: str = "uint8"
     format_version: int = FORMAT_VERSION
+    columns: tuple[tuple[str, str], ...] = ()
+    """The per-sample columns after SAMPLES_SCHEMA's, as (name, type as a config writes it):
+    what `columns:` declared when it was committed. A reader that predates them reads the
+    version without them (`_read_table` keeps the columns it knows)."""
+
+    @property
+    def column_fields(self) -> tuple[pa.Field, ...]:
+        from etl.format.sample_columns import parse_type
+
+        return tuple(pa.field(name, parse_type(text)) for name, text in self.columns)
+
+    @property
+    def samples_schema(self) -> pa.Schema:
+        """The schema of this version's samples table: SAMPLES_SCHEMA, then its columns."""
+        return samples_schema(self.column_fields)
 
     def to_metadata(self) -> dict[bytes, bytes]:
         values: dict[str, Any] = {
@@ -134,6 +149,8 @@ class ManifestMeta:
             "tool_version": self.tool_version,
             "created": self.created,
         }
+        if self.columns:
+            values["columns"] = [list(c) for c in self.columns]
         return {f"etl.{k}".encode(): json.dumps(v).encode() for k, v in values.items()}
 
     @classmethod
@@ -166,9 +183,38 @@ class ManifestMeta:
                 created=str(values["created"]),
                 dtype=str(values["dtype"]),
                 format_version=int(fmt),
+                columns=_declared_columns(values.get("columns", [])),
             )
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise ManifestError(f"{where}: schema metadata is incomplete ({exc!r})") from None
+
+
+def _declared_columns(value: Any) -> tuple[tuple[str, str], ...]:
+    """The `columns` metadata, checked: pairs of a valid name (not a SAMPLES_SCHEMA column, not
+    repeated) and a type `parse_type` reads. ValueError otherwise."""
+    from etl.format.sample_columns import NAME, parse_type
+
+    if not isinstance(value, list):
+        raise ValueError(f"columns is {type(value).__name__}, not a list")
+    found: list[tuple[str, str]] = []
+    for pair in value:
+        if not (
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)
+        ):
+            raise ValueError(f"column {pair!r} is not [name, type]")
+        name, text = pair
+        if not NAME.match(name) or name in SAMPLES_SCHEMA.names or name in dict(found):
+            raise ValueError(f"column name {name!r} is not valid here")
+        parse_type(text)
+        found.append((name, text))
+    return tuple(found)
+
+
+def samples_schema(columns: Sequence[pa.Field] = ()) -> pa.Schema:
+    """SAMPLES_SCHEMA followed by the per-sample columns of a config or a version."""
+    if not columns:
+        return SAMPLES_SCHEMA
+    return pa.schema([*SAMPLES_SCHEMA, *(pa.field(f.name, f.type) for f in columns)])
 
 
 @dataclass(frozen=True)
@@ -284,9 +330,12 @@ def refuse_other_format(manifest_path: Path) -> None:
 
 
 def _read_table(
-    path: Path, schema: pa.Schema, validate: bool = False
+    path: Path,
+    schema: pa.Schema | Callable[[Mapping[bytes, bytes]], pa.Schema],
+    validate: bool = False,
 ) -> tuple[pa.Table, Mapping[bytes, bytes], Mapped]:
-    """The table of an Arrow IPC file, memory-mapped, its schema metadata and its map.
+    """The table of an Arrow IPC file, memory-mapped, its schema metadata and its map. The
+    table has `schema`'s columns (or those `schema` makes of the file's metadata).
 
     `validate` checks every buffer (offsets, lengths, UTF-8) before any value is used: for a
     file that no commit record vouches for, as a damaged IPC file can point a reader's
@@ -306,6 +355,8 @@ def _read_table(
         raise ManifestError(f"{path}: missing") from None
     except Exception as exc:  # NOTE [ damaged Arrow files ]; ValueError: an empty file
         raise ManifestError(f"{path}: not a readable Arrow IPC file ({_named(exc)})") from None
+    if not isinstance(schema, pa.Schema):
+        schema = schema(metadata)
     missing = [f.name for f in schema if f.name not in table.schema.names]
     if set(missing) - ADDED_COLUMNS:
         raise ManifestError(f"{path}: missing columns {missing}")
@@ -395,7 +446,11 @@ def read_manifest(path: Path | str, version: int | None = None, verify: bool = T
         )
     # NOTE: files the commit record vouches for were written by this tool and are unchanged;
     # any other (read on purpose while damaged, or from before records) is validated whole.
-    samples, metadata, samples_map = _read_table(manifest_path, SAMPLES_SCHEMA, not vouched)
+    samples, metadata, samples_map = _read_table(
+        manifest_path,
+        lambda found: ManifestMeta.from_metadata(found, manifest_path).samples_schema,
+        not vouched,
+    )
     meta = ManifestMeta.from_metadata(metadata, manifest_path)
     if meta.version != number:
         raise ManifestError(
