@@ -6,7 +6,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import (
     BeforeValidator,
@@ -17,10 +17,14 @@ from pydantic import (
     model_validator,
 )
 
+from etl.config.columns import Columns, check_column_names
 from etl.config.fields import ByteSize, Color, Location, StrictModel
 from etl.config.sources import Source
 from etl.errors import ConfigError
 from etl.format.names import is_url
+
+if TYPE_CHECKING:
+    from etl.format.sample_columns import SampleColumn
 
 DEFAULT_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF")
 """Pillow's names for the common photo formats. JPEG includes MPO (a JPEG with extra pictures,
@@ -210,6 +214,14 @@ class PipelineConfig(StrictModel):
     stages: tuple[Annotated[Stage, BeforeValidator(_single_key_stage)], ...]
     output: OutputConfig = Field(default_factory=OutputConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    columns: Columns = Field(default_factory=dict)
+    """Per-sample columns the source carries into the manifest (etl.config.columns)."""
+
+    @field_validator("columns")
+    @classmethod
+    def _column_names(cls, columns: Columns) -> Columns:
+        check_column_names(columns)
+        return columns
 
     @model_validator(mode="after")
     def _stage_order(self) -> PipelineConfig:
@@ -261,6 +273,16 @@ class PipelineConfig(StrictModel):
     def sample_bytes(self) -> int:
         h, w, c = (*self.resize.size, self.channels)
         return h * w * c
+
+    @property
+    def sample_columns(self) -> tuple[SampleColumn, ...]:
+        """The declared columns, in the config's order, as the sources and the run use them."""
+        from etl.format.sample_columns import SampleColumn, parse_type
+
+        return tuple(
+            SampleColumn(name, parse_type(c.type), c.from_ or name, c.required)
+            for name, c in self.columns.items()
+        )
 
     @property
     def samples_per_shard(self) -> int:

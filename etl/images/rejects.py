@@ -35,6 +35,8 @@ REJECT_REASONS: dict[str, str] = {
     "missing": "a file the listing names does not exist or is not a regular file",
     "outside_root": "a path or symbolic link that leads outside the source root",
     "pickle": "an LMDB value is a Python pickle and source.allow_pickle is not set",
+    "bad_column": "a value of a declared column (columns:) that does not fit its type, or a "
+    "required one that is missing",
 }
 """Every reason a single image can be dropped for; the one registry the rejects table uses."""
 

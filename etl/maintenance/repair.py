@@ -28,7 +28,6 @@ from etl.format.checksums import row_digest
 from etl.format.commit import clean_leftovers, commit_version
 from etl.format.lock import DatasetLock
 from etl.format.manifest import (
-    SAMPLES_SCHEMA,
     Manifest,
     list_versions,
     read_manifest,
@@ -386,6 +385,6 @@ def _commit_repair(
         if row["sample_id"] in moved:
             row["shard"], row["row"], row["checksum"] = moved[row["sample_id"]]
     meta = replace(manifest.meta, version=manifest.version + 1)
-    samples = table_from_rows(rows, SAMPLES_SCHEMA)
+    samples = table_from_rows(rows, meta.samples_schema)
     commit_version(manifest.root, meta, samples, manifest.rejects, new_shards, manifest.shards)
     out.version = meta.version

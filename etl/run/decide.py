@@ -23,9 +23,10 @@ from etl.format.columns import (
     taken,
     value_codes,
 )
-from etl.format.manifest import SAMPLES_SCHEMA
+from etl.format.manifest import SAMPLES_SCHEMA, samples_schema
 from etl.format.mapped import Mapped
 from etl.format.names import sample_id
+from etl.format.sample_columns import CARRIED, carried, carried_fields
 from etl.format.shards import shard_name
 from etl.run.plan import Plan, pack_order, split_names
 from etl.run.tasks import PackTask, ShardBatches, Texts, batch_size
@@ -252,8 +253,9 @@ def _reused_rows(
 
     A sample_id is a hash of the source: taken from the previous row of the same source where
     there is one ('old_id'), computed only for moved files."""
+    schema = samples_schema(carried_fields(identity.schema))
     if stored is None or not reuse.any():
-        return SAMPLES_SCHEMA.empty_table()
+        return schema.empty_table()
     mine = identity.filter(pa.array(reuse))
     ids = mine.column("old_id")
     moved = bool_mask(pc.is_null(ids))
@@ -270,6 +272,7 @@ def _reused_rows(
         "label": mine.column("label"),
         "class_name": mine.column("class"),
         "split": mine.column("split_name"),
+        **{name[len(CARRIED) :]: mine.column(name) for name in carried(mine.column_names)},
     }
     # NOTE: only the columns that stay are taken from the previous version, and not at all
     # when every row is kept in place (a no-change rerun): a take copies each column it gets.
@@ -279,13 +282,14 @@ def _reused_rows(
     if not (len(rows) == kept_rows.num_rows and (rows == np.arange(len(rows))).all()):
         kept_rows = kept_rows.take(pa.array(rows))
     columns.update(zip(kept, kept_rows.columns, strict=True))
-    names = SAMPLES_SCHEMA.names
-    return pa.table([columns[name] for name in names], names=names).cast(SAMPLES_SCHEMA)
+    names = schema.names
+    return pa.table([columns[name] for name in names], names=names).cast(schema)
 
 
 PACKING_COLUMNS = (*FILE_COLUMNS, "label", "class", "split_name", "digest", "order")
 """The columns of `Plan.packing`: the listing's, what the sample will be called, its content
-hash, and its position key in the shards (`pack_order`)."""
+hash, and its position key in the shards (`pack_order`); then the declared columns the listing
+carries (`etl.format.sample_columns.CARRIED`)."""
 
 
 def _to_pack(identity: pa.Table, pack: NDArray[np.bool_]) -> pa.Table:
@@ -304,7 +308,7 @@ def _to_pack(identity: pa.Table, pack: NDArray[np.bool_]) -> pa.Table:
         order[start : start + len(batch)] = [pack_order(s) for s in batch]
     del sources
     sort = np.argsort(order, kind="stable")
-    chosen = identity.select(list(PACKING_COLUMNS[:-1]))
+    chosen = identity.select([*PACKING_COLUMNS[:-1], *carried(identity.column_names)])
     return taken(chosen, rows[sort]).append_column("order", pa.array(order[sort]))
 
 

@@ -37,7 +37,6 @@ from etl.format.commit import clean_leftovers, commit_version
 from etl.format.lock import DatasetLock
 from etl.format.manifest import (
     REJECTS_SCHEMA,
-    SAMPLES_SCHEMA,
     Manifest,
     ManifestMeta,
     list_versions,
@@ -45,6 +44,7 @@ from etl.format.manifest import (
 )
 from etl.format.mapped import releasing
 from etl.format.names import is_url
+from etl.format.sample_columns import type_name
 from etl.format.shards import ShardInfo
 from etl.progress import Progress
 from etl.run import execute, spill, to_store
@@ -55,7 +55,7 @@ from etl.run.results import ShardGaps, packed_rejects, packed_samples
 from etl.run.staged import staged_plan
 from etl.sources import readers
 from etl.sources.entries import FileColumns, ListContext, SourceListing, SourceReject
-from etl.sources.registry import check_exists, kind_of, list_sources
+from etl.sources.registry import check_columns, check_exists, kind_of, list_sources
 
 
 def check_paths(config: PipelineConfig) -> None:
@@ -116,6 +116,7 @@ def run(
     progress = progress or Progress()
     config = _user_code_in_processes(config)
     check_paths(config)
+    check_columns(config)
     check_exists(config.source)
 
     def run_here(local: PipelineConfig, writer: str) -> RunReport:
@@ -311,7 +312,7 @@ def _run_locked(run: _Run, on_plan: Callable[[Plan], None] | None) -> RunReport:
                 dry_run=True,
             )
         with (
-            spill.SortedSpill(folder, SAMPLES_SCHEMA, "source", "samples") as new_samples,
+            spill.SortedSpill(folder, plan.samples_schema, "source", "samples") as new_samples,
             spill.SortedSpill(folder, REJECTS_SCHEMA, "source", "rejects-new") as new_rejects,
         ):
             packed = _pack(run, plan, new_samples, new_rejects, folder, starting)
@@ -351,6 +352,7 @@ def _list(run: _Run, scratch: Path) -> SourceListing:
         stored=settled_hashes(run.reusable) if reads_every_record else frozenset(),
         spool=None if run.dry_run else readers.spool_path(run.root),
         scratch=scratch,
+        columns=config.sample_columns,
     )
     with run.phase("list"):
         return list_sources(config.source, context)
@@ -472,6 +474,7 @@ def _commit(run: _Run, listed: int, plan: Plan, packed: _Packed) -> RunReport:
         checksum=config.output.checksum,
         config_digest=config.digest(),
         config=config.output_shaping(),
+        columns=tuple((c.name, type_name(c.type)) for c in config.sample_columns),
     )
     # deferred: no commit after a signal; none cut short by one
     with run.phase("commit"), interrupt.deferred():

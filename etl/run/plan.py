@@ -32,8 +32,9 @@ from etl.format.columns import (
     positions_in,
     take_or_null,
 )
-from etl.format.manifest import Manifest
+from etl.format.manifest import Manifest, samples_schema
 from etl.format.mapped import Mapped
+from etl.format.sample_columns import carried_fields
 from etl.images.rejects import CONTENT_REJECTS
 from etl.run.tasks import PackTask
 from etl.sources.entries import (
@@ -55,7 +56,7 @@ class Plan:
     """Batches of `packing` that fill the new shards, each built when taken (`ShardBatches`)."""
     reused: pa.Table
     """Manifest rows whose stored pixels are kept, with label, split and stat brought up to date
-    (SAMPLES_SCHEMA, sorted by source)."""
+    (`samples_schema`, sorted by source)."""
     rejects: pa.Table
     """Every source that will not be a sample, with why (REJECTS_SCHEMA, sorted by source)."""
     counts: Mapping[str, int] = field(default_factory=dict)
@@ -68,6 +69,11 @@ class Plan:
         """Let go of the pages of the plan's tables read so far (`Mapped.release`)."""
         for mapped in self.maps:
             mapped.release()
+
+    @property
+    def samples_schema(self) -> pa.Schema:
+        """The schema of the version's samples: SAMPLES_SCHEMA and the declared columns."""
+        return samples_schema(carried_fields(self.packing.schema))
 
     @property
     def to_pack(self) -> int:

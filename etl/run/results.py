@@ -8,8 +8,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from etl.format.manifest import REJECTS_SCHEMA, SAMPLES_SCHEMA
+from etl.format.manifest import REJECTS_SCHEMA, samples_schema
 from etl.format.names import sample_id
+from etl.format.sample_columns import CARRIED, carried, carried_fields
 from etl.run.execute import PackResult
 
 
@@ -19,8 +20,9 @@ def packed_samples(packing: pa.Table, result: PackResult) -> pa.Table:
     plan's table of sources to pack, whose rows the task was cut from."""
     stored = result.rows >= 0
     rows = packing.slice(result.start, result.items).filter(pa.array(stored))
+    schema = samples_schema(carried_fields(packing.schema))
     if not rows.num_rows:
-        return SAMPLES_SCHEMA.empty_table()
+        return schema.empty_table()
     ids = [sample_id(source) for source in rows.column("source").to_pylist()]
     columns = {
         "sample_id": pa.array(ids, pa.string()),
@@ -38,9 +40,10 @@ def packed_samples(packing: pa.Table, result: PackResult) -> pa.Table:
         "shard": pa.repeat(pa.scalar(result.shard), rows.num_rows),
         "row": pa.array(result.rows[stored]),
         "checksum": result.checksums.to_arrow(),
+        **{name[len(CARRIED) :]: rows.column(name) for name in carried(rows.column_names)},
     }
-    names = SAMPLES_SCHEMA.names
-    return pa.table([columns[name] for name in names], names=names).cast(SAMPLES_SCHEMA)
+    names = schema.names
+    return pa.table([columns[name] for name in names], names=names).cast(schema)
 
 
 def packed_rejects(packing: pa.Table, result: PackResult) -> pa.Table:

@@ -29,8 +29,9 @@ import pyarrow.compute as pc
 
 from etl.config import PipelineConfig
 from etl.format.columns import ascending, bisect_right, sorted_by, value_codes
-from etl.format.manifest import REJECTS_SCHEMA, SAMPLES_SCHEMA, Manifest
+from etl.format.manifest import REJECTS_SCHEMA, SAMPLES_SCHEMA, Manifest, samples_schema
 from etl.format.mapped import Mapped, releasing
+from etl.format.sample_columns import carried_fields
 from etl.run.buckets import Buckets, bucket_count, buckets_of
 from etl.run.decide import CHECKED_COLUMNS, Decided, assemble, check_window, decide
 from etl.run.plan import (
@@ -126,7 +127,9 @@ def _store(stored: Buckets, samples: pa.Table | None) -> None:
     with its own share of them, read back from disk in one piece, instead of taking rows from
     all over the mapped manifest (a bucket's rows are spread across every page of it)."""
     if samples is not None and samples.num_rows:
-        stored.add(samples, buckets_of(samples.column("source_hash"), stored.count))
+        # NOTE: without a version's own columns: what a sample carries now is the listing's
+        base = samples.select(SAMPLES_SCHEMA.names)
+        stored.add(base, buckets_of(samples.column("source_hash"), stored.count))
 
 
 def _decide_buckets(
@@ -149,7 +152,8 @@ def _decide_buckets(
         _release(None, previous)
     counts: Counter[str] = Counter()
     packing: SortedSpill | None = None
-    with SortedSpill(folder, SAMPLES_SCHEMA, "source", "reused") as reused:
+    schema = samples_schema(carried_fields(buckets.schema))
+    with SortedSpill(folder, schema, "source", "reused") as reused:
         for bucket in range(count):
             rows = buckets.take(bucket)
             mine = remembered

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from etl.format.mapped import Mapped
+    from etl.format.sample_columns import SampleColumn
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,12 +221,16 @@ FILE_COLUMNS = (
 as bytes (`os.fsencode`): a file name need not be UTF-8."""
 
 
-def _file_schema() -> pa.Schema:
+def _file_schema(columns: Sequence[SampleColumn] = ()) -> pa.Schema:
+    """FILE_COLUMNS' types, then each declared column's (named `CARRIED` + its name)."""
     import pyarrow as pa  # NOTE: here, not above: pack workers import this module
+
+    from etl.format.sample_columns import CARRIED
 
     text, number = pa.string(), pa.int64()
     types = (text, pa.binary(), text, text, number, number, text, number, pa.uint64())
-    return pa.schema(list(zip(FILE_COLUMNS, types, strict=True)))
+    fields = list(zip(FILE_COLUMNS, types, strict=True))
+    return pa.schema(fields + [(CARRIED + c.name, c.type) for c in columns])
 
 
 class FileColumns:
@@ -270,7 +275,7 @@ class FileColumns:
     def __getitem__(self, index: int) -> SourceFile:
         if not -len(self) <= index < len(self):
             raise IndexError(f"file {index} of a listing of {len(self)}")
-        row = self.table.slice(index % len(self), 1).to_pylist()[0]
+        row = self.table.select(list(FILE_COLUMNS)).slice(index % len(self), 1).to_pylist()[0]
         return SourceFile(**{**row, "path": os.fsdecode(row["path"])})
 
 
@@ -283,13 +288,19 @@ class FileColumnsBuilder:
 
     A source added more than once is left out of the listing altogether and named in
     `duplicates` after `build`: what a duplicate means (an error, a reject) is the lister's to
-    say, and finding it on the sorted listing costs no set of every source seen."""
+    say, and finding it on the sorted listing costs no set of every source seen.
+
+    `columns`: the declared per-sample columns; each file comes with their values, checked
+    (`etl.format.sample_columns.values_of`)."""
 
     BATCH = 1 << 16
 
-    def __init__(self, scratch: Path | None = None) -> None:
+    def __init__(self, scratch: Path | None = None, columns: Sequence[SampleColumn] = ()) -> None:
+        self._columns = tuple(columns)
+        self._schema = _file_schema(self._columns)
         self._texts = _text_columns()
         self._numbers = _number_columns()
+        self._values: list[list[Any]] = [[] for _ in self._columns]
         self._batches: list[pa.RecordBatch] = []
         self._scratch = scratch
         self._spill: Any = None
@@ -300,7 +311,7 @@ class FileColumnsBuilder:
         if scratch is not None:
             from etl.run.spill import SortedSpill  # NOTE: here: pack workers import this module
 
-            self._spill = SortedSpill(scratch, _file_schema(), "source", "listing")
+            self._spill = SortedSpill(scratch, self._schema, "source", "listing")
 
     def add(
         self,
@@ -310,6 +321,7 @@ class FileColumnsBuilder:
         stat: FileStat,
         split: str | None = None,
         content_hash: str | None = None,
+        values: Sequence[Any] = (),
     ) -> None:
         for texts, text in zip(
             self._texts, (source, path, class_name, split, content_hash), strict=True
@@ -317,6 +329,8 @@ class FileColumnsBuilder:
             texts.append(text)
         for column, number in zip(self._numbers, stat, strict=True):
             column.append(number)
+        for held, value in zip(self._values, values or [None] * len(self._values), strict=True):
+            held.append(value)
         if len(self._texts[0]) >= self.BATCH:
             self._flush()
 
@@ -332,10 +346,12 @@ class FileColumnsBuilder:
         )
         encoded = [os.fsencode(p or "") for p in paths]  # a path is never None
         arrays = [sources, encoded, classes, splits, sizes, mtimes, hashes, ctimes, inodes]
-        batch = pa.record_batch(arrays, schema=_file_schema())
+        arrays += [pa.array(v, c.type) for v, c in zip(self._values, self._columns, strict=True)]
+        batch = pa.record_batch(arrays, schema=self._schema)
         del encoded, arrays
         self._texts = _text_columns()
         self._numbers = _number_columns()
+        self._values = [[] for _ in self._columns]
         if self._spill is not None:
             self._spill.add(pa.Table.from_batches([batch]))
         else:
@@ -357,7 +373,7 @@ class FileColumnsBuilder:
             mapped = self._spill.written(self._scratch / "listing.arrow", through=unique.rows)
             files = FileColumns(mapped.table, mapped)
         else:
-            table = pa.Table.from_batches(self._batches, schema=_file_schema())
+            table = pa.Table.from_batches(self._batches, schema=self._schema)
             self._batches.clear()
             kept = list(unique.rows(iter([sorted_by(table, "source")])))
             files = FileColumns(pa.concat_tables(kept) if kept else table.slice(0, 0))
@@ -488,3 +504,7 @@ class ListContext:
     scratch: Path | None = None
     """A folder for the run's temporary files: a lister that can keeps its listing there, on
     disk, instead of in memory."""
+    columns: tuple[SampleColumn, ...] = ()
+    """The declared per-sample columns (`config.sample_columns`): a lister of a kind that
+    carries them gives each file their values; a value that does not fit is a 'bad_column'
+    reject naming where it was."""

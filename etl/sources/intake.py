@@ -6,8 +6,9 @@ they are listed (a Python function, tar shards, tables): hashed here, spooled fo
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 
@@ -24,6 +25,9 @@ from etl.sources.entries import (
     repeated_sources,
 )
 from etl.sources.spool import NOT_SPOOLED, SpoolWriter
+
+if TYPE_CHECKING:
+    from etl.format.sample_columns import SampleColumn
 
 
 class Occurrences:
@@ -58,8 +62,8 @@ class ListingBuilder:
     taken more than once, as files or rejects, becomes one reject of the reason the lister
     gives (`build`), found on the sorted listing: no set of every source is kept."""
 
-    def __init__(self, scratch: Path | None) -> None:
-        self.files = FileColumnsBuilder(scratch)
+    def __init__(self, scratch: Path | None, columns: Sequence[SampleColumn] = ()) -> None:
+        self.files = FileColumnsBuilder(scratch, columns)
         """Where the lister adds each file."""
         self._rejects = RejectsBuilder(scratch)
         self._withdrawn: dict[str, tuple[str, str]] = {}
@@ -115,7 +119,9 @@ class RecordIntake:
         self._stored = context.stored
         self._wanted = context.wanted
         self._spool = SpoolWriter(context.spool) if context.spool is not None else None
-        self._taken = ListingBuilder(context.scratch)
+        self._taken = ListingBuilder(context.scratch, context.columns)
+        self.columns = context.columns
+        """The declared per-sample columns, whose values `add` takes from a record."""
         self.class_names: set[str] = set()
         """The class name of every record added."""
 
@@ -133,14 +139,28 @@ class RecordIntake:
         class_name: str,
         split: str | None,
         in_place: str | None = None,
+        record: Mapping[str, Any] | None = None,
+        where: str = "",
     ) -> None:
         """A record to pack (or to reuse, when its content is stored already). `in_place`: a
         locator workers can read the same bytes from (a member of an uncompressed tar), so the
-        record is not spooled."""
+        record is not spooled. `record` holds the declared columns' values (by their keys); one
+        that does not fit makes the record a 'bad_column' reject, its message starting with
+        `where` (which record)."""
+        values: tuple[Any, ...] = ()
+        if self.columns:
+            # NOTE: imported here: pack workers import this module, and this imports pyarrow
+            from etl.format.sample_columns import BadValue, values_of
+
+            try:
+                values = values_of(self.columns, record or {})
+            except BadValue as exc:
+                self.reject(source, "bad_column", f"{where}{exc}", payload)
+                return
         content = digest(payload, self._checksum)
         locator = in_place or self._spooled(content, payload)
         stat = FileStat(len(payload), 0, 0, 0)
-        self._taken.files.add(source, locator, class_name, stat, split, content)
+        self._taken.files.add(source, locator, class_name, stat, split, content, values)
         self.class_names.add(class_name)
 
     def _spooled(self, content: str, payload: bytes | memoryview) -> str:

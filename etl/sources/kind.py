@@ -49,6 +49,9 @@ class SourceKind:
     walks_path: bool = False
     """Lists every file under `source.path`: an output folder inside it would be listed as
     input on the next run, so it is refused."""
+    columns: bool = False
+    """Its inputs carry values besides the image (a listing's other columns, a record's other
+    keys) that the config's `columns:` can take into the manifest."""
     release: Callable[[], None] | None = None
     """Closes what this process opened of such sources (LMDB environments), at the end of a
     run, so the caller may open them for writing."""

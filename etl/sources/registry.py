@@ -6,7 +6,8 @@ worker reads an input, whether inputs are files under a root) and never test a k
 
 from __future__ import annotations
 
-from etl.config import SourceConfig
+from etl.config import PipelineConfig, SourceConfig
+from etl.errors import ConfigError
 from etl.sources.entries import ListContext, SourceListing
 from etl.sources.kind import SourceKind
 from etl.sources.kinds import folder, listing, lmdb, parquet, python, webdataset
@@ -43,6 +44,17 @@ def list_sources(config: SourceConfig, context: ListContext) -> SourceListing:
 def check_exists(config: SourceConfig) -> None:
     """SourceError naming source.path when it is not what its kind reads."""
     kind_of(config).check(config)
+
+
+def check_columns(config: PipelineConfig) -> None:
+    """ConfigError when `columns:` is set for a kind whose inputs carry nothing but an image."""
+    kind = kind_of(config.source)
+    if config.columns and not kind.columns:
+        carrying = ", ".join(k.name for k in KINDS.values() if k.columns)
+        raise ConfigError(
+            f"columns: a {kind.name} source carries no per-sample values; the kinds that do "
+            f"are {carrying}"
+        )
 
 
 def release_all() -> None:

@@ -18,11 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from etl.config import PipelineConfig, load_config
+from etl.config import PipelineConfig, RunConfig, load_config
 from etl.errors import ExecutionError
 from etl.format.manifest import list_versions, read_manifest
 from etl.run import pipeline
 from etl.start.sample_data import make_sample_data
+from tests.helpers.columns import write_captioned, write_listing_config
 from tests.helpers.stores import new_bucket, packed_contents, point_at, stored_in_bucket
 
 pytestmark = pytest.mark.slow
@@ -330,3 +331,22 @@ def test_a_cluster_packs_into_a_bucket(
     assert report.committed and report.output == "s3://clustered/ds"
     fs = s3fs.S3FileSystem(skip_instance_cache=True)
     assert stored_in_bucket(fs, "clustered/ds") == packed_contents(tmp_path / "loky")
+
+
+def test_columns_on_the_cluster_equal_columns_here(tmp_path: Path, cluster: Cluster) -> None:
+    """Per-sample columns (`columns:`) ride with the plan, not the workers: a cluster run's
+    manifest, values included, is the local run's."""
+    write_captioned(tmp_path / "photos")
+    here = load_config(write_listing_config(tmp_path))
+    there = here.model_copy(
+        update={
+            "output": here.output.model_copy(update={"dir": tmp_path / "dask"}),
+            "run": RunConfig(backend="dask", address=cluster.address),
+        }
+    )
+    assert pipeline.run(here).packed_new == pipeline.run(there).packed_new == 12
+    same_dataset(tmp_path / "out", tmp_path / "dask")
+    assert (
+        read_manifest(tmp_path / "dask").meta.columns
+        == read_manifest(tmp_path / "out").meta.columns
+    )

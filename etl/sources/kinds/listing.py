@@ -81,7 +81,11 @@ def listing_batches(
                 # a caller reads as text is named: a label column of digits that turns to
                 # words a million rows later is not an error
                 convert_options=pacsv.ConvertOptions(
+                    # NOTE: only an empty cell is null: pyarrow's default also reads NA, null,
+                    # nan, N/A... as null, which would make a class, a path or a caption
+                    # named so a missing value
                     strings_can_be_null=True,
+                    null_values=[""],
                     column_types={
                         **{name: pa.string() for name in text_columns},
                         **{name: pa.binary() for name in byte_columns},
@@ -161,23 +165,34 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
     object storage, its prefix: the listed objects are looked up in one listing of it). A row
     that cannot be a sample (malformed, empty, absolute, leading out of the folder, not a
     regular file) is a reject naming its line; only a path listed twice stops the run, naming
-    both lines.
+    both lines. The declared columns are the listing's columns of their keys (JSON text for a
+    list or struct in CSV); a value that does not fit is a 'bad_column' reject naming its line.
 
     The table is read a batch of rows at a time, its cells as Python values; a path listed
     twice is found on the sorted listing (`ListingBuilder`), not in a set."""
     listing, options = config.path, config.storage_options
     _check(config)
+    from etl.format.sample_columns import BadValue, values_of  # NOTE: here: imports pyarrow
+
     bad_rows: list[tuple[int, str]] = []
-    text = tuple(c for c in (config.label_column, config.split_column) if c)
+    columns = context.columns if context is not None else ()
+    keys = [c.key for c in columns]
+    text = tuple(c for c in (config.label_column, config.split_column, *keys) if c)
     schema, batches = listing_batches(listing, text, bad_rows, (config.path_column,), options)
     for name in (config.path_column, config.label_column):
         table_column(schema.empty_table(), name, listing, required=True)
+    for key in keys:
+        if key not in schema.names:
+            raise SourceError(
+                f"{listing}: no column {key!r} (columns:); columns are {schema.names}"
+            )
+    is_text = PurePosixPath(str(listing)).suffix.lower() != ".parquet"
     if isinstance(listing, str):
         find = _remote_files(config, listing)
     else:
         find = _local_files(config, listing)
     listing_name = PurePosixPath(str(listing)).name
-    taken = ListingBuilder(context.scratch if context is not None else None)
+    taken = ListingBuilder(context.scratch if context is not None else None, columns)
     line_of = _line_names(listing, bad_rows)
     met = Occurrences()
     for batch in batches:
@@ -186,7 +201,8 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
         labels = table_column(batch, config.label_column, listing, required=True)
         splits = table_column(batch, config.split_column, listing, required=False) or [None] * rows
         assert paths is not None and labels is not None
-        for raw, label, split in zip(paths, labels, splits, strict=True):
+        cells = {key: batch.column(key).to_pylist() for key in keys}
+        for at, (raw, label, split) in enumerate(zip(paths, labels, splits, strict=True)):
             line = next(line_of)
             where = f"{listing}:{line}"
             if raw is None or not raw.strip():
@@ -209,7 +225,12 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
             elif label is None or not label.strip():
                 taken.reject(outcome.reject(source, "unknown_label", f"{line} has no label"))
             else:
-                taken.files.add(source, full, label.strip(), outcome, split or None)
+                try:
+                    values = values_of(columns, {k: cells[k][at] for k in keys}, is_text)
+                except BadValue as exc:
+                    taken.reject(outcome.reject(source, "bad_column", f"{where}: {exc}"))
+                    continue
+                taken.files.add(source, full, label.strip(), outcome, split or None, None, values)
     for number, text_of_row in bad_rows:
         where = f"{listing}:{number}"
         taken.reject(
@@ -296,4 +317,5 @@ KIND = SourceKind(
     check=_check,
     root=_folder_of,
     by_path=True,
+    columns=True,
 )

@@ -37,6 +37,7 @@ def list_python(config: PythonSource, context: ListContext) -> SourceListing:
         raise SourceError(f"source.function {spec!r} raised {type(exc).__name__}: {exc}") from exc
     met = Occurrences()
     index = 0
+    keys = frozenset(column.key for column in context.columns)
     try:
         with RecordIntake(context) as intake:
             while True:
@@ -49,13 +50,15 @@ def list_python(config: PythonSource, context: ListContext) -> SourceListing:
                         f"source.function {spec!r} raised {type(exc).__name__} after {index} "
                         f"record(s): {exc}"
                     ) from exc
-                source, payload, label, split = _parse_record(record, index, spec)
+                source, payload, label, split = _parse_record(record, index, spec, keys)
                 met.meet(source)
                 index += 1
                 if label is None:
                     intake.reject(source, "unknown_label", "the record has no label", payload)
                 else:
-                    intake.add(source, payload, label, split)
+                    values = record if isinstance(record, Mapping) else {}
+                    where = f"record {index - 1}: "
+                    intake.add(source, payload, label, split, record=values, where=where)
     finally:
         close = getattr(iterator, "close", None)
         if close is not None:
@@ -104,14 +107,18 @@ def _records_function(config: PythonSource) -> Callable[..., Any]:
     return function
 
 
-def _parse_record(record: Any, index: int, spec: str) -> tuple[str, bytes, str | None, str | None]:
+def _parse_record(
+    record: Any, index: int, spec: str, columns: frozenset[str] = frozenset()
+) -> tuple[str, bytes, str | None, str | None]:
     """(source, encoded bytes, class name or None, split or None) of one record, or a
-    SourceError naming the record index: a malformed record is a bug in the function."""
+    SourceError naming the record index: a malformed record is a bug in the function. A dict
+    record may also hold the keys of the declared `columns`."""
     where = f"source.function {spec!r}: record {index}"
     if isinstance(record, Mapping):
-        unknown = sorted(set(map(str, record)) - set(RECORD_KEYS))
+        unknown = sorted(set(map(str, record)) - set(RECORD_KEYS) - columns)
         if unknown:
-            raise SourceError(f"{where} has unknown keys {unknown}; expected {list(RECORD_KEYS)}")
+            expected = [*RECORD_KEYS, *sorted(columns)]
+            raise SourceError(f"{where} has unknown keys {unknown}; expected {expected}")
         if "id" not in record or "label" not in record:
             raise SourceError(f"{where} needs keys 'id' and 'label' (has {sorted(record)})")
         if ("data" in record) == ("array" in record):
@@ -155,4 +162,5 @@ KIND = SourceKind(
     by_path=False,
     spooled=True,
     in_place=False,
+    columns=True,
 )

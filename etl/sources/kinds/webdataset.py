@@ -12,7 +12,7 @@ import tarfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from etl.config import WebDatasetSource
 from etl.format import names
@@ -30,6 +30,9 @@ from etl.sources.kind import SourceKind
 from etl.sources.labels import class_name_of
 from etl.sources.safe_files import too_large
 from etl.sources.spool import read_slice
+
+if TYPE_CHECKING:
+    from etl.format.sample_columns import SampleColumn
 
 # --- files --------------------------------------------------------------------------------------
 
@@ -69,7 +72,7 @@ def _take_shard(
 ) -> None:
     shard = names.path_to_source(relative)
     path = os.path.join(config.path, relative)
-    wanted = {*config.image_extensions, config.label_member.lower()}
+    wanted = {*config.image_extensions, config.label_member.lower(), *_members(intake.columns)}
     finished: set[bytes] = set()
     twice: set[bytes] = set()
     sample: _Sample | None = None
@@ -178,7 +181,49 @@ def _take_sample(
     if class_name is None:
         intake.reject(source, "unknown_label", f".{config.label_member} is empty", image)
         return
-    intake.add(source, image, class_name, split, sample.at.get(extension))
+    from etl.format.sample_columns import BadValue  # NOTE: here: it imports pyarrow
+
+    try:
+        record = _record(sample, intake.columns)
+    except BadValue as exc:
+        intake.reject(source, "bad_column", str(exc), image)
+        return
+    intake.add(source, image, class_name, split, sample.at.get(extension), record)
+
+
+JSON_MEMBER = "json"
+"""The member whose object holds the declared columns that do not name a member ('.txt')."""
+
+
+def _members(columns: tuple[SampleColumn, ...]) -> set[str]:
+    """The extensions of the members the declared columns are read from."""
+    return {c.key[1:].lower() if c.key.startswith(".") else JSON_MEMBER for c in columns}
+
+
+def _record(sample: _Sample, columns: tuple[SampleColumn, ...]) -> dict[str, Any]:
+    """The declared columns' values of a sample, by key: a '.ext' key is the text of that
+    member (a number or JSON as its column's type needs), any other a field of the sample's
+    .json object. A member that is not UTF-8, or JSON that is not an object, is `BadValue`."""
+    from etl.format.sample_columns import BadValue, from_text
+
+    record: dict[str, Any] = {}
+    data: Any = None
+    for column in columns:
+        extension = column.key[1:].lower() if column.key.startswith(".") else JSON_MEMBER
+        raw = sample.data.get(extension)
+        try:
+            text = None if raw is None else raw.decode("utf-8")
+            if column.key.startswith("."):
+                record[column.key] = from_text(text, column.type)
+                continue
+            if data is None and text is not None:
+                data = json.loads(text)
+                if not isinstance(data, dict):
+                    raise BadValue(f"holds a JSON {type(data).__name__}, not an object")
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError, JSONDecodeError
+            raise BadValue(f"column {column.name!r}: the .{extension} member: {exc}") from None
+        record[column.key] = (data or {}).get(column.key)
+    return record
 
 
 def _label_value(data: bytes, config: WebDatasetSource) -> Any:
@@ -200,4 +245,5 @@ KIND = SourceKind(
     check=check_container_folder,
     by_path=False,
     in_place=False,
+    columns=True,
 )

@@ -28,4 +28,5 @@ KIND = SourceKind(
     by_path=False,
     spooled=True,
     in_place=False,
+    columns=True,
 )

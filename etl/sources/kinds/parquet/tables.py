@@ -64,7 +64,8 @@ def _take_table(
             f"{relative}: not a readable Parquet or Arrow file ({exc})",
         )
         return None
-    columns = _columns(schema, config, where)
+    keys = [c.key for c in intake.columns]
+    columns = _columns(schema, config, where, keys)
     class_names = _class_label_names(schema, config.label_column)
     classes = config.classes or class_names
     row = 0
@@ -74,6 +75,7 @@ def _take_table(
             labels = batch.column(config.label_column).to_pylist()
             ids = batch.column(config.id_column).to_pylist() if config.id_column else None
             splits = batch.column(config.split_column).to_pylist() if config.split_column else None
+            values = {key: batch.column(key).to_pylist() for key in keys}
             for i, (image, path) in enumerate(cells):
                 raw_id = row if ids is None else ids[i]
                 key = _row_id(raw_id)
@@ -87,7 +89,16 @@ def _take_table(
                     )
                     continue
                 row_split = splits[i] if splits is not None else split
-                _take_row(relative, key, image, path, labels[i], row_split, classes, config, intake)
+                record = {k: v[i] for k, v in values.items()}
+                _take_row(
+                    relative,
+                    key,
+                    (image, path, labels[i], row_split, record),
+                    f"{where}: row {row - 1}: ",
+                    classes,
+                    config,
+                    intake,
+                )
     except TABLE_ERRORS as exc:
         intake.reject(
             names.path_to_source(relative),
@@ -97,18 +108,21 @@ def _take_table(
     return class_names
 
 
+Row = tuple[memoryview | None, str | None, Any, Any, dict[str, Any]]
+"""A table row as read: its image bytes, the image's path, label, split, declared columns."""
+
+
 def _take_row(
     relative: str,
     key: bytes,
-    image: memoryview | None,
-    path: str | None,
-    label: Any,
-    split: Any,
+    row: Row,
+    where: str,
     classes: tuple[str, ...] | None,
     config: ParquetSource,
     intake: RecordIntake,
 ) -> None:
     source = record_source(relative, key)
+    image, path, label, split, record = row
     if image is None:
         stored = f"only a path to its image ({path!r})" if path else "no image"
         intake.reject(source, "no_image", f"the row holds {stored}, no bytes")
@@ -127,7 +141,7 @@ def _take_row(
     if split is not None and not isinstance(split, str):
         intake.reject(source, "bad_row", f"{config.split_column} {split!r} is not text", image)
         return
-    intake.add(source, image, class_name, split or None)
+    intake.add(source, image, class_name, split or None, record=record, where=where)
 
 
 Batches = Any
@@ -165,8 +179,9 @@ def _open_table(f: IO[bytes]) -> tuple[pa.Schema, Batches]:
     return stream.schema, stream_batches
 
 
-def _columns(schema: pa.Schema, config: ParquetSource, where: str) -> list[str]:
-    """The columns to read; a SourceError naming the file when one the config names is absent."""
+def _columns(schema: pa.Schema, config: ParquetSource, where: str, keys: list[str]) -> list[str]:
+    """The columns to read (with the declared columns' `keys`); a SourceError naming the file
+    when one the config names is absent."""
     wanted = {
         "image_column": config.image_column,
         "label_column": config.label_column,
@@ -178,7 +193,10 @@ def _columns(schema: pa.Schema, config: ParquetSource, where: str) -> list[str]:
             raise SourceError(
                 f"{where}: no column {column!r} (source.{key}); columns are {schema.names}"
             )
-    return [column for column in wanted.values() if column is not None]
+    for key in keys:
+        if key not in schema.names:
+            raise SourceError(f"{where}: no column {key!r} (columns:); columns are {schema.names}")
+    return list(dict.fromkeys([*(c for c in wanted.values() if c is not None), *keys]))
 
 
 def _class_label_names(schema: pa.Schema, column: str) -> tuple[str, ...] | None:
