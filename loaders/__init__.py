@@ -20,7 +20,7 @@ GPU).
 
 from etl.errors import ManifestError, SelectionError, ShardError
 from loaders.augment import CenterCrop, RandomResizedCrop
-from loaders.batches import Batch, IndexedBatch
+from loaders.batches import Batch, ColumnBatch, IndexedBatch
 from loaders.catalog import Catalog, open_catalog
 from loaders.dataset import PackedDataset
 from loaders.device import DeviceLoader
@@ -40,6 +40,7 @@ __all__ = [
     "Catalog",
     "CenterCrop",
     "ClassBalancedSampler",
+    "ColumnBatch",
     "DeviceLoader",
     "IndexedBatch",
     "ManifestError",

@@ -57,7 +57,23 @@ class IndexedBatch(NamedTuple):
     """int64 [B]: indices into the dataset the loader reads."""
 
 
-AnyBatch = Batch | IndexedBatch
+class ColumnBatch(NamedTuple):
+    """A batch with per-sample columns (a dataset opened with `columns=[...]`):
+    `images, labels, indices, columns = batch`."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    indices: torch.Tensor
+    columns: dict[str, torch.Tensor | list[Any]]
+    """Per column, a tensor [B, ...] when its values all have one shape (numbers, lists of one
+    length), else a list of B Python values (text, structs, ragged lists, nulls): see
+    `etl.format.values`."""
+
+
+AnyBatch = Batch | IndexedBatch | ColumnBatch
+
+Columns = dict[str, NDArray[Any] | list[Any]]
+"""A batch's per-sample column values as `SampleValues.batch` gives them."""
 
 
 def make_batch(
@@ -65,16 +81,29 @@ def make_batch(
     labels: NDArray[np.int64],
     indices: NDArray[np.int64] | None,
     pin: bool = False,
+    columns: Columns | None = None,
 ) -> AnyBatch:
-    """A Batch, or an IndexedBatch when `indices` are given; with `pin`, its labels in pinned
-    memory like its images (a pageable label copy would wait for the image copy before it:
-    see `DeviceLoader`). Indices stay pageable: they are read on the CPU."""
+    """A Batch, or an IndexedBatch when `indices` are given, or a ColumnBatch with `columns`
+    (and indices); with `pin`, its labels (and column tensors) in pinned memory like its images
+    (a pageable label copy would wait for the image copy before it: see `DeviceLoader`).
+    Indices stay pageable: they are read on the CPU."""
     label_tensor = torch.from_numpy(labels)
     if pin:
         label_tensor = label_tensor.pin_memory()
+    if columns is not None:
+        assert indices is not None, "a batch with columns carries its indices"
+        tensors = {name: _column_tensor(value, pin) for name, value in columns.items()}
+        return ColumnBatch(images, label_tensor, torch.from_numpy(indices), tensors)
     if indices is None:
         return Batch(images, label_tensor)
     return IndexedBatch(images, label_tensor, torch.from_numpy(indices))
+
+
+def _column_tensor(value: NDArray[Any] | list[Any], pin: bool) -> torch.Tensor | list[Any]:
+    if isinstance(value, list):
+        return value
+    tensor = torch.from_numpy(np.ascontiguousarray(value))
+    return tensor.pin_memory() if pin else tensor
 
 
 class Samples(Sequence[tuple[Any, ...]]):
@@ -98,7 +127,11 @@ class Samples(Sequence[tuple[Any, ...]]):
     def __getitem__(self, i: int | slice) -> Any:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        images, labels, *rest = self.batch
+        batch = self.batch
+        if isinstance(batch, ColumnBatch):
+            columns = {name: value[i] for name, value in batch.columns.items()}
+            return (batch.images[i], int(batch.labels[i]), int(batch.indices[i]), columns)
+        images, labels, *rest = batch
         return (images[i], int(labels[i]), *(int(r[i]) for r in rest))
 
 
@@ -217,9 +250,11 @@ class SharedRing:
         fill: Fill,
         labels: NDArray[np.int64],
         indices: NDArray[np.int64] | None = None,
+        columns: Columns | None = None,
     ) -> Batch:
         """Fill a claimed slot; the batch pickles as the slot number, not the bytes (and
-        arrives as an IndexedBatch when `indices` are given)."""
+        arrives as an IndexedBatch when `indices` are given, a ColumnBatch with `columns`,
+        which travel with the slot number)."""
         data, owner = self.arrays()
         try:
             images = data[slot, : math.prod(shape)].reshape(shape)
@@ -229,7 +264,7 @@ class SharedRing:
             owner[slot] = 0
             raise
         batch = _RingBatch(torch.from_numpy(images), torch.from_numpy(labels))
-        batch.slot = (self.token, slot, os.getpid(), shape, labels, indices)
+        batch.slot = (self.token, slot, os.getpid(), shape, labels, indices, columns)
         return batch
 
     def _free(self, slot: int, receiver: int) -> None:
@@ -240,7 +275,9 @@ class SharedRing:
 class _RingBatch(Batch):
     """A Batch in a ring slot, in a worker; unpickled in the main process as a plain Batch."""
 
-    slot: tuple[str, int, int, tuple[int, ...], NDArray[np.int64], NDArray[np.int64] | None]
+    slot: tuple[
+        str, int, int, tuple[int, ...], NDArray[np.int64], NDArray[np.int64] | None, Columns | None
+    ]
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_receive, self.slot)
@@ -253,6 +290,7 @@ def _receive(
     shape: tuple[int, ...],
     labels: NDArray[np.int64],
     indices: NDArray[np.int64] | None,
+    columns: Columns | None = None,
 ) -> AnyBatch:
     """The main process's side of a ring slot: a Batch viewing it, freeing it when dropped."""
     ring = _RINGS.get(token)
@@ -267,7 +305,7 @@ def _receive(
     owner[slot] = _MAIN
     view = data[slot, : math.prod(shape)].reshape(shape)  # the object the batch tensor wraps
     weakref.finalize(view, ring._free, slot, os.getpid()).atexit = False
-    return make_batch(torch.from_numpy(view), labels, indices)
+    return make_batch(torch.from_numpy(view), labels, indices, columns=columns)
 
 
 def _alive(pid: int) -> bool:
@@ -303,21 +341,23 @@ class BatchMemory:
         labels: NDArray[np.int64],
         fill: Fill,
         indices: NDArray[np.int64] | None = None,
+        columns: Columns | None = None,
     ) -> AnyBatch:
         """A batch of uint8 images of `shape` written by `fill`, with int64 `labels` (and
-        the samples' dataset `indices`, which make it an IndexedBatch)."""
+        the samples' dataset `indices`, which make it an IndexedBatch, and their `columns`,
+        which make it a ColumnBatch)."""
         nbytes = math.prod(shape)
         if get_worker_info() is not None:
             ring = self.ring
             slot = ring.claim(nbytes) if ring is not None else None
             if ring is not None and slot is not None:
-                return ring.write(slot, shape, fill, labels, indices)
+                return ring.write(slot, shape, fill, labels, indices, columns)
             images = _shared_bytes(nbytes).view(shape)
         elif self.pin:
             images = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
         else:
             lent = self._pool.lend(shape)
             fill(lent)
-            return make_batch(torch.from_numpy(lent), labels, indices)
+            return make_batch(torch.from_numpy(lent), labels, indices, columns=columns)
         fill(images.numpy())
-        return make_batch(images, labels, indices, pin=self.pin)
+        return make_batch(images, labels, indices, pin=self.pin, columns=columns)

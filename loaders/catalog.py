@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from etl.format.cache import BoundedCache
 from etl.format.manifest import read_manifest
 from etl.format.ranged import RangedRows
 from etl.format.rowsums import RowChecksums
+from etl.format.values import SampleValues
 from etl.format.view import VersionView, Where
 
 
@@ -104,6 +105,8 @@ class Selection:
     classes: tuple[str, ...]
     layout: str
     version: int
+    values: SampleValues | None = None
+    """The per-sample columns its batches carry (`Catalog.with_columns`), in its order."""
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
@@ -120,7 +123,8 @@ class Selection:
 
     def manifest_rows(self, indices: Any) -> pa.Table:
         """The manifest rows of indices into this selection, in their order: index, sample_id,
-        source, class_name, label, split, shard and row. Negative indices count from the end.
+        source, class_name, label, split, shard and row, then the version's per-sample columns
+        (a caption, boxes: `columns:` in pipeline.yaml). Negative indices count from the end.
 
         The version's manifest is read (and checked against its commit record) once per process
         and selection, on the first call.
@@ -132,8 +136,10 @@ class Selection:
             raise IndexError(f"index out of range for a selection of {len(self)}") from None
         table = _MANIFEST_ROWS.get(self)
         if table is None:
-            samples = read_manifest(self.shards.root, self.version).samples
-            table = _MANIFEST_ROWS[self] = samples.select(list(MANIFEST_ROW_COLUMNS))
+            manifest = read_manifest(self.shards.root, self.version)
+            declared = [f.name for f in manifest.meta.column_fields]
+            wanted = [*MANIFEST_ROW_COLUMNS, *declared]
+            table = _MANIFEST_ROWS[self] = manifest.samples.select(wanted)
         rows = table.take(pa.array(positions))
         return rows.add_column(0, "index", pa.array(index % max(len(self), 1)))
 
@@ -161,6 +167,17 @@ class Catalog(VersionView):
         An unknown split or class name is an error (a ValueError) that lists the valid ones.
         """
         return self._selection(np.flatnonzero(self.mask(split, classes, where)))
+
+    def with_columns(self, selection: Selection, names: Sequence[str] | None) -> Selection:
+        """`selection` whose batches carry the per-sample columns `names` (None: none): a
+        SelectionError for a name the version does not declare."""
+        if names is None:
+            return selection
+        if isinstance(names, str):
+            raise TypeError(f"columns is a list of names, e.g. columns=[{names!r}]")
+        declared = {f.name for f in self.manifest.meta.column_fields}
+        values = SampleValues.of(self.table, selection.positions, list(names), declared)
+        return replace(selection, values=values)
 
     def _selection(self, positions: NDArray[np.int64]) -> Selection:
         shards = self.manifest.shards

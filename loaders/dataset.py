@@ -98,8 +98,13 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         store_timeout: float = STORE_TIMEOUT,
         cache_limit: int | str | None = None,
         ranged: bool = False,
+        columns: Sequence[str] | None = None,
     ) -> PackedDataset:
         """Open a dataset directory or manifest and select samples (see `Catalog.select`).
+
+        `columns` names per-sample columns of the version (`columns:` in pipeline.yaml) that
+        its batches carry: each batch is then a `ColumnBatch` (images, labels, indices,
+        columns), a column a tensor where its values have one shape, else a list.
 
         `verify_manifest=False` opens a version whose files no longer match its commit record
         (see `open_catalog`); `verify` is about shard bytes (see the class): True hashes each
@@ -130,7 +135,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
             version = remote.fetch_version(version)
             path = remote.root
         catalog = open_catalog(path, version, verify_manifest)
-        selection = catalog.select(split, classes, where)
+        selection = catalog.with_columns(catalog.select(split, classes, where), columns)
         if verify == "rows":
             sums = row_checksums(catalog, selection)
             selection = replace(selection, shards=replace(selection.shards, row_sums=sums))
@@ -200,9 +205,12 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         """The manifest rows of dataset indices (see `Selection.manifest_rows`)."""
         return self.selection.manifest_rows(indices)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
+        """(image, label); with `columns`, (image, label, index, {column: value})."""
         i = _check_index(index, len(self))
         sel = self.selection
+        if sel.values is not None:
+            return Samples(self.gather([i]))[0]
         image = torch.from_numpy(self.reader.row(int(sel.shard_idx[i]), int(sel.rows[i])))
         if self.transform is not None:
             image = self.transform(image)
@@ -230,17 +238,18 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         except IndexError:
             raise IndexError(f"index out of range for a dataset of {len(self)} samples") from None
         labels = sel.labels[index].astype(np.int64)
-        given = index % max(len(self), 1) if self.with_indices else None
+        given = index % max(len(self), 1) if self.with_indices or sel.values else None
+        columns = sel.values.batch(given) if sel.values is not None and given is not None else None
         shape = (len(index), *sel.sample_shape)
         if self.transform is None:
             fill = partial(self.reader.gather, shard_idx, rows)
-            return self.memory.batch(shape, labels, fill, given)
+            return self.memory.batch(shape, labels, fill, given, columns)
         raw = np.empty(shape, dtype=np.uint8)
         self.reader.gather(shard_idx, rows, raw)
         images = torch.stack([self.transform(torch.from_numpy(x)) for x in raw])
         if self.memory.pin and get_worker_info() is None:
             images = images.pin_memory()  # what `pin_output` promises, a transform or not
-        return make_batch(images, labels, given, pin=self.memory.pin)
+        return make_batch(images, labels, given, pin=self.memory.pin, columns=columns)
 
 
 def _check_index(index: int, length: int) -> int:

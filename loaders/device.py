@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from loaders.augment import Augment
-from loaders.batches import Batch, IndexedBatch
+from loaders.batches import Batch, ColumnBatch, IndexedBatch
 from loaders.loader import PackedLoader
 
 
@@ -160,22 +160,27 @@ class DeviceLoader:
         """
         if batch is None:
             return None
-        images, labels, indices = self._check(batch)
+        images, labels, indices, columns = self._check(batch)
         if self.stream is None:
-            return self._convert(images, labels, indices)
+            return self._convert(images, labels, indices, columns)
         made_there = [t for t in (images, labels) if isinstance(t, torch.Tensor) and t.is_cuda]
         if made_there:
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
-            converted = self._convert(images, labels, indices)
+            converted = self._convert(images, labels, indices, columns)
         for tensor in made_there:
             tensor.record_stream(self.stream)
         return converted
 
     def _convert(
-        self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor | None
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        indices: torch.Tensor | None,
+        columns: dict[str, Any] | None = None,
     ) -> Any:
-        """Copy to the device and convert (on whichever stream is current)."""
+        """Copy to the device and convert (on whichever stream is current); a column that is a
+        tensor is copied too, a list stays as it is."""
         images = images.to(self.device, non_blocking=True)
         labels = labels.to(self.device, non_blocking=True)
         if self.augment is None:
@@ -184,6 +189,12 @@ class DeviceLoader:
             )
         else:
             images = self._augmented(images, indices)
+        if columns is not None and indices is not None:
+            moved = {
+                name: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+                for name, v in columns.items()
+            }
+            return ColumnBatch(images, labels, indices, moved)
         if indices is None:
             return Batch(images, labels)
         return IndexedBatch(images, labels, indices)  # indices stay on the CPU, for lookups
@@ -202,17 +213,21 @@ class DeviceLoader:
             out = out.contiguous(memory_format=torch.channels_last)
         return out
 
-    def _check(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(images, labels, indices or None) of a batch, refused unless its images are what
-        the conversion asked for expects: 4-d, channels where `layout` puts them, uint8 when a
-        dtype is asked for (a float image's range is unknown: /255 may be wrong)."""
-        if not isinstance(batch, tuple | list) or len(batch) not in (2, 3):
+    def _check(
+        self, batch: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, Any] | None]:
+        """(images, labels, indices or None, columns or None) of a batch, refused unless its
+        images are what the conversion asked for expects: 4-d, channels where `layout` puts
+        them, uint8 when a dtype is asked for (a float image's range is unknown: /255 may be
+        wrong)."""
+        columns = batch[3] if isinstance(batch, ColumnBatch) else None
+        if columns is None and (not isinstance(batch, tuple | list) or len(batch) not in (2, 3)):
             raise TypeError(
                 f"DeviceLoader takes batches of (images, labels[, indices]), got "
                 f"{type(batch).__name__}; move what another collate_fn returns yourself"
             )
         images, labels = batch[0], batch[1]
-        indices = batch[2] if len(batch) == 3 else None
+        indices = batch[2] if len(batch) >= 3 else None
         if not isinstance(images, torch.Tensor) or images.dim() != 4:
             shape = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images)
             raise ValueError(f"DeviceLoader takes images as one [B, ...] 4-d tensor, got {shape}")
@@ -236,7 +251,7 @@ class DeviceLoader:
                 f"DeviceLoader(dtype=...) converts uint8 images (0-255) and got {images.dtype}; "
                 "leave the float conversion to it, or pass dtype=None and normalise yourself"
             )
-        return images, labels, indices
+        return images, labels, indices, columns
 
 
 def bound_device(device: torch.device | str | None) -> torch.device:

@@ -331,7 +331,8 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
                     (len(chunk), *sel.sample_shape),
                     sel.labels[chunk].astype(np.int64),
                     partial(self.reader.gather, sel.shard_idx[chunk], sel.rows[chunk]),
-                    chunk if self.with_indices else None,
+                    chunk if self.with_indices or sel.values else None,
+                    sel.values.batch(chunk) if sel.values is not None else None,
                 )
             done = int(np.searchsorted(ends, start + len(chunk), side="right"))
             for finished in range(done):

@@ -19,9 +19,11 @@ from etl.errors import SelectionError
 from etl.format.columns import bool_mask, value_codes
 from etl.format.manifest import Manifest, ordered_splits
 
-Where: TypeAlias = "pc.Expression | Callable[[pa.Table], Any]"
-"""A row predicate on the samples table: a pyarrow compute Expression, or a callable that takes
-the table and returns one boolean per row (numpy or Arrow; null counts as False)."""
+Where: TypeAlias = "str | pc.Expression | Callable[[pa.Table], Any]"
+"""A row predicate on the samples table: a SQL `WHERE` condition (text, run by duckdb, e.g.
+"split = 'train' AND len(caption) > 20"), a pyarrow compute Expression, or a callable that takes
+the table and returns one boolean per row (numpy or Arrow; null counts as False). The table
+holds the manifest's columns and the version's per-sample ones (`columns:`)."""
 
 
 class VersionView:
@@ -156,6 +158,8 @@ class VersionView:
 
     def _where_mask(self, where: Where) -> NDArray[np.bool_]:
         table = self.table
+        if isinstance(where, str):
+            return _sql_mask(table, where, self.manifest.path)
         if isinstance(where, pc.Expression):
             # NOTE: Table.filter keeps rows, not a mask; a row-number column carries them through.
             numbered = table.append_column("__row", pa.array(np.arange(table.num_rows)))
@@ -170,3 +174,29 @@ class VersionView:
                 f"{table.num_rows} rows; it must return one boolean per row"
             )
         return mask
+
+
+def _sql_mask(table: pa.Table, condition: str, where: Path) -> NDArray[np.bool_]:
+    """The rows of `table` for which the SQL `condition` holds, by duckdb over the Arrow table
+    (no copy); a condition duckdb refuses is a SelectionError quoting it."""
+    try:
+        import duckdb
+    except ImportError:
+        raise SelectionError(
+            "where= as SQL needs duckdb: pip install duckdb (or pass a pyarrow Expression)"
+        ) from None
+    numbered = table.append_column("__row", pa.array(np.arange(table.num_rows)))
+    with duckdb.connect() as connection:
+        connection.register("samples", numbered)
+        try:
+            query = f"SELECT __row FROM samples WHERE ({condition})"
+            if len(connection.extract_statements(query)) != 1:  # NOTE: one query, nothing else
+                raise SelectionError(f"{where}: where={condition!r} is not one SQL condition")
+            found = connection.execute(query)
+            kept = np.asarray(found.fetchnumpy()["__row"], dtype=np.int64)
+        except duckdb.Error as exc:
+            first = " ".join(str(exc).split())
+            raise SelectionError(f"{where}: where={condition!r}: {first}") from None
+    mask = np.zeros(table.num_rows, dtype=bool)
+    mask[kept] = True
+    return mask
