@@ -127,6 +127,11 @@ def _print_summary(s: explore.Summary) -> None:
     facts.add_row("shards", f"{s.shards}, {s.shard_bytes / 2**20:.1f} MiB")
     reasons = ", ".join(f"{k} {v}" for k, v in s.rejects_by_reason.items()) or "none"
     facts.add_row("rejects", f"{s.rejects} ({reasons})")
+    if s.columns:
+        facts.add_row(
+            "columns",
+            ", ".join(f"{k} {c['type']} ({c['values']} values)" for k, c in s.columns.items()),
+        )
     facts.add_row("config", f"digest {s.config_digest}")
     # NOTE: written as in pipeline.yaml, so a line can be pasted back into a config
     for stage in s.config.get("stages", []):
@@ -205,6 +210,14 @@ def show(
             help="With --rejects: pipeline.yaml; its source root and decode stage are used.",
         ),
     ] = None,
+    where: Annotated[
+        str | None,
+        typer.Option(help='Only samples for which this SQL condition holds, e.g. "score > 0.5".'),
+    ] = None,
+    shown: Annotated[
+        list[str] | None,
+        typer.Option("--with", help="Write this per-sample column under each cell (repeat)."),
+    ] = None,
     version: VersionOpt = None,
     out_path: Annotated[Path, typer.Option("--out", "-o", help="PNG file to write.")] = Path(
         "contact-sheet.png"
@@ -225,14 +238,20 @@ def show(
 
     Example:  etl show artifacts -n 32 --class circle --out circles.png
 
+    By a column:  etl show artifacts --where "score > 0.5" --with caption
+
     Rejects:  etl show artifacts --rejects --config pipeline.yaml
     """
     wanted_classes, wanted_splits = _split_commas(classes), _split_commas(splits)
     wanted_ids, wanted_reasons = _split_commas([ids] if ids else None), _split_commas(reasons)
     if wanted_ids and (wanted_classes or wanted_splits):
         raise typer.BadParameter("--ids names the samples; drop --class and --split")
-    if rejects and (wanted_ids or wanted_classes or wanted_splits):
-        raise typer.BadParameter("--rejects takes --reason, not --ids, --class or --split")
+    if rejects and (wanted_ids or wanted_classes or wanted_splits or where or shown):
+        raise typer.BadParameter(
+            "--rejects takes --reason, not --ids, --class, --split, --where or --with"
+        )
+    if wanted_ids and where:
+        raise typer.BadParameter("--ids names the samples; drop --where")
     if not rejects and (wanted_reasons or source or config_path):
         raise typer.BadParameter("--reason, --source and --config go with --rejects")
     ds = explore.open_dataset(dataset_location(directory), version)
@@ -260,6 +279,8 @@ def show(
             ids=wanted_ids,
             columns=columns,
             cell=cell,
+            where=where,
+            shown=_split_commas(shown) or (),
         )
         what = "samples"
     _save_png(sheet.image, out_path)

@@ -56,7 +56,8 @@ def diff(
     limit: Annotated[int, typer.Option(help="Rows to list per kind (0: counts only).")] = 20,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show samples added, removed and changed (pixels, class or split) between two versions.
+    """Show samples added, removed and changed (pixels, class, split or a per-sample column)
+    between two versions.
 
     Example:  etl diff artifacts 1 2
     """
@@ -70,6 +71,8 @@ def diff(
                     "added": d.added.column("source").to_pylist(),
                     "removed": d.removed.column("source").to_pylist(),
                     "changed": d.changed.to_pylist(),
+                    "columns_added": list(d.columns_added),
+                    "columns_removed": list(d.columns_removed),
                 },
                 indent=2,
             )
@@ -79,6 +82,9 @@ def diff(
         f"version {a} -> {b}: {d.added.num_rows} added, {d.removed.num_rows} removed, "
         f"{d.changed.num_rows} changed"
     )
+    for sign, names in (("+", d.columns_added), ("-", d.columns_removed)):
+        if names:
+            out.print(f"  columns {sign} {', '.join(names)}", highlight=False)
     for label, table in (("+", d.added), ("-", d.removed)):
         for source in table.column("source").to_pylist()[:limit]:
             out.print(f"  {label} {source}", highlight=False)
@@ -88,6 +94,7 @@ def diff(
             for k in ("class_name", "split", "checksum")
             if row[k + "_old"] != row[k + "_new"]
         ]
+        what += [f"{name} changed" for name in row["columns"]]
         out.print(f"  ~ {row['source']}: {'; '.join(what)}", highlight=False)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -38,7 +38,7 @@ from etl.format.manifest import Manifest, list_versions, read_manifest
 from etl.format.names import is_url
 from etl.format.remote import RemoteDataset
 from etl.format.shards import open_shard
-from etl.format.view import VersionView
+from etl.format.view import VersionView, Where
 
 if TYPE_CHECKING:
     # NOTE: pydantic costs 0.25 s to import; only rejects need it
@@ -189,6 +189,10 @@ class Dataset(VersionView):
             dtype=meta.dtype,
             config_digest=meta.config_digest,
             config=dict(meta.config),
+            columns={
+                name: {"type": text, "values": self.table.num_rows - self.table[name].null_count}
+                for name, text in meta.columns
+            },
         )
 
     # -- choosing and drawing ------------------------------------------------------------------
@@ -200,18 +204,20 @@ class Dataset(VersionView):
         split: str | Sequence[str] | None = None,
         classes: Sequence[str | int] | None = None,
         ids: Sequence[str] | None = None,
+        where: Where | None = None,
     ) -> list[int]:
         """Positions of samples to show. `ids`: exactly those, in that order. Otherwise up to `n`
-        drawn at random (a pure function of `seed`) from those in `split` and `classes`, in
-        manifest order. An unknown split, class or id is an error naming the valid ones."""
+        drawn at random (a pure function of `seed`) from those in `split` and `classes` that
+        pass `where` (see `VersionView.mask`), in manifest order. An unknown split, class or id
+        is an error naming the valid ones."""
         if ids is not None:
-            if split is not None or classes is not None:
-                raise ValueError("choose samples by ids, or by split and classes, not both")
+            if split is not None or classes is not None or where is not None:
+                raise ValueError("choose samples by ids, or by split, classes and where, not both")
             return [self.position(sid) for sid in ids]
-        mask = self.mask(split, classes)
+        mask = self.mask(split, classes, where)
         candidates = np.flatnonzero(mask)
         if len(candidates) == 0:
-            raise EtlError(f"no sample of version {self.version} matches split and classes")
+            raise EtlError(f"no sample of version {self.version} matches the filters")
         rng = np.random.default_rng(seed)
         chosen = rng.choice(candidates, size=min(n, len(candidates)), replace=False)
         return sorted(int(p) for p in chosen)
@@ -225,20 +231,32 @@ class Dataset(VersionView):
         ids: Sequence[str] | None = None,
         columns: int | None = None,
         cell: int = 128,
+        where: Where | None = None,
+        shown: Sequence[str] = (),
     ) -> Sheet:
-        """Samples chosen by `pick`, each captioned with its class, split and sample id."""
-        positions = self.pick(n, seed, split, classes, ids)
+        """Samples chosen by `pick`, each captioned with its class, split and sample id, and
+        the values of the per-sample columns named in `shown` (a caption, a score)."""
+        unknown = sorted(set(shown) - {f.name for f in self.manifest.meta.column_fields})
+        if unknown:
+            declared = [f.name for f in self.manifest.meta.column_fields] or "none"
+            raise EtlError(f"no per-sample column {unknown}; this version's: {declared}")
+        positions = self.pick(n, seed, split, classes, ids, where)
         rows = self.table.take(positions).to_pylist()
         cells = [
             Cell(
                 image=self.image(p),
-                caption=(f"{r['class_name']} ({r['split']})", r["sample_id"]),
+                caption=(
+                    f"{r['class_name']} ({r['split']})",
+                    r["sample_id"],
+                    *(f"{name}: {r[name]}" for name in shown),
+                ),
                 info={
                     "position": p,
                     "sample_id": r["sample_id"],
                     "class_name": r["class_name"],
                     "split": r["split"],
                     "source": r["source"],
+                    **{name: r[name] for name in shown},
                 },
             )
             for p, r in zip(positions, rows, strict=True)
@@ -334,6 +352,8 @@ class Summary:
     config_digest: str
     config: dict[str, Any]
     """The output-shaping config (stages, layout, checksum, split) the version was packed with."""
+    columns: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per-sample columns: {name: {type (as pipeline.yaml writes it), values (not null)}}."""
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))

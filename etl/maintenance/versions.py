@@ -73,7 +73,11 @@ class VersionDiff:
     removed: pa.Table
     """Rows of version a whose source is not in b."""
     changed: pa.Table
-    """sample_id, source and what differs: checksum (pixels), label or split, old and new."""
+    """sample_id, source and what differs: checksum (pixels), label or split, old and new;
+    'columns', the declared per-sample columns (of both versions) whose value differs."""
+    columns_added: tuple[str, ...] = ()
+    """Per-sample columns version b has and a has not (or has with another type)."""
+    columns_removed: tuple[str, ...] = ()
 
 
 _COMPARED = ("checksum", "class_name", "split")
@@ -96,9 +100,11 @@ def diff(dataset: Path | str, a: int, b: int, cache_dir: Path | None = None) -> 
     root, _ = readable(dataset, (a, b), cache_dir)
     old, new = read_manifest(root, a), read_manifest(root, b)
     before, after = _in_source_order(old), _in_source_order(new)
+    old_columns, new_columns = set(old.meta.column_fields), set(new.meta.column_fields)
+    common = [f.name for f in new.meta.column_fields if f in old_columns]
     added: list[pa.Table] = [after.slice(0, 0)]
     removed: list[pa.Table] = [before.slice(0, 0)]
-    changed: list[pa.Table] = [_changed(before.slice(0, 0), after.slice(0, 0))]
+    changed: list[pa.Table] = [_changed(before.slice(0, 0), after.slice(0, 0), common)]
     i = j = 0
     while i < after.num_rows or j < before.num_rows:
         later, earlier = after.slice(i, DIFF_ROWS), before.slice(j, DIFF_ROWS)
@@ -113,7 +119,7 @@ def diff(dataset: Path | str, a: int, b: int, cache_dir: Path | None = None) -> 
         kept[at[matched]] = True
         added.append(later.filter(pa.array(~matched)))
         removed.append(earlier.filter(pa.array(~kept)))
-        changed.append(_changed(earlier.take(pa.array(at[matched])), later.filter(matched)))
+        changed.append(_changed(earlier.take(pa.array(at[matched])), later.filter(matched), common))
         old.release_pages()
         new.release_pages()
     return VersionDiff(
@@ -122,6 +128,8 @@ def diff(dataset: Path | str, a: int, b: int, cache_dir: Path | None = None) -> 
         added=pa.concat_tables(added).combine_chunks(),
         removed=pa.concat_tables(removed).combine_chunks(),
         changed=pa.concat_tables(changed).combine_chunks(),
+        columns_added=tuple(f.name for f in new.meta.column_fields if f not in old_columns),
+        columns_removed=tuple(f.name for f in old.meta.column_fields if f not in new_columns),
     )
 
 
@@ -138,18 +146,35 @@ def _last_source(rows: pa.Table) -> str:
     return str(rows.column("source")[-1].as_py())
 
 
-def _changed(old_rows: pa.Table, new_rows: pa.Table) -> pa.Table:
-    """The pairs (same source, in order) whose checksum, class name or split differ, as
-    `VersionDiff.changed` rows."""
+def _changed(old_rows: pa.Table, new_rows: pa.Table, columns: Sequence[str]) -> pa.Table:
+    """The pairs (same source, in order) whose checksum, class name, split or one of the
+    per-sample `columns` differ, as `VersionDiff.changed` rows."""
     differs = np.zeros(new_rows.num_rows, dtype=bool)
     for name in _COMPARED:
         same = pc.equal(
             pc.fill_null(old_rows.column(name), ""), pc.fill_null(new_rows.column(name), "")
         )
         differs |= ~bool_mask(same)
+    by_column = [_differs(old_rows.column(c), new_rows.column(c)) for c in columns]
+    for column_differs in by_column:
+        differs |= column_differs
     old_rows, new_rows = old_rows.filter(differs), new_rows.filter(differs)
+    which = [
+        [name for name, d in zip(columns, row, strict=True) if d]
+        for row in zip(*(d[differs] for d in by_column), strict=True)
+    ] if by_column else [[] for _ in range(new_rows.num_rows)]  # fmt: skip
     return pa.table(
         [new_rows.column("sample_id"), new_rows.column("source")]
-        + [rows.column(c) for rows in (old_rows, new_rows) for c in _COMPARED],
-        names=_CHANGED_COLUMNS,
+        + [rows.column(c) for rows in (old_rows, new_rows) for c in _COMPARED]
+        + [pa.array(which, pa.list_(pa.string()))],
+        names=[*_CHANGED_COLUMNS, "columns"],
     )
+
+
+def _differs(old: pa.ChunkedArray, new: pa.ChunkedArray) -> np.ndarray:
+    """Where two columns of one type hold different values (null equals null)."""
+    if pa.types.is_nested(old.type):
+        pairs = zip(old.to_pylist(), new.to_pylist(), strict=True)
+        return np.array([a != b for a, b in pairs], dtype=bool)
+    both_null = bool_mask(pc.and_(pc.is_null(old), pc.is_null(new)))
+    return ~(bool_mask(pc.fill_null(pc.equal(old, new), False)) | both_null)

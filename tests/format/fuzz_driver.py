@@ -101,6 +101,9 @@ def readers(root: str, config: str | None, scratch: Path) -> dict[str, Callable[
         "loaders-rows": lambda: python(lambda: read_all(root, verify="rows")),
         "loaders-lenient": lambda: python(lambda: read_all(root, verify_manifest=False)),
         "loaders-workers": lambda: python(lambda: read_all(root, workers=2)),
+        "loaders-columns": lambda: python(
+            lambda: read_all(root, columns=["caption", "boxes", "meta"], where="score >= 1")
+        ),
         "stream": lambda: python(lambda: stream_all(root, workers=0)),
         "stream-workers": lambda: python(lambda: stream_all(root, workers=2)),
     }

@@ -19,6 +19,7 @@ same way, read by URL.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import queue
@@ -52,6 +53,7 @@ EVERY_READER = (
     "loaders-rows",
     "loaders-lenient",
     "loaders-workers",
+    "loaders-columns",
     "stream",
     "stream-workers",
 )
@@ -76,16 +78,45 @@ def etl(*args: str) -> None:
 
 
 def write_config(path: Path, sources: Path, output: Path) -> None:
+    """Packs the listing sources/list.csv with per-sample columns of every kind (text, a
+    number, ragged lists, a struct), so the manifest's own columns are fuzzed too."""
     path.write_text(
         f"""
-source: {{kind: folder, path: {json.dumps(str(sources))}}}
+source: {{kind: listing, path: {json.dumps(str(sources / "list.csv"))}}}
 stages:
   - decode: {{mode: RGB}}
   - resize: {{size: [12, 16], mode: center_crop}}
 output: {{dir: {json.dumps(str(output))}, samples_per_shard: 5}}
 run: {{n_jobs: 1, backend: sequential}}
+columns:
+  caption: string
+  score: float32
+  boxes: list<list<float32>>
+  meta: "struct<camera: string, year: int16>"
 """
     )
+
+
+def write_listing(sources: Path, left_out: Iterable[Path] = ()) -> None:
+    """sources/list.csv: every picture under `sources` but `left_out`, with its columns."""
+    skipped = set(left_out)
+    pictures = sorted(p for p in sources.rglob("*") if p.is_file() and p.suffix != ".csv")
+    rows = [
+        {
+            "path": str(p.relative_to(sources)),
+            "label": p.parent.name,
+            "caption": f"picture {i} of a {p.parent.name}",
+            "score": str(i / 4),
+            "boxes": json.dumps([[i, i, i + 2.5, i + 3.5]] * (i % 3)),
+            "meta": json.dumps({"camera": f"cam{i % 2}", "year": 2000 + i}),
+        }
+        for i, p in enumerate(pictures)
+        if p not in skipped
+    ]
+    with open(sources / "list.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 @pytest.fixture(scope="module")
@@ -93,17 +124,11 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
     work = tmp_path_factory.mktemp("fuzz")
     sources = work / "sources"
     etl("sample-data", str(sources), "--per-class", "3", "--quiet")
-    held = work / "held"
-    held.mkdir()
-    images = sorted(p for p in sources.rglob("*.jpg"))[:4]
-    for image in images:  # version 1 without them, version 2 with them
-        shutil.move(image, held / f"{image.parent.name}--{image.name}")
+    write_listing(sources, sorted(sources.rglob("*.jpg"))[:4])  # version 1 without them
     root = work / "ds"
     write_config(work / "pipeline.yaml", sources, root)
     etl("run", str(work / "pipeline.yaml"), "--quiet")
-    for moved in held.iterdir():
-        folder, name = moved.name.split("--")
-        shutil.move(moved, sources / folder / name)
+    write_listing(sources)  # version 2 with them
     etl("run", str(work / "pipeline.yaml"), "--quiet")
     latest = sorted((root / "versions").iterdir())[-1].relative_to(root)
     files = {

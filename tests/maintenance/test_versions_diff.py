@@ -39,17 +39,21 @@ def commit_edited(
 
 
 def expected_diff(root: Path, a: int, b: int) -> tuple[list[str], list[str], list[dict[str, Any]]]:
-    old = {r["source"]: r for r in read_manifest(root, a).samples.to_pylist()}
-    new = {r["source"]: r for r in read_manifest(root, b).samples.to_pylist()}
+    before, after = read_manifest(root, a), read_manifest(root, b)
+    old = {r["source"]: r for r in before.samples.to_pylist()}
+    new = {r["source"]: r for r in after.samples.to_pylist()}
+    declared = [c for c in after.meta.columns if c in before.meta.columns]
     changed = [
         {
             "sample_id": new[s]["sample_id"],
             "source": s,
             **{f"{c}_old": old[s][c] for c in COMPARED},
             **{f"{c}_new": new[s][c] for c in COMPARED},
+            "columns": [name for name, _ in declared if old[s][name] != new[s][name]],
         }
         for s in sorted(old.keys() & new.keys())
         if any(old[s][c] != new[s][c] for c in COMPARED)
+        or any(old[s][name] != new[s][name] for name, _ in declared)
     ]
     return sorted(new.keys() - old.keys()), sorted(old.keys() - new.keys()), changed
 
