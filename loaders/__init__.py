@@ -19,6 +19,7 @@ GPU).
 """
 
 from etl.errors import ManifestError, SelectionError, ShardError
+from etl.format.views import View
 from loaders.augment import CenterCrop, RandomResizedCrop
 from loaders.batches import Batch, ColumnBatch, IndexedBatch
 from loaders.catalog import Catalog, open_catalog
@@ -52,6 +53,7 @@ __all__ = [
     "SelectionError",
     "ShardError",
     "ShuffleSampler",
+    "View",
     "make_loader",
     "open_catalog",
     "stream_loader",

@@ -20,13 +20,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from etl.errors import EtlError, ShardError
+from etl.errors import EtlError, SelectionError, ShardError
 from etl.format.cache import BoundedCache
 from etl.format.manifest import read_manifest
 from etl.format.ranged import RangedRows
 from etl.format.rowsums import RowChecksums
 from etl.format.values import SampleValues
 from etl.format.view import VersionView, Where
+from etl.format.views import View
 
 
 def _frozen(array: NDArray[Any]) -> NDArray[Any]:
@@ -107,6 +108,9 @@ class Selection:
     version: int
     values: SampleValues | None = None
     """The per-sample columns its batches carry (`Catalog.with_columns`), in its order."""
+    view: str = ""
+    """The fingerprint of the view it was selected by (`Catalog.select_view`): a resume state
+    records it, so a run resumed on a view that changed is refused."""
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
@@ -167,6 +171,16 @@ class Catalog(VersionView):
         An unknown split or class name is an error (a ValueError) that lists the valid ones.
         """
         return self._selection(np.flatnonzero(self.mask(split, classes, where)))
+
+    def select_view(self, view: View) -> Selection:
+        """The samples of `view` (`etl.format.views`), which must be of this version when it
+        pins one."""
+        if view.version is not None and view.version != self.version:
+            raise SelectionError(
+                f"{self.manifest.path}: is version {self.version}, the view pins {view.version}"
+            )
+        selection = self._selection(np.flatnonzero(view.mask(self)))
+        return replace(selection, view=view.fingerprint(self.version))
 
     def with_columns(self, selection: Selection, names: Sequence[str] | None) -> Selection:
         """`selection` whose batches carry the per-sample columns `names` (None: none): a

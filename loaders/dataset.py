@@ -27,6 +27,7 @@ from etl.format.ranged import RangedRows
 from etl.format.remote import STORE_TIMEOUT, RemoteDataset
 from etl.format.rowsums import RowChecksums
 from etl.format.sizes import parse_byte_size
+from etl.format.views import View
 from loaders.batches import AnyBatch, BatchMemory, Samples, make_batch
 from loaders.catalog import Catalog, Selection, Where, open_catalog
 from loaders.reader import ShardReader
@@ -82,7 +83,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
     @classmethod
     def open(
         cls,
-        path: Path | str,
+        path: Path | str | View,
         split: str | Sequence[str] | None = None,
         classes: Sequence[str | int] | None = None,
         where: Where | None = None,
@@ -100,7 +101,9 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         ranged: bool = False,
         columns: Sequence[str] | None = None,
     ) -> PackedDataset:
-        """Open a dataset directory or manifest and select samples (see `Catalog.select`).
+        """Open a dataset directory or manifest and select samples (see `Catalog.select`);
+        or open a `View` (`etl.format.views`: its dataset, version and rows, `View.load` for a
+        view file), whose fingerprint a resume state then records.
 
         `columns` names per-sample columns of the version (`columns:` in pipeline.yaml) that
         its batches carry: each batch is then a `ColumnBatch` (images, labels, indices,
@@ -123,6 +126,15 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         verified one by one (`etl.format.ranged`), for a selection that reads few rows of
         each shard.
         """
+        view = path if isinstance(path, View) else None
+        if view is not None:
+            _check_view_alone(split=split, classes=classes, where=where, version=version)
+            location: Path | str = view.dataset
+            version = view.version
+        else:
+            assert not isinstance(path, View)
+            location = path
+        path = location
         remote = None
         url = str(path)
         for given, name in ((cache_limit is not None, "cache_limit"), (ranged, "ranged")):
@@ -135,7 +147,8 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
             version = remote.fetch_version(version)
             path = remote.root
         catalog = open_catalog(path, version, verify_manifest)
-        selection = catalog.with_columns(catalog.select(split, classes, where), columns)
+        selected = catalog.select_view(view) if view else catalog.select(split, classes, where)
+        selection = catalog.with_columns(selected, columns)
         if verify == "rows":
             sums = row_checksums(catalog, selection)
             selection = replace(selection, shards=replace(selection.shards, row_sums=sums))
@@ -250,6 +263,16 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         if self.memory.pin and get_worker_info() is None:
             images = images.pin_memory()  # what `pin_output` promises, a transform or not
         return make_batch(images, labels, given, pin=self.memory.pin, columns=columns)
+
+
+def _check_view_alone(**given: Any) -> None:
+    """A view says which rows and version: ValueError for any given beside it."""
+    named = [name for name, value in given.items() if value is not None]
+    if named:
+        raise ValueError(
+            f"a view says which rows and version; narrow it (view.narrowed(split=...)) instead "
+            f"of passing {', '.join(named)}"
+        )
 
 
 def _check_index(index: int, length: int) -> int:

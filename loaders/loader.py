@@ -375,6 +375,8 @@ class PackedLoader(DataLoader[Any]):
         (see NOTE [ elastic resume ] in `loaders.resume`) and the same global batch (batch
         size times world size), a stream's with its own world size."""
         identity = self._identity()
+        if isinstance(state, Mapping) and "view" in state and "view" not in identity:
+            identity["view"] = ""  # a state saved on a view is not one of no view
         stream = self.stream
         if self.order is not None:
             size = identity.pop("batch_size")
@@ -399,6 +401,8 @@ class PackedLoader(DataLoader[Any]):
             "dataset_version": selection.version,
             "selection": selection.fingerprint,
         }
+        if selection.view:  # only then: a state saved before views existed still loads
+            identity["view"] = selection.view
         if stream is not None:
             return {**identity, **stream.identity()}
         return {**identity, "batch_size": self._batch_size()}

@@ -33,6 +33,8 @@ HINTS = {
     "drop_last": "use the saved drop_last",
     "workers": "use the saved num_workers (a stream's order depends on it)",
     "world_size": "resume a stream with the world size it was saved with",
+    "view": "open the view the state was saved with (a changed predicate or version is "
+    "another view; `etl view FILE` prints a view's fingerprint)",
 }
 """What to do about a mismatch in each identity field."""
 

@@ -13,7 +13,7 @@ ETL_PACKAGES = frozenset({"PIL", "simplejpeg", "yaml", "typer", "joblib", "pydan
 def main(argv: list[str] | None = None) -> None:
     _arrow_without_pandas()
     try:
-        from etl.cli import audit, inspect, run, versions  # noqa: F401  (registers their commands)
+        from etl.cli import audit, inspect, run, versions, views  # noqa: F401  (registers them)
         from etl.cli.app import main as run_app
     except ModuleNotFoundError as exc:
         if exc.name not in ETL_PACKAGES:

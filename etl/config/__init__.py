@@ -1,4 +1,4 @@
-"""The pipeline.yaml schema: frozen pydantic models, and the only place YAML is read.
+"""The pipeline.yaml schema: frozen pydantic models, read through `etl.yaml_file`.
 
 Every other module receives a `PipelineConfig` and never looks at the file again. Errors name
 the key path and the YAML line (`pipeline.yaml:12: stages[1].resize.size: ...`).

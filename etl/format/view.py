@@ -98,12 +98,15 @@ class VersionView:
         found = np.bincount(labels, minlength=len(self.classes))
         return {name: int(n) for name, n in zip(self.classes, found, strict=True)}
 
-    def counts(self) -> dict[str, dict[str, int]]:
+    def counts(self, mask: NDArray[np.bool_] | None = None) -> dict[str, dict[str, int]]:
         """Samples per split and class: {split: {class: n}}, every class listed (zeros too);
-        one counting pass over (split, label) pairs, not one filter per split."""
+        one counting pass over (split, label) pairs, not one filter per split. With `mask`
+        (one boolean per sample, `mask()` or a view's), only the samples it keeps."""
         names, codes = self._split_codes
         n_classes = len(self.classes)
         pairs = codes.astype(np.int64) * n_classes + self.table.column("label").to_numpy()
+        if mask is not None:
+            pairs = pairs[mask]
         found = np.bincount(pairs, minlength=len(names) * n_classes).reshape(-1, n_classes)
         by_split = {name: found[i] for i, name in enumerate(names)}
         return {

@@ -18,7 +18,7 @@ import pytest
 
 from etl.errors import ManifestError, ShardError
 from etl.format.remote import RemoteDataset
-from loaders import PackedDataset, PackedStream, make_loader, stream_loader
+from loaders import PackedDataset, PackedStream, View, make_loader, stream_loader
 from tests.helpers.packed import Packed, make_packed
 from tests.helpers.stores import new_bucket, silent_endpoint
 
@@ -92,6 +92,12 @@ def test_only_the_shards_a_selection_reads_are_fetched(
     assert_same_samples(ds, packed)
     fetched = list((RemoteDataset(url, cache).root / "shards").glob("*.npy"))
     assert len(fetched) == len(set(ds.selection.shards.names)) == 1
+    # a view of it, by its URL: the same shard, none other
+    view = View(url, split="val").narrowed(where="row % 2 = 0")
+    ds = PackedDataset.open(view, cache_dir=cache, storage_options=options(endpoint))
+    assert list(ds.selection.positions) == [i for i in range(10) if i % 2 == 0]
+    assert_same_samples(ds, packed)
+    assert list((RemoteDataset(url, cache).root / "shards").glob("*.npy")) == fetched
 
 
 def test_a_second_open_reads_nothing_from_the_store(
