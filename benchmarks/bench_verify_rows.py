@@ -8,7 +8,6 @@ Samples/s of each, median over rounds; nothing is asserted.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import tempfile
@@ -17,25 +16,18 @@ import warnings
 from pathlib import Path
 
 from benchmarks.bench_loaders import write_synthetic
+from benchmarks.common import loader_rate, synthetic_options
 
 
 def epoch(root: Path, verify: bool | str) -> float:
     from loaders import PackedDataset, make_loader
 
     ds = PackedDataset.open(root, verify=verify)  # type: ignore[arg-type]
-    loader = make_loader(ds, batch_size=256, shuffle=True, seed=1, pin_memory=False)
-    start = time.perf_counter()
-    for _ in loader:
-        pass
-    return len(ds) / (time.perf_counter() - start)
+    return loader_rate(make_loader(ds, batch_size=256, shuffle=True, seed=1, pin_memory=False))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--samples", type=int, default=4000)
-    parser.add_argument("--size", type=int, default=224)
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    args = synthetic_options(__doc__ or "", samples=4000, size=224, rounds=5)
     warnings.filterwarnings("ignore")
     shape = (args.size, args.size, 3)
     root = Path(tempfile.mkdtemp(prefix="bench-verify-rows-"))

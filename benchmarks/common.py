@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import platform
+import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 
 def cpu_model() -> str:
@@ -87,3 +91,21 @@ def cached_bytes(paths: list[Path]) -> int:
             return 0
         cached += min(size, sum(s & 1 for s in state) * mmap.PAGESIZE)
     return cached
+
+
+def loader_rate(loader: Iterable[Any]) -> float:
+    """Samples per second of one pass over `loader` (its batches' labels counted)."""
+    start = time.perf_counter()
+    count = sum(len(batch.labels) for batch in loader)
+    return count / (time.perf_counter() - start)
+
+
+def synthetic_options(doc: str, samples: int, size: int, rounds: int) -> argparse.Namespace:
+    """--samples, --size, --rounds (and --steps, where a benchmark counts steps) of a loader
+    benchmark over synthetic samples; its description the first paragraph of `doc`."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--samples", type=int, default=samples)
+    parser.add_argument("--size", type=int, default=size)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--steps", type=int, default=10_000)
+    return parser.parse_args()

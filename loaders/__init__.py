@@ -27,6 +27,7 @@ from loaders.dataset import PackedDataset
 from loaders.device import DeviceLoader
 from loaders.factories import make_loader, stream_loader
 from loaders.loader import PackedLoader
+from loaders.mixture import Mixture, MixtureSampler
 from loaders.samplers import (
     BlockShuffleSampler,
     ClassBalancedSampler,
@@ -45,6 +46,8 @@ __all__ = [
     "DeviceLoader",
     "IndexedBatch",
     "ManifestError",
+    "Mixture",
+    "MixtureSampler",
     "OrderSampler",
     "PackedDataset",
     "PackedLoader",

@@ -34,6 +34,7 @@ from etl.errors import EtlError
 from etl.format.cache import BoundedCache
 from loaders.batches import BatchMemory, SharedRing
 from loaders.dataset import PackedDataset, collate_batch
+from loaders.mixture import Mixture, MixtureSampler
 from loaders.named_orders import OrderOptions, named_order, order_of, order_seed
 from loaders.resume import State, check_state
 from loaders.samplers import OrderSampler
@@ -140,7 +141,7 @@ class PackedLoader(DataLoader[Any]):
 
     def __init__(
         self,
-        dataset: PackedDataset | PackedStream,
+        dataset: PackedDataset | PackedStream | Mixture,
         batch_size: int | None = 1,
         shuffle: bool | str | None = None,
         sampler: Sampler[int] | None = None,
@@ -195,12 +196,22 @@ class PackedLoader(DataLoader[Any]):
             return
         if sampler is not None and shuffle:
             raise ValueError("pass either sampler= or shuffle=, not both (as with DataLoader)")
+        if isinstance(dataset, Mixture):
+            if sampler is not None or batch_sampler is not None or shuffle not in (None, True):
+                raise ValueError(
+                    "a Mixture's order is its own (weights, seed): pass no shuffle=, sampler= "
+                    "or batch_sampler="
+                )
+            sampler = dataset.sampler(
+                order_seed(seed, generator), rank, world_size, drop_last, batch_size or 1
+            )
         if batch_sampler is None and sampler is None:
             if batch_size is None:
                 raise ValueError("PackedLoader batches: batch_size=None is for a PackedStream")
             options = OrderOptions(
                 batch_size, order_seed(seed, generator), rank, world_size, drop_last
             )
+            assert not isinstance(dataset, Mixture)  # its sampler is set above
             sampler = named_order(shuffle or False)(dataset, options)
         self.order = order_of(sampler, batch_sampler)
         size = batch_size if batch_sampler is None else getattr(batch_sampler, "batch_size", None)
@@ -360,6 +371,8 @@ class PackedLoader(DataLoader[Any]):
                 state.update(
                     start=position.start, position=position.skip + min(done, position.remaining)
                 )
+            if isinstance(self.order, MixtureSampler):
+                state.update(self.order.progress(state))
             return state
         assert stream is not None, "_identity refuses loaders that cannot resume"
         if position is not None and position.epoch == stream.epoch:
@@ -390,6 +403,8 @@ class PackedLoader(DataLoader[Any]):
         self._position = None
 
     def _identity(self) -> dict[str, int | str]:
+        if isinstance(self.dataset, Mixture) and self.order is not None:
+            return {"batch_size": self._batch_size()}  # the members: MixtureSampler's state
         selection = getattr(self.dataset, "selection", None)
         stream = self.stream
         if selection is None or (self.order is None and stream is None):

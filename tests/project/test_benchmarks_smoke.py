@@ -1,8 +1,8 @@
 """The benchmarks still run end to end: `python -m benchmarks.bench_pack --tiny`,
 `python -m benchmarks.bench_sources --tiny`, `python -m benchmarks.bench_scale --tiny`,
 `python -m benchmarks.bench_tree --tiny`, `python -m benchmarks.bench_cold --tiny`, and small
-runs of `bench_remote`, `bench_remote_pack`, `bench_pack_grid`, `bench_rejects` and
-`bench_verify_rows`.
+runs of `bench_remote`, `bench_remote_pack`, `bench_pack_grid`, `bench_rejects`,
+`bench_verify_rows`, `bench_columns` and `bench_mixture`.
 
 Numbers from 16 photos mean nothing; the test checks that every part runs (photo generation,
 bare loops, the pipeline on every backend, the memory runs) and that the pipeline's pixels equal
@@ -160,3 +160,20 @@ def test_bench_verify_rows_small() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "rows:" in done.stdout and "unchecked:" in done.stdout
+
+
+def test_bench_columns_small() -> None:
+    done = run_benchmark(
+        "bench_columns", "--samples", "1000", "--size", "8", "--rounds", "1", timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "workers=2    all:" in done.stdout and "workers=0  dense:" in done.stdout
+
+
+def test_bench_mixture_small() -> None:
+    done = run_benchmark(
+        "bench_mixture", "--samples", "600", "--size", "8", "--rounds", "1", "--steps", "20",
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "workers=2  mixture:" in done.stdout and "view 2:" in done.stdout

@@ -1,0 +1,280 @@
+"""Mixtures (`loaders.mixture`): views of two packed datasets read as one by weight. Every
+batch holds the members' stored pixels (against the arrays the datasets were written from);
+a member is read without repeat or skip within each of its own epochs; the share of each
+member over many epochs matches its weight within sampling error; resume is exact, with the
+same or another world size, and refuses other weights. The order oracle is plain numpy
+bookkeeping of what each epoch delivered, never the code's own counts."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from loaders import Mixture, PackedDataset, View, make_loader
+from loaders.mixture import mixture_order
+from tests.helpers.packed import Packed, make_packed
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> tuple[Packed, Packed]:
+    root = tmp_path_factory.mktemp("mix")
+    a = make_packed(root / "a", shard_sizes=(7, 5, 9), classes=("ant", "bee", "cat"), seed=1)
+    b = make_packed(root / "b", shard_sizes=(4, 6), classes=("cat", "dog"), seed=2)
+    return a, b
+
+
+def members(
+    two: tuple[Packed, Packed],
+) -> tuple[list[PackedDataset], list[Packed], list[list[int]]]:
+    """Three views: a's train, a's val, all of b; with each member's manifest positions."""
+    a, b = two
+    datasets = [
+        PackedDataset.open(View(str(a.root), split="train")),
+        PackedDataset.open(View(str(a.root), split="val")),
+        PackedDataset.open(View(str(b.root))),
+    ]
+    packs = [a, a, b]
+    return datasets, packs, [list(ds.selection.positions) for ds in datasets]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_hold_each_members_samples(two: tuple[Packed, Packed], workers: int) -> None:
+    datasets, packs, positions = members(two)
+    mix = Mixture(datasets, weights=[0.5, 0.2, 0.3])
+    assert mix.classes == ("ant", "bee", "cat", "dog")
+    loader = make_loader(mix, batch_size=6, num_workers=workers, with_indices=True, seed=3)
+    seen = 0
+    for batch in loader:
+        which = mix.member_of(batch.indices)
+        for i, (index, m) in enumerate(zip(batch.indices.tolist(), which.tolist(), strict=True)):
+            local = index - int(mix.offsets[m])
+            at = positions[m][local]
+            assert np.array_equal(batch.images[i].numpy(), packs[m].images[at])
+            name = packs[m].classes[packs[m].labels[at]]
+            assert mix.classes[int(batch.labels[i])] == name
+        seen += len(batch.indices)
+    assert seen == len(mix) == sum(len(d) for d in datasets)
+
+
+def test_members_repeat_nothing_within_their_own_epochs() -> None:
+    sizes, weights = (7, 30, 3), np.array([0.6, 0.1, 0.3])
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    streams: list[list[int]] = [[], [], []]
+    for epoch in range(12):
+        order = mixture_order(sizes, weights, 40, seed=9, epoch=epoch)
+        assert len(order) == 40
+        assert np.array_equal(order, mixture_order(sizes, weights, 40, seed=9, epoch=epoch))
+        for index in order.tolist():
+            m = int(np.searchsorted(offsets[1:], index, side="right"))
+            streams[m].append(index - int(offsets[m]))
+    for m, size in enumerate(sizes):
+        whole = len(streams[m]) // size
+        assert whole >= 1
+        for k in range(whole):
+            assert sorted(streams[m][k * size : (k + 1) * size]) == list(range(size)), (m, k)
+    drawn = mixture_order(sizes, weights, 40, seed=9, epoch=0, replacement=True)
+    assert ((drawn >= 0) & (drawn < sum(sizes))).all()
+
+
+def test_shares_follow_the_weights_within_sampling_error() -> None:
+    sizes, weights = (50, 20, 30), np.array([0.7, 0.2, 0.1])
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    total, epochs = 1000, 40
+    counts = np.zeros(3)
+    for epoch in range(epochs):
+        order = mixture_order(sizes, weights, total, seed=1, epoch=epoch)
+        counts += np.bincount(np.searchsorted(offsets[1:], order, side="right"), minlength=3)
+    n = total * epochs
+    sigma = np.sqrt(n * weights * (1 - weights))
+    assert (np.abs(counts - n * weights) < 5 * sigma).all(), (counts / n, weights)
+
+
+def test_resume_is_exact_with_any_world_size(two: tuple[Packed, Packed]) -> None:
+    datasets, _, _ = members(two)
+    mix = Mixture(datasets, weights=[2, 1, 1], samples_per_epoch=40)
+
+    def epoch_of(loader: object, epoch: int) -> list[int]:
+        loader.set_epoch(epoch)  # type: ignore[attr-defined]
+        return [i for b in loader for i in b.indices.tolist()]  # type: ignore[attr-defined]
+
+    whole = epoch_of(make_loader(mix, batch_size=4, with_indices=True, seed=5), 2)
+    loader = make_loader(mix, batch_size=4, with_indices=True, seed=5)
+    loader.set_epoch(2)
+    batches = iter(loader)
+    first = [i for _ in range(3) for i in next(batches).indices.tolist()]
+    state = json.loads(json.dumps(loader.state_dict()))
+    again = make_loader(mix, batch_size=4, with_indices=True, seed=5)
+    again.load_state_dict(state)
+    assert sorted(first + epoch_of(again, 2)) == sorted(whole)
+    assert first + epoch_of(make_resumed(mix, state), 2) == whole
+
+    # two ranks of batch 2 keep the global batch of 4: together they deliver the rest
+    rest: list[int] = []
+    for rank in (0, 1):
+        part = make_loader(mix, batch_size=2, with_indices=True, seed=5, rank=rank, world_size=2)
+        part.load_state_dict(state)
+        rest += epoch_of(part, 2)
+    assert sorted(first + rest) == sorted(whole)
+
+    other = Mixture([datasets[1], datasets[0], datasets[2]], weights=[1, 1, 1])
+    with pytest.raises(ValueError, match="loader state is for mixture members"):
+        make_loader(other, batch_size=4, seed=5).load_state_dict(state)
+
+
+def make_resumed(mix: Mixture, state: dict[str, object]) -> object:
+    loader = make_loader(mix, batch_size=4, with_indices=True, seed=5)
+    loader.load_state_dict(state)
+    return loader
+
+
+def test_bad_mixtures_are_one_clear_error(two: tuple[Packed, Packed], tmp_path: Path) -> None:
+    datasets, _, _ = members(two)
+    with pytest.raises(ValueError, match="one weight per member"):
+        Mixture(datasets, weights=[1, 1])
+    with pytest.raises(ValueError, match="weights must be numbers >= 0"):
+        Mixture(datasets, weights=[1, -1, 1])
+    with pytest.raises(ValueError, match="weights at step 8 are all 0"):
+        Mixture(datasets, weights=[1, 1, 1], schedule={8: [0, 0, 0]})
+    with pytest.raises(ValueError, match="steps are ints >= 0"):
+        Mixture(datasets, weights=[1, 1, 1], schedule={-2: [1, 1, 1]})
+    with pytest.raises(ValueError, match="name 4 members of 3"):
+        Mixture(datasets, weights=[1, 1, 1], schedule={3: [1, 1, 1, 1]})
+    odd = make_packed(tmp_path / "odd", sample_shape=(4, 4, 3))
+    with pytest.raises(ValueError, match="different samples"):
+        Mixture([datasets[0], PackedDataset.open(odd.root)], weights=[1, 1])
+    mix = Mixture(datasets, weights=[1, 1, 1])
+    with pytest.raises(ValueError, match="order is its own"):
+        make_loader(mix, batch_size=4, shuffle="blocks")
+
+
+def member_streams(mix: Mixture, indices: list[int]) -> list[list[int]]:
+    """Each member's local indices, in the order they were delivered."""
+    streams: list[list[int]] = [[] for _ in mix.members]
+    for index, m in zip(indices, mix.member_of(indices).tolist(), strict=True):
+        streams[m].append(index - int(mix.offsets[m]))
+    return streams
+
+
+def no_repeat_no_skip(mix: Mixture, indices: list[int]) -> None:
+    """Each member's delivered stream is whole permutations of its samples, then a part of one
+    with no sample twice."""
+    for m, stream in enumerate(member_streams(mix, indices)):
+        size = mix.sizes[m]
+        for k in range(0, len(stream), size):
+            block = stream[k : k + size]
+            assert len(set(block)) == len(block), (m, k, block)
+
+
+def delivered(loader: Any, epoch: int, batches: int | None = None) -> list[int]:
+    loader.set_epoch(epoch)
+    found: list[int] = []
+    for batch in itertools.islice(loader, batches):  # a batch taken counts as delivered
+        found += batch.indices.tolist()
+    return found
+
+
+def test_a_schedule_changed_on_resume_takes_over_at_that_step(two: tuple[Packed, Packed]) -> None:
+    datasets, _, _ = members(two)
+    before = Mixture(datasets, weights=[1, 1, 1], samples_per_epoch=60)
+    loader = make_loader(before, batch_size=4, with_indices=True, seed=2)
+    loader.set_epoch(1)
+    batches = iter(loader)
+    first = [i for _ in range(5) for i in next(batches).indices.tolist()]
+    state = json.loads(json.dumps(loader.state_dict()))
+
+    # from step 5 (of epoch 1: global step 15 + 5 = 20) only the third member
+    after = Mixture(datasets, weights=[1, 1, 1], samples_per_epoch=60, schedule={20: [0, 0, 1]})
+    resumed = make_loader(after, batch_size=4, with_indices=True, seed=2)
+    resumed.load_state_dict(state)
+    rest = delivered(resumed, 1)
+    assert set(after.member_of(rest).tolist()) == {2}
+    # the same as a run with that schedule from the start: it agreed before step 20
+    whole = delivered(make_loader(after, batch_size=4, with_indices=True, seed=2), 1)
+    assert first + rest == whole
+    no_repeat_no_skip(
+        after, delivered(make_loader(after, batch_size=4, with_indices=True, seed=2), 0) + whole
+    )
+
+    # a member appended at the end starts its stream then
+    extra = PackedDataset.open(View(str(two[1].root), split="val"))
+    grown = Mixture(
+        [*datasets, extra], weights=[1, 1, 1, 0], samples_per_epoch=60, schedule={20: [0, 0, 0, 1]}
+    )
+    resumed = make_loader(grown, batch_size=4, with_indices=True, seed=2)
+    resumed.load_state_dict(state)
+    rest = delivered(resumed, 1)
+    assert set(grown.member_of(rest).tolist()) == {3}
+    epoch0 = delivered(make_loader(before, batch_size=4, with_indices=True, seed=2), 0)
+    no_repeat_no_skip(grown, epoch0 + first + rest)
+    appended = member_streams(grown, rest)[3]
+    assert len(rest) == 60 - len(first) and len(appended) >= len(extra)
+    assert sorted(appended[: len(extra)]) == list(range(len(extra)))  # from its stream's start
+
+
+def gloo_rank(rank: int, world: int, port: int, roots: list[str], job: dict[str, Any]) -> None:
+    """One rank of a mixture run: `job["batches"]` batches of `job["batch"]` (all of the
+    epoch when None) from `job["state"]` if given; writes what it read and rank 0's state."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    try:
+        datasets = [
+            PackedDataset.open(View(roots[0], split="train")),
+            PackedDataset.open(View(roots[0], split="val")),
+            PackedDataset.open(View(roots[1])),
+        ]
+        schedule = {int(k): v for k, v in job["schedule"].items()}
+        mix = Mixture(datasets, weights=[1, 1, 1], samples_per_epoch=60, schedule=schedule)
+        loader = make_loader(mix, batch_size=job["batch"], with_indices=True, seed=4)
+        if job["state"] is not None:
+            loader.load_state_dict(job["state"])
+        read = delivered(loader, 1, job["batches"])
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, {"read": read, "state": loader.state_dict()})
+        if rank == 0:
+            Path(job["out"]).write_text(json.dumps(gathered))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_elastic_resume_across_a_schedule_change_with_gloo(
+    two: tuple[Packed, Packed], tmp_path: Path
+) -> None:
+    """2 ranks of batch 2 read 3 steps with equal weights; 4 ranks of batch 1 resume their
+    state with a schedule that, from step 3 on, reads the third member only. Together they
+    read what one process with that schedule from the start reads, step by step."""
+    import torch.multiprocessing as mp
+
+    from tests.helpers.stores import free_port
+
+    roots = [str(two[0].root), str(two[1].root)]
+    out = tmp_path / "run.json"
+
+    def run(world: int, job: dict[str, Any]) -> list[dict[str, Any]]:
+        job = {**job, "out": str(out)}
+        mp.spawn(gloo_rank, args=(world, free_port(), roots, job), nprocs=world)
+        found: list[dict[str, Any]] = json.loads(out.read_text())
+        return found
+
+    before = run(2, {"batch": 2, "batches": 3, "state": None, "schedule": {}})
+    after = run(
+        4, {"batch": 1, "batches": None, "state": before[0]["state"], "schedule": {"18": [0, 0, 1]}}
+    )
+    datasets, _, _ = members(two)
+    plan = Mixture(datasets, weights=[1, 1, 1], samples_per_epoch=60, schedule={18: [0, 0, 1]})
+    whole = delivered(make_loader(plan, batch_size=4, with_indices=True, seed=4), 1)
+    steps = [whole[k : k + 4] for k in range(0, 60, 4)]
+    for s in range(3):  # steps of 2 ranks x 2
+        assert sorted(
+            before[0]["read"][2 * s : 2 * s + 2] + before[1]["read"][2 * s : 2 * s + 2]
+        ) == sorted(steps[s])
+    for s in range(3, 15):  # steps of 4 ranks x 1
+        assert sorted(r["read"][s - 3] for r in after) == sorted(steps[s])
+    assert set(plan.member_of([r["read"][0] for r in after]).tolist()) == {2}
