@@ -417,6 +417,52 @@ class Mixture(Dataset[tuple[Any, ...]]):
             for m in self.members
         ]
 
+    def preview(self, steps: int, batch_size: int = 256, seed: int = 0) -> dict[str, Any]:
+        """What the first `steps` global batches of `batch_size` would hold, before training:
+        each member's share (and its weight at step 0), and samples per member and class.
+        Computed from the order alone: no pixel is read."""
+        sampler = self.sampler(seed, 0, 1, False, batch_size)
+        wanted, epoch, have = steps * batch_size, 0, 0
+        taken: list[Order] = []
+        while have < wanted:
+            taken.append(sampler.global_order(epoch)[: wanted - have])
+            have += len(taken[-1])
+            epoch += 1
+        order = np.concatenate(taken) if taken else np.zeros(0, dtype=np.int64)
+        member = self.member_of(order)
+        counts: list[dict[str, int]] = []
+        for m, dataset in enumerate(self.members):
+            local = order[member == m] - self.offsets[m]
+            labels = dataset.selection.labels[local]
+            found = np.bincount(labels, minlength=len(dataset.classes))
+            counts.append({c: int(n) for c, n in zip(dataset.classes, found, strict=True) if n})
+        shares = np.bincount(member, minlength=len(self.members)) / max(len(order), 1)
+        return {
+            "samples": len(order),
+            "share": [float(s) for s in shares],
+            "weight": [float(w) for w in self.weights],
+            "counts": counts,
+        }
+
+    def sheet(self, batches: int = 2, batch_size: int = 8, seed: int = 0) -> Any:
+        """A contact sheet of the first `batches` batches (`etl.explore.drawing`, which needs
+        Pillow: the `etl` extra), each cell captioned with its member and class."""
+        from etl.explore.drawing import Cell, draw_sheet  # NOTE: Pillow, here only
+        from etl.explore.view import to_image
+
+        order = self.sampler(seed, 0, 1, False, batch_size).global_order(0)
+        chosen = order[: batches * batch_size]
+        batch = self.with_memory(BatchMemory(), with_indices=True).gather(chosen)
+        cells = [
+            Cell(
+                image=to_image(batch.images[i].numpy(), self.layout),
+                caption=(f"member {m}", self.classes[int(batch.labels[i])]),
+                info={"member": m, "index": int(batch.indices[i])},  # type: ignore[union-attr]
+            )
+            for i, m in enumerate(self.member_of(batch.indices).tolist())  # type: ignore[union-attr]
+        ]
+        return draw_sheet(cells, columns=batch_size, title=f"{batches} batches of {batch_size}")
+
     def member_of(self, indices: Any) -> NDArray[np.int64]:
         """The member each mixture index belongs to."""
         index = np.asarray(indices, dtype=np.int64)

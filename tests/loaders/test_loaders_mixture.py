@@ -278,3 +278,29 @@ def test_elastic_resume_across_a_schedule_change_with_gloo(
     for s in range(3, 15):  # steps of 4 ranks x 1
         assert sorted(r["read"][s - 3] for r in after) == sorted(steps[s])
     assert set(plan.member_of([r["read"][0] for r in after]).tolist()) == {2}
+
+
+def test_preview_and_sheet_show_what_a_mixture_would_yield(two: tuple[Packed, Packed]) -> None:
+    datasets, packs, positions = members(two)
+    mix = Mixture(datasets, weights=[0.5, 0.2, 0.3], samples_per_epoch=50)
+    seen = delivered(make_loader(mix, batch_size=5, with_indices=True, seed=1), 0)
+    seen += delivered(make_loader(mix, batch_size=5, with_indices=True, seed=1), 1)
+    report = mix.preview(steps=20, batch_size=5, seed=1)  # the same 100 samples
+    assert report["samples"] == len(seen) == 100
+    expected: list[dict[str, int]] = [{}, {}, {}]
+    for m, local in enumerate(member_streams(mix, seen)):
+        for i in local:
+            at = positions[m][i]
+            name = packs[m].classes[packs[m].labels[at]]
+            expected[m][name] = expected[m].get(name, 0) + 1
+    assert report["counts"] == expected
+    assert report["share"] == [sum(c.values()) / 100 for c in expected]
+    assert report["weight"] == pytest.approx([0.5, 0.2, 0.3])
+
+    sheet = mix.sheet(batches=2, batch_size=4, seed=1)
+    first = delivered(make_loader(mix, batch_size=4, with_indices=True, seed=1), 0, 2)
+    assert sorted(c["index"] for c in sheet.info) == sorted(first)  # the first two batches
+    assert len(sheet.info) == 8 and sheet.image.size[0] > 0
+    assert [c["member"] for c in sheet.info] == mix.member_of(
+        [c["index"] for c in sheet.info]
+    ).tolist()
