@@ -59,8 +59,9 @@ class View:
     sources: tuple[str, ...] | None = None
     """fnmatch patterns on `source` ('*' matches '/' too), case-sensitive."""
     ids: tuple[str, ...] | None = None
-    where: str | None = None
-    """A SQL condition over the manifest's columns (duckdb; see `etl.format.view`)."""
+    where: str | pc.Expression | None = None
+    """A SQL condition over the manifest's columns (duckdb; see `etl.format.view`), or a
+    pyarrow compute Expression (in Python; its text is what the fingerprint records)."""
     base: View | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -89,8 +90,10 @@ class View:
             isinstance(self.version, bool) or not isinstance(self.version, int)
         ):
             raise ConfigError(f"version must be a number, not {self.version!r}")
-        if self.where is not None and not isinstance(self.where, str):
-            raise ConfigError('where must be a SQL condition as text, e.g. "score > 0.5"')
+        if self.where is not None and not isinstance(self.where, str | pc.Expression):
+            raise ConfigError(
+                'where must be a SQL condition as text, e.g. "score > 0.5", or a pyarrow Expression'
+            )
 
     def narrowed(self, **predicate: Any) -> View:
         """A view of this view: its rows that also pass `predicate` (PREDICATE_KEYS)."""
@@ -110,7 +113,9 @@ class View:
         found: dict[str, Any] = {}
         for key in PREDICATE_KEYS:
             value = getattr(self, key)
-            if value is not None:
+            if isinstance(value, pc.Expression):
+                found[key] = f"arrow: {value}"
+            elif value is not None:
                 found[key] = list(value) if isinstance(value, tuple) else value
         return found
 

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
-from loaders import Mixture, PackedDataset, View, make_loader
+from loaders import DeviceLoader, Mixture, PackedDataset, View, make_loader
 from loaders.mixture import mixture_order
 from tests.helpers.packed import Packed, make_packed
 
@@ -59,6 +60,8 @@ def test_batches_hold_each_members_samples(two: tuple[Packed, Packed], workers: 
             assert mix.classes[int(batch.labels[i])] == name
         seen += len(batch.indices)
     assert seen == len(mix) == sum(len(d) for d in datasets)
+    for batch in DeviceLoader(loader, device="cpu", dtype=torch.float32):
+        assert batch.images.dtype == torch.float32 and batch.images.shape[1] == 3  # NCHW
 
 
 def test_members_repeat_nothing_within_their_own_epochs() -> None:

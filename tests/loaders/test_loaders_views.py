@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from etl.config import load_config
@@ -74,6 +75,11 @@ def test_a_view_yields_exactly_its_rows(
         want = {r["source"] for r in rows if keep(r)}
         assert want, view
         assert sources_read(PackedDataset.open(view)) == want
+    arrow = train.narrowed(
+        where=(pc.field("score") >= 2.5) & (pc.list_value_length(pc.field("boxes")) > 0)
+    )
+    assert sources_read(PackedDataset.open(arrow)) == sources_read(PackedDataset.open(scored))
+    assert arrow.fingerprint(1) != scored.fingerprint(1)  # another predicate, the same rows
     ids = [rows[3]["sample_id"], rows[7]["sample_id"]]
     picked = PackedDataset.open(View(str(out), ids=ids))
     assert sources_read(picked) == {rows[3]["source"], rows[7]["source"]}
