@@ -368,3 +368,33 @@ def test_show_draws_samples_by_their_columns(tmp_path: Path) -> None:
         proc = etl("show", str(out), *bad, "-o", str(tmp_path / "x.png"))
         assert proc.returncode == 2 and said in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_a_column_named_twice_is_one_line_naming_it(tmp_path: Path) -> None:
+    """A CSV header or a table may repeat a name: which one is meant cannot be known, for the
+    columns a run always read (path, label) as for declared ones."""
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "a.png").write_bytes(picture(1))
+    for header, said in (
+        ("path,label,label", "column 'label' appears 2 times"),
+        ("path,path,label", "column 'path' appears 2 times"),
+        ("path,label,caption,caption", "column 'caption' appears 2 times"),
+    ):
+        cells = ",".join(["a.png", *["x"] * (header.count(","))])
+        (photos / "list.csv").write_text(f"{header}\n{cells}\n")
+        proc = etl("run", str(write_listing_config(tmp_path, "columns: {caption: string}\n")))
+        assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    table = pa.Table.from_arrays(
+        [pa.array([picture(1)], pa.binary()), pa.array(["a"]), pa.array(["x"]), pa.array(["y"])],
+        names=["image", "label", "caption", "caption"],
+    )
+    pq.write_table(table, tables / "t.parquet")
+    (tmp_path / "p").mkdir()
+    path = encoded.write_config(tmp_path / "p", "  kind: parquet\n  path: ../tables\n")
+    path.write_text(path.read_text() + "columns: {caption: string}\n")
+    proc = etl("run", str(path))
+    assert proc.returncode == 2 and "column 'caption' appears 2 times" in proc.stderr, proc.stderr

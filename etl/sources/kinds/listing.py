@@ -127,6 +127,17 @@ def table_column(
     ]
 
 
+def check_unique_columns(schema: pa.Schema, read: list[str], where: Path | str) -> None:
+    """SourceError naming the file when a column it reads appears more than once (a CSV
+    header or a table may repeat a name; which one is meant cannot be known)."""
+    for name in dict.fromkeys(read):
+        if schema.names.count(name) > 1:
+            raise SourceError(
+                f"{where}: column {name!r} appears {schema.names.count(name)} times; "
+                "rename all but one"
+            )
+
+
 def _line_names(path: Path | str, bad_rows: list[tuple[int, str]]) -> Iterator[str]:
     """How an error names each row of the table, in order: 'row i' in Parquet; in CSV its
     line (the header is line 1), counting the skipped bad rows' lines. `bad_rows` may grow
@@ -179,6 +190,8 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
     keys = [c.key for c in columns]
     text = tuple(c for c in (config.label_column, config.split_column, *keys) if c)
     schema, batches = listing_batches(listing, text, bad_rows, (config.path_column,), options)
+    read = (config.path_column, config.label_column, config.split_column, *keys)
+    check_unique_columns(schema, [c for c in read if c], listing)
     for name in (config.path_column, config.label_column):
         table_column(schema.empty_table(), name, listing, required=True)
     for key in keys:

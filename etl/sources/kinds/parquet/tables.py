@@ -26,6 +26,7 @@ from etl.sources.containers import (
 )
 from etl.sources.entries import ListContext, SourceListing
 from etl.sources.intake import RecordIntake
+from etl.sources.kinds.listing import check_unique_columns
 from etl.sources.labels import class_name_of
 from etl.sources.safe_files import too_large
 
@@ -196,7 +197,9 @@ def _columns(schema: pa.Schema, config: ParquetSource, where: str, keys: list[st
     for key in keys:
         if key not in schema.names:
             raise SourceError(f"{where}: no column {key!r} (columns:); columns are {schema.names}")
-    return list(dict.fromkeys([*(c for c in wanted.values() if c is not None), *keys]))
+    read = list(dict.fromkeys([*(c for c in wanted.values() if c is not None), *keys]))
+    check_unique_columns(schema, read, where)
+    return read
 
 
 def _class_label_names(schema: pa.Schema, column: str) -> tuple[str, ...] | None:
