@@ -36,6 +36,8 @@ NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 """A column's name: an identifier, so SQL and Python name it without quoting."""
 _TOKEN = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*|[<>,:])")
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+MAX_TYPE_DEPTH = 16
+"""Deeper nesting of list<> and struct<> is refused: no RecursionError from a hostile type."""
 
 
 class BadValue(ValueError):
@@ -46,7 +48,7 @@ def parse_type(text: str) -> pa.DataType:
     """The Arrow type a config writes as text: a simple name (`SIMPLE_TYPES`), `list<T>` or
     `struct<name: T, ...>`, nested freely. ValueError saying what is wrong."""
     tokens = _tokens(text)
-    found, at = _parse(tokens, 0, text)
+    found, at = _parse(tokens, 0, text, 0)
     if at != len(tokens):
         raise ValueError(f"type {text!r}: unexpected {tokens[at]!r}")
     return found
@@ -78,7 +80,7 @@ def _tokens(text: str) -> list[str]:
     return tokens
 
 
-def _parse(tokens: list[str], at: int, text: str) -> tuple[pa.DataType, int]:
+def _parse(tokens: list[str], at: int, text: str, depth: int) -> tuple[pa.DataType, int]:
     def expect(token: str, where: int) -> int:
         if where >= len(tokens) or tokens[where] != token:
             got = repr(tokens[where]) if where < len(tokens) else "the end"
@@ -87,9 +89,11 @@ def _parse(tokens: list[str], at: int, text: str) -> tuple[pa.DataType, int]:
 
     if at >= len(tokens):
         raise ValueError(f"type {text!r}: a type is missing at the end")
+    if depth > MAX_TYPE_DEPTH:
+        raise ValueError(f"type {text[:40]!r}...: nested deeper than {MAX_TYPE_DEPTH} levels")
     name = tokens[at]
     if name == "list":
-        inner, at = _parse(tokens, expect("<", at + 1), text)
+        inner, at = _parse(tokens, expect("<", at + 1), text, depth + 1)
         return pa.list_(inner), expect(">", at)
     if name == "struct":
         at = expect("<", at + 1)
@@ -100,7 +104,7 @@ def _parse(tokens: list[str], at: int, text: str) -> tuple[pa.DataType, int]:
                 raise ValueError(f"type {text!r}: expected a field name, found {field_name!r}")
             if field_name in {f.name for f in fields}:
                 raise ValueError(f"type {text!r}: field {field_name!r} is named twice")
-            inner, at = _parse(tokens, expect(":", at + 1), text)
+            inner, at = _parse(tokens, expect(":", at + 1), text, depth + 1)
             fields.append(pa.field(field_name, inner))
             if at < len(tokens) and tokens[at] == ",":
                 at += 1

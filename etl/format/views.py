@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 PREDICATE_KEYS = ("split", "classes", "sources", "ids", "where")
 """What a view may say of its rows, in the order they are applied."""
 VIEW_KEYS = ("dataset", "version", *PREDICATE_KEYS, "base")
+MAX_BASES = 32
+"""A view file's chain of bases is refused beyond this (no RecursionError, ever)."""
 
 
 @dataclass(frozen=True)
@@ -153,12 +155,18 @@ class View:
         return own if mask is None else mask & own
 
     @classmethod
-    def load(cls, path: Path | str) -> View:
+    def load(cls, path: Path | str, _within: tuple[Path, ...] = ()) -> View:
         """The view a YAML file describes (see the module docstring); ConfigError naming the
-        file, line and key for anything it cannot be."""
+        file, line and key for anything it cannot be (a chain of bases that comes back to a
+        file, or deeper than MAX_BASES, too)."""
         from etl.yaml_file import read_yaml  # NOTE: here: it needs PyYAML
 
         path = Path(path)
+        if path.resolve() in _within:
+            chain = " -> ".join(p.name for p in (*_within, path.resolve()))
+            raise ConfigError(f"{path}: a view's bases come back to it ({chain})")
+        if len(_within) >= MAX_BASES:
+            raise ConfigError(f"{path}: bases deeper than {MAX_BASES} views")
         data, lines = read_yaml(path, ", ".join(VIEW_KEYS))
         unknown = [k for k in data if k not in VIEW_KEYS]
         if unknown:
@@ -176,9 +184,7 @@ class View:
             if not isinstance(base, str):
                 raise ConfigError(f"{path}:{lines.get(('base',), 1)}: base is a view file")
             base_path = Path(base) if Path(base).is_absolute() else path.parent / base
-            if base_path.resolve() == path.resolve():
-                raise ConfigError(f"{path}: a view cannot be its own base")
-            values["base"] = cls.load(base_path)
+            values["base"] = cls.load(base_path, (*_within, path.resolve()))
         try:
             return cls(**values)
         except ConfigError as exc:

@@ -57,6 +57,8 @@ def test_types_read_and_write_back(text: str, expected: pa.DataType) -> None:
         ("struct<a: int8, a: bool>", "named twice"),
         ("struct<1a: int8>", "cannot read '1a"),
         ("int8 $", "cannot read '$'"),
+        ("list<" * 3000 + "int8" + ">" * 3000, "nested deeper than 16 levels"),
+        ("struct<a: " * 40 + "int8" + ">" * 40, "nested deeper than 16 levels"),
     ],
 )
 def test_a_bad_type_says_what_is_wrong(text: str, said: str) -> None:
