@@ -131,7 +131,7 @@ def checked(value: Any, type_: pa.DataType, where: str = "") -> Any:
             _, low, high = INTEGERS[type_name(type_)]
             if low <= int(value) <= high:
                 return int(value)
-            raise BadValue(f"{_at(where)}{value!r} is out of range for {type_name(type_)}")
+            raise BadValue(f"{_at(where)}{_shown(value)} is out of range for {type_name(type_)}")
     elif pa.types.is_floating(type_):
         if isinstance(value, int | float | np.integer | np.floating) and not isinstance(
             value, bool | np.bool_
@@ -142,7 +142,7 @@ def checked(value: Any, type_: pa.DataType, where: str = "") -> Any:
                 # never compare unchanged; null says "missing" and compares equal
                 raise BadValue(f"{_at(where)}NaN; leave the value out (null) where it is missing")
             if type_ == pa.float32() and math.isfinite(number) and abs(number) > _FLOAT32_MAX:
-                raise BadValue(f"{_at(where)}{value!r} is out of range for float32")
+                raise BadValue(f"{_at(where)}{_shown(value)} is out of range for float32")
             return number
     elif pa.types.is_string(type_):
         if isinstance(value, str):
@@ -159,8 +159,17 @@ def checked(value: Any, type_: pa.DataType, where: str = "") -> Any:
         if unknown:
             raise BadValue(f"{_at(where)}no field {unknown[0]!r} (fields: {', '.join(names)})")
         return {f.name: checked(value.get(f.name), f.type, f"{where}.{f.name}") for f in type_}
-    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-    return _bad(f"{_at(where)}{shown} is not {type_name(type_)}")
+    return _bad(f"{_at(where)}{_shown(value)} is not {type_name(type_)}")
+
+
+def _shown(value: Any) -> str:
+    """A value as a message shows it: its repr, cut at 60 characters; a value whose repr
+    fails (a record's own object) by its type."""
+    try:
+        text = repr(value)
+    except Exception:
+        return f"a {type(value).__name__}"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _bad(message: str) -> Any:

@@ -68,6 +68,15 @@ def test_a_bad_type_says_what_is_wrong(text: str, said: str) -> None:
 
 
 BOXES = pa.list_(pa.list_(pa.float32()))
+
+
+class _Unprintable:
+    """A record's own object whose repr fails: the message names its type instead."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
 META = pa.struct([("origin", pa.string()), ("year", pa.int16())])
 
 
@@ -87,6 +96,7 @@ META = pa.struct([("origin", pa.string()), ("year", pa.int16())])
         ({"origin": "a", "lens": 1}, META, "no field 'lens'"),  # pyarrow drops it
         ({"origin": "a", "year": 1 << 20}, META, "at .year: 1048576 is out of range"),
         ([1, 2], META, "is not struct<origin: string, year: int16>"),
+        (_Unprintable(), pa.string(), "a _Unprintable is not string"),
     ],
 )
 def test_a_value_that_does_not_fit_is_named(value: object, type_: pa.DataType, said: str) -> None:
