@@ -189,7 +189,14 @@ def _sql_mask(table: pa.Table, condition: str, where: Path) -> NDArray[np.bool_]
             "where= as SQL needs duckdb: pip install duckdb (or pass a pyarrow Expression)"
         ) from None
     numbered = table.append_column("__row", pa.array(np.arange(table.num_rows)))
-    with duckdb.connect() as connection:
+    # NOTE: a condition may come from a shared view file: it reads the manifest and nothing
+    # else (no file, no network, no extension installed or loaded on its behalf)
+    sealed: dict[str, str | bool | int | float | list[str]] = {
+        "enable_external_access": False,
+        "autoinstall_known_extensions": False,
+        "autoload_known_extensions": False,
+    }
+    with duckdb.connect(config=sealed) as connection:
         connection.register("samples", numbered)
         try:
             query = f"SELECT __row FROM samples WHERE ({condition})"

@@ -137,6 +137,10 @@ def test_where_filters_on_columns_in_sql_and_arrow(
         catalog.select(where="1 = 1); DROP TABLE samples; --")
     with pytest.raises(SelectionError, match="nope"):
         catalog.select(where="nope > 1")
+    secret = out.parent / "secret.csv"
+    secret.write_text("a\n1\n")
+    with pytest.raises(SelectionError, match="file system operations are disabled"):
+        catalog.select(where=f"(SELECT count(*) FROM read_csv('{secret}')) > 0")
 
 
 def test_unknown_columns_and_datasets_without_them(
