@@ -398,3 +398,28 @@ def test_a_column_named_twice_is_one_line_naming_it(tmp_path: Path) -> None:
     path.write_text(path.read_text() + "columns: {caption: string}\n")
     proc = etl("run", str(path))
     assert proc.returncode == 2 and "column 'caption' appears 2 times" in proc.stderr, proc.stderr
+
+
+def test_columns_of_a_dataset_packed_into_a_bucket(
+    endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`etl run` into object storage publishes the columns; a training node reads them by
+    URL, with the values the listing wrote."""
+    from loaders import PackedDataset, make_loader
+    from tests.helpers.stores import new_bucket, point_at
+
+    point_at(endpoint, monkeypatch, tmp_path / "cache")
+    new_bucket(endpoint, "columns")
+    expected = write_captioned(tmp_path / "photos", count=6)
+    config = write_listing_config(tmp_path)
+    config.write_text(config.read_text().replace("dir: out", "dir: s3://columns/ds"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "etl", "run", str(config), "--json"],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    ds = PackedDataset.open("s3://columns/ds", columns=["caption", "boxes"])
+    for batch in make_loader(ds, batch_size=4):
+        sources = ds.manifest_rows(batch.indices).column("source").to_pylist()
+        assert batch.columns["caption"] == [expected[s]["caption"] for s in sources]
+        assert batch.columns["boxes"] == [expected[s]["boxes"] for s in sources]
