@@ -65,25 +65,31 @@ class ShardSet:
     """For a dataset in object storage, its URL (`root` is then its mirror in the cache)."""
     row_sums: RowChecksums | None = None
     """With `verify="rows"`: each selected row's recorded checksum, checked as it is read."""
+    roots: tuple[Path, ...] = ()
+    """Per shard, its dataset's root and (`versions`) version, when the set joins the shards
+    of several datasets (a `Mixture`'s members, read through one reader); else `root`."""
+    versions: tuple[int, ...] = ()
 
     def path(self, shard: int) -> Path:
-        return self.root / self.names[shard]
+        return (self.roots[shard] if self.roots else self.root) / self.names[shard]
 
     def unreadable(self, shard: int, cause: Exception) -> ShardError:
         """The error for a shard that cannot be read: the cause, which samples of the version
         live in it, and the command that repairs them (the manifest is read again only now)."""
         name = self.names[shard]
         reason = str(cause) if isinstance(cause, EtlError) else f"{self.path(shard)}: {cause}"
+        root = self.roots[shard] if self.roots else self.root
+        version = self.versions[shard] if self.versions else self.version
         try:
-            samples = read_manifest(self.root, self.version, verify=False).samples
+            samples = read_manifest(root, version, verify=False).samples
             ids = samples.filter(pc.field("shard") == name).column("sample_id").to_pylist()
         except EtlError:
             ids = []
         listed = ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
-        held = f"; it holds {len(ids)} sample(s) of version {self.version} ({listed})"
+        held = f"; it holds {len(ids)} sample(s) of version {version} ({listed})"
         return ShardError(
-            f"{reason}{held if ids else ''}; repair: etl audit {self.url or self.root} "
-            f"--version {self.version} --repair --config pipeline.yaml"
+            f"{reason}{held if ids else ''}; repair: etl audit {self.url or root} "
+            f"--version {version} --repair --config pipeline.yaml"
         )
 
     def __len__(self) -> int:

@@ -29,8 +29,10 @@ from __future__ import annotations
 import copy
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,6 +42,7 @@ from torch.utils.data import Dataset
 from loaders.batches import AnyBatch, BatchMemory, Samples
 from loaders.dataset import PackedDataset
 from loaders.orders import Order
+from loaders.reader import ShardReader
 from loaders.resume import State
 from loaders.samplers import OrderSampler
 
@@ -370,6 +373,7 @@ class Mixture(Dataset[tuple[Any, ...]]):
         self._labels = [
             np.asarray([classes.index(c) for c in m.classes], dtype=np.int64) for m in members
         ]
+        self._joined = _joined(self.members, self._labels)
         self.memory = BatchMemory()
         self.with_indices = False
 
@@ -481,11 +485,20 @@ class Mixture(Dataset[tuple[Any, ...]]):
         return Samples(self.gather([index]))[0]
 
     def gather(self, indices: Sequence[int] | NDArray[np.integer]) -> AnyBatch:
-        """A batch of mixture indices in one buffer, grouped by member (each member's rows are
-        one gather; the order within a member is kept)."""
+        """A batch of mixture indices in one buffer: in their order with one gather across
+        every member's shards (`_Joined`), or, where members cannot share a reader (in object
+        storage, `verify="rows"`, other reader settings), grouped by member, one gather each
+        (the order within a member kept)."""
         index = np.asarray(indices, dtype=np.int64)
         if len(index) and (index.min() < 0 or index.max() >= len(self)):
             raise IndexError(f"index out of range for a mixture of {len(self)} samples")
+        given = index if self.with_indices else None
+        joined = self._joined
+        if joined is not None:
+            shard_idx, rows = joined.shard_idx[index], joined.rows[index]
+            write = partial(joined.reader.gather, shard_idx, rows)
+            shape = (len(index), *self.sample_shape)
+            return self.memory.batch(shape, joined.labels[index], write, given)
         member = self.member_of(index)
         grouped = np.argsort(member, kind="stable")
         index, member = index[grouped], member[grouped]
@@ -511,6 +524,82 @@ class Mixture(Dataset[tuple[Any, ...]]):
         index = np.asarray(indices, dtype=np.int64)
         if not len(index) or index.min() < 0 or index.max() >= len(self):
             return
+        if self._joined is not None:
+            j = self._joined
+            j.reader.prefetch(j.shard_idx[index], j.rows[index])
+            return
         member = self.member_of(index)
         for m in np.unique(member).tolist():
             self.members[m].prefetch(index[member == m] - self.offsets[m])
+
+
+@dataclass(frozen=True, eq=False)
+class _Joined:
+    """Every member's shards in one `ShardSet` read by one `ShardReader` (the same files
+    mapped once, whichever members select from them), and each mixture index's shard, row
+    and label in it: a mixture batch is then one gather, as a single dataset's is."""
+
+    reader: ShardReader
+    shard_idx: NDArray[np.int32]
+    rows: NDArray[np.int32]
+    labels: NDArray[np.int64]
+
+
+def _joined(members: Sequence[PackedDataset], labels: Sequence[Order]) -> _Joined | None:
+    """The joined reader of `members`, or None where they cannot share one: shards read
+    through a bounded cache or by ranged GETs, rows checked (`verify="rows"`), another
+    checksum algorithm, or readers set up otherwise."""
+    sets = [m.selection.shards for m in members]
+    settings = {(m.reader.verify, m.reader.release_every, m.reader.readahead,
+                 m.reader.drop_behind) for m in members}  # fmt: skip
+    if len(settings) > 1 or len({s.algorithm for s in sets}) > 1:
+        return None
+    if any(s.cache is not None or s.ranged is not None or s.row_sums is not None for s in sets):
+        return None
+    at: dict[tuple[Path, str], int] = {}
+    names: list[str] = []
+    roots: list[Path] = []
+    versions: list[int] = []
+    rows: list[int] = []
+    sums: list[str] = []
+    probes: list[tuple[int, str] | None] = []
+    sizes: list[int | None] = []
+    remaps = []
+    for shards in sets:
+        remap = []
+        for i, name in enumerate(shards.names):
+            key = (shards.root, name)
+            if key not in at:
+                at[key] = len(names)
+                names.append(name)
+                roots.append(shards.root)
+                versions.append(shards.version)
+                rows.append(int(shards.rows[i]))
+                sums.append(shards.checksums[i])
+                probes.append(shards.probes[i] if shards.probes else None)
+                sizes.append(shards.sizes[i] if shards.sizes else None)
+            remap.append(at[key])
+        remaps.append(np.asarray(remap, dtype=np.int32))
+    first = sets[0]
+    joined = replace(
+        first,
+        names=tuple(names),
+        rows=np.asarray(rows, dtype=np.int64),
+        checksums=tuple(sums),
+        probes=tuple(p for p in probes if p is not None) if all(probes) else (),
+        sizes=tuple(s for s in sizes if s is not None) if all(s is not None for s in sizes)
+        else (),
+        roots=tuple(roots),
+        versions=tuple(versions),
+    )  # fmt: skip
+    reader = ShardReader(
+        joined, members[0].reader.verify, members[0].reader.release_every,
+        members[0].reader.readahead, members[0].reader.drop_behind,
+    )  # fmt: skip
+    selections = [m.selection for m in members]
+    return _Joined(
+        reader,
+        np.concatenate([r[s.shard_idx] for r, s in zip(remaps, selections, strict=True)]),
+        np.concatenate([s.rows for s in selections]),
+        np.concatenate([lab[s.labels] for lab, s in zip(labels, selections, strict=True)]),
+    )

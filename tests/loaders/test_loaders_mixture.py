@@ -30,23 +30,28 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> tuple[Packed, Packed]:
 
 
 def members(
-    two: tuple[Packed, Packed],
+    two: tuple[Packed, Packed], **options: Any
 ) -> tuple[list[PackedDataset], list[Packed], list[list[int]]]:
     """Three views: a's train, a's val, all of b; with each member's manifest positions."""
     a, b = two
     datasets = [
-        PackedDataset.open(View(str(a.root), split="train")),
-        PackedDataset.open(View(str(a.root), split="val")),
-        PackedDataset.open(View(str(b.root))),
+        PackedDataset.open(View(str(a.root), split="train"), **options),
+        PackedDataset.open(View(str(a.root), split="val"), **options),
+        PackedDataset.open(View(str(b.root)), **options),
     ]
     packs = [a, a, b]
     return datasets, packs, [list(ds.selection.positions) for ds in datasets]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_batches_hold_each_members_samples(two: tuple[Packed, Packed], workers: int) -> None:
-    datasets, packs, positions = members(two)
+@pytest.mark.parametrize(("workers", "verify"), [(0, False), (2, False), (0, "rows"), (2, "rows")])
+def test_batches_hold_each_members_samples(
+    two: tuple[Packed, Packed], workers: int, verify: bool | str
+) -> None:
+    """One gather across the members' shards, or (rows checked: each member reads its own)
+    one gather a member."""
+    datasets, packs, positions = members(two, verify=verify)
     mix = Mixture(datasets, weights=[0.5, 0.2, 0.3])
+    assert (mix._joined is None) == (verify == "rows")
     assert mix.classes == ("ant", "bee", "cat", "dog")
     loader = make_loader(mix, batch_size=6, num_workers=workers, with_indices=True, seed=3)
     seen = 0
