@@ -31,6 +31,9 @@ Augment = Callable[[torch.Tensor, "torch.Tensor | None", int], torch.Tensor]
 """(NCHW uint8 images on the device, their dataset indices or None, epoch) -> float NCHW in the
 images' 0-255 range: what `DeviceLoader(augment=...)` calls for each batch."""
 
+Sizes = tuple[NDArray[np.integer], NDArray[np.integer]]
+"""Each sample's (heights, widths) in a batch of samples of several sizes, padded."""
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -58,8 +61,8 @@ def crop_boxes(
     seed: int,
     epoch: int,
     index: NDArray[np.integer],
-    height: int,
-    width: int,
+    height: int | NDArray[np.integer],
+    width: int | NDArray[np.integer],
     scale: tuple[float, float] = (0.08, 1.0),
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
     attempts: int = 10,
@@ -68,12 +71,18 @@ def crop_boxes(
 
     Up to `attempts` draws of an area fraction in `scale` and a log-uniform aspect ratio in
     `ratio`; the first box that fits is placed uniformly. Where none fits, the centre crop of
-    the whole image with the ratio clamped to `ratio`.
+    the whole image with the ratio clamped to `ratio`. `height` and `width` are the batch's,
+    or each sample's (arrays: samples of several sizes padded into one batch).
     """
     if not 0 < scale[0] <= scale[1] or not 0 < ratio[0] <= ratio[1]:
         raise ValueError(f"scale and ratio must be increasing positive pairs: {scale}, {ratio}")
     n = len(index)
+    per_sample = np.ndim(height) > 0
+    heights = np.broadcast_to(np.asarray(height, dtype=np.int64), (n,))
+    widths = np.broadcast_to(np.asarray(width, dtype=np.int64), (n,))
     u = uniforms(seed, epoch, np.asarray(index), 4 * attempts).reshape(n, 4, attempts)
+    if per_sample:
+        height, width = heights[:, None], widths[:, None]
     area = height * width * (scale[0] + (scale[1] - scale[0]) * u[:, 0])
     low, high = math.log(ratio[0]), math.log(ratio[1])
     aspect = np.exp(low + (high - low) * u[:, 1])
@@ -83,10 +92,11 @@ def crop_boxes(
     first = fits.argmax(axis=1)
     rows = np.arange(n)
     h, w = h[rows, first], w[rows, first]
-    top = np.floor(u[rows, 2, first] * (height - h + 1)).astype(np.int64)
-    left = np.floor(u[rows, 3, first] * (width - w + 1)).astype(np.int64)
+    top = np.floor(u[rows, 2, first] * (heights - h + 1)).astype(np.int64)
+    left = np.floor(u[rows, 3, first] * (widths - w + 1)).astype(np.int64)
     boxes = np.stack([top, left, h, w], axis=1)
-    boxes[~fits.any(axis=1)] = _fallback_box(height, width, ratio)
+    for i in np.flatnonzero(~fits.any(axis=1)).tolist():
+        boxes[i] = _fallback_box(int(heights[i]), int(widths[i]), ratio)
     return boxes
 
 
@@ -186,8 +196,15 @@ class RandomResizedCrop:
     seed: int = 0
 
     def __call__(
-        self, images: torch.Tensor, index: torch.Tensor | None, epoch: int
+        self,
+        images: torch.Tensor,
+        index: torch.Tensor | None,
+        epoch: int,
+        sizes: Sizes | None = None,
     ) -> torch.Tensor:
+        """`sizes`: each sample's (heights, widths) where samples of several sizes are padded
+        into one batch (a `Mixture` of several shapes): each crop is drawn from its sample's
+        own image, never the padding."""
         if index is None:
             raise TypeError(
                 "RandomResizedCrop draws each sample's crop from its dataset index: build the "
@@ -195,7 +212,8 @@ class RandomResizedCrop:
             )
         _, _, height, width = images.shape
         where = index.cpu().numpy()
-        boxes = crop_boxes(self.seed, epoch, where, height, width, self.scale, self.ratio)
+        heights, widths = sizes if sizes is not None else (height, width)
+        boxes = crop_boxes(self.seed, epoch, where, heights, widths, self.scale, self.ratio)
         mirrored = flips(self.seed, epoch, where, self.flip)
         batched = images.device.type == "cuda"
         box, flip = _params_on(images.device if batched else None, boxes, mirrored)
@@ -228,10 +246,25 @@ class CenterCrop:
     """Shorter side before cropping; default: the crop's shorter side (a plain resize)."""
 
     def __call__(
-        self, images: torch.Tensor, index: torch.Tensor | None, epoch: int
+        self,
+        images: torch.Tensor,
+        index: torch.Tensor | None,
+        epoch: int,
+        sizes: Sizes | None = None,
     ) -> torch.Tensor:
+        """`sizes`: as for `RandomResizedCrop`; the samples of each size are resized together
+        (one `F.interpolate` a size, a few a batch)."""
         size = _pair(self.size)
-        return resize_center_crop(images, self.resize or min(size), size)
+        resize = self.resize or min(size)
+        if sizes is None:
+            return resize_center_crop(images, resize, size)
+        heights, widths = (np.asarray(s, dtype=np.int64) for s in sizes)
+        out = images.new_empty((len(images), images.shape[1], *size), dtype=torch.float32)
+        for h, w in sorted(set(zip(heights.tolist(), widths.tolist(), strict=True))):
+            chosen = np.flatnonzero((heights == h) & (widths == w))
+            at = torch.from_numpy(chosen).to(images.device)
+            out[at] = resize_center_crop(images[at][:, :, :h, :w], resize, size)
+        return out
 
 
 def _pair(size: int | Sequence[int]) -> tuple[int, int]:

@@ -72,6 +72,11 @@ class ColumnBatch(NamedTuple):
 
 AnyBatch = Batch | IndexedBatch | ColumnBatch
 
+SIZE_COLUMNS = ("sample.height", "sample.width")
+"""The columns of a padded batch (samples of several sizes, a `Mixture` of several shapes)
+that say each sample's own size; names no declared per-sample column can have.
+`DeviceLoader` hands them to the augmentation, which crops from each sample's own image."""
+
 Columns = dict[str, NDArray[Any] | list[Any]]
 """A batch's per-sample column values as `SampleValues.batch` gives them."""
 

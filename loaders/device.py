@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from loaders.augment import Augment
-from loaders.batches import Batch, ColumnBatch, IndexedBatch
+from loaders.augment import Augment, Sizes
+from loaders.batches import SIZE_COLUMNS, Batch, ColumnBatch, IndexedBatch
 from loaders.loader import PackedLoader
 
 
@@ -183,12 +183,19 @@ class DeviceLoader:
         tensor is copied too, a list stays as it is."""
         images = images.to(self.device, non_blocking=True)
         labels = labels.to(self.device, non_blocking=True)
+        sizes = _sizes(columns)
         if self.augment is None:
+            if sizes is not None:
+                raise ValueError(
+                    "this batch holds samples of several sizes, padded (a Mixture of several "
+                    "shapes): give DeviceLoader augment=RandomResizedCrop(...) or CenterCrop(...) "
+                    "to make them one size"
+                )
             images = prepare_images(
                 images, self.layout, self.dtype, self.scale, self.shift, self.channels_last
             )
         else:
-            images = self._augmented(images, indices)
+            images = self._augmented(images, indices, sizes)
         if columns is not None and indices is not None:
             moved = {
                 name: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
@@ -199,12 +206,18 @@ class DeviceLoader:
             return Batch(images, labels)
         return IndexedBatch(images, labels, indices)  # indices stay on the CPU, for lookups
 
-    def _augmented(self, images: torch.Tensor, indices: torch.Tensor | None) -> torch.Tensor:
-        """Augment NCHW uint8 images on the device, then convert and normalise in place."""
+    def _augmented(
+        self, images: torch.Tensor, indices: torch.Tensor | None, sizes: Sizes | None = None
+    ) -> torch.Tensor:
+        """Augment NCHW uint8 images on the device, then convert and normalise in place; a
+        padded batch's `sizes` tell the augmentation each sample's own size."""
         assert self.augment is not None and self.dtype is not None
         nchw = images.permute(0, 3, 1, 2) if self.layout == "HWC" else images
         epoch = int(getattr(self.loader, "epoch", 0))
-        out = self.augment(nchw, indices, epoch).to(self.dtype)
+        if sizes is None:
+            out = self.augment(nchw, indices, epoch).to(self.dtype)
+        else:
+            out = self.augment(nchw, indices, epoch, sizes=sizes).to(self.dtype)  # type: ignore[call-arg]
         if self.scale is not None:
             out.mul_(self.scale)
         if self.shift is not None:
@@ -252,6 +265,14 @@ class DeviceLoader:
                 "leave the float conversion to it, or pass dtype=None and normalise yourself"
             )
         return images, labels, indices, columns
+
+
+def _sizes(columns: dict[str, Any] | None) -> Sizes | None:
+    """Each sample's (heights, widths) when the batch is padded (`SIZE_COLUMNS`), on the CPU."""
+    if columns is None or SIZE_COLUMNS[0] not in columns:
+        return None
+    height, width = (columns[name] for name in SIZE_COLUMNS)
+    return height.cpu().numpy(), width.cpu().numpy()
 
 
 def bound_device(device: torch.device | str | None) -> torch.device:

@@ -39,7 +39,7 @@ import numpy as np
 from numpy.typing import NDArray
 from torch.utils.data import Dataset
 
-from loaders.batches import AnyBatch, BatchMemory, Samples
+from loaders.batches import SIZE_COLUMNS, AnyBatch, BatchMemory, Columns, Samples
 from loaders.dataset import PackedDataset
 from loaders.orders import Order
 from loaders.reader import ShardReader
@@ -47,6 +47,7 @@ from loaders.resume import State
 from loaders.samplers import OrderSampler
 
 _MIX = 0x6D6978  # "mix": keeps these draws apart from every other order's
+
 _BLOCK = 1 << 16
 """Positions whose uniform draws come from one generator (so any stretch is cheap to redo)."""
 
@@ -322,8 +323,9 @@ class Mixture(Dataset[tuple[Any, ...]]):
     """Datasets (or views opened as datasets) read as one by weight: give it to `make_loader`
     as a dataset, and its order is the mixture's (`MixtureSampler`).
 
-    Members must store one sample shape and layout (their batches are gathered into one
-    buffer). Labels are renumbered into `classes`, the members' class lists merged in order,
+    Members must store one layout and channel count. Members of several sample sizes are
+    padded into one batch (the largest of each side) that says each sample's own size
+    (`SIZE_COLUMNS`), which `DeviceLoader`'s crops draw from. Labels are renumbered into `classes`, the members' class lists merged in order,
     so one label means one class name across members. `member_of(indices)` says which member
     each sample of a batch came from (`with_indices=True`).
 
@@ -354,12 +356,17 @@ class Mixture(Dataset[tuple[Any, ...]]):
             empty = [i for i, m in enumerate(members) if len(m) == 0 and vector[i] > 0]
             if empty:
                 raise ValueError(f"member {empty[0]} has no sample but a weight above 0")
-        shapes = {(m.sample_shape, m.layout) for m in members}
-        if len(shapes) > 1:
+        layouts = {m.layout for m in members}
+        channels = {_channels(m.sample_shape, m.layout) for m in members}
+        if len(layouts) > 1 or len(channels) > 1:
             raise ValueError(
-                f"members store different samples {sorted(map(str, shapes))}: a batch is one "
-                "buffer; pack them to one size, or mix them on the device after a crop"
+                f"members store {sorted(layouts)} samples of {sorted(channels)} channels: a "
+                "batch holds one layout and one channel count; pack them alike"
             )
+        self.sizes_differ = len({m.sample_shape for m in members}) > 1
+        """Members store samples of several sizes: batches are padded to the largest and
+        carry each sample's size (see `gather`)."""
+        self._shape = tuple(int(d) for d in np.max([m.sample_shape for m in members], axis=0))
         self.members = tuple(members)
         self.weights = self.schedule[0][1]
         self.sizes = tuple(len(m) for m in members)
@@ -382,7 +389,9 @@ class Mixture(Dataset[tuple[Any, ...]]):
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
-        return self.members[0].sample_shape
+        """The members' sample shape; with several sizes, the largest of each side (the
+        padded batch's)."""
+        return self._shape
 
     @property
     def layout(self) -> str:
@@ -515,10 +524,28 @@ class Mixture(Dataset[tuple[Any, ...]]):
 
         def fill(out: NDArray[np.uint8]) -> None:
             for m, start, stop, shard_idx, rows in parts:
-                self.members[m].reader.gather(shard_idx, rows, out[start:stop])
+                reader = self.members[m].reader
+                if not self.sizes_differ:
+                    reader.gather(shard_idx, rows, out[start:stop])
+                    continue
+                own = np.empty((stop - start, *self.members[m].sample_shape), dtype=np.uint8)
+                reader.gather(shard_idx, rows, own)
+                padded = out[start:stop]
+                padded.fill(0)
+                padded[tuple(slice(0, d) for d in (stop - start, *own.shape[1:]))] = own
 
-        given = index if self.with_indices else None
-        return self.memory.batch((len(index), *self.sample_shape), labels, fill, given)
+        shape = (len(index), *self.sample_shape)
+        if not self.sizes_differ:
+            given = index if self.with_indices else None
+            return self.memory.batch(shape, labels, fill, given)
+        heights, widths = (np.asarray(v, dtype=np.int64)[member] for v in self._sides())
+        sizes: Columns = {SIZE_COLUMNS[0]: heights, SIZE_COLUMNS[1]: widths}
+        return self.memory.batch(shape, labels, fill, index, sizes)
+
+    def _sides(self) -> tuple[list[int], list[int]]:
+        """Each member's stored height and width."""
+        sides = [_height_width(m.sample_shape, m.layout) for m in self.members]
+        return [h for h, _ in sides], [w for _, w in sides]
 
     def prefetch(self, indices: Sequence[int] | NDArray[np.integer]) -> None:
         index = np.asarray(indices, dtype=np.int64)
@@ -554,6 +581,8 @@ def _joined(members: Sequence[PackedDataset], labels: Sequence[Order]) -> _Joine
                  m.reader.drop_behind) for m in members}  # fmt: skip
     if len(settings) > 1 or len({s.algorithm for s in sets}) > 1:
         return None
+    if len({s.sample_shape for s in sets}) > 1:
+        return None  # a reader reads one sample shape
     if any(s.cache is not None or s.ranged is not None or s.row_sums is not None for s in sets):
         return None
     at: dict[tuple[Path, str], int] = {}
@@ -603,3 +632,11 @@ def _joined(members: Sequence[PackedDataset], labels: Sequence[Order]) -> _Joine
         np.concatenate([s.rows for s in selections]),
         np.concatenate([lab[s.labels] for lab, s in zip(labels, selections, strict=True)]),
     )
+
+
+def _channels(shape: tuple[int, ...], layout: str) -> int:
+    return int(shape[-1] if layout == "HWC" else shape[0])
+
+
+def _height_width(shape: tuple[int, ...], layout: str) -> tuple[int, int]:
+    return (int(shape[0]), int(shape[1])) if layout == "HWC" else (int(shape[1]), int(shape[2]))

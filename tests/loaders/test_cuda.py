@@ -199,6 +199,25 @@ def test_batched_augmentation_on_cuda_equals_the_cpu_loop(packed: Packed) -> Non
     torch.testing.assert_close(on_gpu.cpu(), reference, atol=2e-3, rtol=0)
 
 
+def test_a_padded_mixture_batch_is_cropped_on_cuda_as_on_the_cpu(
+    packed: Packed, tmp_path: Any
+) -> None:
+    """A Mixture of two sample sizes through DeviceLoader on CUDA: each crop drawn from its
+    sample's own size, the batched kernel equal to the CPU loop on the same padded batch."""
+    from loaders import Mixture
+
+    big = make_packed(tmp_path / "big", shard_sizes=(40,), sample_shape=(48, 36, 3), seed=5)
+    mix = Mixture([PackedDataset.open(packed.root), PackedDataset.open(big.root)], weights=[1, 1])
+    loader = make_loader(mix, batch_size=32, seed=1)
+    crop = RandomResizedCrop(24, seed=3)
+    on_gpu = list(DeviceLoader(loader, dtype=torch.float32, augment=crop))
+    for batch, cpu in zip(on_gpu, loader, strict=True):
+        sizes = (cpu.columns["sample.height"].numpy(), cpu.columns["sample.width"].numpy())
+        reference = crop(cpu.images.permute(0, 3, 1, 2), cpu.indices, 0, sizes=sizes)
+        assert batch.images.is_cuda
+        torch.testing.assert_close(batch.images.cpu() * 255, reference, atol=2e-3, rtol=0)
+
+
 @pytest.mark.guards("bound_device")
 def test_cuda_without_an_index_is_the_device_current_when_built(packed: Packed) -> None:
     """Built after `set_device(k)`, a loader keeps cuda:k whichever device is current when it

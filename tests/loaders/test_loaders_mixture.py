@@ -152,9 +152,9 @@ def test_bad_mixtures_are_one_clear_error(two: tuple[Packed, Packed], tmp_path: 
         Mixture(datasets, weights=[1, 1, 1], schedule={-2: [1, 1, 1]})
     with pytest.raises(ValueError, match="name 4 members of 3"):
         Mixture(datasets, weights=[1, 1, 1], schedule={3: [1, 1, 1, 1]})
-    odd = make_packed(tmp_path / "odd", sample_shape=(4, 4, 3))
-    with pytest.raises(ValueError, match="different samples"):
-        Mixture([datasets[0], PackedDataset.open(odd.root)], weights=[1, 1])
+    grey = make_packed(tmp_path / "grey", sample_shape=(6, 5, 1))
+    with pytest.raises(ValueError, match=r"samples of \[1, 3\] channels"):
+        Mixture([datasets[0], PackedDataset.open(grey.root)], weights=[1, 1])
     mix = Mixture(datasets, weights=[1, 1, 1])
     with pytest.raises(ValueError, match="order is its own"):
         make_loader(mix, batch_size=4, shuffle="blocks")
@@ -312,3 +312,86 @@ def test_preview_and_sheet_show_what_a_mixture_would_yield(two: tuple[Packed, Pa
     assert [c["member"] for c in sheet.info] == mix.member_of(
         [c["index"] for c in sheet.info]
     ).tolist()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_members_of_several_sizes_meet_in_the_device_crop(
+    two: tuple[Packed, Packed], tmp_path: Path, workers: int
+) -> None:
+    """Members of 6x5 and 9x12 samples: a batch is padded to 9x12 with each sample's own size
+    beside it, and the device crops draw from each sample's own image, never the padding:
+    per sample, the same crop as a plain crop of that image alone (the batch path of one
+    size, itself checked against torchvision in test_loaders_augment)."""
+    import torch.nn.functional as F
+
+    from loaders import CenterCrop, RandomResizedCrop
+    from loaders.augment import crop_boxes, flips, resize_center_crop
+
+    big = make_packed(tmp_path / "big", shard_sizes=(5, 6), sample_shape=(9, 12, 3), seed=3)
+    small = PackedDataset.open(two[0].root)
+    mix = Mixture([small, PackedDataset.open(big.root)], weights=[1, 1])
+    assert mix.sample_shape == (9, 12, 3) and mix._joined is None
+    packs, positions = [two[0], big], [small.selection.positions, None]
+
+    def original(index: int) -> torch.Tensor:
+        m = int(mix.member_of([index])[0])
+        local = index - int(mix.offsets[m])
+        at = positions[m][local] if positions[m] is not None else local
+        image = torch.from_numpy(packs[m].images[at]).permute(2, 0, 1)
+        return image
+
+    plain = make_loader(mix, batch_size=6, num_workers=workers, seed=2)
+    for batch in plain:
+        heights, widths = batch.columns["sample.height"], batch.columns["sample.width"]
+        for i, index in enumerate(batch.indices.tolist()):
+            own = original(index)
+            h, w = int(heights[i]), int(widths[i])
+            assert (h, w) == tuple(own.shape[1:])
+            assert torch.equal(batch.images[i].permute(2, 0, 1)[:, :h, :w], own)
+            assert not batch.images[i][h:].any() and not batch.images[i][:, w:].any()
+    with pytest.raises(ValueError, match="samples of several sizes, padded"):
+        next(iter(DeviceLoader(plain, device="cpu")))
+
+    crop = RandomResizedCrop(4, seed=5)
+    for augment in (crop, CenterCrop(4)):
+        loader = DeviceLoader(plain, device="cpu", dtype=torch.float32, augment=augment)
+        seen = 0
+        for batch in loader:
+            for i, index in enumerate(batch.indices.tolist()):
+                own = original(index)[None].float()
+                if augment is crop:
+                    top, left, h, w = crop_boxes(5, 0, np.array([index]), *own.shape[2:])[0]
+                    part = own[:, :, top : top + h, left : left + w]
+                    want = F.interpolate(part, (4, 4), mode="bilinear", align_corners=False)[0]
+                    if flips(5, 0, np.array([index]))[0]:
+                        want = want.flip(-1)
+                else:
+                    want = resize_center_crop(own, 4, (4, 4))[0]
+                # DeviceLoader scales to 0-1 (scale=1/255 by default)
+                assert torch.allclose(batch.images[i], want / 255, atol=1e-5), (augment, index)
+                seen += 1
+        assert seen == len(mix)
+
+
+def test_the_batched_crop_of_a_padded_batch_equals_the_loop(
+    two: tuple[Packed, Packed], tmp_path: Path
+) -> None:
+    """The one-`grid_sample` path CUDA takes, run on the CPU: per-sample boxes in a padded
+    batch give what the per-sample loop gives."""
+    from loaders.augment import crop_boxes, flips, resized_crop
+
+    big = make_packed(tmp_path / "big", shard_sizes=(7,), sample_shape=(9, 12, 3), seed=4)
+    mix = Mixture([PackedDataset.open(two[0].root), PackedDataset.open(big.root)], weights=[1, 1])
+    batch = mix.gather(list(range(len(mix))))
+    index = batch.indices.numpy()
+    heights, widths = (batch.columns[name].numpy() for name in ("sample.height", "sample.width"))
+    boxes = crop_boxes(1, 3, index, heights, widths)
+    assert (boxes[:, 0] + boxes[:, 2] <= heights).all() and (
+        boxes[:, 1] + boxes[:, 3] <= widths
+    ).all()
+    flip = torch.from_numpy(flips(1, 3, index))
+    nchw = batch.images.permute(0, 3, 1, 2)
+    box = torch.from_numpy(boxes)
+    looped = resized_crop(nchw, box, flip, (5, 4), batched=False)
+    batched = resized_crop(nchw, box, flip, (5, 4), batched=True)
+    assert torch.allclose(looped, batched, atol=1e-3)
