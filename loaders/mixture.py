@@ -39,7 +39,15 @@ import numpy as np
 from numpy.typing import NDArray
 from torch.utils.data import Dataset
 
-from loaders.batches import SIZE_COLUMNS, AnyBatch, BatchMemory, Columns, Samples
+from loaders.batches import (
+    SIZE_COLUMNS,
+    AnyBatch,
+    BatchMemory,
+    ColumnBatch,
+    Columns,
+    IndexedBatch,
+    Samples,
+)
 from loaders.dataset import PackedDataset
 from loaders.orders import Order
 from loaders.reader import ShardReader
@@ -325,9 +333,10 @@ class Mixture(Dataset[tuple[Any, ...]]):
 
     Members must store one layout and channel count. Members of several sample sizes are
     padded into one batch (the largest of each side) that says each sample's own size
-    (`SIZE_COLUMNS`), which `DeviceLoader`'s crops draw from. Labels are renumbered into `classes`, the members' class lists merged in order,
-    so one label means one class name across members. `member_of(indices)` says which member
-    each sample of a batch came from (`with_indices=True`).
+    (`SIZE_COLUMNS`), which `DeviceLoader`'s crops draw from. Labels are renumbered into
+    `classes`, the members' class lists merged in order, so one label means one class name
+    across members. `member_of(indices)` says which member each sample of a batch came from
+    (`with_indices=True`).
 
     `schedule` ({step: weights}) changes the weights from a global step on (a step is a
     global batch: batch_size x world size samples): a curriculum, an annealing phase. A run
@@ -466,13 +475,14 @@ class Mixture(Dataset[tuple[Any, ...]]):
         order = self.sampler(seed, 0, 1, False, batch_size).global_order(0)
         chosen = order[: batches * batch_size]
         batch = self.with_memory(BatchMemory(), with_indices=True).gather(chosen)
+        assert isinstance(batch, IndexedBatch | ColumnBatch), "asked with_indices"
         cells = [
             Cell(
                 image=to_image(batch.images[i].numpy(), self.layout),
                 caption=(f"member {m}", self.classes[int(batch.labels[i])]),
-                info={"member": m, "index": int(batch.indices[i])},  # type: ignore[union-attr]
+                info={"member": m, "index": int(batch.indices[i])},
             )
-            for i, m in enumerate(self.member_of(batch.indices).tolist())  # type: ignore[union-attr]
+            for i, m in enumerate(self.member_of(batch.indices).tolist())
         ]
         return draw_sheet(cells, columns=batch_size, title=f"{batches} batches of {batch_size}")
 
