@@ -329,8 +329,9 @@ class FileColumnsBuilder:
             texts.append(text)
         for column, number in zip(self._numbers, stat, strict=True):
             column.append(number)
-        for held, value in zip(self._values, values or [None] * len(self._values), strict=True):
-            held.append(value)
+        if self._values:  # NOTE: the per-file path of a 10M-file listing: nothing without columns
+            for held, value in zip(self._values, values or [None] * len(self._values), strict=True):
+                held.append(value)
         if len(self._texts[0]) >= self.BATCH:
             self._flush()
 

@@ -8,6 +8,7 @@ import io
 import json
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,21 @@ def stored(out: Path) -> dict[str, tuple[np.ndarray, dict[str, Any]]]:
 def reasons(out: Path) -> dict[str, str]:
     """source -> reject reason, of the newest version."""
     return {r["source"]: r["reason"] for r in latest(out, "rejects")}
+
+
+def rejects_of(out: Path) -> dict[str, tuple[str, str]]:
+    """source -> (reject reason, message), of the newest version."""
+    return {r["source"]: (r["reason"], r["message"]) for r in latest(out, "rejects")}
+
+
+def add_member(tar: tarfile.TarFile, name: str, data: bytes, **fields: Any) -> None:
+    """A member of a tar shard as a WebDataset writer or a hostile one makes it: `fields` set
+    on its TarInfo (a link, a device, a name with '..')."""
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    for key, value in fields.items():
+        setattr(info, key, value)
+    tar.addfile(info, io.BytesIO(data) if info.isfile() else None)
 
 
 def write_config(tmp_path: Path, source: str) -> Path:

@@ -7,8 +7,8 @@ pyarrow and pandas, and the pixels against a plain Pillow decode."""
 
 from __future__ import annotations
 
-import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -28,7 +28,14 @@ from tests.helpers.columns import (
     write_csv,
     write_listing_config,
 )
-from tests.helpers.encoded import etl_run, latest, picture, reference, stored
+from tests.helpers.encoded import (
+    add_member,
+    etl_run,
+    picture,
+    reference,
+    rejects_of,
+    stored,
+)
 
 
 def etl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -36,10 +43,6 @@ def etl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
     return subprocess.run(
         [sys.executable, "-m", "etl", *args], capture_output=True, text=True, timeout=180, cwd=cwd
     )
-
-
-def rejects_of(out: Path) -> dict[str, tuple[str, str]]:
-    return {r["source"]: (r["reason"], r["message"]) for r in latest(out, "rejects")}
 
 
 def test_a_csv_listing_carries_typed_columns(tmp_path: Path) -> None:
@@ -257,12 +260,6 @@ def test_parquet_listing_and_parquet_tables_carry_their_own_types(tmp_path: Path
     )
 
 
-def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    tar.addfile(info, io.BytesIO(data))
-
-
 def test_webdataset_json_and_text_members(tmp_path: Path) -> None:
     shards = tmp_path / "shards"
     shards.mkdir()
@@ -311,7 +308,7 @@ def test_python_records_carry_their_keys(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=180,
-        env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
     )
     assert proc.returncode == 0, proc.stderr
     got = stored(tmp_path / "out")

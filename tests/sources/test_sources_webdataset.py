@@ -11,7 +11,6 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -20,7 +19,14 @@ import tests.helpers.encoded as encoded
 from etl.config import load_config
 from etl.errors import SourceError
 from etl.run import pipeline
-from tests.helpers.encoded import etl_run, latest, picture, reference, stored
+from tests.helpers.encoded import (
+    add_member,
+    etl_run,
+    picture,
+    reference,
+    rejects_of,
+    stored,
+)
 
 MAX_FILE_BYTES = 1 << 20
 
@@ -28,18 +34,6 @@ MAX_FILE_BYTES = 1 << 20
 def write_config(tmp_path: Path, extra: str = "", files: str = '["*.tar"]') -> Path:
     source = f"  kind: webdataset\n  path: shards\n  files: {files}\n"
     return encoded.write_config(tmp_path, f"{source}  max_file_bytes: {MAX_FILE_BYTES}\n{extra}")
-
-
-def latest_rejects(out: Path) -> dict[str, tuple[str, str]]:
-    return {r["source"]: (r["reason"], r["message"]) for r in latest(out, "rejects")}
-
-
-def add_member(tar: tarfile.TarFile, name: str, data: bytes, **fields: Any) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    for key, value in fields.items():
-        setattr(info, key, value)
-    tar.addfile(info, io.BytesIO(data) if info.isfile() else None)
 
 
 def write_shard(path: Path, images: dict[str, bytes], label: bytes = b"1") -> None:
@@ -91,7 +85,7 @@ def test_labels_from_json_members_and_class_names(tmp_path: Path) -> None:
             add_member(tar, f"{key}.json", json.dumps({"label": ["cat", "dog"][i % 2]}).encode())
     config = load_config(write_config(tmp_path, "  label_member: json\n  label_field: label"))
     report = pipeline.run(config)
-    assert report.packed_new == 4, latest_rejects(config.output.dir)
+    assert report.packed_new == 4, rejects_of(config.output.dir)
     got = stored(config.output.dir)
     for i, key in enumerate(images):
         pixels, row = got[f"a.tar/{key}"]
@@ -142,7 +136,7 @@ def test_hostile_members_are_rejects_naming_shard_and_key(tmp_path: Path) -> Non
     config_path = write_config(tmp_path)
     config = load_config(config_path)
     report = etl_run(config_path)
-    rejects = latest_rejects(config.output.dir)
+    rejects = rejects_of(config.output.dir)
     got = stored(config.output.dir)
     assert set(got) == {"h.tar/ok", "h.tar/between", "hex:" + b"h.tar/notutf8-\xff".hex()}
     assert np.array_equal(got["h.tar/ok"][0], reference(good))
@@ -197,7 +191,7 @@ def test_truncated_and_foreign_shards_keep_what_came_before(tmp_path: Path) -> N
     assert set(got) == {"cut.tar/s0", "cut.tar/s1"}
     for i in (0, 1):
         assert np.array_equal(got[f"cut.tar/s{i}"][0], reference(images[i]))
-    reasons = {s: r for s, (r, _) in latest_rejects(config.output.dir).items()}
+    reasons = {s: r for s, (r, _) in rejects_of(config.output.dir).items()}
     assert reasons == {
         "cut.tar": "truncated",
         "cut.tar/s2": "truncated",

@@ -239,7 +239,8 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
                 taken.reject(outcome.reject(source, "unknown_label", f"{line} has no label"))
             else:
                 try:
-                    values = values_of(columns, {k: cells[k][at] for k in keys}, is_text)
+                    record = {k: cells[k][at] for k in keys}
+                    values = values_of(columns, record, is_text) if keys else ()
                 except BadValue as exc:
                     taken.reject(outcome.reject(source, "bad_column", f"{where}: {exc}"))
                     continue

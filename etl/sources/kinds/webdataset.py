@@ -181,13 +181,15 @@ def _take_sample(
     if class_name is None:
         intake.reject(source, "unknown_label", f".{config.label_member} is empty", image)
         return
-    from etl.format.sample_columns import BadValue  # NOTE: here: it imports pyarrow
+    record = None
+    if intake.columns:
+        from etl.format.sample_columns import BadValue  # NOTE: here: it imports pyarrow
 
-    try:
-        record = _record(sample, intake.columns)
-    except BadValue as exc:
-        intake.reject(source, "bad_column", str(exc), image)
-        return
+        try:
+            record = _record(sample, intake.columns)
+        except BadValue as exc:
+            intake.reject(source, "bad_column", str(exc), image)
+            return
     intake.add(source, image, class_name, split, sample.at.get(extension), record)
 
 
