@@ -43,6 +43,7 @@ import pyarrow.compute as pc
 from benchmarks.common import cpu_model, run_measured
 from etl.format.commit import commit_version
 from etl.format.manifest import (
+    RAGGED_COLUMNS,
     REJECTS_SCHEMA,
     SAMPLES_SCHEMA,
     SHARDS_SCHEMA,
@@ -114,6 +115,7 @@ def synthetic_samples(n: int, seed: int = 0, first: int = 0) -> pa.Table:
             "shard": shard_names.take(pa.array((index - first) // ROWS_PER_SHARD)),
             "row": (index - first) % ROWS_PER_SHARD,
             "checksum": hex16(rng.integers(0, 2**63, n, dtype=np.uint64)),
+            **{f.name: pa.nulls(n, f.type) for f in SAMPLES_SCHEMA if f.name in RAGGED_COLUMNS},
         },
         schema=SAMPLES_SCHEMA,
     )

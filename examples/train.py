@@ -125,7 +125,9 @@ def train_and_evaluate(args: argparse.Namespace, distributed: bool) -> None:
     # Evaluation runs on rank 0 alone, over the whole split: explicit rank/world override.
     val_loader = make_loader(val, batch_size=256, rank=0, world_size=1, pin_memory=False)
 
-    stored = min(train.sample_shape[:2] if train.layout == "HWC" else train.sample_shape[1:])
+    # The shorter side samples were stored at (the largest among them, where samples keep
+    # their aspect ratio: the `shorter` of `resize: {mode: keep_aspect}`).
+    stored = int(train.sample_sizes.min(axis=1).max(initial=16))
     crop = max(16, round(stored * 7 / 8))  # 224 of 256, ImageNet's ratio
     train_augment = RandomResizedCrop(crop, scale=(0.35, 1.0), seed=args.seed)
     eval_augment = CenterCrop(crop, resize=stored)

@@ -69,6 +69,15 @@ class ShardSet:
     """Per shard, its dataset's root and (`versions`) version, when the set joins the shards
     of several datasets (a `Mixture`'s members, read through one reader); else `root`."""
     versions: tuple[int, ...] = ()
+    probe_spans: tuple[tuple[int, int], ...] = ()
+    """Where samples keep their aspect ratio (format version 2), per shard the (byte offset in
+    its data, bytes) of its probe row: rows have no one size there."""
+
+    @property
+    def ragged(self) -> bool:
+        """Whether each sample has its own height and width (format version 2): each shard is
+        one flat array, and a sample's place is its `Selection.places` row."""
+        return 0 in self.sample_shape
 
     def path(self, shard: int) -> Path:
         return (self.roots[shard] if self.roots else self.root) / self.names[shard]
@@ -117,10 +126,26 @@ class Selection:
     view: str = ""
     """The fingerprint of the view it was selected by (`Catalog.select_view`): a resume state
     records it, so a run resumed on a view that changed is refused."""
+    places: NDArray[np.int64] | None = None
+    """Where samples keep their aspect ratio (format version 2): per sample, in this order,
+    (byte offset in its shard's data, stored height, stored width)."""
+
+    @cached_property
+    def sample_shape(self) -> tuple[int, ...]:
+        """The stored sample shape; where samples keep their aspect ratio, the largest of each
+        side among the selected (the shape of a padded batch that holds any of them)."""
+        shape = self.shards.sample_shape
+        if self.places is None:
+            return shape
+        height, width = (int(self.places[:, k].max(initial=1)) for k in (1, 2))
+        if self.layout == "HWC":
+            return (height, width, shape[2])
+        return (shape[0], height, width)
 
     @property
-    def sample_shape(self) -> tuple[int, ...]:
-        return self.shards.sample_shape
+    def channels(self) -> int:
+        shape = self.shards.sample_shape
+        return shape[2] if self.layout == "HWC" else shape[0]
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -228,6 +253,18 @@ class Catalog(VersionView):
             sizes=tuple(shards.column("bytes").to_numpy()[used].tolist()),
         )
         labels = self.table.column("label").to_numpy()
+        places = None
+        if self.manifest.meta.ragged:
+            taken = pa.array(positions[order], pa.int64())
+            columns = self.table.select(["sample_offset", "sample_height", "sample_width"])
+            places = np.stack(
+                [c.to_numpy().astype(np.int64) for c in columns.take(taken).columns], axis=1
+            ).reshape(-1, 3)
+            shape = self.sample_shape
+            channels = shape[2] if self.layout == "HWC" else shape[0]
+            sizes = places[firsts, 1] * places[firsts, 2] * channels
+            spans = zip(places[firsts, 0].tolist(), sizes.tolist(), strict=True)
+            shard_set = replace(shard_set, probe_spans=tuple(spans))
         return Selection(
             shards=shard_set,
             shard_idx=_frozen(shard_idx[order].astype(np.int32)),
@@ -237,6 +274,7 @@ class Catalog(VersionView):
             classes=self.classes,
             layout=self.layout,
             version=self.version,
+            places=None if places is None else _frozen(places),
         )
 
 

@@ -28,7 +28,7 @@ from etl.format.remote import STORE_TIMEOUT, RemoteDataset
 from etl.format.rowsums import RowChecksums
 from etl.format.sizes import parse_byte_size
 from etl.format.views import View
-from loaders.batches import AnyBatch, BatchMemory, Samples, make_batch
+from loaders.batches import SIZE_COLUMNS, AnyBatch, BatchMemory, Samples, make_batch
 from loaders.catalog import Catalog, Selection, Where, open_catalog
 from loaders.reader import ShardReader
 
@@ -158,6 +158,11 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         if remote is not None:
             shards = replace(selection.shards, url=url)
             selection = replace(selection, shards=shards)
+            if ranged and selection.places is not None:
+                raise ValueError(
+                    "ranged=True reads fixed-size rows; this dataset keeps each sample's aspect "
+                    "ratio: use cache_limit= or the whole cache instead"
+                )
             if ranged:
                 rows = RangedRows(
                     url, storage_options, store_timeout, shards.names, shards.sizes, shards.rows,
@@ -218,16 +223,58 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         """The manifest rows of dataset indices (see `Selection.manifest_rows`)."""
         return self.selection.manifest_rows(indices)
 
+    @property
+    def ragged(self) -> bool:
+        """Whether samples keep their aspect ratio, each its own size (format version 2):
+        `dataset[i]` is then the sample at its own size, and a batch is padded to its largest
+        sides and carries each sample's (`SIZE_COLUMNS`), which `DeviceLoader`'s crops use."""
+        return self.selection.places is not None
+
+    @property
+    def sample_sizes(self) -> NDArray[np.int64]:
+        """[len, 2]: the stored (height, width) of every sample, one for all in a fixed-size
+        dataset, each its own where samples keep their aspect ratio."""
+        sel = self.selection
+        if sel.places is not None:
+            return sel.places[:, 1:].copy()
+        shape = sel.sample_shape
+        sides = shape[:2] if sel.layout == "HWC" else shape[1:]
+        return np.tile(np.asarray(sides, np.int64), (len(sel), 1))
+
     def __getitem__(self, index: int) -> tuple[Any, ...]:
-        """(image, label); with `columns`, (image, label, index, {column: value})."""
+        """(image, label); with `columns`, (image, label, index, {column: value}). Where
+        samples keep their aspect ratio, the image is at its own size."""
         i = _check_index(index, len(self))
         sel = self.selection
+        if sel.places is not None:
+            return self._own_size(i)
         if sel.values is not None:
             return Samples(self.gather([i]))[0]
         image = torch.from_numpy(self.reader.row(int(sel.shard_idx[i]), int(sel.rows[i])))
         if self.transform is not None:
             image = self.transform(image)
         return image, int(sel.labels[i])
+
+    def _own_size(self, i: int) -> tuple[Any, ...]:
+        """`dataset[i]` of a dataset whose samples keep their aspect ratio."""
+        sel = self.selection
+        assert sel.places is not None
+        _, height, width = sel.places[i].tolist()
+        channels = sel.channels
+        shape = (
+            (1, height, width, channels) if sel.layout == "HWC" else (1, channels, height, width)
+        )
+        out = np.empty(shape, np.uint8)
+        self.reader.gather_ragged(
+            sel.shard_idx[[i]], sel.rows[[i]], sel.places[[i]], sel.layout, out
+        )
+        image = torch.from_numpy(out[0])
+        if self.transform is not None:
+            image = self.transform(image)
+        if sel.values is None:
+            return image, int(sel.labels[i])
+        columns = {name: value[0] for name, value in sel.values.batch(np.array([i])).items()}
+        return image, int(sel.labels[i]), i, columns
 
     def __getitems__(self, indices: Sequence[int]) -> Samples:
         """A whole batch gathered into one buffer, as the sequence of samples DataLoader
@@ -239,6 +286,8 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         `ShardReader.prefetch`); a bad index is left for the gather to name."""
         index = np.asarray(indices, dtype=np.int64)
         sel = self.selection
+        if sel.places is not None:
+            return  # NOTE: no read-ahead yet for samples that keep their aspect ratio
         if len(index) and -len(self) <= index.min() and index.max() < len(self):
             self.reader.prefetch(sel.shard_idx[index], sel.rows[index])
 
@@ -251,18 +300,43 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         except IndexError:
             raise IndexError(f"index out of range for a dataset of {len(self)} samples") from None
         labels = sel.labels[index].astype(np.int64)
-        given = index % max(len(self), 1) if self.with_indices or sel.values else None
+        ragged = sel.places is not None
+        given = index % max(len(self), 1) if self.with_indices or sel.values or ragged else None
         columns = sel.values.batch(given) if sel.values is not None and given is not None else None
-        shape = (len(index), *sel.sample_shape)
+        read: Callable[[NDArray[np.uint8]], None] = partial(self.reader.gather, shard_idx, rows)
+        if sel.places is None:
+            shape = (len(index), *sel.sample_shape)
+        else:
+            places = sel.places[index]
+            shape = padded_shape(len(index), places, sel.channels, sel.layout)
+            read = partial(self.reader.gather_ragged, shard_idx, rows, places, sel.layout)
+            sizes = {SIZE_COLUMNS[0]: places[:, 1].copy(), SIZE_COLUMNS[1]: places[:, 2].copy()}
+            columns = {**(columns or {}), **sizes}
         if self.transform is None:
-            fill = partial(self.reader.gather, shard_idx, rows)
-            return self.memory.batch(shape, labels, fill, given, columns)
+            return self.memory.batch(shape, labels, read, given, columns)
+        if sel.places is not None:  # each sample at its own size through the transform
+            images = torch.stack([self._own_size(int(i))[0] for i in index % len(self)])
+            if self.memory.pin and get_worker_info() is None:
+                images = images.pin_memory()
+            columns = {k: v for k, v in (columns or {}).items() if k not in SIZE_COLUMNS}
+            return make_batch(images, labels, given, pin=self.memory.pin, columns=columns or None)
         raw = np.empty(shape, dtype=np.uint8)
-        self.reader.gather(shard_idx, rows, raw)
+        read(raw)
         images = torch.stack([self.transform(torch.from_numpy(x)) for x in raw])
         if self.memory.pin and get_worker_info() is None:
             images = images.pin_memory()  # what `pin_output` promises, a transform or not
         return make_batch(images, labels, given, pin=self.memory.pin, columns=columns)
+
+
+def padded_shape(
+    count: int, places: NDArray[np.int64], channels: int, layout: str
+) -> tuple[int, ...]:
+    """The shape of a batch of `count` samples that keep their aspect ratio, padded to the
+    largest height and width among their `places` (offset, height, width)."""
+    height, width = (int(places[:, k].max(initial=1)) for k in (1, 2))
+    if layout == "HWC":
+        return (count, height, width, channels)
+    return (count, channels, height, width)
 
 
 def _check_view_alone(**given: Any) -> None:

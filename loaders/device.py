@@ -84,6 +84,9 @@ class DeviceLoader:
         self.channels_last = channels_last
         dataset = getattr(loader, "dataset", None)
         self.layout = layout or getattr(dataset, "layout", None) or "CHW"
+        self._with_indices = getattr(dataset, "with_indices", True)
+        """Whether the loader's batches carry indices because asked (`with_indices=True`),
+        not only because a padded batch needs them for its crops."""
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.scale: torch.Tensor | None = None
         self.shift: torch.Tensor | None = None
@@ -188,14 +191,18 @@ class DeviceLoader:
             if sizes is not None:
                 raise ValueError(
                     "this batch holds samples of several sizes, padded (a Mixture of several "
-                    "shapes): give DeviceLoader augment=RandomResizedCrop(...) or CenterCrop(...) "
-                    "to make them one size"
+                    "shapes, or samples that keep their aspect ratio): give DeviceLoader "
+                    "augment=RandomResizedCrop(...) or CenterCrop(...) to make them one size"
                 )
             images = prepare_images(
                 images, self.layout, self.dtype, self.scale, self.shift, self.channels_last
             )
         else:
             images = self._augmented(images, indices, sizes)
+        if sizes is not None and columns is not None:  # used: the batch is one size now
+            columns = {k: v for k, v in columns.items() if k not in SIZE_COLUMNS} or None
+            if columns is None and not self._with_indices:
+                return Batch(images, labels)
         if columns is not None and indices is not None:
             moved = {
                 name: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v

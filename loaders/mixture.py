@@ -365,6 +365,12 @@ class Mixture(Dataset[tuple[Any, ...]]):
             empty = [i for i, m in enumerate(members) if len(m) == 0 and vector[i] > 0]
             if empty:
                 raise ValueError(f"member {empty[0]} has no sample but a weight above 0")
+        ragged = [i for i, m in enumerate(members) if m.selection.places is not None]
+        if ragged:
+            raise ValueError(
+                f"member {ragged[0]} keeps each sample's aspect ratio: a Mixture joins "
+                "fixed-size members (mixing samples of their own size is not built yet)"
+            )
         layouts = {m.layout for m in members}
         channels = {_channels(m.sample_shape, m.layout) for m in members}
         if len(layouts) > 1 or len(channels) > 1:

@@ -57,10 +57,11 @@ _PROBED: set[tuple[str, int, int, int, int, str]] = set()
 
 
 def probe_shard(
-    path: Path, offset: int, row: int, row_bytes: int, algorithm: str, expected: str
+    path: Path, offset: int, at: int, row_bytes: int, row: int, algorithm: str, expected: str
 ) -> None:
-    """Check that row `row` of the shard at `path` (data from `offset`) is the sample whose
-    checksum the manifest records as `expected`; once per process per unchanged file.
+    """Check that row `row` of the shard at `path` (its `row_bytes` bytes `at` bytes into the
+    data, which starts at `offset`) is the sample whose checksum the manifest records as
+    `expected`; once per process per unchanged file.
 
     NOTE [ probe ]: a header and a size say a file has the right shape, not that it holds
     the right samples: a shard swapped with another of the same shape (a careless copy, a
@@ -74,7 +75,7 @@ def probe_shard(
     key = (os.fspath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, row, expected)
     if key in _PROBED:
         return
-    start = offset + row * row_bytes
+    start = offset + at
     with open(path, "rb", buffering=0) as f:
         fadvise = getattr(os, "posix_fadvise", None)
         if fadvise is not None:  # no readahead around the row
@@ -179,6 +180,8 @@ class ShardReader:
             raise ValueError(f"release_every must be a positive byte count, got {release_every}")
         if drop_behind and release_every is None:
             raise ValueError("drop_behind needs release_every: the bytes read between two drops")
+        if drop_behind and shards.ragged:
+            raise ValueError("drop_behind is for fixed-size samples; this dataset keeps aspect")
         self.shards = shards
         self.verify = verify
         self.release_every = release_every
@@ -228,7 +231,10 @@ class ShardReader:
     def _probe(self, shard: int, path: Path, offset: int) -> None:
         if shard < len(self.shards.probes):
             row, expected = self.shards.probes[shard]
-            probe_shard(path, offset, row, self.sample_bytes, self.shards.algorithm, expected)
+            start, size = row * self.sample_bytes, self.sample_bytes
+            if self.shards.ragged:
+                start, size = self.shards.probe_spans[shard]
+            probe_shard(path, offset, start, size, row, self.shards.algorithm, expected)
 
     @contextmanager
     def _opening(self, shard: int) -> Iterator[None]:
@@ -265,6 +271,60 @@ class ShardReader:
             self._let_go(())
         self._check_rows(np.array([shard]), np.array([row]), sample[None])
         return sample
+
+    def gather_ragged(
+        self,
+        shard_idx: NDArray[np.integer],
+        rows: NDArray[np.integer],
+        places: NDArray[np.int64],
+        layout: str,
+        out: NDArray[np.uint8],
+    ) -> None:
+        """Copy samples that keep their aspect ratio (format version 2) into `out`, a padded
+        batch [B, H, W, C] (or [B, C, H, W]) at least as large as each: sample j, (shard_idx[j],
+        rows[j]) at `places[j]` = (byte offset in the shard's data, height, width), into the
+        top-left corner of out[j], the rest zero. One slice copy a sample from the shard's
+        flat map (memory-mapped, as fixed-size shards are)."""
+        if self.shards.ranged is not None:
+            raise ValueError("ranged reads are for fixed-size samples; this dataset keeps aspect")
+        shard, row = self._checked_rows(shard_idx, rows)
+        channels = out.shape[3] if layout == "HWC" else out.shape[1]
+        hwc = layout == "HWC"
+        with self._lock:
+            self._let_go(shard)
+            for s in set(shard.tolist()).difference(self._flat):
+                self._open(s)
+            flat = self._arrays
+            nbytes = 0
+            for j, (s, (offset, height, width)) in enumerate(
+                zip(shard.tolist(), places.tolist(), strict=True)
+            ):
+                size = height * width * channels
+                data = flat[s][offset : offset + size]
+                if len(data) != size:
+                    raise self.shards.unreadable(s, ShardError(f"row {row[j]} runs past its end"))
+                # NOTE: only the padding is zeroed, not the whole batch: a batch padded to
+                # 512x512 is mostly its samples, and filling it first wrote it twice.
+                if hwc:
+                    out[j, :height, :width] = data.reshape(height, width, channels)
+                    out[j, height:] = 0
+                    out[j, :height, width:] = 0
+                else:
+                    out[j, :, :height, :width] = data.reshape(channels, height, width)
+                    out[j, :, height:] = 0
+                    out[j, :, :height, width:] = 0
+                if self.shards.row_sums is not None:
+                    self._check_one(s, int(row[j]), data)
+                nbytes += size
+            self._count(nbytes, shard, row)
+            self._let_go(())
+
+    def _check_one(self, shard: int, row: int, data: NDArray[np.uint8]) -> None:
+        """With `verify="rows"`: the sample's bytes against its recorded checksum."""
+        sums = self.shards.row_sums
+        assert sums is not None
+        if sums.first_mismatch(np.array([shard]), np.array([row]), data[None]) is not None:
+            raise self.shards.unreadable(shard, mismatch(self.shards.path(shard), row))
 
     def _let_go(self, keep: ArrayLike) -> None:
         """From a bounded cache, close every shard but those of `keep` (the batch about to be

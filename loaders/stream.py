@@ -144,6 +144,11 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+        if selection.places is not None:
+            raise ValueError(
+                "PackedStream reads fixed-size samples; this dataset keeps each sample's "
+                "aspect ratio: read it with PackedDataset and make_loader"
+            )
         self.selection = selection
         self.batch_size = batch_size
         self.shuffle = shuffle

@@ -15,7 +15,6 @@ from etl.cli.app import app, dataset_location, out
 from etl.cli.progress import BarProgress
 from etl.config import BACKENDS, Backend, load_config
 from etl.errors import EtlError
-from etl.format.manifest import FORMAT_VERSION
 from etl.format.shards import SHARDS_DIR
 from etl.maintenance import audit as audit_lib
 from etl.maintenance import checkup
@@ -52,7 +51,7 @@ def _print_report(report: audit_lib.AuditReport, title: str | None = None) -> No
     table.add_row("dataset", str(report.root))
     table.add_row(
         "version",
-        f"{report.version} (latest {report.latest}), format {FORMAT_VERSION}, "
+        f"{report.version} (latest {report.latest}), format {report.format_version}, "
         f"checksum {report.checksum or '?'}",
     )
     checked = {

@@ -122,7 +122,9 @@ def _print_summary(s: explore.Summary) -> None:
         "samples",
         f"{s.samples}: " + ", ".join(f"{k} {sum(v.values())}" for k, v in s.counts.items()),
     )
-    shape = "x".join(str(d) for d in s.sample_shape)
+    shape = "x".join(str(d) if d else "?" for d in s.sample_shape)
+    if 0 in s.sample_shape:
+        shape += " (each sample its own size: aspect kept)"
     facts.add_row("format", f"{shape} {s.layout} {s.dtype}, checksum {s.checksum}")
     facts.add_row("shards", f"{s.shards}, {s.shard_bytes / 2**20:.1f} MiB")
     reasons = ", ".join(f"{k} {v}" for k, v in s.rejects_by_reason.items()) or "none"

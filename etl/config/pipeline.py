@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
@@ -73,16 +74,79 @@ class DecodeStage(StrictModel):
         return self
 
 
+Side = Annotated[int, Field(gt=0, le=16384)]
+KEEP_ASPECT_KEYS = frozenset({"shorter", "longer", "upscale"})
+"""The keys of mode 'keep_aspect' alone: left out of the other modes' digest, so a dataset
+packed before the mode existed keeps its digest (and its incremental reruns)."""
+
+
 class ResizeStage(StrictModel):
     kind: Literal["resize"] = "resize"
-    size: tuple[Annotated[int, Field(gt=0, le=16384)], Annotated[int, Field(gt=0, le=16384)]]
-    """Output [height, width] in pixels."""
-    mode: Literal["center_crop", "pad", "stretch"] = "center_crop"
+    size: tuple[Side, Side] | None = None
+    """Output [height, width] in pixels (every mode but 'keep_aspect')."""
+    mode: Literal["center_crop", "pad", "stretch", "keep_aspect"] = "center_crop"
     filter: Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"] = "bilinear"
     fill: Color = (0, 0, 0)
     """Letterbox colour for mode 'pad'."""
     draft: bool = False
     """JPEG only: let libjpeg decode at 1/2, 1/4 or 1/8 scale (never below the output size)."""
+    shorter: Side | None = None
+    """Mode 'keep_aspect': the shorter side of every stored sample, e.g. 256 ..."""
+    longer: Side | None = None
+    """... unless its longer side would then pass this cap (e.g. 512): then the longer side is
+    the cap and the shorter one follows the aspect ratio."""
+    upscale: bool = False
+    """Mode 'keep_aspect': enlarge a source whose shorter side is below `shorter` (default: it
+    is stored at its own size, its longer side still capped)."""
+
+    @model_validator(mode="after")
+    def _sizes_of_the_mode(self) -> ResizeStage:
+        if self.mode == "keep_aspect":
+            if self.size is not None:
+                raise ValueError(
+                    "mode keep_aspect stores each image at its own aspect ratio: give shorter "
+                    "and longer (e.g. shorter: 256, longer: 512), not size"
+                )
+            if self.shorter is None or self.longer is None:
+                raise ValueError(
+                    "mode keep_aspect needs shorter and longer (e.g. shorter: 256, longer: 512)"
+                )
+            if self.longer < self.shorter:
+                raise ValueError(f"longer ({self.longer}) is below shorter ({self.shorter})")
+            return self
+        given = sorted(k for k in KEEP_ASPECT_KEYS if k in self.model_fields_set)
+        if given:
+            raise ValueError(f"{', '.join(given)}: only for mode keep_aspect")
+        if self.size is None:
+            raise ValueError(f"mode {self.mode} needs size: [height, width]")
+        return self
+
+    def output_size(self, height: int, width: int) -> tuple[int, int]:
+        """The stored (height, width) of a (height, width) image: `size`, or for 'keep_aspect'
+        the shorter side scaled to `shorter` (no larger unless `upscale`), then the longer side
+        capped at `longer`; each side rounded to the nearest pixel (half to even), at least 1.
+        Exact arithmetic: the side that was aimed at is exactly `shorter` or `longer`."""
+        if self.mode != "keep_aspect":
+            assert self.size is not None
+            return self.size
+        assert self.shorter is not None and self.longer is not None
+        scale = Fraction(self.shorter, min(height, width))
+        if not self.upscale:
+            scale = min(scale, Fraction(1))
+        if max(height, width) * scale > self.longer:
+            scale = Fraction(self.longer, max(height, width))
+        return max(1, round(height * scale)), max(1, round(width * scale))
+
+    @property
+    def largest_bytes(self) -> int:
+        """Per channel, the most pixels a stored sample can have: height x width for a fixed
+        size, shorter x longer for 'keep_aspect' (its shorter side is at most `shorter`, its
+        longer at most `longer`)."""
+        if self.mode != "keep_aspect":
+            assert self.size is not None
+            return self.size[0] * self.size[1]
+        assert self.shorter is not None and self.longer is not None
+        return self.shorter * self.longer
 
 
 class ValidateStage(StrictModel):
@@ -209,6 +273,12 @@ their digest). Their rejects are not remembered by content (see
 etl.images.rejects.CONTENT_REJECTS)."""
 
 
+def _not_output_shaping(stage: Stage) -> set[str] | None:
+    if isinstance(stage, ResizeStage):
+        return set() if stage.mode == "keep_aspect" else set(KEEP_ASPECT_KEYS)
+    return _NOT_OUTPUT_SHAPING.get(stage.kind)
+
+
 class PipelineConfig(StrictModel):
     source: Source
     stages: tuple[Annotated[Stage, BeforeValidator(_single_key_stage)], ...]
@@ -262,17 +332,35 @@ class PipelineConfig(StrictModel):
         return any(isinstance(s, CallStage) for s in self.stages)
 
     @property
+    def ragged(self) -> bool:
+        """Whether samples keep their aspect ratio, each its own size (format version 2:
+        `etl.format.ragged`)."""
+        return self.resize.mode == "keep_aspect"
+
+    @property
     def sample_shape(self) -> tuple[int, int, int]:
-        """Shape of one stored sample in the configured layout."""
-        height, width = self.resize.size
+        """Shape of one stored sample in the configured layout; 0 for the height and width of
+        samples that keep their aspect ratio (each row of the manifest says its own)."""
+        height, width = self.resize.size or (0, 0)
         if self.output.layout == "HWC":
             return (height, width, self.channels)
         return (self.channels, height, width)
 
     @property
     def sample_bytes(self) -> int:
-        h, w, c = (*self.resize.size, self.channels)
-        return h * w * c
+        """Bytes of one stored sample; for samples that keep their aspect ratio, a 4:3 photo's
+        (what shard_size and the tasks are sized by: each shard holds what it holds)."""
+        if self.ragged:
+            assert self.resize.shorter is not None and self.resize.longer is not None
+            shorter = self.resize.shorter
+            return shorter * min(self.resize.longer, shorter * 4 // 3) * self.channels
+        return self.resize.largest_bytes * self.channels
+
+    @property
+    def slot_bytes(self) -> int:
+        """The most bytes one stored sample can take: a slot of the temp file a run's tasks
+        fill (`etl.format.parts`)."""
+        return self.resize.largest_bytes * self.channels
 
     @property
     def sample_columns(self) -> tuple[SampleColumn, ...]:
@@ -295,7 +383,7 @@ class PipelineConfig(StrictModel):
         """Everything that changes stored bytes, labels or splits; `run` is not part of it."""
         return {
             "stages": [
-                stage.model_dump(mode="json", exclude=_NOT_OUTPUT_SHAPING.get(stage.kind))
+                stage.model_dump(mode="json", exclude=_not_output_shaping(stage))
                 for stage in self.stages
             ],
             "layout": self.output.layout,

@@ -49,12 +49,13 @@ class RowWriter(Protocol):
 @dataclass(frozen=True, slots=True)
 class Stored:
     """A source stored in a shard: its row (or slot), the row's checksum, the source's size in
-    pixels."""
+    pixels, and the stored sample's shape."""
 
     row: int
     checksum: str
     height: int
     width: int
+    shape: tuple[int, ...]
 
 
 def fill_shard(
@@ -103,4 +104,4 @@ def _store(
         writer.skip()
         return exc
     row, checksum = writer.append(array)
-    return Stored(row, checksum, height, width)
+    return Stored(row, checksum, height, width, array.shape)

@@ -31,11 +31,12 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 from PIL import Image
 
-from etl.errors import EtlError
+from etl.errors import EtlError, ShardError
 from etl.explore.drawing import Cell, Chart, Sheet, draw_class_balance, draw_sheet
 from etl.explore.reject_sheet import reject_cells
-from etl.format.manifest import Manifest, list_versions, read_manifest
+from etl.format.manifest import RAGGED_COLUMNS, Manifest, list_versions, read_manifest
 from etl.format.names import is_url
+from etl.format.ragged import stored_sample
 from etl.format.remote import RemoteDataset
 from etl.format.shards import open_shard
 from etl.format.view import VersionView, Where
@@ -144,7 +145,17 @@ class Dataset(VersionView):
     def array(self, key: SampleKey) -> NDArray[np.uint8]:
         """The stored pixels of one sample, read-only, in the stored layout (`sample_shape`)."""
         row = self.row(key)
-        return np.asarray(self._shard(row["shard"])[row["row"]])
+        place = None
+        if self.manifest.meta.ragged:
+            offset, height, width = (int(row[name]) for name in RAGGED_COLUMNS)
+            place = (offset, height, width)
+        try:
+            pixels = stored_sample(
+                self._shard(row["shard"]), row["row"], place, self.sample_shape, self.layout
+            )
+        except ValueError as exc:  # a place past the end: opening checked it, a file changed
+            raise ShardError(f"{self.manifest.shard_path(row['shard'])}: {exc}") from None
+        return np.asarray(pixels)
 
     def image(self, key: SampleKey) -> Image.Image:
         """One sample as a PIL image: RGB, or L for one channel; CHW is transposed for display."""

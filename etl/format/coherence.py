@@ -14,7 +14,10 @@ from numpy.typing import NDArray
 
 from etl.errors import ManifestError
 from etl.format.columns import positions_in
-from etl.format.shards import SHARDS_DIR
+from etl.format.shards import HEADER_BYTES, SHARDS_DIR
+
+RAGGED_COLUMNS = ("sample_offset", "sample_height", "sample_width")
+"""The manifest columns that place a sample that keeps its aspect ratio (format version 2)."""
 
 if TYPE_CHECKING:
     from etl.format.manifest import Manifest
@@ -60,10 +63,13 @@ def check_coherent(where: Path, manifest: Manifest) -> None:
     if len(names.unique()) != len(names):
         raise ManifestError(f"{where}: shards.arrow lists a shard twice")
     limits = shards.column("rows").to_numpy()
+    data_bytes = shards.column("bytes").to_numpy() - HEADER_BYTES
+    channels = meta.sample_shape[2] if meta.layout == "HWC" else meta.sample_shape[0]
     for start in range(0, samples.num_rows, CHECK_ROWS):
-        _check_rows(
-            where, samples.slice(start, CHECK_ROWS), start, len(meta.classes), names, limits
-        )
+        piece = samples.slice(start, CHECK_ROWS)
+        index = _check_rows(where, piece, start, len(meta.classes), names, limits)
+        if meta.ragged:
+            _check_places(where, piece, start, index, channels, data_bytes)
         manifest.release_pages()
 
 
@@ -74,8 +80,8 @@ def _check_rows(
     classes: int,
     names: pa.ChunkedArray,
     limits: NDArray[np.int64],
-) -> None:
-    """`check_coherent` of the samples from row `first` on."""
+) -> NDArray[np.int64]:
+    """`check_coherent` of the samples from row `first` on; each one's shard's index."""
     labels = samples.column("label").to_numpy()
     bad = (labels < 0) | (labels >= classes)
     _refuse_first(where, samples, first, bad, f"column 'label' is outside the {classes} classes")
@@ -91,6 +97,32 @@ def _check_rows(
         shard = samples.column("shard")[i].as_py()
         what = f"column 'row' ({rows[i]}) is outside shard {shard!r}"
         _refuse_first(where, samples, first, bad, f"{what}, which has {limits[index[i]]} rows")
+    return index
+
+
+def _check_places(
+    where: Path,
+    samples: pa.Table,
+    first: int,
+    index: NDArray[np.int64],
+    channels: int,
+    data_bytes: NDArray[np.int64],
+) -> None:
+    """Samples that keep their aspect ratio (format version 2): a size and an offset each,
+    whose bytes lie inside their shard's data."""
+    values = {}
+    for name in RAGGED_COLUMNS:
+        column = samples.column(name)
+        _refuse_first(
+            where, samples, first, column.is_null().to_numpy(zero_copy_only=False),
+            f"column {name!r} is empty (null)",
+        )  # fmt: skip
+        values[name] = column.to_numpy().astype(np.int64)
+    height, width = values["sample_height"], values["sample_width"]
+    _refuse_first(where, samples, first, (height <= 0) | (width <= 0), "a sample has no pixels")
+    offset, end = values["sample_offset"], values["sample_offset"] + height * width * channels
+    bad = (offset < 0) | (end > data_bytes[index])
+    _refuse_first(where, samples, first, bad, "column 'sample_offset' is outside its shard")
 
 
 def is_hex(column: pa.ChunkedArray, width: str = "16,64") -> NDArray[np.bool_]:

@@ -116,7 +116,7 @@ def _publish(
         used: set[str] = set()
         _write_rows(
             temp / MANIFEST_FILE,
-            meta.samples_schema.with_metadata(metadata),
+            meta.file_schema.with_metadata(metadata),
             samples,
             lambda piece: used.update(piece.column("shard").unique().to_pylist()),
         )
@@ -146,7 +146,7 @@ def _write_rows(
     pieces = [rows] if isinstance(rows, pa.Table) else rows
     tables = (p if isinstance(p, pa.Table) else pa.Table.from_batches([p]) for p in pieces)
     with ipc.new_file(str(path), schema) as writer:
-        for batch in rebatched(table.cast(schema) for table in tables):
+        for batch in rebatched(table.select(schema.names).cast(schema) for table in tables):
             writer.write_table(batch)
             written(batch)
     with open(path, "rb+") as f:

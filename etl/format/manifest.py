@@ -29,13 +29,18 @@ import pyarrow.ipc as ipc
 from numpy.typing import NDArray
 
 from etl.errors import ManifestError
-from etl.format.coherence import CHECK_ROWS, check_coherent
+from etl.format.coherence import CHECK_ROWS, RAGGED_COLUMNS, check_coherent
 from etl.format.columns import positions_in
 from etl.format.mapped import Mapped
 from etl.format.record import RECORD_FILE, check_record
 
 FORMAT_VERSION = 1
 """Bumped on any change a reader of an older version would misread; checked on every open."""
+RAGGED_FORMAT_VERSION = 2
+"""The format of samples that keep their aspect ratio (`etl.format.ragged`): each shard one
+flat uint8 array, each sample's place and size in its manifest row. A reader of version 1
+refuses it; fixed-size datasets stay version 1."""
+FORMAT_VERSIONS = (FORMAT_VERSION, RAGGED_FORMAT_VERSION)
 
 VERSIONS_DIR = "versions"
 MANIFEST_FILE = "manifest.arrow"
@@ -63,8 +68,13 @@ SAMPLES_SCHEMA = pa.schema(
         pa.field("shard", pa.string(), nullable=False),
         pa.field("row", pa.int64(), nullable=False),
         pa.field("checksum", pa.string(), nullable=False),
+        pa.field("sample_offset", pa.int64()),
+        pa.field("sample_height", pa.int32()),
+        pa.field("sample_width", pa.int32()),
     ]
 )
+"""NOTE: `sample_*` say where a sample that keeps its aspect ratio is (format version 2: byte
+offset in its shard's data, stored height and width); null in a fixed-size dataset."""
 
 SHARDS_SCHEMA = pa.schema(
     [
@@ -89,9 +99,10 @@ REJECTS_SCHEMA = pa.schema(
     ]
 )
 
-ADDED_COLUMNS = frozenset({"source_ctime_ns", "source_inode"})
-"""Nullable columns added after format version 1 was defined (etl-memmap 0.2.0): a manifest
-without them reads them as nulls (its files are hashed once again on the next run)."""
+ADDED_COLUMNS = frozenset({"source_ctime_ns", "source_inode", *RAGGED_COLUMNS})
+"""Nullable columns added after format version 1 was defined (etl-memmap 0.2.0; `sample_*`
+with format version 2): a manifest without them reads them as nulls (its files are hashed
+once again on the next run)."""
 
 
 SPLIT_ORDER = ("train", "val", "test")
@@ -135,6 +146,35 @@ class ManifestMeta:
         """The schema of this version's samples table: SAMPLES_SCHEMA, then its columns."""
         return samples_schema(self.column_fields)
 
+    @property
+    def file_schema(self) -> pa.Schema:
+        """The schema its manifest.arrow is written with: `samples_schema`, less the columns
+        of format version 2 in a version of fixed-size samples (format version 1 files stay as
+        they were; they read back as nulls)."""
+        schema = self.samples_schema
+        if self.ragged:
+            return schema
+        return pa.schema([f for f in schema if f.name not in RAGGED_COLUMNS])
+
+    @property
+    def ragged(self) -> bool:
+        """Whether each sample has its own height and width (format version 2)."""
+        return self.format_version == RAGGED_FORMAT_VERSION
+
+    def _checked_shape(self) -> ManifestMeta:
+        """ValueError unless the sample shape is what the format version says: three sides
+        (a layout's), height and width 0 in version 2 (each sample its own), none 0 in 1."""
+        shape, ragged = self.sample_shape, self.format_version == RAGGED_FORMAT_VERSION
+        if len(shape) != 3 or any(d < 0 for d in shape):
+            raise ValueError(f"sample_shape {list(shape)} is not three sides")
+        sides = shape[:2] if self.layout == "HWC" else shape[1:]
+        channels = shape[2] if self.layout == "HWC" else shape[0]
+        if channels <= 0 or (sides != (0, 0) if ragged else 0 in sides):
+            raise ValueError(
+                f"sample_shape {list(shape)} does not fit format version {self.format_version}"
+            )
+        return self
+
     def to_metadata(self) -> dict[bytes, bytes]:
         values: dict[str, Any] = {
             "format_version": self.format_version,
@@ -165,9 +205,10 @@ class ManifestMeta:
         except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
             raise ManifestError(f"{where}: schema metadata is not valid JSON ({exc})") from None
         fmt = values.get("format_version")
-        if fmt != FORMAT_VERSION:
+        if isinstance(fmt, bool) or fmt not in FORMAT_VERSIONS:
+            known = " and ".join(map(str, FORMAT_VERSIONS))
             raise ManifestError(
-                f"{where}: manifest format version {fmt!r}, this tool reads {FORMAT_VERSION}; "
+                f"{where}: manifest format version {fmt!r}, this tool reads {known}; "
                 "upgrade the tool or repack the dataset"
             )
         try:
@@ -184,9 +225,16 @@ class ManifestMeta:
                 dtype=str(values["dtype"]),
                 format_version=int(fmt),
                 columns=_declared_columns(values.get("columns", [])),
-            )
+            )._checked_shape()
         except (KeyError, TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise ManifestError(f"{where}: schema metadata is incomplete ({exc!r})") from None
+
+
+def sample_shape_of(config_shape: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+    """(sample_shape, format version) a manifest records for a config's `sample_shape`: a 0
+    side (samples that keep their aspect ratio) is format version 2."""
+    fmt = RAGGED_FORMAT_VERSION if 0 in config_shape else FORMAT_VERSION
+    return tuple(config_shape), fmt
 
 
 def _declared_columns(value: Any) -> tuple[tuple[str, str], ...]:
@@ -322,10 +370,10 @@ def refuse_other_format(manifest_path: Path) -> None:
         found = json.loads(metadata[b"etl.format_version"])
     except (OSError, pa.ArrowException, KeyError, ValueError):
         return
-    if isinstance(found, int) and found != FORMAT_VERSION:
+    if isinstance(found, int) and found not in FORMAT_VERSIONS:
         raise ManifestError(
             f"{manifest_path}: manifest format version {found}, this tool reads "
-            f"{FORMAT_VERSION}; audit it with a matching etl-memmap"
+            f"{' and '.join(map(str, FORMAT_VERSIONS))}; audit it with a matching etl-memmap"
         )
 
 

@@ -53,11 +53,14 @@ class SlotWriter:
         sample_shape: tuple[int, ...],
         checksum: str,
         durable: bool = False,
+        slot_bytes: int | None = None,
     ) -> None:
         self.name = name
         self.path = root / temp
         self.sample_shape = tuple(sample_shape)
-        self.sample_bytes = int(np.prod(sample_shape))
+        self.sample_bytes = slot_bytes or int(np.prod(sample_shape))
+        """The bytes of a slot: a sample's, or for samples of their own size (0 in
+        `sample_shape`), the most one can take (NOTE [ ragged slots ])."""
         self.checksum = checksum
         self.durable = durable
         self.slot = first_slot
@@ -69,6 +72,8 @@ class SlotWriter:
     def append(self, sample: NDArray[np.uint8]) -> tuple[int, str]:
         """Store the next source's sample at its slot; returns (slot, checksum of its bytes)."""
         check_fits(sample, self.sample_shape, self.name)
+        if sample.nbytes > self.sample_bytes:
+            raise ValueError(f"a sample of {sample.shape} overflows a slot of {self.name}")
         if self._fd is None:  # opened on the first row: a task of rejects writes nothing
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
@@ -142,6 +147,54 @@ def seal(
         os.close(fd)
     os.replace(path, final)
     return ShardInfo(name, rows, HEADER_BYTES + rows * sample_bytes, shard_digest, tamper)
+
+
+def seal_ragged(
+    root: Path,
+    name: str,
+    temp: str,
+    sizes: NDArray[np.int64],
+    slot_bytes: int,
+    checksum: str,
+) -> tuple[ShardInfo | None, NDArray[np.int64]]:
+    """`seal` for samples that keep their aspect ratio (format version 2): slot i of the temp
+    file holds `sizes[i]` bytes at `slot_bytes * i` (0: a reject's gap). Moves every sample
+    down to follow the one before, so the shard is one flat uint8 array of their bytes in slot
+    order, and publishes it as `seal` does. Returns the shard and each slot's byte offset in
+    the shard's data (a gap's is where it would have started).
+
+    NOTE [ ragged slots ]: tasks write at once and a sample's size is known only once it is
+    decoded, so each slot is as large as the largest sample (shorter x longer x channels); the
+    unwritten rest of a slot is a hole in a sparse temp file, never written to the disk. A
+    sample only ever moves to a lower offset, never over one not read yet (offsets[i] + sizes[i]
+    = offsets[i + 1] <= (i + 1) * slot_bytes)."""
+    path, final = root / temp, root / name
+    offsets = np.zeros(len(sizes), np.int64)
+    np.cumsum(sizes[:-1], out=offsets[1:])
+    stored = np.flatnonzero(sizes > 0)
+    total = int(sizes.sum())
+    if not len(stored):
+        path.unlink(missing_ok=True)
+        return None, offsets
+    fd = os.open(path, os.O_RDWR)
+    try:
+        size = os.fstat(fd).st_size
+        last = int(stored[-1])
+        if size < HEADER_BYTES + last * slot_bytes + int(sizes[last]):
+            raise OSError(f"{path}: {size} bytes, short of the samples its tasks wrote")
+        for slot in stored.tolist():
+            start, length = HEADER_BYTES + slot * slot_bytes, int(sizes[slot])
+            if start != HEADER_BYTES + int(offsets[slot]):
+                data = os.pread(fd, length, start)
+                _write_at(fd, memoryview(data), HEADER_BYTES + int(offsets[slot]))
+        os.ftruncate(fd, HEADER_BYTES + total)
+        _write_at(fd, memoryview(npy_header((total,))), 0)
+        shard_digest, tamper = file_digests(path, (checksum, TAMPER_DIGEST))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(path, final)
+    return ShardInfo(name, len(stored), HEADER_BYTES + total, shard_digest, tamper), offsets
 
 
 def _last_stored(capacity: int, gaps: NDArray[np.int64]) -> int:

@@ -78,8 +78,13 @@ def shard_version(file_name: str) -> int | None:
 
 
 def check_fits(sample: NDArray[Any], sample_shape: tuple[int, ...], shard: str) -> None:
-    """A ValueError unless `sample` is a uint8 array of the shard's sample shape."""
-    if sample.shape != sample_shape or sample.dtype != np.uint8:
+    """A ValueError unless `sample` is a uint8 array of the shard's sample shape (where that
+    shape says 0, samples that keep their aspect ratio: any positive size)."""
+    pairs = zip(sample.shape, sample_shape, strict=False)
+    fits = len(sample.shape) == len(sample_shape) and all(
+        d == want or (want == 0 and d > 0) for d, want in pairs
+    )
+    if not fits or sample.dtype != np.uint8:
         raise ValueError(
             f"sample of shape {sample.shape} {sample.dtype} does not fit shard "
             f"{shard} of {sample_shape} uint8"
@@ -115,6 +120,9 @@ class ShardWriter:
     `.tmp-<name>-<pid>`, which the next run removes; never a file under the shard's name.
     `durable=False` skips the fsyncs: the caller must fsync the shard and its folder
     (`fsync_dir`) before committing a manifest that references it.
+
+    A `sample_shape` with 0 sides (samples that keep their aspect ratio) writes one flat array
+    of the samples' bytes; `placed` then says where each row went.
     """
 
     def __init__(
@@ -128,8 +136,12 @@ class ShardWriter:
     ) -> None:
         if capacity <= 0:
             raise ValueError(f"shard capacity must be positive, got {capacity}")
-        if any(d <= 0 for d in sample_shape):
+        self.ragged = 0 in sample_shape
+        if any(d < 0 for d in sample_shape) or (self.ragged and not any(sample_shape)):
             raise ValueError(f"invalid sample shape {sample_shape}")
+        self.placed: list[tuple[int, tuple[int, ...]]] = []
+        """Per row written, (byte offset in the data, shape)."""
+        self.data_bytes = 0
         self.root = root
         self.name = name
         self.final_path = root / name
@@ -150,7 +162,8 @@ class ShardWriter:
         # block allocation per 4 KiB page plus an msync before the fsync: 1.0 ms against 0.5 ms
         # per 224x224x3 sample (benchmarks/bench_pack.py), ~10% of the time to pack a photo.
         self._file = open(self.temp_path, "wb")  # closed in finish() or __exit__
-        self._write(npy_header((self.capacity, *self.sample_shape)))
+        shape = (0,) if self.ragged else (self.capacity, *self.sample_shape)
+        self._write(npy_header(shape))  # a flat shard's is rewritten by `finish`
         return self
 
     def _write(self, data: bytes | memoryview) -> None:
@@ -174,7 +187,9 @@ class ShardWriter:
         if self.rows >= self.capacity:
             raise ValueError(f"shard {self.name} is full ({self.capacity} rows)")
         sample = np.ascontiguousarray(sample)
-        self._write(sample.data)
+        self._write(memoryview(sample.data).cast("B"))
+        self.placed.append((self.data_bytes, sample.shape))
+        self.data_bytes += sample.nbytes
         row = self.rows
         self.rows += 1
         return row, digest(sample, self.checksum)
@@ -193,14 +208,19 @@ class ShardWriter:
                 f.close()
                 self.temp_path.unlink(missing_ok=True)
                 return None
-            if self.rows != self.capacity:
+            whole = self.rows == self.capacity and not self.ragged
+            if not whole:
                 f.seek(0)
-                f.write(npy_header((self.rows, *self.sample_shape)))
+                f.write(
+                    npy_header(
+                        (self.data_bytes,) if self.ragged else (self.rows, *self.sample_shape)
+                    )
+                )
             f.flush()
             if self.durable:
                 os.fsync(f.fileno())
-        size = HEADER_BYTES + self.rows * self.sample_bytes
-        if self.rows == self.capacity:
+        size = HEADER_BYTES + self.data_bytes
+        if whole:
             checksum, tamper = (h.hexdigest() for h in self._digests)
         else:
             checksum, tamper = file_digests(self.temp_path, (self.checksum, TAMPER_DIGEST))
@@ -243,11 +263,21 @@ def read_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
 
 
 def check_shard(path: Path, sample_shape: tuple[int, ...], rows: int) -> int:
-    """The data offset of a shard, after checking that it is what the manifest says it is."""
+    """The data offset of a shard, after checking that it is what the manifest says it is.
+    A `sample_shape` with a 0 side (samples that keep their aspect ratio) is one flat uint8
+    array of the file's bytes (`etl.format.manifest.RAGGED_FORMAT_VERSION`)."""
     shape, dtype, offset = read_header(path)
-    expected = (rows, *sample_shape)
     if dtype != np.uint8:
         raise ShardError(f"{path}: dtype {dtype}, expected uint8")
+    if 0 in sample_shape:
+        size = path.stat().st_size
+        if len(shape) != 1 or size != offset + shape[0]:
+            raise ShardError(
+                f"{path}: shape {shape} in a file of {size} bytes; expected one flat array of "
+                f"the {size - offset} bytes after the header"
+            )
+        return offset
+    expected = (rows, *sample_shape)
     if shape != expected:
         raise ShardError(f"{path}: shape {shape}, expected {expected}")
     size = path.stat().st_size
@@ -260,6 +290,9 @@ def check_shard(path: Path, sample_shape: tuple[int, ...], rows: int) -> int:
 
 
 def open_shard(path: Path, sample_shape: tuple[int, ...], rows: int) -> np.memmap:
-    """Open a shard read-only after checking that it is what the manifest says it is."""
+    """Open a shard read-only after checking that it is what the manifest says it is: [rows,
+    *sample_shape], or flat where samples keep their aspect ratio (see `check_shard`)."""
     offset = check_shard(path, sample_shape, rows)
+    if 0 in sample_shape:
+        return np.memmap(path, dtype=np.uint8, mode="r", offset=offset)
     return np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(rows, *sample_shape))

@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 
 from etl.errors import SelectionError
 from etl.format.columns import bool_mask, value_codes
-from etl.format.manifest import Manifest, ordered_splits
+from etl.format.manifest import RAGGED_COLUMNS, Manifest, ordered_splits
 
 Where: TypeAlias = "str | pc.Expression | Callable[[pa.Table], Any]"
 """A row predicate on the samples table: a SQL `WHERE` condition (text, run by duckdb, e.g.
@@ -40,10 +40,14 @@ class VersionView:
     def version(self) -> int:
         return self.manifest.version
 
-    @property
+    @cached_property
     def table(self) -> pa.Table:
-        """The samples table: one row per packed sample, sorted by `source` (docs/FORMAT.md)."""
-        return self.manifest.samples
+        """The samples table: one row per packed sample, sorted by `source` (docs/FORMAT.md);
+        a version of fixed-size samples without format version 2's `sample_*` columns."""
+        samples = self.manifest.samples
+        if self.manifest.meta.ragged:
+            return samples
+        return samples.drop_columns([c for c in RAGGED_COLUMNS if c in samples.column_names])
 
     @property
     def rejects(self) -> pa.Table:

@@ -233,7 +233,7 @@ def _draft_request(size: tuple[int, int], opts: ResizeStage) -> tuple[int, int]:
     `size`. center_crop scales both axes by max(tw/w, th/h), pad by the min, stretch each its own.
     """
     width, height = size
-    target_h, target_w = opts.size
+    target_h, target_w = opts.output_size(height, width)
     scale_w, scale_h = Fraction(target_w, width), Fraction(target_h, height)
     if opts.mode == "center_crop":
         scale_w = scale_h = max(scale_w, scale_h)

@@ -51,6 +51,7 @@ RESIZE_MODES: dict[str, ResizeFn] = {
     "center_crop": _center_crop,  # crop to the target aspect around the centre, then resize
     "pad": _pad,  # fit inside the target, letterbox with ResizeStage.fill
     "stretch": _stretch,  # resize each axis on its own; distorts the aspect
+    "keep_aspect": _stretch,  # to ResizeStage.output_size, which keeps the aspect ratio
 }
 
 FILTERS: dict[str, Image.Resampling] = {
@@ -70,9 +71,13 @@ def _lookup(registry: Mapping[str, Any], name: str, what: str) -> Any:
         raise ConfigError(f"unknown {what} {name!r}; expected one of {sorted(registry)}") from None
 
 
-def resize(image: Image.Image, opts: ResizeStage) -> Image.Image:
-    """Resize to exactly opts.size = (height, width) by opts.mode with opts.filter."""
-    height, width = opts.size
+def resize(
+    image: Image.Image, opts: ResizeStage, source_size: tuple[int, int] | None = None
+) -> Image.Image:
+    """Resize to `opts.output_size` (opts.size, or the aspect kept) by opts.mode with
+    opts.filter. `source_size`: the (height, width) the output size is computed from when
+    `image` is a reduced decode of it (JPEG draft), so the stored size never depends on it."""
+    height, width = opts.output_size(*(source_size or (image.height, image.width)))
     resize_fn: ResizeFn = _lookup(RESIZE_MODES, opts.mode, "resize mode")
     method: Image.Resampling = _lookup(FILTERS, opts.filter, "resize filter")
     fill: Fill = luminance(opts.fill) if image.mode == "L" else opts.fill
@@ -217,7 +222,8 @@ def process_image(
     current: Image.Image | NDArray[np.uint8] = decoded.image
     for stage in stages[1:]:
         if isinstance(stage, ResizeStage):
-            current = resize(_image(current), stage)
+            full = decoded.source_size if stage is next_resize else None
+            current = resize(_image(current), stage, full)
         elif isinstance(stage, ValidateStage):
             check_source(decoded.source_size, stage)
         elif isinstance(stage, CallStage):
@@ -229,9 +235,35 @@ def process_image(
     array = (
         _layout(current, layout) if isinstance(current, np.ndarray) else to_array(current, layout)
     )
-    if array.shape != config.sample_shape:
+    if not _fits(array.shape, config):
         raise Reject(
             "bad_output",
-            f"sample has shape {array.shape}, expected {config.sample_shape} ({layout})",
+            f"sample has shape {array.shape}, expected {_expected(config)} ({layout})",
         )
     return array, decoded.source_size
+
+
+def _fits(shape: tuple[int, ...], config: PipelineConfig) -> bool:
+    """Whether a sample of `shape` is one the output stores: the configured shape, or for
+    samples that keep their aspect ratio, the channels and sides within `shorter` x `longer`."""
+    if not config.ragged:
+        return shape == config.sample_shape
+    resize = config.resize
+    assert resize.shorter is not None and resize.longer is not None
+    if len(shape) != 3:
+        return False
+    height, width = shape[:2] if config.output.layout == "HWC" else shape[1:]
+    channels = shape[2] if config.output.layout == "HWC" else shape[0]
+    return (
+        channels == config.channels
+        and 0 < min(height, width) <= resize.shorter
+        and max(height, width) <= resize.longer
+    )
+
+
+def _expected(config: PipelineConfig) -> str:
+    if not config.ragged:
+        return str(config.sample_shape)
+    resize, channels = config.resize, config.channels
+    sides = f"sides at most {resize.shorter} (shorter) and {resize.longer} (longer)"
+    return f"{channels} channels, {sides}"

@@ -21,12 +21,14 @@ from etl.errors import ManifestError, ShardError
 from etl.format.commit import clean_leftovers, commit_version
 from etl.format.lock import DatasetLock
 from etl.format.manifest import (
+    RAGGED_COLUMNS,
     Manifest,
     list_versions,
     read_manifest,
     resolve,
     version_dir,
 )
+from etl.format.ragged import stored_sample
 from etl.format.shards import (
     SHARDS_DIR,
     ShardInfo,
@@ -142,9 +144,9 @@ def rewrite(manifest: Manifest, sparse: list[str], version: int, writer: str = "
             strict=True,
         )
     )
-    relocated: dict[str, tuple[str, int]] = {}
+    relocated: dict[str, tuple[str, int, int | None]] = {}
     new_shards: list[ShardInfo] = []
-    records = moving.select(["sample_id", "shard", "row", "checksum"]).to_pylist()
+    records = moving.select(["sample_id", "shard", "row", "checksum", *RAGGED_COLUMNS]).to_pylist()
     for start in range(0, len(records), per_shard):
         chunk = records[start : start + per_shard]
         name = shard_name(version, start // per_shard, writer)
@@ -157,20 +159,32 @@ def rewrite(manifest: Manifest, sparse: list[str], version: int, writer: str = "
                         manifest.root / rec["shard"], meta.sample_shape, rows_by_shard[rec["shard"]]
                     )
                     opened[rec["shard"]] = source
-                row, checksum = w.append(np.asarray(source[rec["row"]]))
+                place = None
+                if meta.ragged:
+                    offset, height, width = (int(rec[name]) for name in RAGGED_COLUMNS)
+                    place = (offset, height, width)
+                try:
+                    pixels = stored_sample(
+                        source, rec["row"], place, meta.sample_shape, meta.layout
+                    )
+                except ValueError as exc:
+                    raise ShardError(f"{manifest.root / rec['shard']}: {exc}") from None
+                row, checksum = w.append(np.asarray(pixels))
                 if checksum != rec["checksum"]:
                     raise ShardError(
                         f"{manifest.root / rec['shard']}: row {rec['row']} does not match its "
                         "checksum; run 'etl audit --repair' before compacting"
                     )
-                relocated[rec["sample_id"]] = (name, row)
+                relocated[rec["sample_id"]] = (name, row, w.placed[row][0] if meta.ragged else None)
             info = w.finish()
         assert info is not None
         new_shards.append(info)
     rows = samples.to_pylist()
     for row in rows:
         if row["sample_id"] in relocated:
-            row["shard"], row["row"] = relocated[row["sample_id"]]
+            row["shard"], row["row"], moved_to = relocated[row["sample_id"]]
+            if moved_to is not None:
+                row["sample_offset"] = moved_to
     new_samples = pa.Table.from_pylist(rows, schema=samples.schema)
     meta = replace(manifest.meta, version=version)
     commit_version(manifest.root, meta, new_samples, manifest.rejects, new_shards, manifest.shards)

@@ -33,6 +33,7 @@ from etl.format.manifest import (
     read_manifest,
     table_from_rows,
 )
+from etl.format.ragged import Place, sides_of, stored_sample
 from etl.format.shards import ShardInfo, ShardWriter, open_shard, shard_name
 from etl.images.rejects import READ_REJECTS, Reject
 from etl.maintenance.audit import (
@@ -71,6 +72,8 @@ class RepairItem:
     """True: its row verified, but its shard is damaged elsewhere: copy the verified bytes."""
     locator: str | None = None
     """Where `readers` reads its source (`etl.sources.locate`); None: copy only."""
+    old_place: Place | None = None
+    """Where samples keep their aspect ratio, its place in the damaged shard."""
 
 
 @dataclass(frozen=True)
@@ -82,8 +85,9 @@ class RepairTask:
 @dataclass(frozen=True)
 class RepairOutcome:
     shard: ShardInfo | None
-    stored: tuple[tuple[str, int, str, str], ...]
-    """(sample_id, new row, checksum, how) with how "copied" or "decoded"."""
+    stored: tuple[tuple[str, int, str, str, Place | None], ...]
+    """(sample_id, new row, checksum, how, new place where samples keep their aspect ratio)
+    with how "copied" or "decoded"."""
     failed: tuple[tuple[str, str], ...]
     """(sample_id, why it cannot be repaired)."""
 
@@ -218,6 +222,7 @@ def _repair_items(report: AuditReport, manifest: Manifest) -> list[RepairItem]:
                     old_row=s["row"],
                     expected=s["checksum"],
                     copy=s["sample_id"] not in bad,
+                    old_place=_place(s) if manifest.meta.ragged else None,
                 )
             )
     items.sort(key=lambda i: (i.old_shard, i.old_row))
@@ -250,6 +255,10 @@ def _located(
     return kept, unlocated
 
 
+def _place(row: dict[str, Any]) -> Place:
+    return int(row["sample_offset"]), int(row["sample_height"]), int(row["sample_width"])
+
+
 def _repair_tasks(
     items: list[RepairItem], version: int, per_shard: int, writer: str = ""
 ) -> list[RepairTask]:
@@ -269,7 +278,15 @@ def repair_shard(
     the sources it decodes again (`etl.engine.fill.fill_shard`, as a run fills a shard)."""
     one_row = row_digest(config.output.checksum)
     opened: dict[str, np.memmap] = {}
-    stored: list[tuple[str, int, str, str]] = []
+    stored: list[tuple[str, int, str, str, Place | None]] = []
+    layout = config.output.layout
+
+    def place(row: int) -> Place | None:
+        if not writer.ragged:
+            return None
+        offset, shape = writer.placed[row]
+        return (offset, *sides_of(shape, layout))
+
     failed: list[tuple[str, str]] = []
     writer = ShardWriter(
         Path(root), task.shard, len(task.items), sample_shape, config.output.checksum
@@ -277,10 +294,10 @@ def repair_shard(
     with writer:
         decode: list[RepairItem] = []
         for item in task.items:
-            pixels = _copy(item, Path(root), sample_shape, opened, one_row)
+            pixels = _copy(item, Path(root), sample_shape, layout, opened, one_row)
             if pixels is not None:
                 row, checksum = writer.append(pixels)
-                stored.append((item.sample_id, row, checksum, "copied"))
+                stored.append((item.sample_id, row, checksum, "copied", place(row)))
             elif item.locator is None:
                 failed.append((item.sample_id, "its row fails its check and its source is gone"))
             else:
@@ -291,7 +308,9 @@ def repair_shard(
             if isinstance(outcome, Reject):
                 failed.append((item.sample_id, _why(outcome)))
             else:
-                stored.append((item.sample_id, outcome.row, outcome.checksum, "decoded"))
+                stored.append(
+                    (item.sample_id, outcome.row, outcome.checksum, "decoded", place(outcome.row))
+                )
         info = writer.finish()
     return RepairOutcome(info, tuple(stored), tuple(failed))
 
@@ -309,6 +328,7 @@ def _copy(
     item: RepairItem,
     root: Path,
     sample_shape: tuple[int, ...],
+    layout: str,
     opened: dict[str, np.memmap],
     one_row: Callable[[Any], str],
 ) -> NDArray[np.uint8] | None:
@@ -322,8 +342,13 @@ def _copy(
             )
         except (ShardError, OSError):
             return None
-    pixels: NDArray[np.uint8] = opened[item.old_shard][item.old_row]
-    return pixels if one_row(pixels.data.cast("B")) == item.expected else None
+    try:
+        pixels = stored_sample(
+            opened[item.old_shard], item.old_row, item.old_place, sample_shape, layout
+        )
+    except ValueError:
+        return None
+    return pixels if one_row(np.ascontiguousarray(pixels).data.cast("B")) == item.expected else None
 
 
 def _commit_repair(
@@ -335,7 +360,7 @@ def _commit_repair(
 ) -> None:
     items = {i.sample_id: i for i in repaired}
     stored_bytes = {f.sample_id: f.actual for f in report.bad_samples}
-    moved: dict[str, tuple[str, int, str]] = {}
+    moved: dict[str, tuple[str, int, str, Place | None]] = {}
     new_shards: list[ShardInfo] = []
     for outcome in outcomes:
         for sample_id, reason in outcome.failed:
@@ -355,9 +380,9 @@ def _commit_repair(
         new_shards.append(info)
         out.shards_written.append(info.name)
         out.bytes_written += info.bytes
-        for sample_id, row, checksum, how in outcome.stored:
+        for sample_id, row, checksum, how, place in outcome.stored:
             item = items[sample_id]
-            moved[sample_id] = (info.name, row, checksum)
+            moved[sample_id] = (info.name, row, checksum, place)
             if how == "decoded":
                 if checksum == item.expected:
                     how = "restored"
@@ -383,7 +408,9 @@ def _commit_repair(
     rows = manifest.samples.to_pylist()
     for row in rows:
         if row["sample_id"] in moved:
-            row["shard"], row["row"], row["checksum"] = moved[row["sample_id"]]
+            row["shard"], row["row"], row["checksum"], place = moved[row["sample_id"]]
+            if place is not None:
+                row["sample_offset"], row["sample_height"], row["sample_width"] = place
     meta = replace(manifest.meta, version=manifest.version + 1)
     samples = table_from_rows(rows, meta.samples_schema)
     commit_version(manifest.root, meta, samples, manifest.rejects, new_shards, manifest.shards)

@@ -10,6 +10,7 @@ raises (a full disk, a bug) stops the run, re-raised with the shard and file it 
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 from collections import deque
@@ -57,6 +58,11 @@ class PackResult:
     heights: NDArray[np.int64]
     widths: NDArray[np.int64]
     """Per source, the decoded image's size (0 for a reject)."""
+    sample_bytes: NDArray[np.int64]
+    sample_heights: NDArray[np.int64]
+    sample_widths: NDArray[np.int64]
+    """Per source, its stored sample's bytes and size (0 for a reject): each its own where
+    samples keep their aspect ratio."""
     checksums: Texts
     """Per stored source, in order, the checksum of its row."""
     rejects: tuple[tuple[int, str, str], ...]
@@ -164,6 +170,8 @@ def pack_batch(
     n = len(task)
     rows = np.full(n, -1, dtype=np.int64)
     heights, widths = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    stored = np.zeros((3, n), dtype=np.int64)
+    hwc = config.output.layout == "HWC"
     checksums: list[str] = []
     rejects: list[tuple[int, str, str]] = []
     temp = parts.temp_name(task.shard, token)
@@ -175,6 +183,7 @@ def pack_batch(
         config.sample_shape,
         config.output.checksum,
         durable,
+        config.slot_bytes,
     )
     with writer:
         sources = list(zip(task.sources, task.locators, task.hashes, strict=True))
@@ -184,6 +193,8 @@ def pack_batch(
                 rejects.append((i, outcome.reason, outcome.message))
             else:
                 rows[i], heights[i], widths[i] = outcome.row, outcome.height, outcome.width
+                shape = outcome.shape
+                stored[:, i] = math.prod(shape), *(shape[:2] if hwc else shape[1:])
                 checksums.append(outcome.checksum)
     return PackResult(
         task.shard,
@@ -193,6 +204,9 @@ def pack_batch(
         rows,
         heights,
         widths,
+        stored[0],
+        stored[1],
+        stored[2],
         Texts.of(checksums),
         tuple(rejects),
     )
@@ -211,20 +225,29 @@ class Sealed:
     gaps: NDArray[np.int64]
     """The slots rejects left empty, sorted: a sample's row is its slot less the gaps before
     it (`etl.run.results.ShardGaps`)."""
+    offsets: NDArray[np.int64] | None = None
+    """Where samples keep their aspect ratio, each slot's byte offset in the shard's data."""
 
 
 @dataclass
 class _Filling:
-    """A shard whose tasks are still coming back: how many of its slots have, and its gaps."""
+    """A shard whose tasks are still coming back: how many of its slots have, its gaps, and
+    (samples of their own size) each slot's bytes."""
 
     capacity: int
+    ragged: bool
     done: int = 0
     gaps: list[NDArray[np.int64]] = field(default_factory=list)
+    sizes: NDArray[np.int64] | None = None
 
     def add(self, result: PackResult) -> None:
         self.done += result.items
         if result.rejects:
             self.gaps.append(result.slot + np.flatnonzero(result.rows < 0))
+        if self.ragged:
+            if self.sizes is None:
+                self.sizes = np.zeros(self.capacity, np.int64)
+            self.sizes[result.slot : result.slot + result.items] = result.sample_bytes
 
 
 SEAL_THREADS = 2
@@ -257,6 +280,11 @@ def pack(
         gaps = np.sort(np.concatenate(state.gaps)) if state.gaps else np.zeros(0, np.int64)
         temp = parts.temp_name(name, token)
         sample_shape, checksum = config.sample_shape, config.output.checksum
+        if state.sizes is not None:
+            info, offsets = parts.seal_ragged(
+                root, name, temp, state.sizes, config.slot_bytes, checksum
+            )
+            return Sealed(name, info, gaps, offsets)
         info = parts.seal(root, name, temp, state.capacity, gaps, sample_shape, checksum)
         return Sealed(name, info, gaps)
 
@@ -266,7 +294,7 @@ def pack(
         ThreadPoolExecutor(SEAL_THREADS, thread_name_prefix="seal") as sealer,
     ):
         for result in results:
-            state = filling.setdefault(result.shard, _Filling(result.capacity))
+            state = filling.setdefault(result.shard, _Filling(result.capacity, config.ragged))
             state.add(result)
             on_progress(result.items)
             yield result

@@ -41,6 +41,7 @@ from etl.format.manifest import (
     ManifestMeta,
     list_versions,
     read_manifest,
+    sample_shape_of,
 )
 from etl.format.mapped import releasing
 from etl.format.names import is_url
@@ -433,11 +434,11 @@ def _pack(
     with run.phase("pack"), contextlib.closing(results) as packed:
         for result in packed:
             if isinstance(result, execute.Sealed):
-                gaps.add(result.name, result.gaps)
+                gaps.add(result.name, result.gaps, result.offsets)
                 if result.shard is not None:
                     new_shards.append(result.shard)
                 continue
-            new_samples.add(packed_samples(plan.packing, result))
+            new_samples.add(packed_samples(plan.packing, result, run.config.ragged))
             if result.rejects:
                 new_rejects.add(packed_rejects(plan.packing, result))
             plan.release_pages()
@@ -466,9 +467,11 @@ def _commit(run: _Run, listed: int, plan: Plan, packed: _Packed) -> RunReport:
     if previous is not None and not packed.new_shards and _same_content(previous, plan, rejects):
         notes.append(f"nothing changed since version {run.latest}")
         return run.report(version=run.latest, committed=False, notes=notes, **counts)
+    sample_shape, format_version = sample_shape_of(config.sample_shape)
     meta = ManifestMeta(
         version=plan.version,
-        sample_shape=config.sample_shape,
+        format_version=format_version,
+        sample_shape=sample_shape,
         layout=config.output.layout,
         classes=plan.classes,
         checksum=config.output.checksum,

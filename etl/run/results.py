@@ -8,16 +8,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from etl.format.manifest import REJECTS_SCHEMA, samples_schema
+from etl.format.manifest import RAGGED_COLUMNS, REJECTS_SCHEMA, SAMPLES_SCHEMA, samples_schema
 from etl.format.names import sample_id
 from etl.format.sample_columns import CARRIED, carried, carried_fields
 from etl.run.execute import PackResult
 
 
-def packed_samples(packing: pa.Table, result: PackResult) -> pa.Table:
+def packed_samples(packing: pa.Table, result: PackResult, ragged: bool = False) -> pa.Table:
     """The manifest rows of the sources `result` stored (SAMPLES_SCHEMA, in shard order), each
-    'row' still its slot (`ShardGaps.with_final_rows` makes it its row). `packing` is the
-    plan's table of sources to pack, whose rows the task was cut from."""
+    'row' still its slot (`ShardGaps.with_final_rows` makes it its row, and sets the offset of
+    a `ragged` sample, one that keeps its aspect ratio). `packing` is the plan's table of
+    sources to pack, whose rows the task was cut from."""
     stored = result.rows >= 0
     rows = packing.slice(result.start, result.items).filter(pa.array(stored))
     schema = samples_schema(carried_fields(packing.schema))
@@ -40,10 +41,27 @@ def packed_samples(packing: pa.Table, result: PackResult) -> pa.Table:
         "shard": pa.repeat(pa.scalar(result.shard), rows.num_rows),
         "row": pa.array(result.rows[stored]),
         "checksum": result.checksums.to_arrow(),
+        **_ragged_columns(result, stored, ragged),
         **{name[len(CARRIED) :]: rows.column(name) for name in carried(rows.column_names)},
     }
     names = schema.names
     return pa.table([columns[name] for name in names], names=names).cast(schema)
+
+
+def _ragged_columns(
+    result: PackResult, stored: NDArray[np.bool_], ragged: bool
+) -> dict[str, pa.Array]:
+    """The `sample_*` columns (RAGGED_COLUMNS): each stored sample's height and width, its
+    offset still null (`ShardGaps.with_final_rows` sets it once the shard is sealed); all null
+    for fixed-size samples."""
+    count = int(stored.sum())
+    if not ragged:
+        return {name: pa.nulls(count, SAMPLES_SCHEMA.field(name).type) for name in RAGGED_COLUMNS}
+    return {
+        "sample_offset": pa.nulls(count, pa.int64()),
+        "sample_height": pa.array(result.sample_heights[stored].astype(np.int32)),
+        "sample_width": pa.array(result.sample_widths[stored].astype(np.int32)),
+    }
 
 
 def packed_rejects(packing: pa.Table, result: PackResult) -> pa.Table:
@@ -70,14 +88,22 @@ def packed_rejects(packing: pa.Table, result: PackResult) -> pa.Table:
 class ShardGaps:
     """The slots rejects left empty in the shards a run sealed (`etl.run.execute.Sealed`), kept
     as one sorted array of (shard, slot) keys: a run with rejects in every shard costs 8 bytes
-    a reject, and fixing a piece of rows is a few vectorised searches, whatever the shards."""
+    a reject, and fixing a piece of rows is a few vectorised searches, whatever the shards.
+    Where samples keep their aspect ratio, also each slot's byte offset (8 bytes a sample)."""
 
     def __init__(self) -> None:
         self._names: list[str] = []
         self._gaps: list[NDArray[np.int64]] = []
         self._keys: NDArray[np.int64] | None = None
+        self._offsets: dict[str, NDArray[np.int64]] = {}
+        self._flat: tuple[pa.Array, NDArray[np.int64], NDArray[np.int64]] | None = None
 
-    def add(self, shard: str, gaps: NDArray[np.int64]) -> None:
+    def add(
+        self, shard: str, gaps: NDArray[np.int64], offsets: NDArray[np.int64] | None = None
+    ) -> None:
+        if offsets is not None:
+            self._offsets[shard] = offsets
+            self._flat = None
         if len(gaps):
             self._names.append(shard)
             self._gaps.append((len(self._names) - 1 << 32) | gaps.astype(np.int64))
@@ -85,7 +111,10 @@ class ShardGaps:
 
     def with_final_rows(self, samples: pa.Table) -> pa.Table:
         """`samples` with the 'row' of each sample of a shard with gaps, still its slot, made
-        its row in the sealed shard: its slot less the gaps before it."""
+        its row in the sealed shard: its slot less the gaps before it; and the offset of each
+        new sample that keeps its aspect ratio set from its slot."""
+        if self._offsets and samples.num_rows:
+            samples = self._with_offsets(samples)
         if not self._names or not samples.num_rows:
             return samples
         if self._keys is None:
@@ -103,3 +132,28 @@ class ShardGaps:
         rows[mine] -= before
         column = samples.schema.get_field_index("row")
         return samples.set_column(column, "row", pa.array(rows, samples.schema.field("row").type))
+
+    def _with_offsets(self, samples: pa.Table) -> pa.Table:
+        """Set 'sample_offset' where it is null (a new sample, 'row' still its slot) from its
+        shard's slot offsets."""
+        offsets = samples.column("sample_offset")
+        if not offsets.null_count:
+            return samples
+        if self._flat is None:
+            names = pa.array(list(self._offsets), pa.string())
+            bases = np.zeros(len(names) + 1, np.int64)
+            np.cumsum([len(o) for o in self._offsets.values()], out=bases[1:])
+            self._flat = names, bases, np.concatenate(list(self._offsets.values()))
+        names, bases, flat = self._flat
+        which = pc.index_in(samples.column("shard"), value_set=names)
+        at = np.asarray(pc.fill_null(which, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+        new = at >= 0
+        if not new.any():
+            return samples
+        slots = np.asarray(samples.column("row").to_numpy(), dtype=np.int64)
+        values = np.array(pc.fill_null(offsets, 0).to_numpy(zero_copy_only=False), np.int64)
+        values[new] = flat[bases[at[new]] + slots[new]]
+        mask = pa.array(~new & offsets.is_null().to_numpy(zero_copy_only=False))
+        column = pa.array(values, pa.int64(), mask=mask.to_numpy(zero_copy_only=False))
+        index = samples.schema.get_field_index("sample_offset")
+        return samples.set_column(index, samples.schema.field(index), column)

@@ -275,6 +275,9 @@ def test_opening_a_version_leaves_its_pages_to_the_page_cache(tmp_path: Path) ->
         "shard": [shard] * n,
         "row": numbers,
         "checksum": keys,
+        "sample_offset": pa.nulls(n, pa.int64()),  # format version 2's; null in 1
+        "sample_height": pa.nulls(n, pa.int32()),
+        "sample_width": pa.nulls(n, pa.int32()),
     }
     samples = pa.table(columns, schema=SAMPLES_SCHEMA)
     _, shards, rejects = tables(shard=shard, rows=n)

@@ -261,7 +261,7 @@ def test_pad_letterboxes_with_fill_and_luminance_for_grey() -> None:
 @given(
     source=st.tuples(st.integers(1, 300), st.integers(1, 300)),
     target=st.tuples(st.integers(1, 200), st.integers(1, 200)),
-    resize_mode=st.sampled_from(sorted(RESIZE_MODES)),
+    resize_mode=st.sampled_from(sorted(set(RESIZE_MODES) - {"keep_aspect"})),
     filter_name=st.sampled_from(sorted(FILTERS)),
     mode=st.sampled_from(["RGB", "L"]),
 )
@@ -276,6 +276,50 @@ def test_resize_always_returns_exactly_the_target_size(
     out = resize(image, ResizeStage(size=target, mode=resize_mode, filter=filter_name))
     assert (out.height, out.width) == target
     assert out.mode == mode
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    source=st.tuples(st.integers(1, 400), st.integers(1, 400)),
+    shorter=st.integers(1, 64),
+    extra=st.integers(0, 96),
+    upscale=st.booleans(),
+)
+def test_keep_aspect_keeps_the_ratio_within_a_pixel(
+    source: tuple[int, int], shorter: int, extra: int, upscale: bool
+) -> None:
+    """The oracle is the rule in plain floats: scale the shorter side to `shorter` (never up
+    unless `upscale`), cap the longer at `longer`; each side within half a pixel of it."""
+    height, width = source
+    longer = shorter + extra
+    opts = ResizeStage(mode="keep_aspect", shorter=shorter, longer=longer, upscale=upscale)
+    scale = shorter / min(height, width)
+    if not upscale:
+        scale = min(scale, 1.0)
+    if max(height, width) * scale > longer:
+        scale = longer / max(height, width)
+    out = resize(Image.new("RGB", (width, height), (1, 2, 3)), opts)
+    assert abs(out.height - height * scale) <= 0.5 + 1e-9 or out.height == 1
+    assert abs(out.width - width * scale) <= 0.5 + 1e-9 or out.width == 1
+    assert max(out.height, out.width) <= longer and min(out.height, out.width) <= shorter
+    if max(height, width) * shorter <= longer * min(height, width) and (
+        upscale or min(height, width) >= shorter
+    ):
+        assert min(out.height, out.width) == shorter  # the side aimed at, exactly
+    assert opts.output_size(height, width) == (out.height, out.width)
+
+
+def test_keep_aspect_config_errors_name_the_keys() -> None:
+    with pytest.raises(ValueError, match="needs shorter and longer"):
+        ResizeStage(mode="keep_aspect", shorter=256)
+    with pytest.raises(ValueError, match="not size"):
+        ResizeStage(mode="keep_aspect", size=(8, 8), shorter=8, longer=8)
+    with pytest.raises(ValueError, match="below shorter"):
+        ResizeStage(mode="keep_aspect", shorter=256, longer=128)
+    with pytest.raises(ValueError, match="shorter: only for mode keep_aspect"):
+        ResizeStage(size=(8, 8), shorter=8)
+    with pytest.raises(ValueError, match="needs size"):
+        ResizeStage(mode="pad")
 
 
 # --- EXIF orientation -----------------------------------------------------------------------

@@ -340,7 +340,7 @@ def test_members_of_several_sizes_meet_in_the_device_crop(
         image = torch.from_numpy(packs[m].images[at]).permute(2, 0, 1)
         return image
 
-    plain = make_loader(mix, batch_size=6, num_workers=workers, seed=2)
+    plain = make_loader(mix, batch_size=6, num_workers=workers, seed=2, with_indices=True)
     for batch in plain:
         heights, widths = batch.columns["sample.height"], batch.columns["sample.width"]
         for i, index in enumerate(batch.indices.tolist()):

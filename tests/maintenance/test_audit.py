@@ -350,12 +350,12 @@ def test_unknown_format_version_and_no_dataset_exit_2(
     path = ds / V1 / "manifest.arrow"
     with ipc.open_file(path) as reader:
         table = reader.read_all()
-    metadata = {**table.schema.metadata, b"etl.format_version": b"2"}
+    metadata = {**table.schema.metadata, b"etl.format_version": b"9"}
     table = table.replace_schema_metadata(metadata)
     with ipc.new_file(str(path), table.schema) as writer:
         writer.write_table(table)
     for args, message in [
-        ([str(ds)], "format version 2"),
+        ([str(ds)], "format version 9"),
         ([str(tmp_path / "nowhere")], "no such dataset"),
         ([str(ds), "--version", "9"], "no version 9"),
     ]:

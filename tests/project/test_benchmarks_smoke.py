@@ -2,7 +2,7 @@
 `python -m benchmarks.bench_sources --tiny`, `python -m benchmarks.bench_scale --tiny`,
 `python -m benchmarks.bench_tree --tiny`, `python -m benchmarks.bench_cold --tiny`, and small
 runs of `bench_remote`, `bench_remote_pack`, `bench_pack_grid`, `bench_rejects`,
-`bench_verify_rows`, `bench_columns` and `bench_mixture`.
+`bench_verify_rows`, `bench_columns`, `bench_mixture` and `bench_aspect`.
 
 Numbers from 16 photos mean nothing; the test checks that every part runs (photo generation,
 bare loops, the pipeline on every backend, the memory runs) and that the pipeline's pixels equal
@@ -177,3 +177,11 @@ def test_bench_mixture_small() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "workers=2  mixture:" in done.stdout and "view 2:" in done.stdout
+
+
+def test_bench_aspect_small(tmp_path: Path) -> None:
+    done = run_benchmark(
+        "bench_aspect", "--photos", "24", "--rounds", "1", "--work", str(tmp_path), timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "| aspect | " in done.stdout and "aspect / fixed: bytes" in done.stdout

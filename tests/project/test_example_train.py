@@ -56,3 +56,27 @@ def test_train_example_resumes_from_its_checkpoint(tiny: Path, tmp_path: Path) -
     out = run(command, tiny)
     assert "resumed epoch 1 after 24 samples" in out, "3 steps of 8 were saved, not 4"
     assert len(ACCURACY.findall(out)) == 1 and out.count("val accuracy") == 2
+
+
+@pytest.fixture(scope="module")
+def tiny_aspect(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sample data packed with each picture's aspect ratio kept (format version 2)."""
+    root = tmp_path_factory.mktemp("aspect")
+    etl = [sys.executable, "-m", "etl"]
+    subprocess.run(
+        [*etl, "sample-data", str(root / "data"), "--per-class", "8", "--quiet"], check=True
+    )
+    (root / "pipeline.yaml").write_text(
+        "source: {kind: folder, path: data, split: {val: 0.25}}\n"
+        "stages:\n  - decode: {}\n  - resize: {mode: keep_aspect, shorter: 16, longer: 24}\n"
+        "output: {dir: out}\nrun: {n_jobs: 1}\n"
+    )
+    subprocess.run([*etl, "run", str(root / "pipeline.yaml"), "--quiet"], check=True)
+    return root / "out"
+
+
+@pytest.mark.slow
+def test_train_example_trains_on_samples_that_keep_their_aspect(tiny_aspect: Path) -> None:
+    out = run([sys.executable, "examples/train.py", "--workers", "1"], tiny_aspect)
+    assert len(ACCURACY.findall(out)) == 1
+    assert out.count("val accuracy") == 2

@@ -147,6 +147,7 @@ def audit(
             "a folder: pass --config pipeline.yaml to list them again"
         )
     report.checksum = manifest.meta.checksum
+    report.format_version = manifest.meta.format_version
     report.samples_total = manifest.samples.num_rows
     report.shards_total = manifest.shards.num_rows
     selected = _select_samples(manifest.samples.num_rows, options.sample_rate, seed)

@@ -167,6 +167,8 @@ class AuditReport:
     mode: str
     checksum: str | None
     """`etl.checksum` of the version (None if its manifest could not be read)."""
+    format_version: int = FORMAT_VERSION
+    """The version's format (1: fixed-size samples; 2: samples that keep their aspect)."""
     manifest_ok: bool = False
     """The audited version's manifest files match their commit record, read and passed every
     integrity check."""
@@ -228,7 +230,7 @@ class AuditReport:
             "dataset": str(self.root),
             "version": self.version,
             "latest": self.latest,
-            "format_version": FORMAT_VERSION,
+            "format_version": self.format_version,
             "mode": self.mode,
             "checksum": self.checksum,
             "clean": self.clean,

@@ -45,6 +45,9 @@ class ShardTask:
     """Rows to verify, ascending (a row appears twice if two samples share it)."""
     expected: tuple[str, ...]
     """Their manifest checksums, aligned with check_rows."""
+    spans: tuple[tuple[int, int], ...]
+    """Their (byte offset in the data, bytes), aligned with check_rows: row x sample bytes,
+    or where samples keep their aspect ratio, each one's own."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,6 @@ def _audit_shard(
     except OSError as exc:
         return unreadable("shard_missing", f"cannot read: {exc.strerror or exc}")
 
-    sample_bytes = math.prod(sample_shape)
     one_row = row_digest(algorithm)
     data = array.data.cast("B")  # C-contiguous uint8: a flat view, no copy
     problems: list[tuple[str, str, str | None, str | None]] = []
@@ -112,9 +114,9 @@ def _audit_shard(
         checks = [("shard_checksum", algorithm, task.checksum)]
         if mode == "deep":
             checks.append(("shard_blake3", TAMPER_DIGEST, task.blake3))
-        rows = task.check_rows if mode != "fast" else ()
+        spans = task.spans if mode != "fast" else ()
         digests, bad, rows_verified = _hash_file(
-            data, header, sample_bytes, [a for _, a, _ in checks], rows, task.expected, one_row
+            data, header, [a for _, a, _ in checks], spans, task.expected, one_row
         )
         hashed = len(header) + len(data)
         for kind, name, want in checks:
@@ -123,13 +125,13 @@ def _audit_shard(
                 problems.append((kind, message, want, digests[name]))
         whole_file_ok = not problems
     if mode == "sample" or (mode == "fast" and not whole_file_ok):
-        for index, row in enumerate(task.check_rows):
-            got = one_row(data[row * sample_bytes : (row + 1) * sample_bytes])
+        for index, (start, length) in enumerate(task.spans):
+            got = one_row(data[start : start + length])
             if got != task.expected[index]:
                 bad.append((index, got))
         rows_verified = len(task.check_rows)
         if mode == "sample":  # fast mode counted the whole file already
-            hashed += len(task.check_rows) * sample_bytes
+            hashed += sum(length for _, length in task.spans)
     return ShardOutcome(
         task.shard, tuple(problems), True, tuple(bad), rows_verified, hashed, whole_file_ok
     )
@@ -138,33 +140,50 @@ def _audit_shard(
 def _hash_file(
     data: memoryview,
     header: bytes,
-    sample_bytes: int,
     algorithms: Sequence[str],
-    rows: Sequence[int],
+    spans: Sequence[tuple[int, int]],
     expected: Sequence[str],
     one_row: Callable[[Any], str],
 ) -> tuple[dict[str, str], list[tuple[int, str]], int]:
-    """Whole-file digests of header + data by algorithm, the (index, digest) of `rows` that differ
-    from `expected`, and how many rows were hashed: all in one pass over the data."""
+    """Whole-file digests of header + data by algorithm, the (index, digest) of the rows at
+    `spans` (ascending) that differ from `expected`, and how many rows were hashed: all in one
+    pass over the data, each row hashed once the chunks holding it were read."""
     hashers = {name: new_hasher(name) for name in algorithms}
     for h in hashers.values():
         h.update(header)
-    chunk_rows = max(1, CHUNK_BYTES // sample_bytes)
-    total_rows = len(data) // sample_bytes
     bad: list[tuple[int, str]] = []
     j = 0
-    for start in range(0, total_rows, chunk_rows):
-        stop = min(total_rows, start + chunk_rows)
-        chunk = data[start * sample_bytes : stop * sample_bytes]
+    for start in range(0, len(data), CHUNK_BYTES):
+        stop = min(len(data), start + CHUNK_BYTES)
+        chunk = data[start:stop]
         for h in hashers.values():
             h.update(chunk)
-        while j < len(rows) and rows[j] < stop:
-            offset = (rows[j] - start) * sample_bytes
-            got = one_row(chunk[offset : offset + sample_bytes])
+        while j < len(spans) and sum(spans[j]) <= stop:
+            offset, length = spans[j]
+            got = one_row(data[offset : offset + length])
             if got != expected[j]:
                 bad.append((j, got))
             j += 1
+    while j < len(spans):  # past the end of the data (the size was checked): no digest
+        bad.append((j, ""))
+        j += 1
     return {name: h.hexdigest() for name, h in hashers.items()}, bad, j
+
+
+def sample_spans(
+    manifest: Manifest, at: NDArray[np.int64]
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """(byte offset in its shard's data, bytes) of the samples at positions `at`."""
+    meta, samples = manifest.meta, manifest.samples
+    taken = pa.array(at, pa.int64())
+    if not meta.ragged:
+        size = math.prod(meta.sample_shape)
+        rows = samples.column("row").take(taken).to_numpy().astype(np.int64)
+        return rows * size, np.full(len(at), size, np.int64)
+    channels = meta.sample_shape[2] if meta.layout == "HWC" else meta.sample_shape[0]
+    place = samples.select(["sample_offset", "sample_height", "sample_width"]).take(taken)
+    offset, height, width = (c.to_numpy().astype(np.int64) for c in place.columns)
+    return offset, height * width * channels
 
 
 def verify_shards(
@@ -177,11 +196,11 @@ def verify_shards(
 ) -> None:
     """Hash the shards in workers; `meanwhile` runs in this process as soon as they start."""
     samples, meta = manifest.samples, manifest.meta
-    sample_bytes = math.prod(meta.sample_shape)
     codes = shard_codes(samples.column("shard"), manifest.shards.column("shard").to_pylist())
     rows = samples.column("row").to_numpy()
     order = selected[np.lexsort((rows[selected], codes[selected]))]
     expected = samples.column("checksum").take(pa.array(order)).to_pylist()
+    starts, lengths = sample_spans(manifest, order)
     bounds = np.searchsorted(codes[order], np.arange(manifest.shards.num_rows + 1))
     members: dict[str, NDArray[np.int64]] = {}
     tasks: list[ShardTask] = []
@@ -198,11 +217,12 @@ def verify_shards(
                 blake3=record["blake3"],
                 check_rows=tuple(rows[order[lo:hi]].tolist()),
                 expected=tuple(expected[lo:hi]),
+                spans=tuple(zip(starts[lo:hi].tolist(), lengths[lo:hi].tolist(), strict=True)),
             )
         )
 
     def planned(task: ShardTask) -> int:
-        return len(task.check_rows) * sample_bytes if options.mode == "sample" else task.bytes
+        return sum(n for _, n in task.spans) if options.mode == "sample" else task.bytes
 
     tasks.sort(key=planned, reverse=True)  # biggest first: balances the workers
     by_name = {t.shard: t for t in tasks}

@@ -1,0 +1,255 @@
+"""Samples that keep their aspect ratio (`resize: {mode: keep_aspect}`, format version 2), end to
+end as a user meets them: `etl run`, a rerun, `etl audit`, and the loaders. The oracle is plain
+Pillow (the source resized to the size the rule gives, computed here in floats), and plain numpy
+and pyarrow reads of what was written, as docs/FORMAT.md tells a reader without our code."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.ipc as ipc
+import pytest
+import torch
+from PIL import Image
+
+from loaders import PackedDataset, RandomResizedCrop, make_loader
+from loaders.batches import SIZE_COLUMNS
+from tests.helpers.cli import cli
+
+pytestmark = pytest.mark.timeout(180)
+
+SHORTER, LONGER = 24, 40
+
+
+def _sources(root: Path, count: int = 14, seed: int = 3) -> None:
+    """PNGs of random sizes (wide, tall, small, huge ratios) in two classes, and one broken."""
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        height, width = (int(v) for v in rng.integers(6, 120, size=2))
+        if i == 0:
+            height, width = 10, 100  # capped by LONGER
+        if i == 1:
+            height, width = 12, 15  # smaller than SHORTER: kept at its size
+        folder = root / ("cat" if i % 2 else "dog")
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(folder / f"{i:02d}.png")
+    (root / "dog" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")
+
+
+def _config(folder: Path, layout: str = "HWC", jobs: int = 2, backend: str = "auto") -> Path:
+    path = folder / "pipeline.yaml"
+    path.write_text(
+        f"""source: {{kind: folder, path: images}}
+stages:
+  - decode: {{}}
+  - resize: {{mode: keep_aspect, shorter: {SHORTER}, longer: {LONGER}}}
+output: {{dir: out, samples_per_shard: 5, layout: {layout}}}
+run: {{n_jobs: {jobs}, backend: {backend}}}
+"""
+    )
+    return path
+
+
+def _oracle_size(height: int, width: int) -> tuple[int, int]:
+    scale = min(1.0, SHORTER / min(height, width))
+    if max(height, width) * scale > LONGER:
+        scale = LONGER / max(height, width)
+    return max(1, round(height * scale)), max(1, round(width * scale))
+
+
+def _oracle_pixels(source: Path) -> np.ndarray:
+    with Image.open(source) as image:
+        height, width = _oracle_size(image.height, image.width)
+        return np.asarray(image.convert("RGB").resize((width, height), Image.Resampling.BILINEAR))
+
+
+def _read_plainly(out: Path, version: int = 1) -> tuple[dict[bytes, bytes], list[dict]]:
+    """The manifest's metadata and rows, and each sample's pixels (key 'pixels', HWC), read as
+    docs/FORMAT.md says: np.load of the shard, `sample_offset` and the stored size."""
+    with ipc.open_file(out / "versions" / f"v{version:06d}" / "manifest.arrow") as reader:
+        table = reader.read_all()
+    meta = table.schema.metadata
+    shape = json.loads(meta[b"etl.sample_shape"])
+    layout = json.loads(meta[b"etl.layout"])
+    channels = shape[2] if layout == "HWC" else shape[0]
+    rows = table.to_pylist()
+    for row in rows:
+        data = np.load(out / row["shard"], mmap_mode="r")
+        height, width = row["sample_height"], row["sample_width"]
+        flat = data[row["sample_offset"] : row["sample_offset"] + height * width * channels]
+        if layout == "HWC":
+            row["pixels"] = flat.reshape(height, width, channels)
+        else:
+            row["pixels"] = flat.reshape(channels, height, width).transpose(1, 2, 0)
+    return meta, rows
+
+
+@pytest.mark.parametrize("layout", ["HWC", "CHW"])
+def test_keep_aspect_packs_each_photo_at_its_own_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], layout: str
+) -> None:
+    _sources(tmp_path / "images")
+    code, _, err = cli(["run", str(_config(tmp_path, layout))], capsys)
+    assert code == 0, err
+    meta, rows = _read_plainly(tmp_path / "out")
+    assert json.loads(meta[b"etl.format_version"]) == 2
+    assert json.loads(meta[b"etl.sample_shape"]) == ([0, 0, 3] if layout == "HWC" else [3, 0, 0])
+    assert len(rows) == 14
+    for row in rows:
+        source = tmp_path / "images" / row["source"]
+        expected = _oracle_pixels(source)
+        assert (row["sample_height"], row["sample_width"]) == expected.shape[:2]
+        assert np.array_equal(row["pixels"], expected), row["source"]
+    by_name = {r["source"]: r for r in rows}
+    assert (by_name["dog/00.png"]["sample_height"], by_name["dog/00.png"]["sample_width"]) == (
+        4,
+        40,
+    )
+    assert (by_name["cat/01.png"]["sample_height"], by_name["cat/01.png"]["sample_width"]) == (
+        12,
+        15,
+    )
+    # Each shard is exactly its samples' bytes after a 128-byte header: no slot padding left.
+    with ipc.open_file(tmp_path / "out/versions/v000001/shards.arrow") as reader:
+        shards = reader.read_all().to_pylist()
+    for shard in shards:
+        mine = [r for r in rows if r["shard"] == shard["shard"]]
+        stored = sum(r["pixels"].size for r in mine)
+        assert shard["bytes"] == 128 + stored == (tmp_path / "out" / shard["shard"]).stat().st_size
+        assert sorted(r["row"] for r in mine) == list(range(shard["rows"]))
+        ends = sorted((r["sample_offset"], r["pixels"].size) for r in mine)
+        assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(ends))
+
+
+def test_keep_aspect_output_is_the_same_whatever_the_workers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outputs = []
+    for jobs, backend in ((1, "sequential"), (2, "loky"), (2, "threading")):
+        folder = tmp_path / f"{backend}-{jobs}"
+        _sources(folder / "images")
+        code, _, err = cli(["run", str(_config(folder, jobs=jobs, backend=backend))], capsys)
+        assert code == 0, err
+        shards = {p.name: p.read_bytes() for p in sorted((folder / "out/shards").iterdir())}
+        with ipc.open_file(folder / "out/versions/v000001/manifest.arrow") as reader:
+            table = reader.read_all().drop_columns(["source_mtime_ns", "source_ctime_ns"])
+        outputs.append((shards, table.drop_columns(["source_inode"]).to_pylist()))
+    assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_keep_aspect_reruns_audits_and_names_a_damaged_sample(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _sources(tmp_path / "images")
+    config = _config(tmp_path)
+    assert cli(["run", str(config)], capsys)[0] == 0
+    code, out, _ = cli(["run", str(config)], capsys)
+    assert code == 0 and "nothing changed" in out
+    before = {p.name: p.read_bytes() for p in (tmp_path / "out/shards").iterdir()}
+    Image.new("RGB", (90, 30), (9, 8, 7)).save(tmp_path / "images/cat/new.png")
+    assert cli(["run", str(config)], capsys)[0] == 0
+    _, rows = _read_plainly(tmp_path / "out", 2)
+    new = next(r for r in rows if r["source"] == "cat/new.png")
+    assert new["shard"].startswith("shards/v000002-") and new["pixels"].shape == (13, 40, 3)
+    assert np.array_equal(new["pixels"], _oracle_pixels(tmp_path / "images/cat/new.png"))
+    for name, data in before.items():
+        assert (tmp_path / "out/shards" / name).read_bytes() == data
+    code, out, _ = cli(["audit", str(tmp_path / "out"), "--jobs", "1"], capsys)
+    assert code == 0, out
+
+    victim = next(r for r in rows if r["source"] == "dog/04.png")
+    path = tmp_path / "out" / victim["shard"]
+    data = bytearray(path.read_bytes())
+    data[128 + victim["sample_offset"] + 5] ^= 0xFF
+    path.write_bytes(bytes(data))
+    code, out, _ = cli(["audit", str(tmp_path / "out"), "--jobs", "1"], capsys)
+    assert code != 0
+    assert "dog/04.png" in out and "sample_checksum" in out
+
+
+def test_keep_aspect_loads_own_sizes_and_crops_from_the_whole_photo(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _sources(tmp_path / "images")
+    assert cli(["run", str(_config(tmp_path))], capsys)[0] == 0
+    _, rows = _read_plainly(tmp_path / "out")
+    pixels = {r["source"]: r["pixels"] for r in rows}
+    dataset = PackedDataset.open(tmp_path / "out")
+    assert dataset.ragged and len(dataset) == 14
+    for i in range(len(dataset)):
+        image, _label = dataset[i]
+        source = dataset.manifest_rows([i]).column("source")[0].as_py()
+        assert np.array_equal(image.numpy(), pixels[source])
+    loader = make_loader(dataset, batch_size=4, shuffle=True, pin_memory=False)
+    crop = RandomResizedCrop(16, seed=5)
+    seen = 0
+    for images, labels, indices, columns in loader:
+        heights, widths = columns[SIZE_COLUMNS[0]], columns[SIZE_COLUMNS[1]]
+        assert images.shape[1:3] == (int(heights.max()), int(widths.max()))
+        nchw = images.permute(0, 3, 1, 2)
+        out = crop(nchw, indices, epoch=0, sizes=(heights.numpy(), widths.numpy()))
+        assert out.shape == (len(labels), 3, 16, 16)
+        for j, index in enumerate(indices.tolist()):
+            own, _ = dataset[index]
+            h, w = own.shape[:2]
+            assert (int(heights[j]), int(widths[j])) == (h, w)
+            assert not images[j, h:].any() and not images[j, :, w:].any()  # zero padding
+            alone = crop(own.permute(2, 0, 1)[None], torch.tensor([index]), epoch=0)
+            assert torch.equal(out[j], alone[0])  # drawn from its own image, never the padding
+        seen += len(labels)
+    assert seen == 14
+
+
+def test_keep_aspect_config_mistakes_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _sources(tmp_path / "images", count=2)
+    config = _config(tmp_path)
+    config.write_text(config.read_text().replace(f", longer: {LONGER}", ""))
+    code, _, err = cli(["run", str(config)], capsys)
+    assert code == 2 and "Traceback" not in err
+    assert "pipeline.yaml:4" in err and "needs shorter and longer" in err
+
+
+def test_keep_aspect_repairs_and_compacts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A damaged sample is decoded again and its shard's good samples copied; deleting most of
+    a shard's sources and compacting rewrites it; every version reads back as Pillow says."""
+    _sources(tmp_path / "images")
+    config = _config(tmp_path)
+    assert cli(["run", str(config)], capsys)[0] == 0
+    _, rows = _read_plainly(tmp_path / "out")
+    victim = next(r for r in rows if r["source"] == "cat/05.png")
+    path = tmp_path / "out" / victim["shard"]
+    data = bytearray(path.read_bytes())
+    data[128 + victim["sample_offset"] + victim["pixels"].size - 1] ^= 0x55
+    path.write_bytes(bytes(data))
+    code, out, _ = cli(
+        ["audit", str(tmp_path / "out"), "--repair", "--config", str(config)], capsys
+    )
+    assert code == 0, out
+    _, repaired = _read_plainly(tmp_path / "out", 2)
+    assert {r["source"] for r in repaired} == {r["source"] for r in rows}
+    for row in repaired:
+        assert np.array_equal(row["pixels"], _oracle_pixels(tmp_path / "images" / row["source"]))
+    assert next(r for r in repaired if r["source"] == "cat/05.png")["shard"].startswith(
+        "shards/v000002-"
+    )
+
+    doomed = [r for r in repaired if r["shard"] == repaired[0]["shard"]][1:]
+    for row in doomed:
+        (tmp_path / "images" / row["source"]).unlink()
+    assert cli(["run", str(config)], capsys)[0] == 0
+    code, out, _ = cli(["compact", str(tmp_path / "out"), "--min-dead", "0.1"], capsys)
+    assert code == 0, out
+    latest = max(int(p.name[1:]) for p in (tmp_path / "out/versions").iterdir())
+    _, compacted = _read_plainly(tmp_path / "out", latest)
+    assert len(compacted) == 14 - len(doomed)
+    for row in compacted:
+        assert np.array_equal(row["pixels"], _oracle_pixels(tmp_path / "images" / row["source"]))
+    assert cli(["audit", str(tmp_path / "out"), "--jobs", "1"], capsys)[0] == 0
