@@ -20,8 +20,9 @@ GPU).
 
 from etl.errors import ManifestError, SelectionError, ShardError
 from etl.format.views import View
-from loaders.augment import CenterCrop, RandomResizedCrop
+from loaders.augment import CenterCrop, RandomResizedCrop, Resize
 from loaders.batches import Batch, ColumnBatch, IndexedBatch
+from loaders.buckets import AspectBuckets, BucketSampler, ResizeToBucket
 from loaders.catalog import Catalog, open_catalog
 from loaders.dataset import PackedDataset
 from loaders.device import DeviceLoader
@@ -37,8 +38,10 @@ from loaders.samplers import (
 from loaders.stream import PackedStream
 
 __all__ = [
+    "AspectBuckets",
     "Batch",
     "BlockShuffleSampler",
+    "BucketSampler",
     "Catalog",
     "CenterCrop",
     "ClassBalancedSampler",
@@ -53,6 +56,8 @@ __all__ = [
     "PackedLoader",
     "PackedStream",
     "RandomResizedCrop",
+    "Resize",
+    "ResizeToBucket",
     "SelectionError",
     "ShardError",
     "ShuffleSampler",

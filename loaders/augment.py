@@ -171,16 +171,54 @@ def resize_center_crop(images: torch.Tensor, resize: int, size: tuple[int, int])
     """torchvision's `Resize(resize)` (shorter side, antialias=False) then `CenterCrop(size)`:
     float32 [B, C, *size]. One batched `F.interpolate`, as every image has the same size."""
     _, _, height, width = images.shape
-    if height <= width:
-        rh, rw = resize, int(resize * width / height)
-    else:
-        rh, rw = int(resize * height / width), resize
+    rh, rw = resized_sides(height, width, resize)
     oh, ow = size
     if oh > rh or ow > rw:
         raise ValueError(f"a centre crop of {size} does not fit in a resize to {(rh, rw)}")
     top, left = round((rh - oh) / 2.0), round((rw - ow) / 2.0)
     resized = F.interpolate(images.float(), (rh, rw), mode="bilinear", align_corners=False)
     return resized[:, :, top : top + oh, left : left + ow]
+
+
+def resized_sides(height: int, width: int, resize: int) -> tuple[int, int]:
+    """torchvision's `Resize(resize)` of an image of (height, width): the shorter side to
+    `resize`, the longer truncated to keep the ratio."""
+    if height <= width:
+        return resize, int(resize * width / height)
+    return int(resize * height / width), resize
+
+
+def center_crops(
+    images: torch.Tensor,
+    heights: NDArray[np.integer],
+    widths: NDArray[np.integer],
+    resize: int,
+    size: tuple[int, int],
+) -> torch.Tensor:
+    """`resize_center_crop` of each sample of a padded NCHW batch at its own size, all at once
+    (one `grid_sample`): output pixel i of sample k samples its source at
+    (top + i + 0.5) * h / rh - 0.5, clamped to its own image, which is `F.interpolate` to
+    (rh, rw) (align_corners=False) followed by the crop, without the resized image."""
+    oh, ow = size
+    sides = [
+        resized_sides(h, w, resize) for h, w in zip(heights.tolist(), widths.tolist(), strict=True)
+    ]
+    rh = np.array([s[0] for s in sides], np.float64)
+    rw = np.array([s[1] for s in sides], np.float64)
+    if (rh < oh).any() or (rw < ow).any():
+        raise ValueError(f"a centre crop of {size} does not fit in a resize to {resize}")
+    top, left = np.round((rh - oh) / 2.0), np.round((rw - ow) / 2.0)
+    h, w = np.asarray(heights, np.float64), np.asarray(widths, np.float64)
+    ys = (top[:, None] + np.arange(oh)[None, :] + 0.5) * (h / rh)[:, None] - 0.5
+    xs = (left[:, None] + np.arange(ow)[None, :] + 0.5) * (w / rw)[:, None] - 0.5
+    ys = np.clip(ys, 0, (h - 1)[:, None])
+    xs = np.clip(xs, 0, (w - 1)[:, None])
+    device = images.device
+    return _sample(
+        images,
+        torch.from_numpy(ys).to(device, torch.float32),
+        torch.from_numpy(xs).to(device, torch.float32),
+    )
 
 
 @dataclass(frozen=True)
@@ -252,19 +290,64 @@ class CenterCrop:
         epoch: int,
         sizes: Sizes | None = None,
     ) -> torch.Tensor:
-        """`sizes`: as for `RandomResizedCrop`; the samples of each size are resized together
-        (one `F.interpolate` a size, a few a batch)."""
+        """`sizes`: as for `RandomResizedCrop`. On CUDA the batch is resampled at once (one
+        `grid_sample`, `center_crops`); on the CPU the samples of each size are resized
+        together (one `F.interpolate` a size), which computes the same values."""
         size = _pair(self.size)
         resize = self.resize or min(size)
         if sizes is None:
             return resize_center_crop(images, resize, size)
         heights, widths = (np.asarray(s, dtype=np.int64) for s in sizes)
+        if images.device.type == "cuda":
+            return center_crops(images, heights, widths, resize, size)
         out = images.new_empty((len(images), images.shape[1], *size), dtype=torch.float32)
         for h, w in sorted(set(zip(heights.tolist(), widths.tolist(), strict=True))):
             chosen = np.flatnonzero((heights == h) & (widths == w))
             at = torch.from_numpy(chosen).to(images.device)
             out[at] = resize_center_crop(images[at][:, :, :h, :w], resize, size)
         return out
+
+
+def own_sides(
+    images: torch.Tensor, sizes: Sizes | None
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Each sample's (heights, widths): `sizes` of a padded batch, else the batch's own."""
+    if sizes is not None:
+        return np.asarray(sizes[0], np.int64), np.asarray(sizes[1], np.int64)
+    n, _, height, width = images.shape
+    return np.full(n, height, np.int64), np.full(n, width, np.int64)
+
+
+def resize_whole(
+    images: torch.Tensor, sizes: Sizes | None, size: tuple[int, int], flip: NDArray[np.bool_]
+) -> torch.Tensor:
+    """Each sample of an NCHW batch, whole (its own size where `sizes` says it is padded),
+    resized to `size` and mirrored where `flip`: one `grid_sample` on CUDA, a loop of
+    `F.interpolate` on the CPU (`resized_crop` with boxes of whole images)."""
+    n = len(images)
+    heights, widths = own_sides(images, sizes)
+    boxes = np.stack([np.zeros(n, np.int64), np.zeros(n, np.int64), heights, widths], axis=1)
+    batched = images.device.type == "cuda"
+    box, mirrored = _params_on(images.device if batched else None, boxes, flip)
+    return resized_crop(images, box, mirrored, size, batched)
+
+
+@dataclass(frozen=True)
+class Resize:
+    """A plain resize of each whole sample to `size` (its aspect ratio not kept), also of a
+    padded batch of samples of several sizes: for evaluation, or a model that wants whole
+    pictures."""
+
+    size: int | tuple[int, int]
+
+    def __call__(
+        self,
+        images: torch.Tensor,
+        index: torch.Tensor | None,
+        epoch: int,
+        sizes: Sizes | None = None,
+    ) -> torch.Tensor:
+        return resize_whole(images, sizes, _pair(self.size), np.zeros(len(images), bool))
 
 
 def _pair(size: int | Sequence[int]) -> tuple[int, int]:

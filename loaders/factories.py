@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
+from loaders.buckets import AspectBuckets
 from loaders.dataset import PackedDataset
 from loaders.loader import PackedLoader
 from loaders.mixture import Mixture
@@ -18,7 +19,7 @@ from loaders.stream import PackedStream
 def make_loader(
     dataset: PackedDataset | Mixture,
     batch_size: int = 256,
-    shuffle: bool | str | None = None,
+    shuffle: bool | str | AspectBuckets | None = None,
     sampler: Sampler[int] | None = None,
     num_workers: int = 0,
     collate_fn: Callable[[Any], Any] | None = None,
@@ -37,8 +38,10 @@ def make_loader(
 ) -> PackedLoader:
     """A `PackedLoader` (a DataLoader) over `dataset` in batches of 256 unless told otherwise.
 
-    `shuffle` is a `SHUFFLES` name or a bool (default: in order); `sampler` (any torch sampler
-    of indices) replaces it. A `Mixture`'s order is its own (`loaders.mixture`): no shuffle.
+    `shuffle` is a `SHUFFLES` name or a bool (default: in order), or aspect-ratio buckets
+    ("buckets" or an `AspectBuckets`: every batch one bucket's, `loaders.buckets`); `sampler`
+    (any torch sampler of indices) replaces it. A `Mixture`'s order is its own
+    (`loaders.mixture`): no shuffle.
     `drop_last` drops the short last batch and, across ranks, the tail that does not split
     evenly (otherwise ranks are padded by repetition, like DistributedSampler). Rank and world
     size come from torch.distributed when it is initialised, unless given.

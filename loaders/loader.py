@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler
 from etl.errors import EtlError
 from etl.format.cache import BoundedCache
 from loaders.batches import BatchMemory, SharedRing
+from loaders.buckets import AspectBuckets
 from loaders.dataset import PackedDataset, collate_batch
 from loaders.mixture import Mixture, MixtureSampler
 from loaders.named_orders import OrderOptions, named_order, order_of, order_seed
@@ -143,7 +144,7 @@ class PackedLoader(DataLoader[Any]):
         self,
         dataset: PackedDataset | PackedStream | Mixture,
         batch_size: int | None = 1,
-        shuffle: bool | str | None = None,
+        shuffle: bool | str | AspectBuckets | None = None,
         sampler: Sampler[int] | None = None,
         batch_sampler: Sampler[Any] | None = None,
         num_workers: int = 0,

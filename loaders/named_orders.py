@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from loaders.buckets import AspectBuckets, BucketSampler
 from loaders.dataset import PackedDataset
 from loaders.samplers import (
     BlockShuffleSampler,
@@ -57,11 +58,28 @@ SHUFFLES: dict[str, Callable[[PackedDataset, OrderOptions], OrderSampler]] = {
 """Sample orders by name; see `loaders.orders` for what each one does."""
 
 
-def named_order(shuffle: bool | str) -> Callable[[PackedDataset, OrderOptions], OrderSampler]:
+def _buckets(given: AspectBuckets | None) -> Callable[[PackedDataset, OrderOptions], OrderSampler]:
+    def make(ds: PackedDataset, o: OrderOptions) -> OrderSampler:
+        sizes = ds.sample_sizes
+        buckets = given or AspectBuckets.of(sizes)
+        of = buckets.bucket_of(sizes[:, 0], sizes[:, 1])
+        return BucketSampler(of, o.batch_size, **o.common())
+
+    return make
+
+
+def named_order(
+    shuffle: bool | str | AspectBuckets,
+) -> Callable[[PackedDataset, OrderOptions], OrderSampler]:
+    """The factory of an order: a `SHUFFLES` name or a bool; or "buckets" (the default
+    `AspectBuckets.of` the dataset's sizes) or an `AspectBuckets`: batches of one bucket."""
+    if isinstance(shuffle, AspectBuckets) or shuffle == "buckets":
+        return _buckets(shuffle if isinstance(shuffle, AspectBuckets) else None)
     name = ("random" if shuffle else "sequential") if isinstance(shuffle, bool) else shuffle
     factory = SHUFFLES.get(name)
     if factory is None:
-        raise ValueError(f"unknown shuffle {shuffle!r}; expected a bool or one of {list(SHUFFLES)}")
+        choices = [*SHUFFLES, "buckets"]
+        raise ValueError(f"unknown shuffle {shuffle!r}; expected a bool or one of {choices}")
     return factory
 
 

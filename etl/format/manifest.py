@@ -406,8 +406,9 @@ def _read_table(
     if not isinstance(schema, pa.Schema):
         schema = schema(metadata)
     missing = [f.name for f in schema if f.name not in table.schema.names]
-    if set(missing) - ADDED_COLUMNS:
-        raise ManifestError(f"{path}: missing columns {missing}")
+    required = [name for name in missing if name not in ADDED_COLUMNS]
+    if required:
+        raise ManifestError(f"{path}: missing columns {required}")
     columns = []
     for f in schema:
         if f.name in missing:

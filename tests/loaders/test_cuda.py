@@ -252,3 +252,31 @@ def test_gpu_memory_is_flat_over_epochs_and_resume_counts_what_arrived(packed: P
         torch.cuda.synchronize()
         after.append(torch.cuda.memory_allocated())
     assert after[2] <= after[1] <= after[0] + (8 << 20), f"GPU memory grows: {after}"
+
+
+@pytest.fixture(scope="module")
+def aspect_kept(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A dataset of samples that keep their aspect ratio (format version 2), packed by etl."""
+    from tests.helpers.aspect import pack_aspect
+
+    return pack_aspect(tmp_path_factory.mktemp("aspect"), count=20, seed=7)
+
+
+def test_samples_of_their_own_size_are_cropped_on_cuda_as_on_the_cpu(aspect_kept: Any) -> None:
+    """A padded batch of samples that keep their aspect ratio through DeviceLoader on CUDA:
+    RandomResizedCrop, CenterCrop (one grid_sample each), a plain Resize and bucket resizes
+    give what the CPU computes for the same batch."""
+    from loaders import AspectBuckets, CenterCrop, Resize, ResizeToBucket
+    from loaders.batches import SIZE_COLUMNS
+
+    ds = PackedDataset.open(aspect_kept)
+    buckets = AspectBuckets.of(ds.sample_sizes, count=3, area=16 * 16)
+    augments = [RandomResizedCrop(12, seed=3), CenterCrop(12, resize=16), Resize((10, 14))]
+    for augment, shuffle in [*((a, True) for a in augments), (ResizeToBucket(buckets), buckets)]:
+        loader = make_loader(ds, batch_size=4, shuffle=shuffle, seed=1, with_indices=True)
+        on_gpu = list(DeviceLoader(loader, dtype=torch.float32, augment=augment))
+        for batch, cpu in zip(on_gpu, loader, strict=True):
+            sizes = tuple(cpu.columns[name].numpy() for name in SIZE_COLUMNS)
+            reference = augment(cpu.images.permute(0, 3, 1, 2), cpu.indices, 0, sizes=sizes)
+            assert batch.images.is_cuda and torch.equal(batch.indices, cpu.indices)
+            torch.testing.assert_close(batch.images.cpu() * 255, reference, atol=3e-3, rtol=0)

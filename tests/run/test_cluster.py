@@ -338,15 +338,35 @@ def test_columns_on_the_cluster_equal_columns_here(tmp_path: Path, cluster: Clus
     manifest, values included, is the local run's."""
     write_captioned(tmp_path / "photos")
     here = load_config(write_listing_config(tmp_path))
-    there = here.model_copy(
-        update={
-            "output": here.output.model_copy(update={"dir": tmp_path / "dask"}),
-            "run": RunConfig(backend="dask", address=cluster.address),
-        }
-    )
+    there = on_the_cluster(here, cluster, tmp_path / "dask")
     assert pipeline.run(here).packed_new == pipeline.run(there).packed_new == 12
     same_dataset(tmp_path / "out", tmp_path / "dask")
     assert (
         read_manifest(tmp_path / "dask").meta.columns
         == read_manifest(tmp_path / "out").meta.columns
+    )
+
+
+def test_samples_of_their_own_size_on_the_cluster_equal_here(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    """Samples that keep their aspect ratio (format version 2): the tasks of one shard write
+    their slots on both workers and the parent moves them together; same bytes as here."""
+    from tests.helpers.aspect import write_config, write_sources
+
+    write_sources(tmp_path / "images", count=24)
+    here = load_config(write_config(tmp_path, jobs=2, backend="loky"))
+    there = on_the_cluster(here, cluster, tmp_path / "dask")
+    assert pipeline.run(here).packed_new == pipeline.run(there).packed_new == 24
+    same_dataset(tmp_path / "out", tmp_path / "dask")
+    assert read_manifest(tmp_path / "dask").meta.ragged
+
+
+def on_the_cluster(here: PipelineConfig, cluster: Cluster, out: Path) -> PipelineConfig:
+    """`here` packed on `cluster` into `out`."""
+    return here.model_copy(
+        update={
+            "output": here.output.model_copy(update={"dir": out}),
+            "run": RunConfig(backend="dask", address=cluster.address),
+        }
     )

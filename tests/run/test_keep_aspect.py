@@ -13,58 +13,15 @@ import numpy as np
 import pyarrow.ipc as ipc
 import pytest
 import torch
+import torch.nn.functional as F
 from PIL import Image
 
 from loaders import PackedDataset, RandomResizedCrop, make_loader
 from loaders.batches import SIZE_COLUMNS
+from tests.helpers.aspect import LONGER, oracle_pixels, write_config, write_sources
 from tests.helpers.cli import cli
 
 pytestmark = pytest.mark.timeout(180)
-
-SHORTER, LONGER = 24, 40
-
-
-def _sources(root: Path, count: int = 14, seed: int = 3) -> None:
-    """PNGs of random sizes (wide, tall, small, huge ratios) in two classes, and one broken."""
-    rng = np.random.default_rng(seed)
-    for i in range(count):
-        height, width = (int(v) for v in rng.integers(6, 120, size=2))
-        if i == 0:
-            height, width = 10, 100  # capped by LONGER
-        if i == 1:
-            height, width = 12, 15  # smaller than SHORTER: kept at its size
-        folder = root / ("cat" if i % 2 else "dog")
-        folder.mkdir(parents=True, exist_ok=True)
-        pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(folder / f"{i:02d}.png")
-    (root / "dog" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")
-
-
-def _config(folder: Path, layout: str = "HWC", jobs: int = 2, backend: str = "auto") -> Path:
-    path = folder / "pipeline.yaml"
-    path.write_text(
-        f"""source: {{kind: folder, path: images}}
-stages:
-  - decode: {{}}
-  - resize: {{mode: keep_aspect, shorter: {SHORTER}, longer: {LONGER}}}
-output: {{dir: out, samples_per_shard: 5, layout: {layout}}}
-run: {{n_jobs: {jobs}, backend: {backend}}}
-"""
-    )
-    return path
-
-
-def _oracle_size(height: int, width: int) -> tuple[int, int]:
-    scale = min(1.0, SHORTER / min(height, width))
-    if max(height, width) * scale > LONGER:
-        scale = LONGER / max(height, width)
-    return max(1, round(height * scale)), max(1, round(width * scale))
-
-
-def _oracle_pixels(source: Path) -> np.ndarray:
-    with Image.open(source) as image:
-        height, width = _oracle_size(image.height, image.width)
-        return np.asarray(image.convert("RGB").resize((width, height), Image.Resampling.BILINEAR))
 
 
 def _read_plainly(out: Path, version: int = 1) -> tuple[dict[bytes, bytes], list[dict]]:
@@ -92,8 +49,8 @@ def _read_plainly(out: Path, version: int = 1) -> tuple[dict[bytes, bytes], list
 def test_keep_aspect_packs_each_photo_at_its_own_size(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], layout: str
 ) -> None:
-    _sources(tmp_path / "images")
-    code, _, err = cli(["run", str(_config(tmp_path, layout))], capsys)
+    write_sources(tmp_path / "images")
+    code, _, err = cli(["run", str(write_config(tmp_path, layout))], capsys)
     assert code == 0, err
     meta, rows = _read_plainly(tmp_path / "out")
     assert json.loads(meta[b"etl.format_version"]) == 2
@@ -101,7 +58,7 @@ def test_keep_aspect_packs_each_photo_at_its_own_size(
     assert len(rows) == 14
     for row in rows:
         source = tmp_path / "images" / row["source"]
-        expected = _oracle_pixels(source)
+        expected = oracle_pixels(source)
         assert (row["sample_height"], row["sample_width"]) == expected.shape[:2]
         assert np.array_equal(row["pixels"], expected), row["source"]
     by_name = {r["source"]: r for r in rows}
@@ -131,8 +88,8 @@ def test_keep_aspect_output_is_the_same_whatever_the_workers(
     outputs = []
     for jobs, backend in ((1, "sequential"), (2, "loky"), (2, "threading")):
         folder = tmp_path / f"{backend}-{jobs}"
-        _sources(folder / "images")
-        code, _, err = cli(["run", str(_config(folder, jobs=jobs, backend=backend))], capsys)
+        write_sources(folder / "images")
+        code, _, err = cli(["run", str(write_config(folder, jobs=jobs, backend=backend))], capsys)
         assert code == 0, err
         shards = {p.name: p.read_bytes() for p in sorted((folder / "out/shards").iterdir())}
         with ipc.open_file(folder / "out/versions/v000001/manifest.arrow") as reader:
@@ -144,8 +101,8 @@ def test_keep_aspect_output_is_the_same_whatever_the_workers(
 def test_keep_aspect_reruns_audits_and_names_a_damaged_sample(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _sources(tmp_path / "images")
-    config = _config(tmp_path)
+    write_sources(tmp_path / "images")
+    config = write_config(tmp_path)
     assert cli(["run", str(config)], capsys)[0] == 0
     code, out, _ = cli(["run", str(config)], capsys)
     assert code == 0 and "nothing changed" in out
@@ -155,7 +112,7 @@ def test_keep_aspect_reruns_audits_and_names_a_damaged_sample(
     _, rows = _read_plainly(tmp_path / "out", 2)
     new = next(r for r in rows if r["source"] == "cat/new.png")
     assert new["shard"].startswith("shards/v000002-") and new["pixels"].shape == (13, 40, 3)
-    assert np.array_equal(new["pixels"], _oracle_pixels(tmp_path / "images/cat/new.png"))
+    assert np.array_equal(new["pixels"], oracle_pixels(tmp_path / "images/cat/new.png"))
     for name, data in before.items():
         assert (tmp_path / "out/shards" / name).read_bytes() == data
     code, out, _ = cli(["audit", str(tmp_path / "out"), "--jobs", "1"], capsys)
@@ -174,8 +131,8 @@ def test_keep_aspect_reruns_audits_and_names_a_damaged_sample(
 def test_keep_aspect_loads_own_sizes_and_crops_from_the_whole_photo(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _sources(tmp_path / "images")
-    assert cli(["run", str(_config(tmp_path))], capsys)[0] == 0
+    write_sources(tmp_path / "images")
+    assert cli(["run", str(write_config(tmp_path))], capsys)[0] == 0
     _, rows = _read_plainly(tmp_path / "out")
     pixels = {r["source"]: r["pixels"] for r in rows}
     dataset = PackedDataset.open(tmp_path / "out")
@@ -207,8 +164,8 @@ def test_keep_aspect_loads_own_sizes_and_crops_from_the_whole_photo(
 def test_keep_aspect_config_mistakes_are_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _sources(tmp_path / "images", count=2)
-    config = _config(tmp_path)
+    write_sources(tmp_path / "images", count=2)
+    config = write_config(tmp_path)
     config.write_text(config.read_text().replace(f", longer: {LONGER}", ""))
     code, _, err = cli(["run", str(config)], capsys)
     assert code == 2 and "Traceback" not in err
@@ -220,8 +177,8 @@ def test_keep_aspect_repairs_and_compacts(
 ) -> None:
     """A damaged sample is decoded again and its shard's good samples copied; deleting most of
     a shard's sources and compacting rewrites it; every version reads back as Pillow says."""
-    _sources(tmp_path / "images")
-    config = _config(tmp_path)
+    write_sources(tmp_path / "images")
+    config = write_config(tmp_path)
     assert cli(["run", str(config)], capsys)[0] == 0
     _, rows = _read_plainly(tmp_path / "out")
     victim = next(r for r in rows if r["source"] == "cat/05.png")
@@ -236,7 +193,7 @@ def test_keep_aspect_repairs_and_compacts(
     _, repaired = _read_plainly(tmp_path / "out", 2)
     assert {r["source"] for r in repaired} == {r["source"] for r in rows}
     for row in repaired:
-        assert np.array_equal(row["pixels"], _oracle_pixels(tmp_path / "images" / row["source"]))
+        assert np.array_equal(row["pixels"], oracle_pixels(tmp_path / "images" / row["source"]))
     assert next(r for r in repaired if r["source"] == "cat/05.png")["shard"].startswith(
         "shards/v000002-"
     )
@@ -251,5 +208,36 @@ def test_keep_aspect_repairs_and_compacts(
     _, compacted = _read_plainly(tmp_path / "out", latest)
     assert len(compacted) == 14 - len(doomed)
     for row in compacted:
-        assert np.array_equal(row["pixels"], _oracle_pixels(tmp_path / "images" / row["source"]))
+        assert np.array_equal(row["pixels"], oracle_pixels(tmp_path / "images" / row["source"]))
     assert cli(["audit", str(tmp_path / "out"), "--jobs", "1"], capsys)[0] == 0
+
+
+def test_centre_crops_and_plain_resizes_of_a_padded_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each sample of a padded batch, at its own size: torchvision's Resize + CenterCrop
+    (F.interpolate of the whole image, then the centre) and a plain resize, computed here per
+    sample; the one-`grid_sample` path CUDA takes equals them on the CPU too."""
+    from loaders import CenterCrop, Resize
+    from loaders.augment import center_crops
+
+    write_sources(tmp_path / "images")
+    assert cli(["run", str(write_config(tmp_path))], capsys)[0] == 0
+    dataset = PackedDataset.open(tmp_path / "out")
+    batch = dataset.gather(list(range(len(dataset))))
+    heights, widths = (batch.columns[name].numpy() for name in SIZE_COLUMNS)
+    nchw = batch.images.permute(0, 3, 1, 2)
+    cropped = CenterCrop(8, resize=10)(nchw, batch.indices, 0, sizes=(heights, widths))
+    at_once = center_crops(nchw, heights, widths, 10, (8, 8))
+    resized = Resize((9, 7))(nchw, batch.indices, 0, sizes=(heights, widths))
+    for j in range(len(dataset)):
+        own = dataset[int(batch.indices[j])][0].permute(2, 0, 1)[None].float()
+        h, w = own.shape[2:]
+        rh, rw = (10, int(10 * w / h)) if h <= w else (int(10 * h / w), 10)
+        whole = F.interpolate(own, (rh, rw), mode="bilinear", align_corners=False)
+        top, left = round((rh - 8) / 2), round((rw - 8) / 2)
+        want = whole[0, :, top : top + 8, left : left + 8]
+        torch.testing.assert_close(cropped[j], want, atol=1e-4, rtol=0)
+        torch.testing.assert_close(at_once[j], want, atol=2e-3, rtol=0)
+        plain = F.interpolate(own, (9, 7), mode="bilinear", align_corners=False)[0]
+        torch.testing.assert_close(resized[j], plain, atol=1e-4, rtol=0)
