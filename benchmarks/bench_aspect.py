@@ -67,19 +67,28 @@ def shard_bytes(out: Path) -> int:
     return sum(p.stat().st_size for p in (out / "shards").glob("*.npy"))
 
 
-def load_rate(out: Path, workers: int, epoch: int) -> float:
-    """Samples/s of an epoch of random batches of 64 cropped to 224x224 on the CPU."""
-    from loaders import PackedDataset, RandomResizedCrop, make_loader
+def load_rate(out: Path, workers: int, epoch: int, device: str = "cpu") -> float:
+    """Samples/s of an epoch of random batches of 64 cropped to 224x224 on the CPU, or on
+    `device` through DeviceLoader (the crop batched there)."""
+    import torch
+
+    from loaders import DeviceLoader, PackedDataset, RandomResizedCrop, make_loader
     from loaders.batches import SIZE_COLUMNS
 
     dataset = PackedDataset.open(out)
     loader = make_loader(
-        dataset, batch_size=64, shuffle=True, seed=epoch, pin_memory=False,
+        dataset, batch_size=64, shuffle=True, seed=epoch, pin_memory=device != "cpu",
         num_workers=workers, with_indices=True,
     )  # fmt: skip
     crop = RandomResizedCrop(224, seed=1)
     count = 0
     start = time.perf_counter()
+    if device != "cpu":
+        feed = DeviceLoader(loader, device, dtype=torch.float32, augment=crop)
+        for batch in feed:
+            count += len(batch.labels)
+        torch.cuda.synchronize()
+        return count / (time.perf_counter() - start)
     for batch in loader:
         images, _, indices = batch[:3]
         sizes = None
@@ -96,6 +105,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda: crops on the GPU")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     work = args.work or Path(tempfile.gettempdir()) / "bench-aspect"
@@ -116,7 +126,7 @@ def main() -> None:
                   file=sys.stderr)  # fmt: skip
         for workers in (0, 2):
             for name in RESIZES:
-                rate = load_rate(work / name / "out", workers, round_)
+                rate = load_rate(work / name / "out", workers, round_, args.device)
                 loads[(name, workers)].append(rate)
                 print(f"round {round_ + 1}: {name} {workers} workers: {rate:.0f} samples/s",
                       file=sys.stderr)  # fmt: skip
@@ -127,6 +137,7 @@ def main() -> None:
         f"{date.today()}; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} "
         f"after. {args.photos} photos, median of {args.rounds} interleaved rounds.\n"
     )
+    print(f"Loading with RandomResizedCrop(224) on the {args.device}.\n")
     print("| storage | bytes on disk | pack photos/s (whole `etl run`, "
           f"{args.jobs} jobs) | load 0 workers samples/s | load 2 workers samples/s |")  # fmt: skip
     print("|---|---:|---:|---:|---:|")

@@ -10,9 +10,11 @@
 #   bash benchmarks/gpu_check.sh --dry-run  # here, on the CPU: every step runs, CUDA's skip
 #
 # The GPU machine has python3 with torch, numpy, pyarrow, xxhash, pytest and psutil, and no
-# network: carry what is missing as wheels in .whl/ (blake3 for Python 3.12), e.g. here:
+# network: carry what is missing as wheels in .whl/ (blake3, and duckdb for the loader tests'
+# where= filters, for Python 3.12), e.g. here:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#     --implementation cp --platform manylinux_2_17_x86_64 -d .whl blake3
+#     --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+#     -d .whl blake3 duckdb
 # Logs go to $OUT (the device tool's folder that comes back) or /tmp/gpu-check; the summary
 # is printed last. Exit 0 when every check held.
 set -uo pipefail

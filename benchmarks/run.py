@@ -24,6 +24,10 @@ BENCHMARKS = (
     "bench_scale",
     "bench_tree",
     "bench_cold",
+    "bench_verify_rows",
+    "bench_columns",
+    "bench_mixture",
+    "bench_aspect",
 )
 
 

@@ -241,3 +241,33 @@ def test_centre_crops_and_plain_resizes_of_a_padded_batch(
         torch.testing.assert_close(at_once[j], want, atol=2e-3, rtol=0)
         plain = F.interpolate(own, (9, 7), mode="bilinear", align_corners=False)[0]
         torch.testing.assert_close(resized[j], plain, atol=1e-4, rtol=0)
+
+
+def test_keep_aspect_into_a_bucket_and_read_back_by_url(
+    endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`etl run` into object storage (moto on 127.0.0.1) publishes a version 2 dataset; a
+    training node reads each sample by URL at its own size, as Pillow says it is."""
+    import subprocess
+    import sys
+
+    from tests.helpers.stores import new_bucket, point_at
+
+    point_at(endpoint, monkeypatch, tmp_path / "cache")
+    new_bucket(endpoint, "aspect")
+    write_sources(tmp_path / "images", count=8)
+    config = write_config(tmp_path)
+    config.write_text(config.read_text().replace("dir: out", "dir: s3://aspect/ds"))
+    done = subprocess.run(
+        [sys.executable, "-m", "etl", "run", str(config), "--quiet"],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    dataset = PackedDataset.open("s3://aspect/ds")
+    assert dataset.ragged and len(dataset) == 8
+    for i in range(len(dataset)):
+        source = dataset.manifest_rows([i]).column("source")[0].as_py()
+        expected = oracle_pixels(tmp_path / "images" / source)
+        assert np.array_equal(dataset[i][0].numpy(), expected)
+    with pytest.raises(ValueError, match="ranged=True reads fixed-size rows"):
+        PackedDataset.open("s3://aspect/ds", ranged=True)
