@@ -162,10 +162,15 @@ class BufferPool:
         """
         nbytes = math.prod(shape)
         buffer = None
-        while self._idle:  # list.pop and list.append are atomic: no lock needed for threads
-            idle = self._idle.pop()
-            if idle.nbytes >= nbytes:
-                buffer = idle
+        # NOTE: the smallest idle buffer that fits, the others kept: batches padded to their
+        # largest sample (samples that keep their aspect ratio) vary in size, and dropping a
+        # buffer too small for one batch made the next a fresh allocation, faulted in again.
+        idle = list(self._idle)
+        fits = sorted((b.nbytes, i) for i, b in enumerate(idle) if b.nbytes >= nbytes)
+        for _, i in fits:
+            taken = [j for j, b in enumerate(self._idle) if b is idle[i]]  # by identity
+            if taken:  # another thread may have taken it since
+                buffer = self._idle.pop(taken[0])
                 break
         if buffer is None:
             # NOTE: torch aligns to 64 bytes, np.empty here to 16: copies into it ran ~4% slower.

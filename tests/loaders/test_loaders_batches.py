@@ -44,6 +44,21 @@ def test_pool_reuses_a_buffer_only_when_nothing_refers_to_it() -> None:
     assert third.ctypes.data == address and third.shape == (6, 10)
 
 
+def test_batches_of_varying_sizes_keep_their_buffers() -> None:
+    """Padded batches vary in size: a request too big for an idle buffer leaves it idle, and
+    a request takes the smallest that fits."""
+    pool = BufferPool(keep=4)
+    small, big = pool.lend((10, 10)), pool.lend((40, 10))
+    addresses = small.ctypes.data, big.ctypes.data
+    del small, big
+    gc.collect()
+    larger = pool.lend((50, 10))  # fits neither: a new one, both kept
+    assert larger.ctypes.data not in addresses
+    again = pool.lend((8, 10))
+    assert again.ctypes.data == addresses[0]  # the smallest that fits
+    assert pool.lend((30, 10)).ctypes.data == addresses[1]
+
+
 def test_kept_batches_are_never_overwritten(packed: Packed) -> None:
     ds = PackedDataset.open(packed.root)
     rng = np.random.default_rng(0)

@@ -271,3 +271,39 @@ def test_keep_aspect_into_a_bucket_and_read_back_by_url(
         assert np.array_equal(dataset[i][0].numpy(), expected)
     with pytest.raises(ValueError, match="ranged=True reads fixed-size rows"):
         PackedDataset.open("s3://aspect/ds", ranged=True)
+
+
+def test_a_call_stage_that_outgrows_the_bounds_is_a_reject(tmp_path: Path) -> None:
+    """After a keep_aspect resize a user function may return another size, within shorter x
+    longer; one that returns more is a `bad_output` reject naming the bounds, never a slot
+    overrun, and the rest of the run is packed."""
+    import os
+    import subprocess
+    import sys
+
+    write_sources(tmp_path / "images", count=6)
+    (tmp_path / "grow.py").write_text(
+        "import numpy as np\n"
+        "def twice(a):\n"
+        "    return np.zeros((4, 41, 3), np.uint8) if a.shape[1] % 2 else a[:-1]\n"
+    )
+    config = write_config(tmp_path)
+    config.write_text(
+        config.read_text().replace("output:", '  - call: {function: "grow:twice"}\noutput:')
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "etl", "run", str(config), "--json"],
+        capture_output=True, text=True, timeout=180,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    _, rows = _read_plainly(tmp_path / "out")
+    with ipc.open_file(tmp_path / "out/versions/v000001/rejects.arrow") as reader:
+        rejects = reader.read_all().to_pylist()
+    grown = [r for r in rejects if r["reason"] == "bad_output"]
+    bounds = "sides at most 24 (shorter) and 40 (longer)"
+    assert grown and all(bounds in r["message"] for r in grown)
+    assert len(rows) + len(grown) == 6
+    for row in rows:  # the others: one row shorter than Pillow's resize, as the function says
+        expected = oracle_pixels(tmp_path / "images" / row["source"])
+        assert np.array_equal(row["pixels"], expected[:-1])
