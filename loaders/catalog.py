@@ -64,7 +64,16 @@ class ShardSet:
     url: str = ""
     """For a dataset in object storage, its URL (`root` is then its mirror in the cache)."""
     row_sums: RowChecksums | None = None
-    """With `verify="rows"`: each selected row's recorded checksum, checked as it is read."""
+    """With `verify="rows"` or "once": each selected row's recorded checksum, checked as it
+    is read."""
+    seen_rows: Any = None
+    """With `verify="once"`: a bool tensor in shared memory, per `row_sums` key, whether some
+    process of the loader checked that row already (DataLoader workers share it)."""
+
+    def seen(self) -> NDArray[np.bool_] | None:
+        """`seen_rows` as this process's numpy view (None: every read row is checked)."""
+        return None if self.seen_rows is None else self.seen_rows.numpy()
+
     roots: tuple[Path, ...] = ()
     """Per shard, its dataset's root and (`versions`) version, when the set joins the shards
     of several datasets (a `Mixture`'s members, read through one reader); else `root`."""

@@ -89,7 +89,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         where: Where | None = None,
         version: int | None = None,
         transform: Transform | None = None,
-        verify: bool | Literal["rows"] = False,
+        verify: bool | Literal["rows", "once"] = False,
         release_every: int | None = None,
         verify_manifest: bool = True,
         readahead: bool = True,
@@ -112,7 +112,9 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         `verify_manifest=False` opens a version whose files no longer match its commit record
         (see `open_catalog`); `verify` is about shard bytes (see the class): True hashes each
         shard whole once per process, "rows" checks every row read against its sample's
-        checksum (0.68x the samples/s of unchecked reads from memory in `bench_verify_rows`).
+        checksum (0.68x the samples/s of unchecked reads from memory in `bench_verify_rows`),
+        "once" checks each row the first time any process of the loader reads it (the first
+        epoch pays what "rows" does; the next ones a flag a row).
 
         `path` may be a URL (`s3://bucket/ds`): the version and the shards the selection reads
         are fetched into `cache_dir` (default `$ETL_CACHE`, else ~/.cache/etl-memmap), each
@@ -149,12 +151,16 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         catalog = open_catalog(path, version, verify_manifest)
         selected = catalog.select_view(view) if view else catalog.select(split, classes, where)
         selection = catalog.with_columns(selected, columns)
-        if verify == "rows":
+        if verify in ("rows", "once"):
             sums = row_checksums(catalog, selection)
-            selection = replace(selection, shards=replace(selection.shards, row_sums=sums))
+            seen = None
+            if verify == "once":  # one flag a row, shared with DataLoader's workers
+                seen = torch.zeros(len(sums.keys), dtype=torch.bool).share_memory_()
+            shards = replace(selection.shards, row_sums=sums, seen_rows=seen)
+            selection = replace(selection, shards=shards)
             verify = False  # no whole-shard hash: each row is checked as it is read
         elif not isinstance(verify, bool):
-            raise ValueError(f"verify must be True, False or 'rows', not {verify!r}")
+            raise ValueError(f"verify must be True, False, 'rows' or 'once', not {verify!r}")
         if remote is not None:
             shards = replace(selection.shards, url=url)
             selection = replace(selection, shards=shards)

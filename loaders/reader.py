@@ -323,7 +323,10 @@ class ShardReader:
         """With `verify="rows"`: the sample's bytes against its recorded checksum."""
         sums = self.shards.row_sums
         assert sums is not None
-        if sums.first_mismatch(np.array([shard]), np.array([row]), data[None]) is not None:
+        found = sums.first_mismatch(
+            np.array([shard]), np.array([row]), data[None], self.shards.seen()
+        )
+        if found is not None:
             raise self.shards.unreadable(shard, mismatch(self.shards.path(shard), row))
 
     def _let_go(self, keep: ArrayLike) -> None:
@@ -471,7 +474,7 @@ class ShardReader:
         sums = self.shards.row_sums
         if sums is None:
             return
-        bad = sums.first_mismatch(shard, row, out)
+        bad = sums.first_mismatch(shard, row, out, self.shards.seen())
         if bad is not None:
             s = int(shard[bad])
             raise self.shards.unreadable(s, mismatch(self.shards.path(s), int(row[bad])))

@@ -125,12 +125,25 @@ def publish(store: RemoteDataset, local: Path, attempt: Attempt, progress: Progr
                 raise _beaten(store, attempt) from None
         except Exception as exc:
             raise OutputError(f"{record}: cannot put the version's record ({why(exc)})") from None
-    except BaseException:
+    except BaseException as exc:
         with suppress(EtlError):
             forget(store, attempt)
+        if isinstance(exc, OutputError) and _published_by_another(store, record, attempt):
+            # NOTE: the winner's sweep removes a loser's tagged objects, maybe while the loser
+            # still uploads or reads them back: its failure then is the race it lost
+            raise _beaten(store, attempt) from None
         raise
     finally:
         progress.stop()
+
+
+def _published_by_another(store: RemoteDataset, record: str, attempt: Attempt) -> bool:
+    """Whether another attempt's record of `attempt.version` is in the store now."""
+    try:
+        stored = _stored_record(store, record)
+        return stored is not None and json.loads(stored).get(FILES_AT) != attempt.staging
+    except (EtlError, ValueError, AttributeError):
+        return False
 
 
 def forget(store: RemoteDataset, attempt: Attempt) -> bool:

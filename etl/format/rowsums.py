@@ -23,8 +23,8 @@ class RowChecksums:
         self.checksums = np.asarray(checksums, dtype=np.bytes_)
         self.algorithm = algorithm
 
-    def expected(self, shard: NDArray[np.int64], row: NDArray[np.int64]) -> NDArray[Any]:
-        """The recorded checksums of rows (shard, row); IndexError for a row not selected."""
+    def positions(self, shard: NDArray[np.int64], row: NDArray[np.int64]) -> NDArray[np.int64]:
+        """Where rows (shard, row) are in `keys`; IndexError for a row not selected."""
         wanted = (shard.astype(np.int64) << 32) | row.astype(np.int64)
         at = np.searchsorted(self.keys, wanted)
         found = at < len(self.keys)
@@ -32,18 +32,33 @@ class RowChecksums:
         if not found.all():
             bad = int(np.flatnonzero(~found)[0])
             raise IndexError(f"row {row[bad]} of shard {shard[bad]} is not selected")
-        return self.checksums[np.minimum(at, len(self.keys) - 1)]
+        return at.astype(np.int64)
+
+    def expected(self, shard: NDArray[np.int64], row: NDArray[np.int64]) -> NDArray[Any]:
+        """The recorded checksums of rows (shard, row); IndexError for a row not selected."""
+        return self.checksums[self.positions(shard, row)]
 
     def first_mismatch(
-        self, shard: NDArray[np.int64], row: NDArray[np.int64], rows: NDArray[np.uint8]
+        self,
+        shard: NDArray[np.int64],
+        row: NDArray[np.int64],
+        rows: NDArray[np.uint8],
+        seen: NDArray[np.bool_] | None = None,
     ) -> int | None:
         """The position in `rows` (rows[j] read as (shard[j], row[j])) of the first whose
-        bytes are not its sample's, None if every one matches."""
+        bytes are not its sample's, None if every one matches. `seen` (per key: checked
+        already, `verify="once"`): only the rows not seen are hashed, and marked once they
+        match."""
+        at = self.positions(shard, row)
         digest = row_digest(self.algorithm)
         flat = rows.reshape(len(rows), -1)
-        for j, want in enumerate(self.expected(shard, row).tolist()):
+        todo = np.arange(len(at)) if seen is None else np.flatnonzero(~seen[at])
+        wanted = self.checksums[at[todo]].tolist()
+        for j, want in zip(todo.tolist(), wanted, strict=True):
             if digest(flat[j]).encode() != want:
                 return j
+        if seen is not None:
+            seen[at[todo]] = True
         return None
 
     def check(

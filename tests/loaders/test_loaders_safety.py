@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
+import etl.format.rowsums as rowsums
 import loaders.reader
 from etl.errors import ManifestError, ShardError
 from loaders import PackedDataset, PackedStream, make_loader, open_catalog
@@ -165,18 +166,23 @@ def test_verify_catches_changed_bytes_of_the_shards_opened(packed: Packed) -> No
         list(stream)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_verify_rows_names_a_changed_pixel_as_its_row_is_read(packed: Packed, workers: int) -> None:
-    """One pixel byte of sample 1 (shard 0, row 1) changed: the default open reads it (only
-    the probe row and the file's size are checked); `verify="rows"` reads every other sample
-    with its packed pixels and stops at that row with an error naming the shard, the row and
-    the repair, in the map-style loader, its workers and the stream."""
+def change_a_pixel_of_sample_1(packed: Packed) -> None:
+    """One byte of the pixels of sample 1 (shard 0, row 1), flipped in place."""
     path = packed.root / packed.shards[0]
     data = bytearray(path.read_bytes())
     row_bytes = packed.images[0].nbytes
     header = len(data) - np.load(path, mmap_mode="r").shape[0] * row_bytes
     data[header + row_bytes + 3] ^= 0xFF
     path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_verify_rows_names_a_changed_pixel_as_its_row_is_read(packed: Packed, workers: int) -> None:
+    """One pixel byte of sample 1 (shard 0, row 1) changed: the default open reads it (only
+    the probe row and the file's size are checked); `verify="rows"` reads every other sample
+    with its packed pixels and stops at that row with an error naming the shard, the row and
+    the repair, in the map-style loader, its workers and the stream."""
+    change_a_pixel_of_sample_1(packed)
     assert PackedDataset.open(packed.root)[1][0].numpy().tobytes() != packed.images[1].tobytes()
     ds = PackedDataset.open(packed.root, verify="rows")
     positions = ds.selection.positions
@@ -189,8 +195,51 @@ def test_verify_rows_names_a_changed_pixel_as_its_row_is_read(packed: Packed, wo
         list(make_loader(ds, batch_size=4, shuffle=True, num_workers=workers))
     with pytest.raises(ShardError, match=pattern):
         list(PackedStream(ds.selection, batch_size=4))
-    with pytest.raises(ValueError, match="verify must be True, False or 'rows'"):
+    with pytest.raises(ValueError, match="verify must be True, False, 'rows' or 'once'"):
         PackedDataset.open(packed.root, verify="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_verify_once_checks_each_row_the_first_time_any_process_reads_it(
+    packed: Packed, workers: int
+) -> None:
+    """`verify="once"`: a clean epoch checks every row once, in whichever process read it
+    (the flags are shared with the workers), and the next epoch hashes nothing; a changed
+    pixel byte in a row not read yet is an error naming the shard and the row."""
+    ds = PackedDataset.open(packed.root, verify="once")
+    loader = make_loader(ds, batch_size=4, shuffle=True, num_workers=workers, pin_memory=False)
+    for images, _ in loader:
+        assert images.shape[1:] == packed.sample_shape
+    seen = ds.selection.shards.seen()
+    assert seen is not None and seen.all()  # set by whichever process read each row
+
+    calls = []
+    real = loaders.reader.ShardReader._check_rows
+
+    def counting(self: object, shard: object, row: object, out: object) -> None:
+        calls.append(1)
+        real(self, shard, row, out)  # type: ignore[arg-type]
+
+    hashed = []
+    real_digest = rowsums.row_digest
+
+    def counting_digest(algorithm: str) -> object:
+        one = real_digest(algorithm)
+        return lambda data: (hashed.append(1), one(data))[1]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rowsums, "row_digest", counting_digest)
+        mp.setattr(loaders.reader.ShardReader, "_check_rows", counting)
+        for _ in make_loader(ds, batch_size=4, shuffle=True, pin_memory=False):
+            pass
+    assert calls and not hashed  # checked, and nothing hashed again
+
+    change_a_pixel_of_sample_1(packed)
+    fresh = PackedDataset.open(packed.root, verify="once")
+    pattern = r"v000001-00000\.npy: row 1 does not match the checksum.*repair: etl audit"
+    loader = make_loader(fresh, batch_size=4, shuffle=True, num_workers=workers, pin_memory=False)
+    with pytest.raises(ShardError, match=pattern):
+        list(loader)
 
 
 def test_verify_hashes_each_shard_once_per_process(

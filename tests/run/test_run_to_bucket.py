@@ -177,6 +177,37 @@ def test_a_writer_that_loses_the_race_publishes_nothing_and_says_so(
     assert code == 0, out + err
 
 
+def test_a_writer_whose_upload_the_winner_swept_says_it_lost(
+    bucket: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Writer B publishes version 1 and sweeps what losing attempts left, between A's upload
+    of a file and A's read-back of it (seen once in CI with two real writers): A's check then
+    finds the file gone, and says that another writer published the version, not that the
+    store lost a file."""
+    config, other, other_config = two_writers(tmp_path)
+    real = to_store.RemoteDataset.stored_digest
+    b_done: list[bool] = []
+
+    def b_publishes_and_sweeps(self: Any, *args: Any) -> Any:
+        if not b_done:
+            b_done.append(True)
+            with monkeypatch.context() as m:
+                m.setenv("ETL_CACHE", str(other / "cache"))
+                assert pipeline.run(load_config(other_config)).version == 1
+        return real(self, *args)
+
+    monkeypatch.setattr(to_store.RemoteDataset, "stored_digest", b_publishes_and_sweeps)
+    code, _, err = cli(["run", str(config)], capsys)
+    assert code == 2 and "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "another writer published version 1" in lines[0], err
+    monkeypatch.setattr(to_store.RemoteDataset, "stored_digest", real)
+    assert all_objects(bucket) == named_by_versions(bucket)
+
+
 def run_etl(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "etl", *args],
