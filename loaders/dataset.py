@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,7 +29,7 @@ from etl.format.sizes import parse_byte_size
 from etl.format.views import View
 from loaders.batches import SIZE_COLUMNS, AnyBatch, BatchMemory, Samples, make_batch
 from loaders.catalog import Catalog, Selection, Where, open_catalog
-from loaders.reader import ShardReader
+from loaders.reader import ShardReader, batch_reads
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 
@@ -302,22 +301,13 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         index = np.asarray(indices, dtype=np.int64)
         sel = self.selection
         try:  # numpy checks the range and counts negative indices from the end, as we do
-            shard_idx, rows = sel.shard_idx[index], sel.rows[index]
+            labels = sel.labels[index].astype(np.int64)
         except IndexError:
             raise IndexError(f"index out of range for a dataset of {len(self)} samples") from None
-        labels = sel.labels[index].astype(np.int64)
         ragged = sel.places is not None
         given = index % max(len(self), 1) if self.with_indices or sel.values or ragged else None
         columns = sel.values.batch(given) if sel.values is not None and given is not None else None
-        read: Callable[[NDArray[np.uint8]], None] = partial(self.reader.gather, shard_idx, rows)
-        if sel.places is None:
-            shape = (len(index), *sel.sample_shape)
-        else:
-            places = sel.places[index]
-            shape = padded_shape(len(index), places, sel.channels, sel.layout)
-            read = partial(self.reader.gather_ragged, shard_idx, rows, places, sel.layout)
-            sizes = {SIZE_COLUMNS[0]: places[:, 1].copy(), SIZE_COLUMNS[1]: places[:, 2].copy()}
-            columns = {**(columns or {}), **sizes}
+        shape, read, columns = batch_reads(self.reader, sel, index, columns)
         if self.transform is None:
             return self.memory.batch(shape, labels, read, given, columns)
         if sel.places is not None:  # each sample at its own size through the transform
@@ -332,17 +322,6 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         if self.memory.pin and get_worker_info() is None:
             images = images.pin_memory()  # what `pin_output` promises, a transform or not
         return make_batch(images, labels, given, pin=self.memory.pin, columns=columns)
-
-
-def padded_shape(
-    count: int, places: NDArray[np.int64], channels: int, layout: str
-) -> tuple[int, ...]:
-    """The shape of a batch of `count` samples that keep their aspect ratio, padded to the
-    largest height and width among their `places` (offset, height, width)."""
-    height, width = (int(places[:, k].max(initial=1)) for k in (1, 2))
-    if layout == "HWC":
-        return (count, height, width, channels)
-    return (count, channels, height, width)
 
 
 def _check_view_alone(**given: Any) -> None:

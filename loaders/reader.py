@@ -11,8 +11,9 @@ from __future__ import annotations
 import mmap
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,8 @@ from etl.errors import ShardError
 from etl.format.checksums import digest, file_digests
 from etl.format.rowsums import mismatch
 from etl.format.shards import check_shard, open_shard
-from loaders.catalog import ShardSet
+from loaders.batches import SIZE_COLUMNS, Columns
+from loaders.catalog import Selection, ShardSet
 from loaders.span import SUPPORTED, ShardSpan, runs
 
 _PAGE = mmap.PAGESIZE
@@ -544,3 +546,30 @@ class ShardReader:
                 strict=True,
             ):
                 dest[offset : offset + length] = flat[s][start : start + length]
+
+
+def batch_reads(
+    reader: ShardReader, sel: Selection, index: NDArray[np.int64], columns: Columns | None
+) -> tuple[tuple[int, ...], Callable[[NDArray[np.uint8]], None], Columns | None]:
+    """(shape, fill, columns) of the batch of `index` (checked) for `BatchMemory.batch`: rows of
+    the stored shape, or samples that keep their aspect ratio padded to their largest sides,
+    with each one's size in `SIZE_COLUMNS` beside `columns`."""
+    shard_idx, rows = sel.shard_idx[index], sel.rows[index]
+    if sel.places is None:
+        return (len(index), *sel.sample_shape), partial(reader.gather, shard_idx, rows), columns
+    places = sel.places[index]
+    shape = padded_shape(len(index), places, sel.channels, sel.layout)
+    read = partial(reader.gather_ragged, shard_idx, rows, places, sel.layout)
+    sizes = {SIZE_COLUMNS[0]: places[:, 1].copy(), SIZE_COLUMNS[1]: places[:, 2].copy()}
+    return shape, read, {**(columns or {}), **sizes}
+
+
+def padded_shape(
+    count: int, places: NDArray[np.int64], channels: int, layout: str
+) -> tuple[int, ...]:
+    """The shape of a batch of `count` samples that keep their aspect ratio, padded to the
+    largest height and width among their `places` (offset, height, width)."""
+    height, width = (int(places[:, k].max(initial=1)) for k in (1, 2))
+    if layout == "HWC":
+        return (count, height, width, channels)
+    return (count, channels, height, width)

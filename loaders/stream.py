@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -32,7 +31,7 @@ from loaders.batches import AnyBatch, BatchMemory
 from loaders.catalog import Selection
 from loaders.dist import rank_and_world
 from loaders.orders import Order, seeded_rng
-from loaders.reader import ShardReader, advise_file
+from loaders.reader import ShardReader, advise_file, batch_reads
 
 
 def slot_share(n: int, n_slots: int, drop_last: bool = False) -> int:
@@ -144,11 +143,6 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
-        if selection.places is not None:
-            raise ValueError(
-                "PackedStream reads fixed-size samples; this dataset keeps each sample's "
-                "aspect ratio: read it with PackedDataset and make_loader"
-            )
         self.selection = selection
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -332,13 +326,14 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
             if self.batch_size is None:
                 yield self._sample(int(chunk[0]))
             else:
+                # samples that keep their aspect ratio: padded, their sizes beside (indexed)
+                given = self.with_indices or sel.values or sel.places is not None
+                columns = sel.values.batch(chunk) if sel.values is not None else None
+                shape, read, columns = batch_reads(self.reader, sel, chunk, columns)
                 yield self.memory.batch(
-                    (len(chunk), *sel.sample_shape),
-                    sel.labels[chunk].astype(np.int64),
-                    partial(self.reader.gather, sel.shard_idx[chunk], sel.rows[chunk]),
-                    chunk if self.with_indices or sel.values else None,
-                    sel.values.batch(chunk) if sel.values is not None else None,
-                )
+                    shape, sel.labels[chunk].astype(np.int64), read, chunk if given else None,
+                    columns,
+                )  # fmt: skip
             done = int(np.searchsorted(ends, start + len(chunk), side="right"))
             for finished in range(done):
                 for shard in shards[finished]:
@@ -346,6 +341,12 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
 
     def _sample(self, index: int) -> tuple[torch.Tensor, int]:
         sel = self.selection
+        if sel.places is not None:  # at its own size
+            at = np.array([index])
+            shape, read, _ = batch_reads(self.reader, sel, at, None)
+            image = np.empty(shape, np.uint8)
+            read(image)
+            return torch.from_numpy(image[0]), int(sel.labels[index])
         image = self.reader.row(int(sel.shard_idx[index]), int(sel.rows[index]))
         return torch.from_numpy(image), int(sel.labels[index])
 

@@ -339,9 +339,8 @@ def test_any_damage_to_an_aspect_kept_dataset_is_named_never_a_crash(
     aspect_base: Base, driver: Driver, tmp_path: Path, request: pytest.FixtureRequest, kind: str
 ) -> None:
     """The same for format version 2, whose shards are flat and placed by the manifest's
-    `sample_offset` and sizes (PackedStream reads fixed-size samples only: not a reader here)."""
-    readers = tuple(r for r in EVERY_READER if not r.startswith("stream"))
-    fuzz(aspect_base, driver, tmp_path, request, kind, readers, examples(request) // 2)
+    `sample_offset` and sizes."""
+    fuzz(aspect_base, driver, tmp_path, request, kind, EVERY_READER, examples(request) // 2)
 
 
 def fuzz(

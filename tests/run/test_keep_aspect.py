@@ -307,3 +307,33 @@ def test_a_call_stage_that_outgrows_the_bounds_is_a_reject(tmp_path: Path) -> No
     for row in rows:  # the others: one row shorter than Pillow's resize, as the function says
         expected = oracle_pixels(tmp_path / "images" / row["source"])
         assert np.array_equal(row["pixels"], expected[:-1])
+
+
+def test_a_stream_reads_samples_of_their_own_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`PackedStream` over an aspect-kept dataset: every sample once an epoch, in padded
+    batches whose sizes say where each is, and one at a time at its own size."""
+    from loaders import PackedStream, open_catalog, stream_loader
+
+    write_sources(tmp_path / "images")
+    assert cli(["run", str(write_config(tmp_path))], capsys)[0] == 0
+    _, rows = _read_plainly(tmp_path / "out")
+    pixels = {r["source"]: r["pixels"] for r in rows}
+    selection = open_catalog(tmp_path / "out").select()
+    sources = open_catalog(tmp_path / "out").table.column("source").to_pylist()
+    seen = []
+    for workers in (0, 2):
+        stream = PackedStream(selection, batch_size=4, window=2)
+        for batch in stream_loader(stream, num_workers=workers, pin_memory=False):
+            heights, widths = (batch.columns[name] for name in SIZE_COLUMNS)
+            for j, index in enumerate(batch.indices.tolist()):
+                h, w = int(heights[j]), int(widths[j])
+                source = sources[int(selection.positions[index])]
+                assert np.array_equal(batch.images[j, :h, :w].numpy(), pixels[source])
+                seen.append(index)
+    assert sorted(seen) == sorted(list(range(len(selection))) * 2)
+    one = PackedStream(selection, batch_size=None, shuffle=False)
+    for index, (image, _) in enumerate(one):
+        source = sources[int(selection.positions[index])]
+        assert np.array_equal(image.numpy(), pixels[source])
