@@ -365,12 +365,6 @@ class Mixture(Dataset[tuple[Any, ...]]):
             empty = [i for i, m in enumerate(members) if len(m) == 0 and vector[i] > 0]
             if empty:
                 raise ValueError(f"member {empty[0]} has no sample but a weight above 0")
-        ragged = [i for i, m in enumerate(members) if m.selection.places is not None]
-        if ragged:
-            raise ValueError(
-                f"member {ragged[0]} keeps each sample's aspect ratio: a Mixture joins "
-                "fixed-size members (mixing samples of their own size is not built yet)"
-            )
         layouts = {m.layout for m in members}
         channels = {_channels(m.sample_shape, m.layout) for m in members}
         if len(layouts) > 1 or len(channels) > 1:
@@ -378,7 +372,10 @@ class Mixture(Dataset[tuple[Any, ...]]):
                 f"members store {sorted(layouts)} samples of {sorted(channels)} channels: a "
                 "batch holds one layout and one channel count; pack them alike"
             )
-        self.sizes_differ = len({m.sample_shape for m in members}) > 1
+        ragged = any(m.selection.places is not None for m in members)
+        self.sizes_differ = ragged or len({m.sample_shape for m in members}) > 1
+        """Whether batches are padded, with each sample's size (members of several shapes, or
+        of samples that keep their aspect ratio)."""
         """Members store samples of several sizes: batches are padded to the largest and
         carry each sample's size (see `gather`)."""
         self._shape = tuple(int(d) for d in np.max([m.sample_shape for m in members], axis=0))
@@ -536,11 +533,15 @@ class Mixture(Dataset[tuple[Any, ...]]):
             local = index[start:stop] - self.offsets[m]
             sel = self.members[m].selection
             labels[start:stop] = self._labels[m][sel.labels[local]]
-            parts.append((m, int(start), int(stop), sel.shard_idx[local], sel.rows[local]))
+            places = sel.places[local] if sel.places is not None else None
+            parts.append((m, int(start), int(stop), sel.shard_idx[local], sel.rows[local], places))
 
         def fill(out: NDArray[np.uint8]) -> None:
-            for m, start, stop, shard_idx, rows in parts:
+            for m, start, stop, shard_idx, rows, places in parts:
                 reader = self.members[m].reader
+                if places is not None:  # samples of their own size: padded where they go
+                    reader.gather_ragged(shard_idx, rows, places, self.layout, out[start:stop])
+                    continue
                 if not self.sizes_differ:
                     reader.gather(shard_idx, rows, out[start:stop])
                     continue
@@ -555,6 +556,9 @@ class Mixture(Dataset[tuple[Any, ...]]):
             given = index if self.with_indices else None
             return self.memory.batch(shape, labels, fill, given)
         heights, widths = (np.asarray(v, dtype=np.int64)[member] for v in self._sides())
+        for _, start, stop, _, _, places in parts:
+            if places is not None:
+                heights[start:stop], widths[start:stop] = places[:, 1], places[:, 2]
         sizes: Columns = {SIZE_COLUMNS[0]: heights, SIZE_COLUMNS[1]: widths}
         return self.memory.batch(shape, labels, fill, index, sizes)
 
@@ -597,7 +601,7 @@ def _joined(members: Sequence[PackedDataset], labels: Sequence[Order]) -> _Joine
                  m.reader.drop_behind) for m in members}  # fmt: skip
     if len(settings) > 1 or len({s.algorithm for s in sets}) > 1:
         return None
-    if len({s.sample_shape for s in sets}) > 1:
+    if len({s.sample_shape for s in sets}) > 1 or any(s.ragged for s in sets):
         return None  # a reader reads one sample shape
     if any(s.cache is not None or s.ranged is not None or s.row_sums is not None for s in sets):
         return None

@@ -337,3 +337,35 @@ def test_a_stream_reads_samples_of_their_own_size(
     for index, (image, _) in enumerate(one):
         source = sources[int(selection.positions[index])]
         assert np.array_equal(image.numpy(), pixels[source])
+
+
+def test_a_mixture_joins_samples_of_their_own_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A `Mixture` of an aspect-kept dataset and a fixed-size one: padded batches whose sizes
+    say where each sample is, each one's pixels its own dataset's."""
+    from loaders import Mixture
+
+    write_sources(tmp_path / "images")
+    assert cli(["run", str(write_config(tmp_path))], capsys)[0] == 0
+    fixed = tmp_path / "fixed.yaml"
+    fixed.write_text(
+        write_config(tmp_path)
+        .read_text()
+        .replace(f"{{mode: keep_aspect, shorter: 24, longer: {LONGER}}}", "{size: [16, 16]}")
+        .replace("dir: out", "dir: fixed")
+    )
+    assert cli(["run", str(fixed)], capsys)[0] == 0
+    members = [PackedDataset.open(tmp_path / "out"), PackedDataset.open(tmp_path / "fixed")]
+    mix = Mixture(members, weights=[1, 1])
+    seen = 0
+    for images, _, indices, columns in make_loader(mix, batch_size=5, seed=2, pin_memory=False):
+        heights, widths = (columns[name] for name in SIZE_COLUMNS)
+        m = mix.member_of(indices.numpy())
+        for j, index in enumerate(indices.tolist()):
+            own, _ = members[int(m[j])][index - int(mix.offsets[int(m[j])])]
+            h, w = int(heights[j]), int(widths[j])
+            assert own.shape[:2] == (h, w)
+            assert torch.equal(images[j, :h, :w], own) and not images[j, h:].any()
+            seen += 1
+    assert seen == len(mix)
