@@ -291,10 +291,12 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         `ShardReader.prefetch`); a bad index is left for the gather to name."""
         index = np.asarray(indices, dtype=np.int64)
         sel = self.selection
+        if not len(index) or index.min() < -len(self) or index.max() >= len(self):
+            return
         if sel.places is not None:
-            return  # NOTE: no read-ahead yet for samples that keep their aspect ratio
-        if len(index) and -len(self) <= index.min() and index.max() < len(self):
-            self.reader.prefetch(sel.shard_idx[index], sel.rows[index])
+            self.reader.prefetch_places(sel.shard_idx[index], sel.places[index], sel.channels)
+            return
+        self.reader.prefetch(sel.shard_idx[index], sel.rows[index])
 
     def gather(self, indices: Sequence[int] | NDArray[np.integer]) -> AnyBatch:
         """A whole batch gathered into one contiguous buffer, in the order of `indices`."""

@@ -23,7 +23,7 @@ from numpy.typing import ArrayLike, NDArray
 from etl.errors import ShardError
 from etl.format.checksums import digest, file_digests
 from etl.format.rowsums import mismatch
-from etl.format.shards import check_shard, open_shard
+from etl.format.shards import HEADER_BYTES, check_shard, open_shard
 from loaders.batches import SIZE_COLUMNS, Columns
 from loaders.catalog import Selection, ShardSet
 from loaders.span import SUPPORTED, ShardSpan, runs
@@ -501,6 +501,22 @@ class ShardReader:
                     self._advise(span, span.first[shard] + row)
         except (IndexError, ShardError):
             return
+
+    def prefetch_places(
+        self, shard_idx: NDArray[np.integer], places: NDArray[np.int64], channels: int
+    ) -> None:
+        """`prefetch` of samples that keep their aspect ratio, at their `places` (offset,
+        height, width): each shard's ranges advised WILLNEED at once (no residency probe: the
+        kernel skips what it holds). Advice only, as `prefetch`."""
+        if not self.readahead or not len(places) or self.shards.cache is not None:
+            return
+        shard = np.asarray(shard_idx, dtype=np.int64)
+        starts = HEADER_BYTES + places[:, 0]
+        lengths = places[:, 1] * places[:, 2] * channels
+        for s in np.unique(shard).tolist():
+            mine = shard == s
+            ranges = zip(starts[mine].tolist(), lengths[mine].tolist(), strict=True)
+            advise_file(self.shards.path(s), "WILLNEED", ranges)
 
     def _checked_rows(
         self, shard_idx: NDArray[np.integer], rows: NDArray[np.integer]

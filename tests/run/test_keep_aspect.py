@@ -369,3 +369,30 @@ def test_a_mixture_joins_samples_of_their_own_size(
             assert torch.equal(images[j, :h, :w], own) and not images[j, h:].any()
             seen += 1
     assert seen == len(mix)
+
+
+def test_the_next_batch_is_advised_by_its_samples_byte_ranges(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read-ahead of samples of their own size: `prefetch` asks the kernel for exactly each
+    sample's bytes (its offset after the 128-byte header, its size), shard by shard."""
+    import loaders.reader
+
+    write_sources(tmp_path / "images")
+    assert cli(["run", str(write_config(tmp_path))], capsys)[0] == 0
+    _, rows = _read_plainly(tmp_path / "out")
+    dataset = PackedDataset.open(tmp_path / "out")
+    advised: list[tuple[str, str, list[tuple[int, int]]]] = []
+    monkeypatch.setattr(
+        loaders.reader, "advise_file", lambda p, a, r=(): advised.append((str(p), a, list(r)))
+    )
+    dataset.prefetch([0, 3, 5])
+    got = {(path, start, length) for path, _, ranges in advised for start, length in ranges}
+    want = set()
+    for row in dataset.manifest_rows([0, 3, 5]).to_pylist():
+        mine = next(r for r in rows if r["source"] == row["source"])
+        path = str(tmp_path / "out" / mine["shard"])
+        want.add((path, 128 + mine["sample_offset"], mine["pixels"].size))
+    assert got == want and {a for _, a, _ in advised} == {"WILLNEED"}
+    dataset.prefetch([len(dataset)])  # out of range: nothing, the gather names it
+    assert len(advised) == len({p for p, _, _ in advised})
