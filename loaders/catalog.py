@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 from etl.errors import EtlError, SelectionError, ShardError
 from etl.format.cache import BoundedCache
 from etl.format.manifest import read_manifest
+from etl.format.ragged import channels_of, shape_of
 from etl.format.ranged import RangedRows
 from etl.format.rowsums import RowChecksums
 from etl.format.values import SampleValues
@@ -147,14 +148,11 @@ class Selection:
         if self.places is None:
             return shape
         height, width = (int(self.places[:, k].max(initial=1)) for k in (1, 2))
-        if self.layout == "HWC":
-            return (height, width, shape[2])
-        return (shape[0], height, width)
+        return shape_of(height, width, channels_of(shape, self.layout), self.layout)
 
     @property
     def channels(self) -> int:
-        shape = self.shards.sample_shape
-        return shape[2] if self.layout == "HWC" else shape[0]
+        return channels_of(self.shards.sample_shape, self.layout)
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -269,8 +267,7 @@ class Catalog(VersionView):
             places = np.stack(
                 [c.to_numpy().astype(np.int64) for c in columns.take(taken).columns], axis=1
             ).reshape(-1, 3)
-            shape = self.sample_shape
-            channels = shape[2] if self.layout == "HWC" else shape[0]
+            channels = channels_of(self.sample_shape, self.layout)
             sizes = places[firsts, 1] * places[firsts, 2] * channels
             spans = zip(places[firsts, 0].tolist(), sizes.tolist(), strict=True)
             shard_set = replace(shard_set, probe_spans=tuple(spans))

@@ -39,6 +39,7 @@ import numpy as np
 from numpy.typing import NDArray
 from torch.utils.data import Dataset
 
+from etl.format.ragged import channels_of, sides_of
 from loaders.batches import (
     SIZE_COLUMNS,
     AnyBatch,
@@ -366,7 +367,7 @@ class Mixture(Dataset[tuple[Any, ...]]):
             if empty:
                 raise ValueError(f"member {empty[0]} has no sample but a weight above 0")
         layouts = {m.layout for m in members}
-        channels = {_channels(m.sample_shape, m.layout) for m in members}
+        channels = {channels_of(m.sample_shape, m.layout) for m in members}
         if len(layouts) > 1 or len(channels) > 1:
             raise ValueError(
                 f"members store {sorted(layouts)} samples of {sorted(channels)} channels: a "
@@ -564,7 +565,7 @@ class Mixture(Dataset[tuple[Any, ...]]):
 
     def _sides(self) -> tuple[list[int], list[int]]:
         """Each member's stored height and width."""
-        sides = [_height_width(m.sample_shape, m.layout) for m in self.members]
+        sides = [sides_of(m.sample_shape, m.layout) for m in self.members]
         return [h for h, _ in sides], [w for _, w in sides]
 
     def prefetch(self, indices: Sequence[int] | NDArray[np.integer]) -> None:
@@ -652,11 +653,3 @@ def _joined(members: Sequence[PackedDataset], labels: Sequence[Order]) -> _Joine
         np.concatenate([s.rows for s in selections]),
         np.concatenate([lab[s.labels] for lab, s in zip(labels, selections, strict=True)]),
     )
-
-
-def _channels(shape: tuple[int, ...], layout: str) -> int:
-    return int(shape[-1] if layout == "HWC" else shape[0])
-
-
-def _height_width(shape: tuple[int, ...], layout: str) -> tuple[int, int]:
-    return (int(shape[0]), int(shape[1])) if layout == "HWC" else (int(shape[1]), int(shape[2]))

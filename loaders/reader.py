@@ -22,6 +22,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from etl.errors import ShardError
 from etl.format.checksums import digest, file_digests
+from etl.format.ragged import shape_of
 from etl.format.rowsums import mismatch
 from etl.format.shards import HEADER_BYTES, check_shard, open_shard
 from loaders.batches import SIZE_COLUMNS, Columns
@@ -296,13 +297,13 @@ class ShardReader:
             self._let_go(shard)
             for s in set(shard.tolist()).difference(self._flat):
                 self._open(s)
-            flat = self._arrays
+            arrays = self._arrays  # each shard one flat array
             nbytes = 0
             for j, (s, (offset, height, width)) in enumerate(
                 zip(shard.tolist(), places.tolist(), strict=True)
             ):
                 size = height * width * channels
-                data = flat[s][offset : offset + size]
+                data = arrays[s][offset : offset + size]
                 if len(data) != size:
                     raise self.shards.unreadable(s, ShardError(f"row {row[j]} runs past its end"))
                 # NOTE: only the padding is zeroed, not the whole batch: a batch padded to
@@ -586,6 +587,4 @@ def padded_shape(
     """The shape of a batch of `count` samples that keep their aspect ratio, padded to the
     largest height and width among their `places` (offset, height, width)."""
     height, width = (int(places[:, k].max(initial=1)) for k in (1, 2))
-    if layout == "HWC":
-        return (count, height, width, channels)
-    return (count, channels, height, width)
+    return (count, *shape_of(height, width, channels, layout))

@@ -138,7 +138,7 @@ class ResizeStage(StrictModel):
         return max(1, round(height * scale)), max(1, round(width * scale))
 
     @property
-    def largest_bytes(self) -> int:
+    def largest_pixels(self) -> int:
         """Per channel, the most pixels a stored sample can have: height x width for a fixed
         size, shorter x longer for 'keep_aspect' (its shorter side is at most `shorter`, its
         longer at most `longer`)."""
@@ -354,13 +354,13 @@ class PipelineConfig(StrictModel):
             assert self.resize.shorter is not None and self.resize.longer is not None
             shorter = self.resize.shorter
             return shorter * min(self.resize.longer, shorter * 4 // 3) * self.channels
-        return self.resize.largest_bytes * self.channels
+        return self.resize.largest_pixels * self.channels
 
     @property
     def slot_bytes(self) -> int:
         """The most bytes one stored sample can take: a slot of the temp file a run's tasks
         fill (`etl.format.parts`)."""
-        return self.resize.largest_bytes * self.channels
+        return self.resize.largest_pixels * self.channels
 
     @property
     def sample_columns(self) -> tuple[SampleColumn, ...]:

@@ -34,9 +34,9 @@ from PIL import Image
 from etl.errors import EtlError, ShardError
 from etl.explore.drawing import Cell, Chart, Sheet, draw_class_balance, draw_sheet
 from etl.explore.reject_sheet import reject_cells
-from etl.format.manifest import RAGGED_COLUMNS, Manifest, list_versions, read_manifest
+from etl.format.manifest import Manifest, list_versions, read_manifest
 from etl.format.names import is_url
-from etl.format.ragged import stored_sample
+from etl.format.ragged import place_of, stored_sample
 from etl.format.remote import RemoteDataset
 from etl.format.shards import open_shard
 from etl.format.view import VersionView, Where
@@ -145,10 +145,7 @@ class Dataset(VersionView):
     def array(self, key: SampleKey) -> NDArray[np.uint8]:
         """The stored pixels of one sample, read-only, in the stored layout (`sample_shape`)."""
         row = self.row(key)
-        place = None
-        if self.manifest.meta.ragged:
-            offset, height, width = (int(row[name]) for name in RAGGED_COLUMNS)
-            place = (offset, height, width)
+        place = place_of(row) if self.manifest.meta.ragged else None
         try:
             pixels = stored_sample(
                 self._shard(row["shard"]), row["row"], place, self.sample_shape, self.layout

@@ -14,6 +14,7 @@ from numpy.typing import NDArray
 
 from etl.errors import ManifestError
 from etl.format.columns import positions_in
+from etl.format.ragged import channels_of
 from etl.format.shards import HEADER_BYTES, SHARDS_DIR
 
 RAGGED_COLUMNS = ("sample_offset", "sample_height", "sample_width")
@@ -64,7 +65,7 @@ def check_coherent(where: Path, manifest: Manifest) -> None:
         raise ManifestError(f"{where}: shards.arrow lists a shard twice")
     limits = shards.column("rows").to_numpy()
     data_bytes = shards.column("bytes").to_numpy() - HEADER_BYTES
-    channels = meta.sample_shape[2] if meta.layout == "HWC" else meta.sample_shape[0]
+    channels = channels_of(meta.sample_shape, meta.layout)
     for start in range(0, samples.num_rows, CHECK_ROWS):
         piece = samples.slice(start, CHECK_ROWS)
         index = _check_rows(where, piece, start, len(meta.classes), names, limits)

@@ -8,6 +8,7 @@ are [rows, *sample_shape] arrays; these helpers read a sample of either kind.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,13 @@ Place = tuple[int, int, int]
 
 
 def channels_of(sample_shape: tuple[int, ...], layout: str) -> int:
-    return sample_shape[2] if layout == "HWC" else sample_shape[0]
+    """The channels of a sample shape in `layout`."""
+    return int(sample_shape[2] if layout == "HWC" else sample_shape[0])
+
+
+def place_of(row: Mapping[str, Any]) -> Place:
+    """The place a manifest row (a dict of its columns) gives its sample."""
+    return int(row["sample_offset"]), int(row["sample_height"]), int(row["sample_width"])
 
 
 def shape_of(height: int, width: int, channels: int, layout: str) -> tuple[int, int, int]:
@@ -28,7 +35,7 @@ def shape_of(height: int, width: int, channels: int, layout: str) -> tuple[int, 
 
 def sides_of(shape: tuple[int, ...], layout: str) -> tuple[int, int]:
     """(height, width) of a sample array of `shape` in `layout`."""
-    return (shape[0], shape[1]) if layout == "HWC" else (shape[1], shape[2])
+    return (int(shape[0]), int(shape[1])) if layout == "HWC" else (int(shape[1]), int(shape[2]))
 
 
 def stored_sample(

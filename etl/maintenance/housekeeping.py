@@ -28,7 +28,7 @@ from etl.format.manifest import (
     resolve,
     version_dir,
 )
-from etl.format.ragged import stored_sample
+from etl.format.ragged import place_of, stored_sample
 from etl.format.shards import (
     SHARDS_DIR,
     ShardInfo,
@@ -159,10 +159,7 @@ def rewrite(manifest: Manifest, sparse: list[str], version: int, writer: str = "
                         manifest.root / rec["shard"], meta.sample_shape, rows_by_shard[rec["shard"]]
                     )
                     opened[rec["shard"]] = source
-                place = None
-                if meta.ragged:
-                    offset, height, width = (int(rec[name]) for name in RAGGED_COLUMNS)
-                    place = (offset, height, width)
+                place = place_of(rec) if meta.ragged else None
                 try:
                     pixels = stored_sample(
                         source, rec["row"], place, meta.sample_shape, meta.layout

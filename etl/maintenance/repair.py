@@ -33,7 +33,7 @@ from etl.format.manifest import (
     read_manifest,
     table_from_rows,
 )
-from etl.format.ragged import Place, sides_of, stored_sample
+from etl.format.ragged import Place, place_of, sides_of, stored_sample
 from etl.format.shards import ShardInfo, ShardWriter, open_shard, shard_name
 from etl.images.rejects import READ_REJECTS, Reject
 from etl.maintenance.audit import (
@@ -222,7 +222,7 @@ def _repair_items(report: AuditReport, manifest: Manifest) -> list[RepairItem]:
                     old_row=s["row"],
                     expected=s["checksum"],
                     copy=s["sample_id"] not in bad,
-                    old_place=_place(s) if manifest.meta.ragged else None,
+                    old_place=place_of(s) if manifest.meta.ragged else None,
                 )
             )
     items.sort(key=lambda i: (i.old_shard, i.old_row))
@@ -253,10 +253,6 @@ def _located(
         else:
             unlocated.append((item.sample_id, f"source {found.missing[item.source]}"))
     return kept, unlocated
-
-
-def _place(row: dict[str, Any]) -> Place:
-    return int(row["sample_offset"]), int(row["sample_height"]), int(row["sample_width"])
 
 
 def _repair_tasks(

@@ -26,6 +26,7 @@ from etl.config import PipelineConfig, RunConfig, SourceConfig
 from etl.engine.fill import fill_shard, read_failure
 from etl.engine.parallel import Starting, parallel_map
 from etl.format import parts
+from etl.format.ragged import sides_of
 from etl.format.shards import SHARDS_DIR, ShardInfo, fsync_dir
 from etl.images.rejects import Reject
 from etl.run.tasks import Chunks, PackTask, Texts
@@ -171,7 +172,7 @@ def pack_batch(
     rows = np.full(n, -1, dtype=np.int64)
     heights, widths = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
     stored = np.zeros((3, n), dtype=np.int64)
-    hwc = config.output.layout == "HWC"
+    layout = config.output.layout
     checksums: list[str] = []
     rejects: list[tuple[int, str, str]] = []
     temp = parts.temp_name(task.shard, token)
@@ -193,8 +194,7 @@ def pack_batch(
                 rejects.append((i, outcome.reason, outcome.message))
             else:
                 rows[i], heights[i], widths[i] = outcome.row, outcome.height, outcome.width
-                shape = outcome.shape
-                stored[:, i] = math.prod(shape), *(shape[:2] if hwc else shape[1:])
+                stored[:, i] = math.prod(outcome.shape), *sides_of(outcome.shape, layout)
                 checksums.append(outcome.checksum)
     return PackResult(
         task.shard,

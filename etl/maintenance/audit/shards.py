@@ -21,6 +21,7 @@ from etl.format.checksums import TAMPER_DIGEST, new_hasher, row_digest
 from etl.format.manifest import (
     Manifest,
 )
+from etl.format.ragged import channels_of
 from etl.format.shards import open_shard
 from etl.maintenance.audit.report import AuditOptions, AuditReport, Finding
 from etl.progress import Progress
@@ -180,7 +181,7 @@ def sample_spans(
         size = math.prod(meta.sample_shape)
         rows = samples.column("row").take(taken).to_numpy().astype(np.int64)
         return rows * size, np.full(len(at), size, np.int64)
-    channels = meta.sample_shape[2] if meta.layout == "HWC" else meta.sample_shape[0]
+    channels = channels_of(meta.sample_shape, meta.layout)
     place = samples.select(["sample_offset", "sample_height", "sample_width"]).take(taken)
     offset, height, width = (c.to_numpy().astype(np.int64) for c in place.columns)
     return offset, height * width * channels
