@@ -27,6 +27,14 @@ app = typer.Typer(
 )
 # NOTE: markup off (paths and messages may hold "[...]"), soft wrap on (a long path stays one
 # line for scripts that grep it); style through rich Text objects where it matters.
+
+
+@app.callback()
+def _commands() -> None:
+    """Keeps `etl <command>` a group when only the one command's module was imported
+    (`etl.cli.COMMAND_MODULES`): Typer runs a lone command as the app itself otherwise."""
+
+
 err = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
 out = Console(markup=False, highlight=False, soft_wrap=True)
 

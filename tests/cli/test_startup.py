@@ -62,3 +62,46 @@ def test_pandas_still_works_after_the_guard() -> None:
         [sys.executable, "-c", PANDAS_AFTER], capture_output=True, text=True, timeout=60
     )
     assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_every_command_is_found_by_its_own_module() -> None:
+    """`COMMAND_MODULES` names, for every command the app has, the module that registers it."""
+    from etl.cli import COMMAND_MODULES, _register
+    from etl.cli.app import app
+
+    _register([])
+    registered = {
+        command.name or command.callback.__name__: command.callback.__module__
+        for command in app.registered_commands
+        if command.callback is not None
+    }
+    assert {name: f"etl.cli.{module}" for name, module in COMMAND_MODULES.items()} == registered
+
+
+ONLY_ITS_MODULE = """
+import sys
+from etl.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exit:
+    code = exit.code
+loaded = sorted(m for m in sys.modules if m.startswith("etl.cli.") and m != "etl.cli.app")
+print(code, *loaded, file=sys.stderr)
+"""
+
+
+def test_a_command_imports_its_own_module_only(tmp_path: Path) -> None:
+    """`etl audit DIR` loads neither `etl run`'s module nor the others (start-up time), and
+    still runs as a command of the group, not as the app itself."""
+    done = subprocess.run(
+        [sys.executable, "-c", ONLY_ITS_MODULE, "audit", str(tmp_path / "nothing-here")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    last = done.stderr.strip().splitlines()[-1].split()
+    assert last[:2] == ["2", "etl.cli.audit"], done.stderr
+    assert not {"etl.cli.run", "etl.cli.inspect", "etl.cli.versions", "etl.cli.views"} & set(
+        last
+    ), done.stderr
+    assert done.stderr.startswith(f"error: {tmp_path / 'nothing-here'}"), done.stderr
