@@ -46,6 +46,8 @@ class Grid:
     jobs: list[int]
     rounds: int
     machine: dict[str, Any]
+    decode_seconds: list[float] = field(default_factory=list)
+    """Per round, one core's seconds per photo of the naive writer's decode (`decode_time`)."""
     runs: list[dict[str, Any]] = field(default_factory=list)
     """One per timed command: round, size, jobs, variant ('naive' or shard MiB), seconds,
     images, and for etl its report's phases and seconds."""
@@ -136,6 +138,18 @@ def run_variant(variant: str, photos: Path, work: Path, size: int, jobs: int) ->
     return result
 
 
+def decode_time(folder: Path, count: int = 200) -> float:
+    """Seconds per photo of the naive writer's decode (open, EXIF, RGB, fit to 224x224
+    bilinear) of `count` page-cached photos in this process, one core: the work any writer of
+    these pixels does per photo, so `jobs / decode_time` bounds every writer's rate."""
+    from benchmarks.naive_pack import decode
+
+    paths = sorted(str(p) for p in folder.glob("*/*.jpg"))[:count]
+    start = time.perf_counter()
+    decode(paths)
+    return (time.perf_counter() - start) / len(paths)
+
+
 def warm(paths: Sequence[Path]) -> None:
     """Read every photo once, so that every variant meets them in the page cache."""
     for path in paths:
@@ -166,6 +180,8 @@ def benchmark(
     variants = ["naive", *(str(s) for s in shards), *([LOKY] if loky else [])]
     try:
         for round_ in range(rounds):
+            grid.decode_seconds.append(decode_time(folders[min(sizes)]))
+            log(f"round {round_ + 1}/{rounds}  decode {grid.decode_seconds[-1] * 1e3:.2f} ms/photo")
             for size in sizes:
                 for n_jobs in jobs:
                     turn = round_ % len(variants)
@@ -269,6 +285,32 @@ def markdown(grid: Grid) -> str:
     return "\n".join(lines)
 
 
+def ceiling(grid: Grid) -> str:
+    """Markdown: each job count's decode ceiling (jobs, at most the cores, over one core's
+    decode time per photo) and how near the naive writer and `etl run` come to it."""
+    per_photo = statistics.median(grid.decode_seconds)
+    cores = int(grid.machine["cores"])
+    lines = [
+        f"Decode ceiling: one core decodes a photo as the naive writer does in "
+        f"{per_photo * 1e3:.2f} ms (median of {len(grid.decode_seconds)} rounds, in-process, "
+        "page-cached), so no writer of these pixels packs faster than min(jobs, cores) / that.",
+        "",
+        "| photos | jobs | ceiling photos/s | naive, of ceiling | best etl, of ceiling "
+        "| 1.1x naive, of ceiling |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for size in grid.sizes:
+        for jobs in grid.jobs:
+            top = min(jobs, cores) / per_photo
+            naive = grid.rate(size, jobs, "naive")
+            best = max(grid.rate(size, jobs, str(s)) for s in grid.shards)
+            lines.append(
+                f"| {size:,} | {jobs} | {top:.0f} | {naive / top:.0%} | {best / top:.0%} | "
+                f"{1.1 * naive / top:.0%} |"
+            )
+    return "\n".join(lines)
+
+
 def _numbers(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v.strip()]
 
@@ -292,6 +334,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(asdict(grid), indent=2))
     print(markdown(grid))
+    print()
+    print(ceiling(grid))
     return 0
 
 
