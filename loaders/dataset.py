@@ -12,7 +12,7 @@ import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -24,12 +24,12 @@ from etl.format.cache import BoundedCache
 from etl.format.names import is_url
 from etl.format.ranged import RangedRows
 from etl.format.remote import STORE_TIMEOUT, RemoteDataset
-from etl.format.rowsums import RowChecksums
 from etl.format.sizes import parse_byte_size
 from etl.format.views import View
 from loaders.batches import SIZE_COLUMNS, AnyBatch, BatchMemory, Samples, make_batch
-from loaders.catalog import Catalog, Selection, Where, open_catalog
+from loaders.catalog import Selection, Where, open_catalog
 from loaders.reader import ShardReader, batch_reads
+from loaders.rowchecks import Verify, checked_rows, row_checksums
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 
@@ -49,8 +49,9 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
     `transform` (optional) maps one uint8 image tensor to a tensor; it runs per sample, also in
     `__getitems__`, which then stacks the results (prefer `DeviceLoader`'s batched conversion).
     `verify` checks each opened shard's checksum against the manifest, once per process;
-    `PackedDataset.open(verify="rows")` instead checks each row as it is read against its
-    sample's checksum (a changed byte in the pixels is then an error, never a wrong sample).
+    `PackedDataset.open` instead checks each row against its sample's checksum the first time
+    any process of the loader reads it (`verify="once"`, the default) or every time
+    (`"rows"`): a changed byte in the pixels is then an error, never a wrong sample.
     `release_every` bounds resident memory per process (see `ShardReader`). `readahead` (on by
     default) has a batch that is not in the page cache read from disk all at once (see
     `ShardReader` and NOTE [ readahead ] in `loaders.reader`). `drop_behind` (with
@@ -88,7 +89,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         where: Where | None = None,
         version: int | None = None,
         transform: Transform | None = None,
-        verify: bool | Literal["rows", "once"] = False,
+        verify: Verify = "once",
         release_every: int | None = None,
         verify_manifest: bool = True,
         readahead: bool = True,
@@ -109,11 +110,11 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         columns), a column a tensor where its values have one shape, else a list.
 
         `verify_manifest=False` opens a version whose files no longer match its commit record
-        (see `open_catalog`); `verify` is about shard bytes (see the class): True hashes each
-        shard whole once per process, "rows" checks every row read against its sample's
-        checksum (0.68x the samples/s of unchecked reads from memory in `bench_verify_rows`),
-        "once" checks each row the first time any process of the loader reads it (the first
-        epoch pays what "rows" does; the next ones a flag a row).
+        (see `open_catalog`); `verify` is about shard bytes (see the class): "once" (the
+        default) checks each row against its sample's checksum the first time any process of
+        the loader reads it (the first epoch pays what "rows" does; the next ones a flag a
+        row), "rows" every row read, True hashes each shard whole once per process, False
+        checks only the header, size and one probe row of each shard (`bench_verify_rows`).
 
         `path` may be a URL (`s3://bucket/ds`): the version and the shards the selection reads
         are fetched into `cache_dir` (default `$ETL_CACHE`, else ~/.cache/etl-memmap), each
@@ -150,13 +151,10 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         catalog = open_catalog(path, version, verify_manifest)
         selected = catalog.select_view(view) if view else catalog.select(split, classes, where)
         selection = catalog.with_columns(selected, columns)
+        sums = None
         if verify in ("rows", "once"):
             sums = row_checksums(catalog, selection)
-            seen = None
-            if verify == "once":  # one flag a row, shared with DataLoader's workers
-                seen = torch.zeros(len(sums.keys), dtype=torch.bool).share_memory_()
-            shards = replace(selection.shards, row_sums=sums, seen_rows=seen)
-            selection = replace(selection, shards=shards)
+            selection = checked_rows(selection, sums, once=verify == "once")
             verify = False  # no whole-shard hash: each row is checked as it is read
         elif not isinstance(verify, bool):
             raise ValueError(f"verify must be True, False, 'rows' or 'once', not {verify!r}")
@@ -171,7 +169,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
             if ranged:
                 rows = RangedRows(
                     url, storage_options, store_timeout, shards.names, shards.sizes, shards.rows,
-                    shards.sample_shape, row_checksums(catalog, selection),
+                    shards.sample_shape, sums or row_checksums(catalog, selection),
                 )  # fmt: skip
                 selection = replace(selection, shards=replace(shards, ranged=rows))
             elif cache_limit is None:
@@ -341,12 +339,3 @@ def _check_index(index: int, length: int) -> int:
     if not -length <= i < length:
         raise IndexError(f"index {index} out of range for a dataset of {length} samples")
     return i % length
-
-
-def row_checksums(catalog: Catalog, selection: Selection) -> RowChecksums:
-    """The recorded checksum of each selected sample, by (shard, row)."""
-    keys = (selection.shard_idx.astype(np.int64) << 32) | selection.rows.astype(np.int64)
-    order = np.argsort(keys, kind="stable")
-    taken = pa.array(selection.positions[order], pa.int64())
-    sums = catalog.table.column("checksum").take(taken).to_pylist()
-    return RowChecksums(keys[order], sums, selection.shards.algorithm)

@@ -40,6 +40,7 @@ from numpy.typing import NDArray
 from torch.utils.data import Dataset
 
 from etl.format.ragged import channels_of, sides_of
+from etl.format.rowsums import RowChecksums
 from loaders.batches import (
     SIZE_COLUMNS,
     AnyBatch,
@@ -49,10 +50,12 @@ from loaders.batches import (
     IndexedBatch,
     Samples,
 )
+from loaders.catalog import ShardSet
 from loaders.dataset import PackedDataset
 from loaders.orders import Order
 from loaders.reader import ShardReader
 from loaders.resume import State
+from loaders.rowchecks import shared, unseen
 from loaders.samplers import OrderSampler
 
 _MIX = 0x6D6978  # "mix": keeps these draws apart from every other order's
@@ -593,10 +596,42 @@ class _Joined:
     labels: NDArray[np.int64]
 
 
+def checked_rows_of(
+    joined: ShardSet, sets: Sequence[ShardSet], remaps: Sequence[NDArray[np.int32]]
+) -> ShardSet:
+    """`joined` with its members' row checksums (`sets`, each numbered by `remaps` into the
+    joined shards), one entry a row read by several members, and flags of its own with
+    `verify="once"`."""
+    keys, digests, known = [], [], []
+    for shards, remap in zip(sets, remaps, strict=True):
+        assert shards.row_sums is not None
+        member_keys, member_digests = shards.row_sums.arrays()
+        shard = remap[member_keys >> 32].astype(np.int64)
+        keys.append((shard << 32) | (member_keys & 0xFFFFFFFF))
+        digests.append(member_digests)
+        member_known = shards.row_sums.known
+        known.append(np.ones(len(member_keys), bool) if member_known is None else member_known)
+    merged, first = np.unique(np.concatenate(keys), return_index=True)
+    all_known = np.concatenate(known)[first]
+    sums = shared(
+        RowChecksums(
+            merged,
+            np.concatenate(digests)[first],
+            joined.algorithm,
+            None if all_known.all() else all_known,
+        )
+    )
+    return replace(
+        joined,
+        row_sums=sums,
+        seen_rows=None if sets[0].seen_rows is None else unseen(len(merged)),
+    )
+
+
 def _joined(members: Sequence[PackedDataset], labels: Sequence[Order]) -> _Joined | None:
     """The joined reader of `members`, or None where they cannot share one: shards read
-    through a bounded cache or by ranged GETs, rows checked (`verify="rows"`), another
-    checksum algorithm, or readers set up otherwise."""
+    through a bounded cache or by ranged GETs, rows checked by some members and not others
+    (or "rows" and "once"), another checksum algorithm, or readers set up otherwise."""
     sets = [m.selection.shards for m in members]
     settings = {(m.reader.verify, m.reader.release_every, m.reader.readahead,
                  m.reader.drop_behind) for m in members}  # fmt: skip
@@ -604,7 +639,9 @@ def _joined(members: Sequence[PackedDataset], labels: Sequence[Order]) -> _Joine
         return None
     if len({s.sample_shape for s in sets}) > 1 or any(s.ragged for s in sets):
         return None  # a reader reads one sample shape
-    if any(s.cache is not None or s.ranged is not None or s.row_sums is not None for s in sets):
+    if any(s.cache is not None or s.ranged is not None for s in sets):
+        return None
+    if len({(s.row_sums is None, s.seen_rows is None) for s in sets}) > 1:
         return None
     at: dict[tuple[Path, str], int] = {}
     names: list[str] = []
@@ -642,6 +679,8 @@ def _joined(members: Sequence[PackedDataset], labels: Sequence[Order]) -> _Joine
         roots=tuple(roots),
         versions=tuple(versions),
     )  # fmt: skip
+    if first.row_sums is not None:
+        joined = checked_rows_of(joined, sets, remaps)
     reader = ShardReader(
         joined, members[0].reader.verify, members[0].reader.release_every,
         members[0].reader.readahead, members[0].reader.drop_behind,

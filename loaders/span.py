@@ -146,6 +146,28 @@ def runs(rows: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]
     return unique[np.r_[0, cut]], unique[np.r_[cut - 1, len(unique) - 1]]
 
 
+def no_readahead(array: NDArray[np.uint8]) -> None:
+    """Have the kernel read none of `array`'s mapping around a page fault (MADV_RANDOM): only
+    what is asked for comes in, as a `ShardSpan` made `exact` does. Nothing without libc."""
+    if _LIBC is None or array.nbytes == 0:
+        return
+    start = array.ctypes.data
+    aligned = start - start % _PAGE
+    _LIBC.madvise(aligned, start + array.nbytes - aligned, _RANDOM)
+
+
+def resident(addresses: NDArray[np.int64]) -> bool:
+    """Whether the page holding each of `addresses` (in this process's mappings) is in memory
+    (`mincore`); True where it cannot be asked (no libc), so nothing is advised."""
+    if _LIBC is None:
+        return True
+    state = ctypes.c_ubyte()
+    for start in addresses.tolist():
+        if _LIBC.mincore(start - start % _PAGE, 1, ctypes.byref(state)) or not state.value & 1:
+            return False
+    return True
+
+
 class ShardSpan:
     """The rows of every shard as one read-only [rows, row_bytes] array; shards mapped lazily.
 
@@ -212,13 +234,8 @@ class ShardSpan:
         memory (`mincore`): a few system calls that tell a page-cached batch from a cold one."""
         assert _LIBC is not None and self._array is not None, "span used after close"
         picked = span_rows[:: -(-len(span_rows) // probes) or 1]
-        state = ctypes.c_ubyte()
         origin = self._array.ctypes.data  # span row 0
-        for row in picked.tolist():
-            start = origin + row * self.row_bytes
-            if _LIBC.mincore(start - start % _PAGE, 1, ctypes.byref(state)) or not state.value & 1:
-                return False
-        return True
+        return resident(origin + picked * self.row_bytes)
 
     def advise(self, span_rows: NDArray[np.int64]) -> None:
         """Ask the kernel to start reading `span_rows` from disk now (MADV_WILLNEED), all of

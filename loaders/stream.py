@@ -32,6 +32,7 @@ from loaders.catalog import Selection
 from loaders.dist import rank_and_world
 from loaders.orders import Order, seeded_rng
 from loaders.reader import ShardReader, advise_file, batch_reads
+from loaders.rowchecks import Verify, as_verified
 
 
 def slot_share(n: int, n_slots: int, drop_last: bool = False) -> int:
@@ -127,6 +128,11 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
     repeating one sample of its own, or cut with `drop_last`, like `partition` does for ranks;
     so ranks yield equal numbers of batches, as DDP needs. The last batch of each worker may be
     short (dropped with `drop_last`).
+
+    `verify` as `PackedDataset.open`'s: by default each row is checked against its sample's
+    checksum the first time any worker reads it; a selection that checks rows already (that
+    of a `PackedDataset.open`) keeps its checks, another has them made from its version's
+    manifest; `verify=False` reads unchecked.
     """
 
     def __init__(
@@ -139,10 +145,11 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
         drop_last: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
-        verify: bool = False,
+        verify: Verify = "once",
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+        selection = as_verified(selection, verify)
         self.selection = selection
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -150,7 +157,7 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
         self.window = window
         self.drop_last = drop_last
         self.rank, self.world_size = rank_and_world(rank, world_size)
-        self.reader = ShardReader(selection.shards, verify=verify)
+        self.reader = ShardReader(selection.shards, verify=verify is True)
         self.memory = BatchMemory()
         """Where batches are gathered (`stream_loader` sets pinning and the workers' ring)."""
         self.workers = 0

@@ -8,8 +8,9 @@ swapped with another of its kind. Each reader then runs in a long-lived subproce
 `show`, `compact`, the next `etl run`, and the loaders at open and at read (plain, with
 `verify=True` and with `verify="rows"`), in the main process and in workers. Each must end
 with an exit code and, for an error, one line: never a traceback, a signal or a hang. What can
-know of the damage must say so: the audit always, the loaders with `verify=True` or "rows" for
-a shard, the loaders for a version file (its commit record).
+know of the damage must say so: the audit always, the loaders for a shard (each row checked
+the first time it is read, by default; `verify=True` and "rows" too), the loaders for a version
+file (its commit record).
 
 Hypothesis draws the mutations (a few dozen per kind; `--fuzz-long` for thousands); every byte
 of a shard's `.npy` header and of `commit.json` is also swept exhaustively. The mirror a
@@ -303,6 +304,12 @@ def check(mutation: Mutation, results: dict[str, Any]) -> None:
     if "loaders-rows" in results and covered and (not shard or mutation.how != "set"):
         # a set byte may be white space in a shard's header padding: no sample changed
         assert results["loaders-rows"]["code"] == 2, f"verify='rows' read {mutation}"
+    if shard and results.get("loaders-rows", {}).get("code") == 2:
+        # what every row checked finds, each row checked once (the default) finds: no reader
+        # of every sample hands out a changed one
+        for reader in ("loaders", "loaders-workers", "stream", "stream-workers"):
+            if reader in results:
+                assert results[reader]["code"] == 2, f"{reader} read a changed row: {mutation}"
     if shard and mutation.how == "swap":
         for reader in ("loaders", "stream"):
             if reader in results:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from etl.errors import ShardError
 from loaders import DeviceLoader, Mixture, PackedDataset, View, make_loader
 from loaders.mixture import mixture_order
 from tests.helpers.packed import Packed, make_packed
@@ -43,15 +44,23 @@ def members(
     return datasets, packs, [list(ds.selection.positions) for ds in datasets]
 
 
-@pytest.mark.parametrize(("workers", "verify"), [(0, False), (2, False), (0, "rows"), (2, "rows")])
+@pytest.mark.parametrize(
+    ("workers", "verify", "joined"),
+    [(0, False, True), (2, False, True), (0, "rows", True), (2, "once", True), (2, None, False)],
+)
 def test_batches_hold_each_members_samples(
-    two: tuple[Packed, Packed], workers: int, verify: bool | str
+    two: tuple[Packed, Packed], workers: int, verify: bool | str | None, joined: bool
 ) -> None:
-    """One gather across the members' shards, or (rows checked: each member reads its own)
-    one gather a member."""
-    datasets, packs, positions = members(two, verify=verify)
+    """One gather across the members' shards (their rows' checksums joined too), or (members
+    that check rows differently, `None` here: "rows", "once", unchecked) one gather a member."""
+    if verify is None:
+        datasets, packs, positions = members(two)
+        datasets[0] = PackedDataset.open(View(str(two[0].root), split="train"), verify="rows")
+        datasets[2] = PackedDataset.open(View(str(two[1].root)), verify=False)
+    else:
+        datasets, packs, positions = members(two, verify=verify)
     mix = Mixture(datasets, weights=[0.5, 0.2, 0.3])
-    assert (mix._joined is None) == (verify == "rows")
+    assert (mix._joined is not None) == joined
     assert mix.classes == ("ant", "bee", "cat", "dog")
     loader = make_loader(mix, batch_size=6, num_workers=workers, with_indices=True, seed=3)
     seen = 0
@@ -67,6 +76,34 @@ def test_batches_hold_each_members_samples(
     assert seen == len(mix) == sum(len(d) for d in datasets)
     for batch in DeviceLoader(loader, device="cpu", dtype=torch.float32):
         assert batch.images.dtype == torch.float32 and batch.images.shape[1] == 3  # NCHW
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_changed_pixel_is_named_through_the_joined_reader(tmp_path: Path, workers: int) -> None:
+    """Members opened as by default (each row checked the first time it is read) share one
+    reader, whose joined checksums name a changed pixel byte by shard and row, whichever member
+    reads it; the same dataset in two members is one set of rows."""
+    a = make_packed(tmp_path / "a", shard_sizes=(6, 5), seed=4)
+    b = make_packed(tmp_path / "b", shard_sizes=(5,), seed=5)
+    shard = a.root / a.shards[0]
+    data = bytearray(shard.read_bytes())
+    row_bytes = a.images[0].nbytes
+    data[len(data) - row_bytes] ^= 0x01  # its last row, 5 (of 6; the probe is row 0)
+    shard.write_bytes(bytes(data))
+    datasets = [
+        PackedDataset.open(View(str(a.root), split="train")),
+        PackedDataset.open(View(str(a.root))),
+        PackedDataset.open(View(str(b.root))),
+    ]
+    mix = Mixture(datasets, weights=[0.3, 0.4, 0.3])
+    assert mix._joined is not None
+    sums = mix._joined.reader.shards.row_sums
+    assert sums is not None and len(sums.arrays()[0]) == 11 + 5
+    loader = make_loader(mix, batch_size=4, num_workers=workers, pin_memory=False)
+    with pytest.raises(ShardError, match=rf"{a.shards[0]}: row 5 does not match the checksum"):
+        for epoch in range(8):  # a member's own epoch may span mixture epochs
+            loader.set_epoch(epoch)
+            list(loader)
 
 
 def test_members_repeat_nothing_within_their_own_epochs() -> None:

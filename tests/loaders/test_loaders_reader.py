@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import mmap
 from dataclasses import replace
 from pathlib import Path
@@ -15,7 +16,7 @@ import loaders.reader
 from etl.errors import ShardError
 from loaders import open_catalog
 from loaders.catalog import ShardSet
-from loaders.reader import ShardReader, advise_file, row_pages
+from loaders.reader import ShardReader, advise_file, byte_pages, row_pages
 from tests.helpers.packed import Packed
 from tests.helpers.page_cache import (
     cached_fraction,
@@ -194,6 +195,24 @@ def test_row_pages_are_the_pages_the_rows_touch(rows: list[int], row_bytes: int,
         )
     }
     assert covered == touched
+
+
+@given(spans=st.lists(st.tuples(st.integers(0, 60_000), st.integers(1, 20_000)), max_size=40))
+def test_byte_pages_are_the_pages_the_bytes_touch(spans: list[tuple[int, int]]) -> None:
+    """Samples of their own size (any offsets and lengths, overlapping or not): the ranges are
+    whole pages, in order, apart, and cover exactly the pages holding a byte read."""
+    page = mmap.PAGESIZE
+    starts = np.array([a for a, _ in spans], dtype=np.int64)
+    ends = np.array([a + n for a, n in spans], dtype=np.int64)
+    ranges = byte_pages(starts, ends)
+    covered: list[int] = []
+    for start, length in ranges:
+        assert start % page == 0 and length % page == 0 and length > 0
+        covered.extend(range(start // page, (start + length) // page))
+    assert covered == sorted(set(covered))  # in order, no page twice
+    assert all(a + n < b for (a, n), (b, _) in itertools.pairwise(ranges))  # apart
+    touched = {p for a, n in spans for p in range(a // page, (a + n - 1) // page + 1)}
+    assert set(covered) == touched
 
 
 def test_drop_behind_needs_a_window(packed: Packed) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -15,7 +16,7 @@ import pytest
 import etl.format.rowsums as rowsums
 import loaders.reader
 from etl.errors import ManifestError, ShardError
-from loaders import PackedDataset, PackedStream, make_loader, open_catalog
+from loaders import PackedDataset, PackedStream, make_loader, open_catalog, stream_loader
 from tests.helpers.packed import Packed, make_packed
 from tests.helpers.packed import rewrite_sealed as rewrite
 
@@ -178,12 +179,14 @@ def change_a_pixel_of_sample_1(packed: Packed) -> None:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_verify_rows_names_a_changed_pixel_as_its_row_is_read(packed: Packed, workers: int) -> None:
-    """One pixel byte of sample 1 (shard 0, row 1) changed: the default open reads it (only
-    the probe row and the file's size are checked); `verify="rows"` reads every other sample
-    with its packed pixels and stops at that row with an error naming the shard, the row and
-    the repair, in the map-style loader, its workers and the stream."""
+    """One pixel byte of sample 1 (shard 0, row 1) changed: `verify=False` reads it (only
+    the probe row and the file's size are checked); `verify="rows"` and the default open
+    (`"once"`) read every other sample with its packed pixels and stop at that row with an
+    error naming the shard, the row and the repair, in the map-style loader, its workers and
+    the stream."""
     change_a_pixel_of_sample_1(packed)
-    assert PackedDataset.open(packed.root)[1][0].numpy().tobytes() != packed.images[1].tobytes()
+    unchecked = PackedDataset.open(packed.root, verify=False)
+    assert unchecked[1][0].numpy().tobytes() != packed.images[1].tobytes()
     ds = PackedDataset.open(packed.root, verify="rows")
     positions = ds.selection.positions
     for i in (0, 2, len(ds) - 1):
@@ -192,9 +195,16 @@ def test_verify_rows_names_a_changed_pixel_as_its_row_is_read(packed: Packed, wo
     with pytest.raises(ShardError, match=pattern):
         ds[int(np.flatnonzero(positions == 1)[0])]
     with pytest.raises(ShardError, match=pattern):
+        PackedDataset.open(packed.root)[int(np.flatnonzero(positions == 1)[0])]
+    with pytest.raises(ShardError, match=pattern):
         list(make_loader(ds, batch_size=4, shuffle=True, num_workers=workers))
     with pytest.raises(ShardError, match=pattern):
         list(PackedStream(ds.selection, batch_size=4))
+    plain = open_catalog(packed.root).select()  # no checks of its own: the stream makes them
+    with pytest.raises(ShardError, match=pattern):
+        list(stream_loader(PackedStream(plain, batch_size=4), num_workers=workers))
+    streamed = list(PackedStream(plain, batch_size=64, shuffle=False, verify=False))
+    assert sum(len(batch.labels) for batch in streamed) == len(ds)  # unchecked: read as it is
     with pytest.raises(ValueError, match="verify must be True, False, 'rows' or 'once'"):
         PackedDataset.open(packed.root, verify="yes")  # type: ignore[arg-type]
 
@@ -214,22 +224,22 @@ def test_verify_once_checks_each_row_the_first_time_any_process_reads_it(
     assert seen is not None and seen.all()  # set by whichever process read each row
 
     calls = []
-    real = loaders.reader.ShardReader._check_rows
+    real = rowsums.RowChecksums.unchecked
 
-    def counting(self: object, shard: object, row: object, out: object) -> None:
+    def counting(self: rowsums.RowChecksums, *args: Any) -> Any:
         calls.append(1)
-        real(self, shard, row, out)  # type: ignore[arg-type]
+        return real(self, *args)
 
     hashed = []
-    real_digest = rowsums.row_digest
+    real_digest = rowsums.raw_digest
 
     def counting_digest(algorithm: str) -> object:
         one = real_digest(algorithm)
         return lambda data: (hashed.append(1), one(data))[1]
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(rowsums, "row_digest", counting_digest)
-        mp.setattr(loaders.reader.ShardReader, "_check_rows", counting)
+        mp.setattr(rowsums, "raw_digest", counting_digest)
+        mp.setattr(rowsums.RowChecksums, "unchecked", counting)
         for _ in make_loader(ds, batch_size=4, shuffle=True, pin_memory=False):
             pass
     assert calls and not hashed  # checked, and nothing hashed again
@@ -240,6 +250,56 @@ def test_verify_once_checks_each_row_the_first_time_any_process_reads_it(
     loader = make_loader(fresh, batch_size=4, shuffle=True, num_workers=workers, pin_memory=False)
     with pytest.raises(ShardError, match=pattern):
         list(loader)
+
+
+@pytest.mark.parametrize("verify", ["rows", "once"])
+def test_rows_checked_a_few_at_a_time_name_the_changed_one(
+    packed: Packed, verify: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows are hashed right after their copy, a few at a time (here one: `CHECK_BYTES` below
+    a row): a batch of every sample reads the intact ones as packed and names row 1 of shard 0,
+    whichever position of the batch it has."""
+    monkeypatch.setattr(loaders.reader, "CHECK_BYTES", 1)
+    ds = PackedDataset.open(packed.root, verify=verify)  # type: ignore[arg-type]
+    order = np.random.default_rng(5).permutation(len(ds))
+    images = ds.__getitems__(order.tolist()).batch.images.numpy()
+    for image, i in zip(images, order.tolist(), strict=True):
+        assert image.tobytes() == packed.images[ds.selection.positions[i]].tobytes()
+    change_a_pixel_of_sample_1(packed)
+    fresh = PackedDataset.open(packed.root, verify=verify)  # type: ignore[arg-type]
+    pattern = r"v000001-00000\.npy: row 1 does not match the checksum"
+    with pytest.raises(ShardError, match=pattern):
+        fresh.__getitems__(order.tolist())
+
+
+@pytest.mark.parametrize("algorithm", ["xxh3_64", "xxh3_128", "blake3", "sha256"])
+def test_row_checksums_kept_as_bytes_match_the_hex_the_manifest_records(algorithm: str) -> None:
+    """The manifest's hex values become raw digests in one vectorised pass: each row matches
+    its own (hashed here by the library itself), not another's; a value that is not a digest
+    (null, short, not hex, upper case) matches nothing, and the others still match."""
+    import hashlib
+
+    import blake3
+    import xxhash
+
+    hashers = {
+        "xxh3_64": lambda b: xxhash.xxh3_64(b).hexdigest(),
+        "xxh3_128": lambda b: xxhash.xxh3_128(b).hexdigest(),
+        "blake3": lambda b: blake3.blake3(b).hexdigest(),
+        "sha256": lambda b: hashlib.sha256(b).hexdigest(),
+    }
+    rows = np.random.default_rng(1).integers(0, 256, (9, 48), dtype=np.uint8)
+    hexes: list[str | None] = [hashers[algorithm](r.tobytes()) for r in rows]
+    good = hexes[5]
+    assert good is not None
+    hexes[5], hexes[6], hexes[7], hexes[8] = None, good[:-1], "g" + good[1:], good.upper()
+    column = pa.chunked_array([pa.array(hexes[:4]), pa.array(hexes[4:])])
+    sums = rowsums.RowChecksums.from_hex(np.arange(9, dtype=np.int64), column, algorithm)
+    assert [sums.matches(i, rows[i]) for i in range(9)] == [True] * 5 + [False] * 4
+    assert not any(sums.matches(i, rows[(i + 1) % 5]) for i in range(5))
+    shard = np.zeros(5, dtype=np.int64)
+    assert sums.first_mismatch(shard, np.arange(5), rows[:5]) is None
+    assert sums.first_mismatch(shard[:3], np.array([0, 1, 6]), rows[[0, 1, 6]]) == 2
 
 
 def test_verify_hashes_each_shard_once_per_process(

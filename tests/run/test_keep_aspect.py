@@ -18,7 +18,7 @@ from PIL import Image
 
 from loaders import PackedDataset, RandomResizedCrop, make_loader
 from loaders.batches import SIZE_COLUMNS
-from tests.helpers.aspect import LONGER, oracle_pixels, write_config, write_sources
+from tests.helpers.aspect import LONGER, SHORTER, oracle_pixels, write_config, write_sources
 from tests.helpers.cli import cli
 
 pytestmark = pytest.mark.timeout(180)
@@ -396,3 +396,103 @@ def test_the_next_batch_is_advised_by_its_samples_byte_ranges(
     assert got == want and {a for _, a, _ in advised} == {"WILLNEED"}
     dataset.prefetch([len(dataset)])  # out of range: nothing, the gather names it
     assert len(advised) == len({p for p, _, _ in advised})
+
+
+def _large_aspect_dataset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    """An aspect-kept dataset of 12 samples of 200-400 KB in shards of 5 (so a shard's open
+    reads few of them), packed by `etl run`; its output folder."""
+    rng = np.random.default_rng(7)
+    for i in range(12):
+        height, width = (int(v) for v in rng.integers(260, 520, size=2))
+        folder = tmp_path / "images" / ("cat" if i % 2 else "dog")
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(folder / f"{i:02d}.png")
+    config = write_config(tmp_path)
+    config.write_text(config.read_text().replace(f"shorter: {SHORTER}", "shorter: 256"))
+    config.write_text(config.read_text().replace(f"longer: {LONGER}", "longer: 512"))
+    assert cli(["run", str(config)], capsys)[0] == 0
+    return tmp_path / "out"
+
+
+def _dropped(shards: set[Path]) -> None:
+    """Drop the shards from the page cache (skip where the filesystem keeps it, as tmpfs)."""
+    from loaders.reader import advise_file
+    from tests.helpers.page_cache import cached_fraction
+
+    for path in shards:
+        advise_file(path, "DONTNEED")
+    if max(cached_fraction(path) for path in shards) > 0.5:
+        pytest.skip("this filesystem keeps its page cache on advice (tmpfs?)")
+
+
+@pytest.mark.parametrize("readahead", [True, False])
+def test_drop_behind_leaves_nothing_of_samples_of_their_own_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], readahead: bool
+) -> None:
+    """From a cold page cache, a dataset with `drop_behind` reads a batch of samples of their
+    own size (each as Pillow's resize of its source says) and releases: the shards' pages are
+    gone again but for a few (headers, each shard's probe row read at open), where the kernel's
+    readahead would have left megabytes nobody asked for."""
+    from tests.helpers.page_cache import cached_pages
+
+    out = _large_aspect_dataset(tmp_path, capsys)
+    _, rows = _read_plainly(out)
+    shards = {out / row["shard"] for row in rows}
+    dataset = PackedDataset.open(
+        out, readahead=readahead, release_every=1 << 30, drop_behind=True, verify=False
+    )
+    _dropped(shards)
+    batch = [1, 3, 6, 10]
+    images, _, _, columns = dataset.__getitems__(batch).batch
+    dataset.reader.release()
+    left = {path.name: int(cached_pages(path).sum()) for path in shards}
+    assert max(left.values()) <= 8, left  # of 250-480 pages a shard
+    for j, row in enumerate(dataset.manifest_rows(batch).to_pylist()):  # the oracle reads now
+        mine = next(r for r in rows if r["source"] == row["source"])
+        h, w = int(columns[SIZE_COLUMNS[0]][j]), int(columns[SIZE_COLUMNS[1]][j])
+        assert np.array_equal(images[j, :h, :w].numpy(), mine["pixels"])
+
+
+@pytest.mark.parametrize("readahead", [True, False])
+def test_a_cold_batch_gathered_in_a_worker_is_read_ahead_by_its_samples_ranges(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    readahead: bool,
+) -> None:
+    """A gather (as a DataLoader worker makes, with no prefetch before it) whose samples are
+    not in the page cache first asks the kernel for exactly each sample's byte range, all at
+    once; the same batch again, now cached, asks for nothing (a probe of a few pages); with
+    `readahead=False` nothing is asked. The batch holds the packed pixels each time."""
+    import loaders.reader
+
+    _, rows = _read_plainly(_large_aspect_dataset(tmp_path, capsys))
+    dataset = PackedDataset.open(tmp_path / "out", readahead=readahead, verify=False)
+    _dropped({tmp_path / "out" / row["shard"] for row in rows})
+    advised: list[tuple[str, int, int]] = []
+    real = loaders.reader.advise_file
+
+    def recording(path: Path, advice: str, ranges: object = ((0, 0),)) -> None:
+        ranges = list(ranges)  # type: ignore[call-overload]
+        advised.extend((str(path), start, length) for start, length in ranges)
+        real(path, advice, ranges)
+
+    monkeypatch.setattr(loaders.reader, "advise_file", recording)
+    batch = [0, 4, 7, len(dataset) - 1]
+    mine = [
+        next(r for r in rows if r["source"] == row["source"])
+        for row in dataset.manifest_rows(batch).to_pylist()
+    ]
+    want = {
+        (str(tmp_path / "out" / row["shard"]), 128 + row["sample_offset"], row["pixels"].size)
+        for row in mine
+    }
+    for _ in range(2):
+        images, _, _, columns = dataset.__getitems__(batch).batch
+        for j, row in enumerate(mine):
+            h, w = int(columns[SIZE_COLUMNS[0]][j]), int(columns[SIZE_COLUMNS[1]][j])
+            assert np.array_equal(images[j, :h, :w].numpy(), row["pixels"])
+        assert set(advised) == (want if readahead else set())
+        advised.clear()
+        want = set()  # cached now: the probe finds the batch, nothing is asked

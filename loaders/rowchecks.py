@@ -1,0 +1,69 @@
+"""Which rows a loader checks against the checksums the manifest recorded for their samples,
+and where those checksums live: the default open checks each row the first time any process
+of the loader reads it (`verify="once"`, NOTE [ verify once ] in `loaders.reader`), so a
+changed byte in a shard is an error naming its shard and row, never a wrong sample."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from etl.format.rowsums import RowChecksums
+from loaders.catalog import Catalog, Selection, open_catalog
+
+Verify = bool | Literal["rows", "once"]
+"""What a loader checks of the bytes it reads: True each shard whole once per process, "rows"
+every row read, "once" each row the first time any process of the loader reads it, False only
+what every open checks (header, size, one probe row a shard)."""
+
+
+def row_checksums(catalog: Catalog, selection: Selection) -> RowChecksums:
+    """The recorded checksum of each selected sample, by (shard, row), in shared memory."""
+    keys = (selection.shard_idx.astype(np.int64) << 32) | selection.rows.astype(np.int64)
+    order = np.argsort(keys, kind="stable")
+    taken = pa.array(selection.positions[order], pa.int64())
+    hex_digests = catalog.table.column("checksum").take(taken)
+    return shared(RowChecksums.from_hex(keys[order], hex_digests, selection.shards.algorithm))
+
+
+def shared(sums: RowChecksums) -> RowChecksums:
+    """`sums` with its keys and digests in shared memory (a DataLoader worker started by spawn
+    or forkserver then gets a handle to them, not a copy)."""
+    keys, digests = sums.arrays()
+    return RowChecksums(
+        torch.from_numpy(np.ascontiguousarray(keys)).share_memory_(),
+        torch.from_numpy(np.ascontiguousarray(digests)).share_memory_(),
+        sums.algorithm,
+        sums.known,
+    )
+
+
+def checked_rows(selection: Selection, sums: RowChecksums, once: bool) -> Selection:
+    """`selection` with each row it reads checked against `sums`; with `once`, only the first
+    time any process of its loader reads it (one flag a row, shared with the workers)."""
+    seen = unseen(len(sums.arrays()[0])) if once else None
+    return replace(selection, shards=replace(selection.shards, row_sums=sums, seen_rows=seen))
+
+
+def unseen(rows: int) -> torch.Tensor:
+    """`verify="once"`'s flags: per row, whether some process of the loader checked it."""
+    return torch.zeros(rows, dtype=torch.bool).share_memory_()
+
+
+def as_verified(selection: Selection, verify: Verify) -> Selection:
+    """`selection` checked as `verify` says, for a reader built on it alone (`PackedStream`):
+    the row checks it carries are kept (a `PackedDataset.open` made them), or made from its
+    version's manifest, read again; False drops them."""
+    if verify is False:
+        return replace(selection, shards=replace(selection.shards, row_sums=None, seen_rows=None))
+    if verify not in (True, "rows", "once"):
+        raise ValueError(f"verify must be True, False, 'rows' or 'once', not {verify!r}")
+    shards = selection.shards
+    if verify is True or shards.row_sums is not None:
+        return selection
+    catalog = open_catalog(shards.root, shards.version)
+    return checked_rows(selection, row_checksums(catalog, selection), once=verify == "once")
