@@ -161,11 +161,6 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         if remote is not None:
             shards = replace(selection.shards, url=url)
             selection = replace(selection, shards=shards)
-            if ranged and selection.places is not None:
-                raise ValueError(
-                    "ranged=True reads fixed-size rows; this dataset keeps each sample's aspect "
-                    "ratio: use cache_limit= or the whole cache instead"
-                )
             if ranged:
                 rows = RangedRows(
                     url, storage_options, store_timeout, shards.names, shards.sizes, shards.rows,

@@ -309,12 +309,17 @@ class ShardReader:
         batch [B, H, W, C] (or [B, C, H, W]) at least as large as each: sample j, (shard_idx[j],
         rows[j]) at `places[j]` = (byte offset in the shard's data, height, width), into the
         top-left corner of out[j], the rest zero. One slice copy a sample from the shard's
-        flat map (memory-mapped, as fixed-size shards are)."""
-        if self.shards.ranged is not None:
-            raise ValueError("ranged reads are for fixed-size samples; this dataset keeps aspect")
+        flat map (memory-mapped, as fixed-size shards are), or with ranged reads one ranged
+        GET a sample."""
         shard, row = self._checked_rows(shard_idx, rows)
         channels = out.shape[3] if layout == "HWC" else out.shape[1]
         hwc = layout == "HWC"
+        sizes = places[:, 1] * places[:, 2] * channels
+        if self.shards.ranged is not None:  # no file: verified as they arrive
+            fetched = self.shards.ranged.read_spans(shard, row, places[:, 0], sizes)
+            for j, data in enumerate(fetched):
+                _place(out, j, data, int(places[j, 1]), int(places[j, 2]), channels, hwc)
+            return
         with self._lock:
             self._let_go(shard)
             for s in set(shard.tolist()).difference(self._flat):
@@ -322,7 +327,6 @@ class ShardReader:
             arrays = self._arrays  # each shard one flat array
             if self.drop_behind or (self.readahead and not self._places_resident(shard, places)):
                 self.prefetch_places(shard, places, channels)
-            nbytes = 0
             for j, (s, (offset, height, width)) in enumerate(
                 zip(shard.tolist(), places.tolist(), strict=True)
             ):
@@ -330,21 +334,11 @@ class ShardReader:
                 data = arrays[s][offset : offset + size]
                 if len(data) != size:
                     raise self.shards.unreadable(s, ShardError(f"row {row[j]} runs past its end"))
-                # NOTE: only the padding is zeroed, not the whole batch: a batch padded to
-                # 512x512 is mostly its samples, and filling it first wrote it twice.
-                if hwc:
-                    out[j, :height, :width] = data.reshape(height, width, channels)
-                    out[j, height:] = 0
-                    out[j, :height, width:] = 0
-                else:
-                    out[j, :, :height, :width] = data.reshape(channels, height, width)
-                    out[j, :, height:] = 0
-                    out[j, :, :height, width:] = 0
+                _place(out, j, data, height, width, channels, hwc)
                 if self.shards.row_sums is not None:
                     self._check_one(s, int(row[j]), data)
-                nbytes += size
             starts = places[:, 0]
-            self._count(nbytes, shard, starts, starts + places[:, 1] * places[:, 2] * channels)
+            self._count(int(sizes.sum()), shard, starts, starts + sizes)
             self._let_go(())
 
     def _places_resident(self, shard: NDArray[np.int64], places: NDArray[np.int64]) -> bool:
@@ -605,8 +599,8 @@ class ShardReader:
         maps read nothing the kernel was not asked for)."""
         if not (self.readahead or self.drop_behind) or not len(places):
             return
-        if self.shards.cache is not None:
-            return
+        if self.shards.cache is not None or self.shards.ranged is not None:
+            return  # as `prefetch`'s
         shard = np.asarray(shard_idx, dtype=np.int64)
         starts = HEADER_BYTES + places[:, 0]
         lengths = places[:, 1] * places[:, 2] * channels
@@ -659,6 +653,30 @@ class ShardReader:
                 strict=True,
             ):
                 dest[offset : offset + length] = flat[s][start : start + length]
+
+
+def _place(
+    out: NDArray[np.uint8],
+    j: int,
+    data: NDArray[np.uint8],
+    height: int,
+    width: int,
+    channels: int,
+    hwc: bool,
+) -> None:
+    """Sample `data` (flat, `height` x `width` x `channels` in the stored layout) into the
+    top-left corner of out[j], the rest of out[j] zeros.
+
+    NOTE: only the padding is zeroed, not the whole batch: a batch padded to 512x512 is mostly
+    its samples, and filling it first wrote it twice."""
+    if hwc:
+        out[j, :height, :width] = data.reshape(height, width, channels)
+        out[j, height:] = 0
+        out[j, :height, width:] = 0
+    else:
+        out[j, :, :height, :width] = data.reshape(channels, height, width)
+        out[j, :, height:] = 0
+        out[j, :, :height, width:] = 0
 
 
 def batch_reads(

@@ -23,7 +23,8 @@ from numpy.typing import NDArray
 
 from etl.errors import ShardError
 from etl.format.remote import RemoteDataset, why
-from etl.format.rowsums import RowChecksums
+from etl.format.rowsums import RowChecksums, mismatch
+from etl.format.shards import HEADER_BYTES
 
 
 class RangedRows:
@@ -85,19 +86,57 @@ class RangedRows:
             raise ShardError(f"{self.url}: cannot read rows of its shards ({why(exc)})") from None
         flat = out.reshape(len(out), -1)
         for begin, end, blob, path in zip(first.tolist(), ends.tolist(), blobs, paths, strict=True):
-            if isinstance(blob, BaseException):
-                what = "not in the store" if isinstance(blob, FileNotFoundError) else why(blob)
-                raise ShardError(f"{path}: cannot read rows ({what})")
-            if len(blob) != (end - begin) * size:
-                raise ShardError(
-                    f"{path}: the store sent {len(blob):,} bytes of a range of "
-                    f"{(end - begin) * size:,}: the shard is shorter than the manifest records"
-                )
-            pieces = np.frombuffer(blob, np.uint8).reshape(end - begin, size)
+            pieces = _whole(blob, path, (end - begin) * size).reshape(end - begin, size)
             flat[order[begin:end]] = pieces
         try:
             self.sums.check(shard, row, out, lambda k: self.remote.remote(self.names[k]))
         except ShardError as exc:
-            raise ShardError(
-                f"{exc}; repair: etl audit {self.url} --repair --config pipeline.yaml"
-            ) from None
+            raise ShardError(f"{exc}; {self._repair}") from None
+
+    def read_spans(
+        self,
+        shard: NDArray[np.int64],
+        row: NDArray[np.int64],
+        starts: NDArray[np.int64],
+        lengths: NDArray[np.int64],
+    ) -> list[NDArray[np.uint8]]:
+        """Samples of their own size (format version 2): bytes [starts[j], starts[j] +
+        lengths[j]) of shard[j]'s data, which follows its 128-byte header (`ShardWriter`
+        writes no other), one ranged GET each, all at once; each verified as `read`'s rows."""
+        paths = [self.remote.remote(self.names[k]) for k in shard.tolist()]
+        begins = HEADER_BYTES + np.asarray(starts, np.int64)
+        stops = begins + np.asarray(lengths, np.int64)
+        try:
+            blobs = self.remote.bounded(
+                self.remote.fs.cat_ranges, paths, begins.tolist(), stops.tolist()
+            )
+        except Exception as exc:
+            raise ShardError(f"{self.url}: cannot read rows of its shards ({why(exc)})") from None
+        at = self.sums.positions(shard, row)
+        samples = []
+        for j, (blob, path, length) in enumerate(
+            zip(blobs, paths, np.asarray(lengths).tolist(), strict=True)
+        ):
+            data = _whole(blob, path, length)
+            if not self.sums.matches(int(at[j]), data):
+                raise ShardError(f"{mismatch(path, int(row[j]))}; {self._repair}")
+            samples.append(data)
+        return samples
+
+    @property
+    def _repair(self) -> str:
+        return f"repair: etl audit {self.url} --repair --config pipeline.yaml"
+
+
+def _whole(blob: bytes | BaseException, path: str, length: int) -> NDArray[np.uint8]:
+    """The `length` bytes the store sent for a range of `path`, or the ShardError saying why
+    it sent something else (an error, or fewer bytes: a shard shorter than its manifest)."""
+    if isinstance(blob, BaseException):
+        what = "not in the store" if isinstance(blob, FileNotFoundError) else why(blob)
+        raise ShardError(f"{path}: cannot read rows ({what})")
+    if len(blob) != length:
+        raise ShardError(
+            f"{path}: the store sent {len(blob):,} bytes of a range of {length:,}: the shard "
+            "is shorter than the manifest records"
+        )
+    return np.frombuffer(blob, np.uint8)

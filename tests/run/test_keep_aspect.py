@@ -251,6 +251,7 @@ def test_keep_aspect_into_a_bucket_and_read_back_by_url(
     import subprocess
     import sys
 
+    from etl.errors import ShardError
     from tests.helpers.stores import new_bucket, point_at
 
     point_at(endpoint, monkeypatch, tmp_path / "cache")
@@ -269,8 +270,34 @@ def test_keep_aspect_into_a_bucket_and_read_back_by_url(
         source = dataset.manifest_rows([i]).column("source")[0].as_py()
         expected = oracle_pixels(tmp_path / "images" / source)
         assert np.array_equal(dataset[i][0].numpy(), expected)
-    with pytest.raises(ValueError, match="ranged=True reads fixed-size rows"):
-        PackedDataset.open("s3://aspect/ds", ranged=True)
+    for workers in (0, 2):  # ranged GETs: each sample's bytes, verified; no shard fetched
+        ranged = PackedDataset.open("s3://aspect/ds", ranged=True, cache_dir=tmp_path / "bare")
+        loader = make_loader(ranged, batch_size=3, num_workers=workers, with_indices=True)
+        count = 0
+        for images, _, indices, columns in loader:
+            for j, i in enumerate(indices.tolist()):
+                source = ranged.manifest_rows([i]).column("source")[0].as_py()
+                expected = oracle_pixels(tmp_path / "images" / source)
+                h, w = int(columns[SIZE_COLUMNS[0]][j]), int(columns[SIZE_COLUMNS[1]][j])
+                assert np.array_equal(images[j, :h, :w].numpy(), expected)
+                assert not images[j, h:].any() and not images[j, :, w:].any()
+                count += 1
+        assert count == 8
+    assert not list((tmp_path / "bare").rglob("*.npy")), "no shard is downloaded"
+
+    import fsspec  # a changed byte of a sample read: an error naming its shard and row
+
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)  # the store point_at names
+    shard = ranged.manifest_rows([3]).column("shard")[0].as_py()
+    offset = int(ranged.selection.places[3, 0])  # sample 3's place: (offset, height, width)
+    data = bytearray(fs.cat(f"aspect/ds/{shard}"))
+    data[128 + offset + 2] ^= 0xFF
+    fs.pipe(f"aspect/ds/{shard}", bytes(data))
+    fresh = PackedDataset.open("s3://aspect/ds", ranged=True, cache_dir=tmp_path / "bare")
+    row = int(fresh.selection.rows[3])
+    pattern = rf"{shard}: row {row} does not match the checksum.*repair: etl audit s3://"
+    with pytest.raises(ShardError, match=pattern):
+        fresh[3]
 
 
 def test_a_call_stage_that_outgrows_the_bounds_is_a_reject(tmp_path: Path) -> None:
