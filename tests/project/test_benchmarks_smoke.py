@@ -134,9 +134,14 @@ def test_bench_pack_grid_small(tmp_path: Path) -> None:
         *("--sizes", "12", "--shards", "16,256", "--jobs", "1,2", "--rounds", "1"),
         *("--work", str(tmp_path)),
     )
-    assert table.count("| 12 | 1 |") == 4 and table.count("| 12 | 2 |") == 4, table
-    assert "auto x loky" in table
-    assert "| photos | list | hash | plan | pack | commit | outside run | whole command |" in table
+    grid, ceiling = table.split("Decode ceiling:")
+    assert grid.count("| 12 | 1 |") == 4 and grid.count("| 12 | 2 |") == 4, table
+    assert "auto x loky" in grid
+    assert "| photos | list | hash | plan | pack | commit | outside run | whole command |" in grid
+    rows = [line.split("|")[1:-1] for line in ceiling.splitlines() if line.startswith("| 12 |")]
+    assert [row[1].strip() for row in rows] == ["1", "2"], table
+    for row in rows:  # the writers' rates as shares of the decode-only rate, > 0
+        assert float(row[2]) > 0 and all(cell.strip().endswith("%") for cell in row[3:])
 
 
 def test_bench_rejects_small(tmp_path: Path) -> None:
