@@ -327,6 +327,12 @@ class ShardReader:
             arrays = self._arrays  # each shard one flat array
             if self.drop_behind or (self.readahead and not self._places_resident(shard, places)):
                 self.prefetch_places(shard, places, channels)
+            sums, seen = self.shards.row_sums, self.shards.seen()
+            hashed = np.zeros(len(row), dtype=bool)  # rows checked as they are copied
+            at = np.zeros(len(row), dtype=np.int64)
+            if sums is not None:
+                at, todo = sums.unchecked(shard, row, seen)
+                hashed[todo] = True
             for j, (s, (offset, height, width)) in enumerate(
                 zip(shard.tolist(), places.tolist(), strict=True)
             ):
@@ -335,8 +341,10 @@ class ShardReader:
                 if len(data) != size:
                     raise self.shards.unreadable(s, ShardError(f"row {row[j]} runs past its end"))
                 _place(out, j, data, height, width, channels, hwc)
-                if self.shards.row_sums is not None:
-                    self._check_one(s, int(row[j]), data)
+                if sums is not None and hashed[j] and not sums.matches(int(at[j]), data):
+                    raise self.shards.unreadable(s, mismatch(self.shards.path(s), int(row[j])))
+            if seen is not None and hashed.any():
+                seen[at[hashed]] = True
             starts = places[:, 0]
             self._count(int(sizes.sum()), shard, starts, starts + sizes)
             self._let_go(())
@@ -351,16 +359,6 @@ class ShardReader:
             shard[picked].tolist(), places[picked, 0].tolist(), strict=True
         )]  # fmt: skip
         return resident(np.asarray(starts, dtype=np.int64))
-
-    def _check_one(self, shard: int, row: int, data: NDArray[np.uint8]) -> None:
-        """With `verify="rows"`: the sample's bytes against its recorded checksum."""
-        sums = self.shards.row_sums
-        assert sums is not None
-        found = sums.first_mismatch(
-            np.array([shard]), np.array([row]), data[None], self.shards.seen()
-        )
-        if found is not None:
-            raise self.shards.unreadable(shard, mismatch(self.shards.path(shard), row))
 
     def _let_go(self, keep: ArrayLike) -> None:
         """From a bounded cache, close every shard but those of `keep` (the batch about to be

@@ -523,3 +523,34 @@ def test_a_cold_batch_gathered_in_a_worker_is_read_ahead_by_its_samples_ranges(
         assert set(advised) == (want if readahead else set())
         advised.clear()
         want = set()  # cached now: the probe finds the batch, nothing is asked
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_changed_byte_of_a_sample_is_named_by_the_default_open(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], workers: int
+) -> None:
+    """Each sample of its own size is checked against its checksum the first time it is read
+    (the default): the intact ones come as Pillow says, a flipped byte in one is an error
+    naming its shard and row, and `verify=False` hands it out unchecked."""
+    from etl.errors import ShardError
+
+    write_sources(tmp_path / "images")
+    assert cli(["run", str(write_config(tmp_path))], capsys)[0] == 0
+    _, rows = _read_plainly(tmp_path / "out")
+    victim = rows[len(rows) // 2]
+    path = tmp_path / "out" / victim["shard"]
+    data = bytearray(path.read_bytes())
+    data[128 + victim["sample_offset"] + 1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    dataset = PackedDataset.open(tmp_path / "out")
+    sources = dataset.manifest_rows(range(len(dataset))).column("source").to_pylist()
+    row = int(dataset.selection.rows[sources.index(victim["source"])])
+    loader = make_loader(dataset, batch_size=4, num_workers=workers, pin_memory=False)
+    pattern = rf"{path.name}: row {row} does not match the checksum"
+    with pytest.raises(ShardError, match=pattern):
+        list(loader)
+    unchecked = PackedDataset.open(tmp_path / "out", verify=False)
+    for i in range(len(unchecked)):
+        source = unchecked.manifest_rows([i]).column("source")[0].as_py()
+        same = np.array_equal(unchecked[i][0].numpy(), oracle_pixels(tmp_path / "images" / source))
+        assert same == (source != victim["source"])
