@@ -21,15 +21,24 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from numpy.typing import NDArray
 
+from loaders.ragged import RaggedImages
+
 Augment = Callable[[torch.Tensor, "torch.Tensor | None", int], torch.Tensor]
 """(NCHW uint8 images on the device, their dataset indices or None, epoch) -> float NCHW in the
-images' 0-255 range: what `DeviceLoader(augment=...)` calls for each batch."""
+images' 0-255 range: what `DeviceLoader(augment=...)` calls for each batch. Samples of several
+sizes come padded with `sizes=`, or, to an augmentation whose `takes_ragged` is true (those
+here), as `RaggedImages` (`loaders.ragged`)."""
+
+Images = torch.Tensor | RaggedImages
+"""A batch an augmentation here takes: NCHW uint8 (padded where `sizes` says so), or samples of
+several sizes back to back."""
 
 Sizes = tuple[NDArray[np.integer], NDArray[np.integer]]
 """Each sample's (heights, widths) in a batch of samples of several sizes, padded."""
@@ -116,9 +125,11 @@ def flips(seed: int, epoch: int, index: NDArray[np.integer], p: float = 0.5) -> 
     return uniforms(seed + 1, epoch, np.asarray(index), 1)[:, 0] < p
 
 
-def _sample(images: torch.Tensor, ys: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
+def _sample(images: Images, ys: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
     """Bilinear samples of NCHW `images` at source pixel coordinates: ys [B, oh], xs [B, ow]
     (already clamped to where each sample may read) -> float [B, C, oh, ow]."""
+    if isinstance(images, RaggedImages):
+        return images.bilinear(ys, xs)
     _, _, height, width = images.shape
     gy = (2 * ys + 1) / height - 1  # grid_sample's align_corners=False pixel convention
     gx = (2 * xs + 1) / width - 1
@@ -127,8 +138,17 @@ def _sample(images: torch.Tensor, ys: torch.Tensor, xs: torch.Tensor) -> torch.T
     return F.grid_sample(source, grid, "bilinear", padding_mode="border", align_corners=False)
 
 
+def _each(images: Images) -> list[torch.Tensor] | torch.Tensor:
+    """The batch's samples, each [C, H, W] (padded ones with their padding)."""
+    return images.images() if isinstance(images, RaggedImages) else images
+
+
+def _channels(images: Images) -> int:
+    return images.channels if isinstance(images, RaggedImages) else int(images.shape[1])
+
+
 def resized_crop(
-    images: torch.Tensor,
+    images: Images,
     boxes: torch.Tensor,
     flip: torch.Tensor,
     size: tuple[int, int],
@@ -148,12 +168,14 @@ def resized_crop(
     if not batched:
         out = []
         for image, (top, left, h, w), mirror in zip(
-            images, boxes.tolist(), flip.tolist(), strict=True
+            _each(images), boxes.tolist(), flip.tolist(), strict=True
         ):
             crop = image[None, :, top : top + h, left : left + w].float()
             one = F.interpolate(crop, size=size, mode="bilinear", align_corners=False)[0]
             out.append(one.flip(-1) if mirror else one)
-        return torch.stack(out) if out else images.new_empty((0, images.shape[1], *size)).float()
+        if out:
+            return torch.stack(out)
+        return torch.empty((0, _channels(images), *size), dtype=torch.float32, device=images.device)
     oh, ow = size
     box = boxes.to(images.device, torch.float32)
     top, left, h, w = box.unbind(dim=1)
@@ -189,7 +211,7 @@ def resized_sides(height: int, width: int, resize: int) -> tuple[int, int]:
 
 
 def center_crops(
-    images: torch.Tensor,
+    images: Images,
     heights: NDArray[np.integer],
     widths: NDArray[np.integer],
     resize: int,
@@ -232,10 +254,11 @@ class RandomResizedCrop:
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     flip: float = 0.5
     seed: int = 0
+    takes_ragged: ClassVar[bool] = True
 
     def __call__(
         self,
-        images: torch.Tensor,
+        images: Images,
         index: torch.Tensor | None,
         epoch: int,
         sizes: Sizes | None = None,
@@ -248,9 +271,8 @@ class RandomResizedCrop:
                 "RandomResizedCrop draws each sample's crop from its dataset index: build the "
                 "loader with with_indices=True"
             )
-        _, _, height, width = images.shape
         where = index.cpu().numpy()
-        heights, widths = sizes if sizes is not None else (height, width)
+        heights, widths = own_sides(images, sizes)
         boxes = crop_boxes(self.seed, epoch, where, heights, widths, self.scale, self.ratio)
         mirrored = flips(self.seed, epoch, where, self.flip)
         batched = images.device.type == "cuda"
@@ -282,10 +304,11 @@ class CenterCrop:
     size: int | tuple[int, int]
     resize: int | None = None
     """Shorter side before cropping; default: the crop's shorter side (a plain resize)."""
+    takes_ragged: ClassVar[bool] = True
 
     def __call__(
         self,
-        images: torch.Tensor,
+        images: Images,
         index: torch.Tensor | None,
         epoch: int,
         sizes: Sizes | None = None,
@@ -295,23 +318,34 @@ class CenterCrop:
         together (one `F.interpolate` a size), which computes the same values."""
         size = _pair(self.size)
         resize = self.resize or min(size)
-        if sizes is None:
+        if sizes is None and not isinstance(images, RaggedImages):
             return resize_center_crop(images, resize, size)
-        heights, widths = (np.asarray(s, dtype=np.int64) for s in sizes)
+        heights, widths = own_sides(images, sizes)
         if images.device.type == "cuda":
             return center_crops(images, heights, widths, resize, size)
-        out = images.new_empty((len(images), images.shape[1], *size), dtype=torch.float32)
+        shape = (len(images), _channels(images), *size)
+        out = torch.empty(shape, dtype=torch.float32, device=images.device)
         for h, w in sorted(set(zip(heights.tolist(), widths.tolist(), strict=True))):
             chosen = np.flatnonzero((heights == h) & (widths == w))
-            at = torch.from_numpy(chosen).to(images.device)
-            out[at] = resize_center_crop(images[at][:, :, :h, :w], resize, size)
+            alike = _alike(images, chosen, h, w)
+            out[torch.from_numpy(chosen).to(images.device)] = resize_center_crop(
+                alike, resize, size
+            )
         return out
 
 
-def own_sides(
-    images: torch.Tensor, sizes: Sizes | None
-) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+def _alike(images: Images, chosen: NDArray[np.intp], height: int, width: int) -> torch.Tensor:
+    """The `chosen` samples of a batch, all `height` x `width`, as one NCHW tensor."""
+    if isinstance(images, RaggedImages):
+        return torch.stack([images.image(int(k)) for k in chosen])
+    at = torch.from_numpy(chosen).to(images.device)
+    return images[at][:, :, :height, :width]
+
+
+def own_sides(images: Images, sizes: Sizes | None) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """Each sample's (heights, widths): `sizes` of a padded batch, else the batch's own."""
+    if isinstance(images, RaggedImages):
+        return images.heights, images.widths
     if sizes is not None:
         return np.asarray(sizes[0], np.int64), np.asarray(sizes[1], np.int64)
     n, _, height, width = images.shape
@@ -319,7 +353,7 @@ def own_sides(
 
 
 def resize_whole(
-    images: torch.Tensor, sizes: Sizes | None, size: tuple[int, int], flip: NDArray[np.bool_]
+    images: Images, sizes: Sizes | None, size: tuple[int, int], flip: NDArray[np.bool_]
 ) -> torch.Tensor:
     """Each sample of an NCHW batch, whole (its own size where `sizes` says it is padded),
     resized to `size` and mirrored where `flip`: one `grid_sample` on CUDA, a loop of
@@ -339,10 +373,11 @@ class Resize:
     pictures."""
 
     size: int | tuple[int, int]
+    takes_ragged: ClassVar[bool] = True
 
     def __call__(
         self,
-        images: torch.Tensor,
+        images: Images,
         index: torch.Tensor | None,
         epoch: int,
         sizes: Sizes | None = None,

@@ -338,6 +338,9 @@ class BatchMemory:
     def __init__(self, pin: bool = False, ring: SharedRing | None = None) -> None:
         self.pin = pin
         self.ring = ring
+        self.back_to_back = False
+        """Whether a batch of samples of several sizes comes with its samples one after another
+        (1-d images) rather than padded: set by `PackedLoader.send_back_to_back`."""
         self._pool = BufferPool()
 
     def __getstate__(self) -> dict[str, Any]:

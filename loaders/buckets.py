@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from loaders.augment import Sizes, flips, own_sides, resize_whole
+from loaders.augment import Images, Sizes, flips, own_sides, resize_whole
 from loaders.orders import Order, seeded_rng
 from loaders.samplers import OrderSampler
 
@@ -165,10 +166,11 @@ class ResizeToBucket:
     buckets: AspectBuckets
     flip: float = 0.0
     seed: int = 0
+    takes_ragged: ClassVar[bool] = True
 
     def __call__(
         self,
-        images: torch.Tensor,
+        images: Images,
         index: torch.Tensor | None,
         epoch: int,
         sizes: Sizes | None = None,

@@ -302,7 +302,9 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         ragged = sel.places is not None
         given = index % max(len(self), 1) if self.with_indices or sel.values or ragged else None
         columns = sel.values.batch(given) if sel.values is not None and given is not None else None
-        shape, read, columns = batch_reads(self.reader, sel, index, columns)
+        shape, read, columns = batch_reads(
+            self.reader, sel, index, columns, self.memory.back_to_back
+        )
         if self.transform is None:
             return self.memory.batch(shape, labels, read, given, columns)
         if sel.places is not None:  # each sample at its own size through the transform

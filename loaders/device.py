@@ -10,11 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from loaders.augment import Augment, Sizes
 from loaders.batches import SIZE_COLUMNS, Batch, ColumnBatch, IndexedBatch
 from loaders.loader import PackedLoader
+from loaders.ragged import RaggedImages
 
 
 def prepare_images(
@@ -60,6 +62,11 @@ class DeviceLoader:
     `bound_device`). `layout` defaults to the loader's dataset layout. Batches come from CPU
     memory (pinned: copies that do not block) or already from `device` (made by a transform
     there; see NOTE [ batches already on the device ]).
+
+    With `augment`, a `PackedLoader` is asked to send samples of several sizes back to back
+    (`PackedLoader.send_back_to_back`; NOTE [ back to back ] in `loaders.ragged`): each batch
+    then moves its own bytes, not its padding. The augmentations here crop from them where
+    they lie; another augmentation gets them padded on the device, with `sizes=`.
     """
 
     def __init__(
@@ -101,6 +108,8 @@ class DeviceLoader:
             # (x / 255 - mean) / std == x * (1 / (255 std)) - mean / std: two in-place ops.
             self.scale = (1 / (255 * s)).view(1, -1, 1, 1).to(self.device, dtype)
             self.shift = (m / s).view(1, -1, 1, 1).to(self.device, dtype)
+        if augment is not None and isinstance(loader, PackedLoader) and self.channels:
+            loader.send_back_to_back()
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
@@ -219,12 +228,26 @@ class DeviceLoader:
         """Augment NCHW uint8 images on the device, then convert and normalise in place; a
         padded batch's `sizes` tell the augmentation each sample's own size."""
         assert self.augment is not None and self.dtype is not None
-        nchw = images.permute(0, 3, 1, 2) if self.layout == "HWC" else images
         epoch = int(getattr(self.loader, "epoch", 0))
+        if images.dim() == 1:  # samples back to back, each its own size
+            assert sizes is not None and self.channels is not None  # see _check
+            heights, widths = (np.asarray(side, np.int64) for side in sizes)
+            ragged = RaggedImages(images, heights, widths, self.channels, self.layout)
+            if getattr(self.augment, "takes_ragged", False):
+                out = self.augment(ragged, indices, epoch).to(self.dtype)  # type: ignore[arg-type]
+                return self._normalised(out)
+            images, layout = ragged.padded(), "CHW"
+        else:
+            layout = self.layout
+        nchw = images.permute(0, 3, 1, 2) if layout == "HWC" else images
         if sizes is None:
             out = self.augment(nchw, indices, epoch).to(self.dtype)
         else:
             out = self.augment(nchw, indices, epoch, sizes=sizes).to(self.dtype)  # type: ignore[call-arg]
+        return self._normalised(out)
+
+    def _normalised(self, out: torch.Tensor) -> torch.Tensor:
+        """An augmented float batch, scaled and shifted in place (and channels_last if asked)."""
         if self.scale is not None:
             out.mul_(self.scale)
         if self.shift is not None:
@@ -248,6 +271,13 @@ class DeviceLoader:
             )
         images, labels = batch[0], batch[1]
         indices = batch[2] if len(batch) >= 3 else None
+        if _back_to_back(images, columns):
+            if self.channels is None:
+                raise ValueError(
+                    "DeviceLoader got samples back to back and cannot tell their channels: "
+                    "give it mean=/std= or a loader over a PackedDataset"
+                )
+            return images, labels, indices, columns
         if not isinstance(images, torch.Tensor) or images.dim() != 4:
             shape = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images)
             raise ValueError(f"DeviceLoader takes images as one [B, ...] 4-d tensor, got {shape}")
@@ -272,6 +302,18 @@ class DeviceLoader:
                 "leave the float conversion to it, or pass dtype=None and normalise yourself"
             )
         return images, labels, indices, columns
+
+
+def _back_to_back(images: Any, columns: dict[str, Any] | None) -> bool:
+    """Whether a batch holds its samples back to back (1-d uint8 images, each sample's size
+    in its columns), as `PackedLoader.send_back_to_back` makes them."""
+    return (
+        isinstance(images, torch.Tensor)
+        and images.dim() == 1
+        and images.dtype == torch.uint8
+        and columns is not None
+        and SIZE_COLUMNS[0] in columns
+    )
 
 
 def _sizes(columns: dict[str, Any] | None) -> Sizes | None:

@@ -242,6 +242,19 @@ class PackedLoader(DataLoader[Any]):
             **common,
         )
 
+    def send_back_to_back(self) -> bool:
+        """Have batches of samples of several sizes (that keep their aspect ratio, a `Mixture`
+        of several shapes) come with their samples one after another, `images` 1-d with each
+        sample's size in `SIZE_COLUMNS`, instead of padded to the largest: what `DeviceLoader`
+        asks for (NOTE [ back to back ] in `loaders.ragged`). Whether they will: not through
+        another `collate_fn`, which gets samples; workers already running (persistent ones)
+        keep sending padded batches, which `DeviceLoader` takes as well."""
+        memory = getattr(self.dataset, "memory", None)
+        if self.collate_fn is not collate_batch or not isinstance(memory, BatchMemory):
+            return False
+        memory.back_to_back = True
+        return True
+
     @property
     def epoch(self) -> int:
         """The epoch `set_epoch` selected (what per-epoch augmentation is drawn from)."""

@@ -378,10 +378,9 @@ class Mixture(Dataset[tuple[Any, ...]]):
             )
         ragged = any(m.selection.places is not None for m in members)
         self.sizes_differ = ragged or len({m.sample_shape for m in members}) > 1
-        """Whether batches are padded, with each sample's size (members of several shapes, or
-        of samples that keep their aspect ratio)."""
-        """Members store samples of several sizes: batches are padded to the largest and
-        carry each sample's size (see `gather`)."""
+        """Members store samples of several sizes (several shapes, or samples that keep their
+        aspect ratio): batches are padded to the largest, or hold them back to back, and carry
+        each sample's size (see `gather`)."""
         self._shape = tuple(int(d) for d in np.max([m.sample_shape for m in members], axis=0))
         self.members = tuple(members)
         self.weights = self.schedule[0][1]
@@ -523,14 +522,14 @@ class Mixture(Dataset[tuple[Any, ...]]):
         if joined is not None:
             shard_idx, rows = joined.shard_idx[index], joined.rows[index]
             write = partial(joined.reader.gather, shard_idx, rows)
-            shape = (len(index), *self.sample_shape)
-            return self.memory.batch(shape, joined.labels[index], write, given)
+            rows_shape = (len(index), *self.sample_shape)
+            return self.memory.batch(rows_shape, joined.labels[index], write, given)
         member = self.member_of(index)
         grouped = np.argsort(member, kind="stable")
         index, member = index[grouped], member[grouped]
         bounds = np.searchsorted(member, np.arange(len(self.members) + 1))
         labels = np.empty(len(index), dtype=np.int64)
-        parts = []
+        parts: list[_Part] = []
         for m, (start, stop) in enumerate(pairwise(bounds)):
             if start == stop:
                 continue
@@ -540,23 +539,13 @@ class Mixture(Dataset[tuple[Any, ...]]):
             places = sel.places[local] if sel.places is not None else None
             parts.append((m, int(start), int(stop), sel.shard_idx[local], sel.rows[local], places))
 
-        def fill(out: NDArray[np.uint8]) -> None:
-            for m, start, stop, shard_idx, rows, places in parts:
-                reader = self.members[m].reader
-                if places is not None:  # samples of their own size: padded where they go
-                    reader.gather_ragged(shard_idx, rows, places, self.layout, out[start:stop])
-                    continue
-                if not self.sizes_differ:
-                    reader.gather(shard_idx, rows, out[start:stop])
-                    continue
-                own = np.empty((stop - start, *self.members[m].sample_shape), dtype=np.uint8)
-                reader.gather(shard_idx, rows, own)
-                padded = out[start:stop]
-                padded.fill(0)
-                padded[tuple(slice(0, d) for d in (stop - start, *own.shape[1:]))] = own
-
-        shape = (len(index), *self.sample_shape)
+        shape: tuple[int, ...] = (len(index), *self.sample_shape)
         if not self.sizes_differ:
+
+            def fill(out: NDArray[np.uint8]) -> None:
+                for m, start, stop, shard_idx, rows, _ in parts:
+                    self.members[m].reader.gather(shard_idx, rows, out[start:stop])
+
             given = index if self.with_indices else None
             return self.memory.batch(shape, labels, fill, given)
         heights, widths = (np.asarray(v, dtype=np.int64)[member] for v in self._sides())
@@ -564,7 +553,41 @@ class Mixture(Dataset[tuple[Any, ...]]):
             if places is not None:
                 heights[start:stop], widths[start:stop] = places[:, 1], places[:, 2]
         sizes: Columns = {SIZE_COLUMNS[0]: heights, SIZE_COLUMNS[1]: widths}
+        if self.memory.back_to_back:
+            channels = channels_of(self.sample_shape, self.layout)
+            ends = np.concatenate([[0], np.cumsum(heights * widths * channels)])
+            shape = (int(ends[-1]),)
+            fill = partial(self._fill_back_to_back, parts, ends)
+        else:
+            fill = partial(self._fill_padded, parts)
         return self.memory.batch(shape, labels, fill, index, sizes)
+
+    def _fill_padded(self, parts: list[_Part], out: NDArray[np.uint8]) -> None:
+        """Each member's samples of a batch into their rows of `out`, padded to its shape."""
+        for m, start, stop, shard_idx, rows, places in parts:
+            reader = self.members[m].reader
+            if places is not None:  # samples of their own size: padded where they go
+                reader.gather_ragged(shard_idx, rows, places, self.layout, out[start:stop])
+                continue
+            own = np.empty((stop - start, *self.members[m].sample_shape), dtype=np.uint8)
+            reader.gather(shard_idx, rows, own)
+            padded = out[start:stop]
+            padded.fill(0)
+            padded[tuple(slice(0, d) for d in (stop - start, *own.shape[1:]))] = own
+
+    def _fill_back_to_back(
+        self, parts: list[_Part], ends: NDArray[np.int64], out: NDArray[np.uint8]
+    ) -> None:
+        """Each member's samples of a batch into 1-d `out`, one after another, sample k's
+        bytes ending at `ends[k + 1]`."""
+        for m, start, stop, shard_idx, rows, places in parts:
+            reader = self.members[m].reader
+            bytes_of = out[int(ends[start]) : int(ends[stop])]
+            if places is not None:
+                reader.gather_ragged(shard_idx, rows, places, self.layout, bytes_of)
+            else:
+                own = bytes_of.reshape(stop - start, *self.members[m].sample_shape)
+                reader.gather(shard_idx, rows, own)
 
     def _sides(self) -> tuple[list[int], list[int]]:
         """Each member's stored height and width."""
@@ -582,6 +605,11 @@ class Mixture(Dataset[tuple[Any, ...]]):
         member = self.member_of(index)
         for m in np.unique(member).tolist():
             self.members[m].prefetch(index[member == m] - self.offsets[m])
+
+
+_Part = tuple[int, int, int, NDArray[np.int32], NDArray[np.int64], NDArray[np.int64] | None]
+"""One member's samples of a batch: (member, start, stop in the batch, shard_idx, rows, places
+or None where the member's samples are of one stored shape)."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -310,15 +310,28 @@ class ShardReader:
         rows[j]) at `places[j]` = (byte offset in the shard's data, height, width), into the
         top-left corner of out[j], the rest zero. One slice copy a sample from the shard's
         flat map (memory-mapped, as fixed-size shards are), or with ranged reads one ranged
-        GET a sample."""
+        GET a sample.
+
+        A 1-d `out` (`back_to_back_bytes` long) takes the samples back to back instead, each
+        in the stored layout: what `DeviceLoader` asks for (see `loaders.ragged`)."""
         shard, row = self._checked_rows(shard_idx, rows)
-        channels = out.shape[3] if layout == "HWC" else out.shape[1]
         hwc = layout == "HWC"
+        if out.ndim == 1:
+            channels = out.size // max(int((places[:, 1] * places[:, 2]).sum()), 1)
+        else:
+            channels = out.shape[3] if hwc else out.shape[1]
         sizes = places[:, 1] * places[:, 2] * channels
+        if out.ndim == 1:
+            if out.size != int(sizes.sum()):
+                raise ValueError(f"{out.size} bytes cannot hold samples of {sizes.sum()} bytes")
+            ends = np.cumsum(sizes).tolist()
+            put = partial(_put_flat, out, ends)
+        else:
+            put = partial(_place, out, channels=channels, hwc=hwc)
         if self.shards.ranged is not None:  # no file: verified as they arrive
             fetched = self.shards.ranged.read_spans(shard, row, places[:, 0], sizes)
             for j, data in enumerate(fetched):
-                _place(out, j, data, int(places[j, 1]), int(places[j, 2]), channels, hwc)
+                put(j, data, int(places[j, 1]), int(places[j, 2]))
             return
         with self._lock:
             self._let_go(shard)
@@ -340,7 +353,7 @@ class ShardReader:
                 data = arrays[s][offset : offset + size]
                 if len(data) != size:
                     raise self.shards.unreadable(s, ShardError(f"row {row[j]} runs past its end"))
-                _place(out, j, data, height, width, channels, hwc)
+                put(j, data, height, width)
                 if sums is not None and hashed[j] and not sums.matches(int(at[j]), data):
                     raise self.shards.unreadable(s, mismatch(self.shards.path(s), int(row[j])))
             if seen is not None and hashed.any():
@@ -659,6 +672,7 @@ def _place(
     data: NDArray[np.uint8],
     height: int,
     width: int,
+    *,
     channels: int,
     hwc: bool,
 ) -> None:
@@ -677,20 +691,40 @@ def _place(
         out[j, :, :height, width:] = 0
 
 
+def _put_flat(
+    out: NDArray[np.uint8], ends: list[int], j: int, data: NDArray[np.uint8], *_: int
+) -> None:
+    """Sample `data` (flat) into 1-d `out` as the j-th of samples back to back ending at `ends`."""
+    out[ends[j] - data.size : ends[j]] = data
+
+
 def batch_reads(
-    reader: ShardReader, sel: Selection, index: NDArray[np.int64], columns: Columns | None
+    reader: ShardReader,
+    sel: Selection,
+    index: NDArray[np.int64],
+    columns: Columns | None,
+    back_to_back: bool = False,
 ) -> tuple[tuple[int, ...], Callable[[NDArray[np.uint8]], None], Columns | None]:
     """(shape, fill, columns) of the batch of `index` (checked) for `BatchMemory.batch`: rows of
-    the stored shape, or samples that keep their aspect ratio padded to their largest sides,
-    with each one's size in `SIZE_COLUMNS` beside `columns`."""
+    the stored shape, or samples that keep their aspect ratio padded to their largest sides
+    (with `back_to_back`, one after another in a 1-d batch), with each one's size in
+    `SIZE_COLUMNS` beside `columns`."""
     shard_idx, rows = sel.shard_idx[index], sel.rows[index]
     if sel.places is None:
         return (len(index), *sel.sample_shape), partial(reader.gather, shard_idx, rows), columns
     places = sel.places[index]
-    shape = padded_shape(len(index), places, sel.channels, sel.layout)
+    if back_to_back:
+        shape: tuple[int, ...] = (back_to_back_bytes(places, sel.channels),)
+    else:
+        shape = padded_shape(len(index), places, sel.channels, sel.layout)
     read = partial(reader.gather_ragged, shard_idx, rows, places, sel.layout)
     sizes = {SIZE_COLUMNS[0]: places[:, 1].copy(), SIZE_COLUMNS[1]: places[:, 2].copy()}
     return shape, read, {**(columns or {}), **sizes}
+
+
+def back_to_back_bytes(places: NDArray[np.int64], channels: int) -> int:
+    """Bytes of samples at `places` (offset, height, width) stored one after another."""
+    return int((places[:, 1] * places[:, 2]).sum()) * channels
 
 
 def padded_shape(

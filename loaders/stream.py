@@ -336,7 +336,9 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
                 # samples that keep their aspect ratio: padded, their sizes beside (indexed)
                 given = self.with_indices or sel.values or sel.places is not None
                 columns = sel.values.batch(chunk) if sel.values is not None else None
-                shape, read, columns = batch_reads(self.reader, sel, chunk, columns)
+                shape, read, columns = batch_reads(
+                    self.reader, sel, chunk, columns, self.memory.back_to_back
+                )
                 yield self.memory.batch(
                     shape, sel.labels[chunk].astype(np.int64), read, chunk if given else None,
                     columns,

@@ -3,11 +3,13 @@ PNGs of random sizes, and the oracle of their pixels: plain Pillow, the size rul
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow.ipc as ipc
 from PIL import Image
 
 SHORTER, LONGER = 24, 40
@@ -56,12 +58,33 @@ def oracle_pixels(source: Path) -> np.ndarray:
         return np.asarray(image.convert("RGB").resize((width, height), Image.Resampling.BILINEAR))
 
 
-def pack_aspect(folder: Path, count: int, seed: int) -> Path:
+def pack_aspect(folder: Path, count: int, seed: int, layout: str = "HWC") -> Path:
     """`count` sources of `write_sources` packed by `etl run` in one process: the dataset."""
     write_sources(folder / "images", count=count, seed=seed)
-    config = write_config(folder, jobs=1, backend="sequential")
+    config = write_config(folder, layout, jobs=1, backend="sequential")
     done = subprocess.run(
         [sys.executable, "-m", "etl", "run", str(config), "--quiet"], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     return folder / "out"
+
+
+def read_plainly(out: Path, version: int = 1) -> tuple[dict[bytes, bytes], list[dict]]:
+    """The manifest's metadata and rows, and each sample's pixels (key 'pixels', HWC), read as
+    docs/FORMAT.md says: np.load of the shard, `sample_offset` and the stored size."""
+    with ipc.open_file(out / "versions" / f"v{version:06d}" / "manifest.arrow") as reader:
+        table = reader.read_all()
+    meta = table.schema.metadata
+    shape = json.loads(meta[b"etl.sample_shape"])
+    layout = json.loads(meta[b"etl.layout"])
+    channels = shape[2] if layout == "HWC" else shape[0]
+    rows = table.to_pylist()
+    for row in rows:
+        data = np.load(out / row["shard"], mmap_mode="r")
+        height, width = row["sample_height"], row["sample_width"]
+        flat = data[row["sample_offset"] : row["sample_offset"] + height * width * channels]
+        if layout == "HWC":
+            row["pixels"] = flat.reshape(height, width, channels)
+        else:
+            row["pixels"] = flat.reshape(channels, height, width).transpose(1, 2, 0)
+    return meta, rows

@@ -165,16 +165,21 @@ def test_an_augmented_epoch_never_blocks_the_host(packed: Packed) -> None:
     ds = PackedDataset.open(packed.root)
     loader = make_loader(ds, batch_size=16, shuffle=True, with_indices=True)
     device = DeviceLoader(loader, augment=RandomResizedCrop(24), mean=MEAN, std=STD)
-    for _ in device:  # warm up: allocators filled, kernels loaded
+    assert _batches_without_a_sync(device) == len(loader)
+
+
+def _batches_without_a_sync(device: DeviceLoader) -> int:
+    """Batches of epoch 1 of `device` (after a warm-up epoch that fills the allocators and
+    loads the kernels), any host sync an error."""
+    for _ in device:
         pass
     device.set_epoch(1)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        batches = sum(1 for _ in device)
+        return sum(1 for _ in device)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert batches == len(loader)
 
 
 def test_batched_augmentation_on_cuda_equals_the_cpu_loop(packed: Packed) -> None:
@@ -211,7 +216,8 @@ def test_a_padded_mixture_batch_is_cropped_on_cuda_as_on_the_cpu(
     loader = make_loader(mix, batch_size=32, seed=1)
     crop = RandomResizedCrop(24, seed=3)
     on_gpu = list(DeviceLoader(loader, dtype=torch.float32, augment=crop))
-    for batch, cpu in zip(on_gpu, loader, strict=True):
+    padded = make_loader(mix, batch_size=32, seed=1)  # the loader above sends them back to back
+    for batch, cpu in zip(on_gpu, padded, strict=True):
         sizes = (cpu.columns["sample.height"].numpy(), cpu.columns["sample.width"].numpy())
         reference = crop(cpu.images.permute(0, 3, 1, 2), cpu.indices, 0, sizes=sizes)
         assert batch.images.is_cuda
@@ -262,21 +268,44 @@ def aspect_kept(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return pack_aspect(tmp_path_factory.mktemp("aspect"), count=20, seed=7)
 
 
-def test_samples_of_their_own_size_are_cropped_on_cuda_as_on_the_cpu(aspect_kept: Any) -> None:
-    """A padded batch of samples that keep their aspect ratio through DeviceLoader on CUDA:
-    RandomResizedCrop, CenterCrop (one grid_sample each), a plain Resize and bucket resizes
-    give what the CPU computes for the same batch."""
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_samples_of_their_own_size_are_cropped_on_cuda_as_on_the_cpu(
+    aspect_kept: Any, num_workers: int
+) -> None:
+    """Samples that keep their aspect ratio through DeviceLoader on CUDA, sent back to back
+    (the loader's batches 1-d): RandomResizedCrop, CenterCrop, a plain Resize and bucket
+    resizes (a few kernels a batch each) give what the CPU computes for the same batch padded;
+    an augmentation of padded batches gets them padded on the device."""
     from loaders import AspectBuckets, CenterCrop, Resize, ResizeToBucket
     from loaders.batches import SIZE_COLUMNS
 
     ds = PackedDataset.open(aspect_kept)
     buckets = AspectBuckets.of(ds.sample_sizes, count=3, area=16 * 16)
     augments = [RandomResizedCrop(12, seed=3), CenterCrop(12, resize=16), Resize((10, 14))]
-    for augment, shuffle in [*((a, True) for a in augments), (ResizeToBucket(buckets), buckets)]:
-        loader = make_loader(ds, batch_size=4, shuffle=shuffle, seed=1, with_indices=True)
+
+    def padded_only(images: torch.Tensor, index: Any, epoch: int, sizes: Any = None) -> Any:
+        assert images.dim() == 4  # padded, on the device or (the reference) on the CPU
+        return augments[0](images, index, epoch, sizes=sizes)
+
+    cases = [*((a, True) for a in augments), (ResizeToBucket(buckets), buckets)]
+    for augment, shuffle in [*cases, (padded_only, True)]:
+        options: Any = {"batch_size": 4, "shuffle": shuffle, "seed": 1, "with_indices": True}
+        loader = make_loader(ds, num_workers=num_workers, **options)
         on_gpu = list(DeviceLoader(loader, dtype=torch.float32, augment=augment))
-        for batch, cpu in zip(on_gpu, loader, strict=True):
+        assert next(iter(loader)).images.dim() == 1, "not sent back to back"
+        for batch, cpu in zip(on_gpu, make_loader(ds, **options), strict=True):
             sizes = tuple(cpu.columns[name].numpy() for name in SIZE_COLUMNS)
+            assert cpu.images.dim() == 4
             reference = augment(cpu.images.permute(0, 3, 1, 2), cpu.indices, 0, sizes=sizes)
             assert batch.images.is_cuda and torch.equal(batch.indices, cpu.indices)
             torch.testing.assert_close(batch.images.cpu() * 255, reference, atol=3e-3, rtol=0)
+
+
+@pytest.mark.guards("nonblocking_params")
+def test_an_epoch_of_samples_back_to_back_never_blocks_the_host(aspect_kept: Any) -> None:
+    """Cropping samples back to back waits for nothing on the host: their sizes travel to the
+    device without a sync, as the crop boxes do."""
+    ds = PackedDataset.open(aspect_kept)
+    loader = make_loader(ds, batch_size=4, shuffle=True, with_indices=True)
+    device = DeviceLoader(loader, augment=RandomResizedCrop(12), mean=MEAN, std=STD)
+    assert _batches_without_a_sync(device) == len(loader)

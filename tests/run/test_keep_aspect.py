@@ -18,31 +18,17 @@ from PIL import Image
 
 from loaders import PackedDataset, RandomResizedCrop, make_loader
 from loaders.batches import SIZE_COLUMNS
-from tests.helpers.aspect import LONGER, SHORTER, oracle_pixels, write_config, write_sources
+from tests.helpers.aspect import (
+    LONGER,
+    SHORTER,
+    oracle_pixels,
+    read_plainly,
+    write_config,
+    write_sources,
+)
 from tests.helpers.cli import cli
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def _read_plainly(out: Path, version: int = 1) -> tuple[dict[bytes, bytes], list[dict]]:
-    """The manifest's metadata and rows, and each sample's pixels (key 'pixels', HWC), read as
-    docs/FORMAT.md says: np.load of the shard, `sample_offset` and the stored size."""
-    with ipc.open_file(out / "versions" / f"v{version:06d}" / "manifest.arrow") as reader:
-        table = reader.read_all()
-    meta = table.schema.metadata
-    shape = json.loads(meta[b"etl.sample_shape"])
-    layout = json.loads(meta[b"etl.layout"])
-    channels = shape[2] if layout == "HWC" else shape[0]
-    rows = table.to_pylist()
-    for row in rows:
-        data = np.load(out / row["shard"], mmap_mode="r")
-        height, width = row["sample_height"], row["sample_width"]
-        flat = data[row["sample_offset"] : row["sample_offset"] + height * width * channels]
-        if layout == "HWC":
-            row["pixels"] = flat.reshape(height, width, channels)
-        else:
-            row["pixels"] = flat.reshape(channels, height, width).transpose(1, 2, 0)
-    return meta, rows
 
 
 @pytest.mark.parametrize("layout", ["HWC", "CHW"])
@@ -52,7 +38,7 @@ def test_keep_aspect_packs_each_photo_at_its_own_size(
     write_sources(tmp_path / "images")
     code, _, err = cli(["run", str(write_config(tmp_path, layout))], capsys)
     assert code == 0, err
-    meta, rows = _read_plainly(tmp_path / "out")
+    meta, rows = read_plainly(tmp_path / "out")
     assert json.loads(meta[b"etl.format_version"]) == 2
     assert json.loads(meta[b"etl.sample_shape"]) == ([0, 0, 3] if layout == "HWC" else [3, 0, 0])
     assert len(rows) == 14
@@ -109,7 +95,7 @@ def test_keep_aspect_reruns_audits_and_names_a_damaged_sample(
     before = {p.name: p.read_bytes() for p in (tmp_path / "out/shards").iterdir()}
     Image.new("RGB", (90, 30), (9, 8, 7)).save(tmp_path / "images/cat/new.png")
     assert cli(["run", str(config)], capsys)[0] == 0
-    _, rows = _read_plainly(tmp_path / "out", 2)
+    _, rows = read_plainly(tmp_path / "out", 2)
     new = next(r for r in rows if r["source"] == "cat/new.png")
     assert new["shard"].startswith("shards/v000002-") and new["pixels"].shape == (13, 40, 3)
     assert np.array_equal(new["pixels"], oracle_pixels(tmp_path / "images/cat/new.png"))
@@ -133,7 +119,7 @@ def test_keep_aspect_loads_own_sizes_and_crops_from_the_whole_photo(
 ) -> None:
     write_sources(tmp_path / "images")
     assert cli(["run", str(write_config(tmp_path))], capsys)[0] == 0
-    _, rows = _read_plainly(tmp_path / "out")
+    _, rows = read_plainly(tmp_path / "out")
     pixels = {r["source"]: r["pixels"] for r in rows}
     dataset = PackedDataset.open(tmp_path / "out")
     assert dataset.ragged and len(dataset) == 14
@@ -180,7 +166,7 @@ def test_keep_aspect_repairs_and_compacts(
     write_sources(tmp_path / "images")
     config = write_config(tmp_path)
     assert cli(["run", str(config)], capsys)[0] == 0
-    _, rows = _read_plainly(tmp_path / "out")
+    _, rows = read_plainly(tmp_path / "out")
     victim = next(r for r in rows if r["source"] == "cat/05.png")
     path = tmp_path / "out" / victim["shard"]
     data = bytearray(path.read_bytes())
@@ -190,7 +176,7 @@ def test_keep_aspect_repairs_and_compacts(
         ["audit", str(tmp_path / "out"), "--repair", "--config", str(config)], capsys
     )
     assert code == 0, out
-    _, repaired = _read_plainly(tmp_path / "out", 2)
+    _, repaired = read_plainly(tmp_path / "out", 2)
     assert {r["source"] for r in repaired} == {r["source"] for r in rows}
     for row in repaired:
         assert np.array_equal(row["pixels"], oracle_pixels(tmp_path / "images" / row["source"]))
@@ -205,7 +191,7 @@ def test_keep_aspect_repairs_and_compacts(
     code, out, _ = cli(["compact", str(tmp_path / "out"), "--min-dead", "0.1"], capsys)
     assert code == 0, out
     latest = max(int(p.name[1:]) for p in (tmp_path / "out/versions").iterdir())
-    _, compacted = _read_plainly(tmp_path / "out", latest)
+    _, compacted = read_plainly(tmp_path / "out", latest)
     assert len(compacted) == 14 - len(doomed)
     for row in compacted:
         assert np.array_equal(row["pixels"], oracle_pixels(tmp_path / "images" / row["source"]))
@@ -324,7 +310,7 @@ def test_a_call_stage_that_outgrows_the_bounds_is_a_reject(tmp_path: Path) -> No
         env={**os.environ, "PYTHONPATH": str(tmp_path)},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    _, rows = _read_plainly(tmp_path / "out")
+    _, rows = read_plainly(tmp_path / "out")
     with ipc.open_file(tmp_path / "out/versions/v000001/rejects.arrow") as reader:
         rejects = reader.read_all().to_pylist()
     grown = [r for r in rejects if r["reason"] == "bad_output"]
@@ -345,7 +331,7 @@ def test_a_stream_reads_samples_of_their_own_size(
 
     write_sources(tmp_path / "images")
     assert cli(["run", str(write_config(tmp_path))], capsys)[0] == 0
-    _, rows = _read_plainly(tmp_path / "out")
+    _, rows = read_plainly(tmp_path / "out")
     pixels = {r["source"]: r["pixels"] for r in rows}
     selection = open_catalog(tmp_path / "out").select()
     sources = open_catalog(tmp_path / "out").table.column("source").to_pylist()
@@ -407,7 +393,7 @@ def test_the_next_batch_is_advised_by_its_samples_byte_ranges(
 
     write_sources(tmp_path / "images")
     assert cli(["run", str(write_config(tmp_path))], capsys)[0] == 0
-    _, rows = _read_plainly(tmp_path / "out")
+    _, rows = read_plainly(tmp_path / "out")
     dataset = PackedDataset.open(tmp_path / "out")
     advised: list[tuple[str, str, list[tuple[int, int]]]] = []
     monkeypatch.setattr(
@@ -464,7 +450,7 @@ def test_drop_behind_leaves_nothing_of_samples_of_their_own_size(
     from tests.helpers.page_cache import cached_pages
 
     out = _large_aspect_dataset(tmp_path, capsys)
-    _, rows = _read_plainly(out)
+    _, rows = read_plainly(out)
     shards = {out / row["shard"] for row in rows}
     dataset = PackedDataset.open(
         out, readahead=readahead, release_every=1 << 30, drop_behind=True, verify=False
@@ -494,7 +480,7 @@ def test_a_cold_batch_gathered_in_a_worker_is_read_ahead_by_its_samples_ranges(
     `readahead=False` nothing is asked. The batch holds the packed pixels each time."""
     import loaders.reader
 
-    _, rows = _read_plainly(_large_aspect_dataset(tmp_path, capsys))
+    _, rows = read_plainly(_large_aspect_dataset(tmp_path, capsys))
     dataset = PackedDataset.open(tmp_path / "out", readahead=readahead, verify=False)
     _dropped({tmp_path / "out" / row["shard"] for row in rows})
     advised: list[tuple[str, int, int]] = []
@@ -536,7 +522,7 @@ def test_a_changed_byte_of_a_sample_is_named_by_the_default_open(
 
     write_sources(tmp_path / "images")
     assert cli(["run", str(write_config(tmp_path))], capsys)[0] == 0
-    _, rows = _read_plainly(tmp_path / "out")
+    _, rows = read_plainly(tmp_path / "out")
     victim = rows[len(rows) // 2]
     path = tmp_path / "out" / victim["shard"]
     data = bytearray(path.read_bytes())
