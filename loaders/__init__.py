@@ -14,8 +14,8 @@ copy plan), `batches` (the batch types; the memory batches are gathered into: re
 pinned memory, the workers' shared ring), `dataset` and `stream` (torch datasets), `orders`
 (pure sample orders), `samplers` (torch samplers over them), `quality` (shuffle quality),
 `resume` (the state a training job saves, and its checks), `dist` (rank and world size),
-`loader` (the DataLoader), `augment` (batched crops and flips on the device), `device` (to the
-GPU).
+`loader` (the DataLoader), `ragged` (samples of several sizes back to back), `augment`
+(batched crops and flips on the device), `device` (to the GPU).
 """
 
 from etl.errors import ManifestError, SelectionError, ShardError
@@ -29,6 +29,7 @@ from loaders.device import DeviceLoader
 from loaders.factories import make_loader, stream_loader
 from loaders.loader import PackedLoader
 from loaders.mixture import Mixture, MixtureSampler
+from loaders.ragged import RaggedImages
 from loaders.samplers import (
     BlockShuffleSampler,
     ClassBalancedSampler,
@@ -55,6 +56,7 @@ __all__ = [
     "PackedDataset",
     "PackedLoader",
     "PackedStream",
+    "RaggedImages",
     "RandomResizedCrop",
     "Resize",
     "ResizeToBucket",
