@@ -316,18 +316,16 @@ class ShardReader:
         in the stored layout: what `DeviceLoader` asks for (see `loaders.ragged`)."""
         shard, row = self._checked_rows(shard_idx, rows)
         hwc = layout == "HWC"
-        if out.ndim == 1:
-            channels = out.size // max(int((places[:, 1] * places[:, 2]).sum()), 1)
+        pixels = places[:, 1] * places[:, 2]
+        if out.ndim == 1:  # back to back: as many channels as the bytes hold
+            channels = out.size // max(int(pixels.sum()), 1)
+            if channels * int(pixels.sum()) != out.size:
+                raise ValueError(f"{out.size} bytes do not hold samples of {pixels.sum()} pixels")
+            put = partial(_put_flat, out, np.cumsum(pixels * channels).tolist())
         else:
             channels = out.shape[3] if hwc else out.shape[1]
-        sizes = places[:, 1] * places[:, 2] * channels
-        if out.ndim == 1:
-            if out.size != int(sizes.sum()):
-                raise ValueError(f"{out.size} bytes cannot hold samples of {sizes.sum()} bytes")
-            ends = np.cumsum(sizes).tolist()
-            put = partial(_put_flat, out, ends)
-        else:
             put = partial(_place, out, channels=channels, hwc=hwc)
+        sizes = pixels * channels
         if self.shards.ranged is not None:  # no file: verified as they arrive
             fetched = self.shards.ranged.read_spans(shard, row, places[:, 0], sizes)
             for j, data in enumerate(fetched):

@@ -269,6 +269,11 @@ def test_keep_aspect_into_a_bucket_and_read_back_by_url(
                 assert not images[j, h:].any() and not images[j, :, w:].any()
                 count += 1
         assert count == 8
+        assert loader.send_back_to_back()  # what DeviceLoader asks for: the same bytes, in a row
+        for images, _, indices, _ in loader:
+            sources = ranged.manifest_rows(indices.tolist()).column("source").to_pylist()
+            stored = [oracle_pixels(tmp_path / "images" / name).ravel() for name in sources]
+            assert images.dim() == 1 and np.array_equal(images.numpy(), np.concatenate(stored))
     assert not list((tmp_path / "bare").rglob("*.npy")), "no shard is downloaded"
 
     import fsspec  # a changed byte of a sample read: an error naming its shard and row
