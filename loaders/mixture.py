@@ -522,8 +522,8 @@ class Mixture(Dataset[tuple[Any, ...]]):
         if joined is not None:
             shard_idx, rows = joined.shard_idx[index], joined.rows[index]
             write = partial(joined.reader.gather, shard_idx, rows)
-            rows_shape = (len(index), *self.sample_shape)
-            return self.memory.batch(rows_shape, joined.labels[index], write, given)
+            shape: tuple[int, ...] = (len(index), *self.sample_shape)
+            return self.memory.batch(shape, joined.labels[index], write, given)
         member = self.member_of(index)
         grouped = np.argsort(member, kind="stable")
         index, member = index[grouped], member[grouped]
@@ -539,15 +539,10 @@ class Mixture(Dataset[tuple[Any, ...]]):
             places = sel.places[local] if sel.places is not None else None
             parts.append((m, int(start), int(stop), sel.shard_idx[local], sel.rows[local], places))
 
-        shape: tuple[int, ...] = (len(index), *self.sample_shape)
+        shape = (len(index), *self.sample_shape)
         if not self.sizes_differ:
-
-            def fill(out: NDArray[np.uint8]) -> None:
-                for m, start, stop, shard_idx, rows, _ in parts:
-                    self.members[m].reader.gather(shard_idx, rows, out[start:stop])
-
             given = index if self.with_indices else None
-            return self.memory.batch(shape, labels, fill, given)
+            return self.memory.batch(shape, labels, partial(self._fill_rows, parts), given)
         heights, widths = (np.asarray(v, dtype=np.int64)[member] for v in self._sides())
         for _, start, stop, _, _, places in parts:
             if places is not None:
@@ -561,6 +556,11 @@ class Mixture(Dataset[tuple[Any, ...]]):
         else:
             fill = partial(self._fill_padded, parts)
         return self.memory.batch(shape, labels, fill, index, sizes)
+
+    def _fill_rows(self, parts: list[_Part], out: NDArray[np.uint8]) -> None:
+        """Each member's samples of a batch into their rows of `out` (members of one shape)."""
+        for m, start, stop, shard_idx, rows, _ in parts:
+            self.members[m].reader.gather(shard_idx, rows, out[start:stop])
 
     def _fill_padded(self, parts: list[_Part], out: NDArray[np.uint8]) -> None:
         """Each member's samples of a batch into their rows of `out`, padded to its shape."""

@@ -14,6 +14,7 @@ a batch and none per sample.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -57,9 +58,9 @@ class RaggedImages:
     def device(self) -> torch.device:
         return self.data.device
 
-    @property
+    @cached_property
     def ends(self) -> NDArray[np.int64]:
-        """Where each sample's bytes end."""
+        """Where each sample's bytes end (worked out once: `image(k)` asks for each k)."""
         return np.cumsum(self.heights * self.widths * self.channels)
 
     def image(self, k: int) -> torch.Tensor:
@@ -121,12 +122,3 @@ class RaggedImages:
         top = torch.lerp(at(rows[0], columns[0]), at(rows[0], columns[1]), wx)
         bottom = torch.lerp(at(rows[1], columns[0]), at(rows[1], columns[1]), wx)
         return torch.lerp(top, bottom, wy)
-
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> RaggedImages:
-        return RaggedImages(
-            self.data.to(device, non_blocking=non_blocking),
-            self.heights,
-            self.widths,
-            self.channels,
-            self.layout,
-        )
