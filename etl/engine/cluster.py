@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from etl.config import RunConfig
+from etl.engine import interrupt
 from etl.errors import ExecutionError
 
 CONNECT_TIMEOUT_S = 20
@@ -44,16 +45,15 @@ def dask_client(run: RunConfig) -> Iterator[Any]:
             yield client
         return
     n = run.n_jobs if run.n_jobs > 0 else max(1, (os.cpu_count() or 1) + 1 + run.n_jobs)
-    with (
-        distributed.LocalCluster(
+    with interrupt.starting_workers():  # a Ctrl-C is the run's to handle: it closes the cluster
+        cluster = distributed.LocalCluster(
             n_workers=n,
             threads_per_worker=1,
             processes=True,
             host="127.0.0.1",
             dashboard_address=None,
-        ) as cluster,
-        distributed.Client(cluster) as client,
-    ):
+        )
+    with cluster, distributed.Client(cluster) as client:
         yield client
 
 

@@ -82,6 +82,37 @@ def deferred() -> Iterator[None]:
     check()
 
 
+@contextmanager
+def starting_workers() -> Iterator[None]:
+    """Around code that may start worker processes: SIGINT blocked in this thread.
+
+    A process started meanwhile begins with SIGINT blocked (a signal mask survives fork and
+    exec). A Ctrl-C that reaches the process group while such a worker's interpreter is still
+    importing `site` then waits, and `worker_setup` discards it, instead of killing the worker
+    there with a 'Fatal Python error' and a traceback on the user's terminal. Threads started
+    meanwhile (an executor's manager, which starts replacements) keep the mask too. The
+    standard library starts its resource tracker the same way. A signal for this process is
+    not lost: another thread takes it, or it waits until the block ends.
+
+    NOTE: the resource trackers (multiprocessing's, and loky's copy of it) are started first:
+    starting one unblocks SIGINT in the calling thread, which undid the block for every
+    worker started after it."""
+    if not hasattr(signal, "pthread_sigmask"):  # not POSIX: no process groups to signal
+        yield
+        return
+    from multiprocessing import resource_tracker
+
+    from joblib.externals.loky.backend import resource_tracker as loky_tracker
+
+    resource_tracker.ensure_running()  # no-ops once running
+    loky_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def worker_setup(parent: int) -> None:
     """In a worker process: leave Ctrl-C to the parent, and exit when the parent is gone.
 

@@ -219,7 +219,11 @@ def _parallel_results(
         return_as="generator_unordered",
         batch_size=1,
     )
-    return iter(parallel(delayed(fn)(task, *args) for task in tasks))
+    work = (delayed(fn)(task, *args) for task in tasks)
+    if run.backend not in PROCESSES:
+        return iter(parallel(work))
+    with interrupt.starting_workers():  # the first tasks go out, and start loky's workers, here
+        return iter(parallel(work))
 
 
 @contextmanager
@@ -277,24 +281,35 @@ class Starting:
     def __init__(self, run: RunConfig) -> None:
         self._run = run
         self._thread: threading.Thread | None = None
+        self._done = threading.Event()
 
     def begin(self) -> None:
         """Start the workers now (once; only loky has workers to start)."""
         if self._run.backend not in PROCESSES or self._thread is not None:
             return
-        self._thread = threading.Thread(
-            target=_start_workers, args=(self._run,), name="etl-workers", daemon=True
-        )
+        self._thread = threading.Thread(target=self._start, name="etl-workers", daemon=True)
         self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            _start_workers(self._run)
+        finally:
+            self._done.set()
 
     @property
     def started(self) -> bool:
         """Whether the pool is the workers' (or their start failed: the pool reports why)."""
-        return self._thread is not None and not self._thread.is_alive()
+        return self._thread is not None and self._done.is_set()
 
     def wait(self) -> None:
+        """Until the start is over.
+
+        NOTE: an Event, not `Thread.join`: a join that a signal interrupted (Ctrl-C while a
+        phase waits here) marks the thread stopped in CPython 3.11 (gh-90882), so the join in
+        `workers_starting`'s cleanup returned at once and the process exited under the start,
+        whose pool loky then shut down: tracebacks of its callbacks on the terminal."""
         if self._thread is not None:
-            self._thread.join()
+            self._done.wait()
 
 
 PROCESS_WORTHY_ITEMS = 512

@@ -84,6 +84,26 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def ctrl_c_once(mark: Path, run: subprocess.Popen[str], timeout: float = 60) -> str:
+    """Once `mark` exists, SIGINT to the run's whole group, as a terminal's Ctrl-C: its
+    stderr, after checking it exited 130."""
+    deadline = time.monotonic() + 60
+    while not mark.exists():
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+        time.sleep(0.01)
+    os.killpg(run.pid, signal.SIGINT)
+    _, stderr = run.communicate(timeout=timeout)
+    assert run.returncode == 130, stderr
+    return stderr
+
+
+def assert_group_gone(pgid: int) -> None:
+    deadline = time.monotonic() + 10
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not group_alive(pgid), "a process of the stopped run is still alive"
+
+
 def versions(base: Path) -> list[str]:
     return sorted(p.name for p in (base / "out" / "versions").iterdir())
 
@@ -112,10 +132,7 @@ def test_signal_mid_pack_commits_nothing_and_leaves_nothing(
 
     assert run.returncode == code, stderr
     assert stderr.strip() == "interrupted: nothing committed; the previous version 1 is intact"
-    deadline = time.monotonic() + 10
-    while group_alive(run.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not group_alive(run.pid), "a process of the interrupted run is still alive"
+    assert_group_gone(run.pid)
 
     assert versions(tmp_path) == ["v000001"]
     assert (tmp_path / "out" / "versions" / "v000001" / "manifest.arrow").read_bytes() == (
@@ -168,10 +185,7 @@ def test_workers_exit_when_the_parent_is_killed(tmp_path: Path, backend: str) ->
     wait_for_shard(tmp_path, 1, run)
     os.kill(run.pid, signal.SIGKILL)
     run.communicate(timeout=30)
-    deadline = time.monotonic() + 10
-    while group_alive(run.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not group_alive(run.pid), "a worker of the killed run is still alive"
+    assert_group_gone(run.pid)
 
 
 PAUSING_ETL = """\
@@ -230,26 +244,53 @@ def test_ctrl_c_in_each_phase(tmp_path: Path, phase: str) -> None:
         text=True,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 60
-    while not mark.exists():
-        assert run.poll() is None and time.monotonic() < deadline, run.communicate()
-        time.sleep(0.02)
-    os.killpg(run.pid, signal.SIGINT)
-    _, stderr = run.communicate(timeout=60)
-    assert run.returncode == 130, stderr
+    stderr = ctrl_c_once(mark, run)
     if phase == "committing":
         assert stderr.strip() == "interrupted: version 2 was committed"
         assert versions(tmp_path) == ["v000001", "v000002"]
     else:
         assert stderr.strip() == "interrupted: nothing committed; the previous version 1 is intact"
         assert versions(tmp_path) == ["v000001"]
-    deadline = time.monotonic() + 10
-    while group_alive(run.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not group_alive(run.pid), "a process of the interrupted run is still alive"
+    assert_group_gone(run.pid)
     audit = etl(tmp_path, "audit", "out")
     stdout, _ = audit.communicate(timeout=120)
     assert audit.returncode == 0 and "leftover" not in stdout, stdout
+
+
+STARTING_WORKER = """\
+import os
+import sys
+import time
+
+if sys.orig_argv[1:3] != ["-m", "etl"]:  # a process the run started, still in Python's start-up
+    open(os.environ["STARTING_MARK"], "a").close()
+    time.sleep(1.5)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("backend", ["loky", "dask"])
+def test_ctrl_c_while_workers_start_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """Ctrl-C reaches the whole group while worker processes are still importing `site`
+    (before any code of ours runs in them: held there by a sitecustomize): one line, exit
+    130, and no worker's 'Fatal Python error' or KeyboardInterrupt on the terminal."""
+    make_source(tmp_path, 12)
+    config = (
+        (tmp_path / "pipeline.yaml")
+        .read_text()
+        .replace("n_jobs: 2", f"n_jobs: 2, backend: {backend}")
+    )
+    (tmp_path / "pipeline.yaml").write_text(config)
+    (tmp_path / "sitecustomize.py").write_text(STARTING_WORKER)
+    mark = tmp_path / "starting"
+    monkeypatch.setenv("STARTING_MARK", str(mark))
+    run = etl(tmp_path, "run", "pipeline.yaml", "-q")
+    stderr = ctrl_c_once(mark, run, timeout=120)
+    assert stderr.strip() == "interrupted: nothing committed; no version existed", stderr
+    assert_group_gone(run.pid)
 
 
 @pytest.mark.slow
@@ -262,10 +303,7 @@ def test_a_second_ctrl_c_stops_at_once_without_damage(tmp_path: Path) -> None:
     os.killpg(run.pid, signal.SIGINT)
     _, stderr = run.communicate(timeout=30)
     assert run.returncode == 130 and "Traceback" not in stderr, stderr
-    deadline = time.monotonic() + 10
-    while group_alive(run.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not group_alive(run.pid), "a process of the interrupted run is still alive"
+    assert_group_gone(run.pid)
     # NOTE: the second signal may land while the first one's clean-up runs, and then ends the
     # process before it is done (see NOTE [signals]): hidden leftovers may stay, for the next
     # run to remove. What must hold is that no version but the first exists.
