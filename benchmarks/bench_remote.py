@@ -131,7 +131,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     import s3fs
 
-    from etl.format.remote import RemoteDataset
+    from etl.storage.store import RemoteDataset
     from loaders import PackedDataset
 
     shape = (args.size, args.size, 3)

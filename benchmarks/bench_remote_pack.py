@@ -68,7 +68,7 @@ def etl_seconds(config: Path, env: dict[str, str]) -> float:
 
 def samples(out: Path | str, cache: Path) -> list[tuple[Any, ...]]:
     from etl.format.manifest import read_manifest
-    from etl.format.remote import RemoteDataset
+    from etl.storage.store import RemoteDataset
 
     if isinstance(out, str):  # a dataset in the bucket: its latest version's files, fetched
         remote = RemoteDataset(out, cache)

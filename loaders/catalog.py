@@ -21,14 +21,14 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from etl.errors import EtlError, SelectionError, ShardError
-from etl.format.cache import BoundedCache
 from etl.format.manifest import read_manifest
 from etl.format.ragged import channels_of, shape_of
-from etl.format.ranged import RangedRows
 from etl.format.rowsums import RowChecksums
 from etl.format.values import SampleValues
 from etl.format.view import VersionView, Where
 from etl.format.views import View
+from etl.storage.cache import BoundedCache
+from etl.storage.ranged import RangedRows
 
 
 def _frozen(array: NDArray[Any]) -> NDArray[Any]:
@@ -58,10 +58,10 @@ class ShardSet:
     """Per shard, its file's bytes (the shards table's)."""
     cache: BoundedCache | None = None
     """For a dataset in object storage read through a byte-limited cache: where each shard
-    is fetched (and held) before it is opened (`etl.format.cache`)."""
+    is fetched (and held) before it is opened (`etl.storage.cache`)."""
     ranged: RangedRows | None = None
     """For a dataset in object storage read with ranged GETs: where rows are read instead of
-    from shard files (`etl.format.ranged`)."""
+    from shard files (`etl.storage.ranged`)."""
     url: str = ""
     """For a dataset in object storage, its URL (`root` is then its mirror in the cache)."""
     row_sums: RowChecksums | None = None

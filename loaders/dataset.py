@@ -20,12 +20,12 @@ import torch
 from numpy.typing import NDArray
 from torch.utils.data import Dataset, get_worker_info
 
-from etl.format.cache import BoundedCache
 from etl.format.names import is_url
-from etl.format.ranged import RangedRows
-from etl.format.remote import STORE_TIMEOUT, RemoteDataset
 from etl.format.sizes import parse_byte_size
 from etl.format.views import View
+from etl.storage.cache import BoundedCache
+from etl.storage.ranged import RangedRows
+from etl.storage.store import STORE_TIMEOUT, RemoteDataset
 from loaders.batches import SIZE_COLUMNS, AnyBatch, BatchMemory, Samples, make_batch
 from loaders.catalog import Selection, Where, open_catalog
 from loaders.reader import ShardReader, batch_reads
@@ -118,14 +118,14 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
 
         `path` may be a URL (`s3://bucket/ds`): the version and the shards the selection reads
         are fetched into `cache_dir` (default `$ETL_CACHE`, else ~/.cache/etl-memmap), each
-        verified, and read from there (`etl.format.remote`); `storage_options` go to fsspec
+        verified, and read from there (`etl.storage.store`); `storage_options` go to fsspec
         (endpoint, credentials); one call to the store that takes longer than `store_timeout`
         seconds is an error naming what it fetched. Without `cache_limit` every shard the
         selection reads is fetched at open and kept; with one (bytes, or '20GiB'), shards are
         fetched as the loader's order needs them, ahead of it, and removed to stay within the
-        limit, which every process using the cache folder shares (`etl.format.cache`). With
+        limit, which every process using the cache folder shares (`etl.storage.cache`). With
         `ranged=True` no shard is fetched: each batch's rows are read with ranged GETs and
-        verified one by one (`etl.format.ranged`), for a selection that reads few rows of
+        verified one by one (`etl.storage.ranged`), for a selection that reads few rows of
         each shard.
         """
         view = path if isinstance(path, View) else None

@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from etl.errors import EtlError
-from etl.format.cache import BoundedCache
+from etl.storage.cache import BoundedCache
 from loaders.batches import BatchMemory, SharedRing
 from loaders.buckets import AspectBuckets
 from loaders.dataset import PackedDataset, collate_batch

@@ -242,7 +242,7 @@ class ShardReader:
 
     def _checked_path(self, shard: int) -> Path:
         """The path of shard `shard`, its checksum verified first when `verify` is on; from a
-        bounded cache, held and fetched first (NOTE [ bounded cache ] in etl.format.cache)."""
+        bounded cache, held and fetched first (NOTE [ bounded cache ] in etl.storage.cache)."""
         cache = self.shards.cache
         if cache is not None:
             cache.acquire([shard])  # a no-op for the shards of a batch `_let_go` acquired

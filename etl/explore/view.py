@@ -37,9 +37,9 @@ from etl.explore.reject_sheet import reject_cells
 from etl.format.manifest import Manifest, list_versions, read_manifest
 from etl.format.names import is_url
 from etl.format.ragged import place_of, stored_sample
-from etl.format.remote import RemoteDataset
 from etl.format.shards import open_shard
 from etl.format.view import VersionView, Where
+from etl.storage.store import RemoteDataset
 
 if TYPE_CHECKING:
     # NOTE: pydantic costs 0.25 s to import; only rejects need it
@@ -60,7 +60,7 @@ def open_dataset(
 ) -> Dataset:
     """Open a dataset folder, a version folder or a manifest.arrow file, read-only; or a
     dataset in object storage (`s3://bucket/ds`), through a local mirror in `cache_dir`
-    (`etl.format.remote`: the version's files now, each shard verified when first read).
+    (`etl.storage.store`: the version's files now, each shard verified when first read).
 
     The latest version unless `version` pins one; `ManifestError` if there is none or the
     manifest is not coherent (an unknown format version, a shard path outside the dataset, ...).

@@ -93,7 +93,7 @@ def check_record(folder: Path, version: int, files: tuple[str, ...]) -> list[str
 FILES_AT = "files_at"
 """A record key set by a version published to object storage: the hidden folder, beside the
 version's own, that holds its other files (NOTE [ publishing to a store ] in
-etl.format.publish). Sealed with the rest; local readers ignore it."""
+etl.storage.publish). Sealed with the rest; local readers ignore it."""
 
 
 def relocated(folder: Path, files_at: str) -> bytes:

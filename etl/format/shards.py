@@ -63,7 +63,7 @@ def shard_name(version: int, index: int, writer: str = "") -> str:
 
     `writer` (8 hex digits) tags the shards of one attempt to publish to object storage,
     'shards/v000003-1f2e3d4c-00012.npy': two writers racing for the same version there never
-    write the same object (NOTE [ publishing to a store ] in etl.format.publish)."""
+    write the same object (NOTE [ publishing to a store ] in etl.storage.publish)."""
     if writer and not WRITER_TAG.match(writer):
         raise ValueError(f"writer tag {writer!r} is not 8 hex digits")
     tag = f"{writer}-" if writer else ""

@@ -1,6 +1,6 @@
 """`etl compact` on a dataset in object storage: the local policy, published as a run publishes.
 
-A store has no rename and no lock (NOTE [ publishing to a store ] in etl.format.publish), so
+A store has no rename and no lock (NOTE [ publishing to a store ] in etl.storage.publish), so
 the order of the steps is what keeps every reader and writer safe, and every step safe to kill:
 
 1. In the run's work folder, under its lock (`etl.run.to_store`): the latest version's files
@@ -36,9 +36,7 @@ from etl.format.manifest import (
     version_name,
     version_number,
 )
-from etl.format.publish import sweep
 from etl.format.record import FILES_AT, RECORD_FILE
-from etl.format.remote import RemoteDataset, staging_name_of, why
 from etl.format.shards import SHARDS_DIR, shard_version
 from etl.maintenance.housekeeping import (
     CompactReport,
@@ -50,6 +48,8 @@ from etl.maintenance.housekeeping import (
 )
 from etl.progress import Progress
 from etl.run.to_store import empty_work, finish_killed_attempt, publish_from_work, work_folder
+from etl.storage.publish import sweep
+from etl.storage.store import RemoteDataset, staging_name_of, why
 
 
 def compact_store(

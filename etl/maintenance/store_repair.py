@@ -17,11 +17,11 @@ from pathlib import Path
 from etl.config import Backend, PipelineConfig
 from etl.errors import EtlError
 from etl.format.lock import DatasetLock
-from etl.format.remote import RemoteDataset
 from etl.maintenance.audit.report import AuditReport
 from etl.maintenance.repair import RepairReport, repair
 from etl.progress import Progress
 from etl.run.to_store import empty_work, finish_killed_attempt, publish_from_work, work_folder
+from etl.storage.store import RemoteDataset
 
 
 def repair_in_store(

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 from etl.format.columns import ascending, bisect_right, bool_mask, positions_in, sorted_by
 from etl.format.manifest import Manifest, list_versions, read_manifest, resolve
 from etl.format.names import is_url
-from etl.format.remote import RemoteDataset
+from etl.storage.store import RemoteDataset
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ def readable(
     """The local folder to read versions `numbers` (None: every committed one) of `dataset`
     from, and those numbers: the dataset's own folder, or for a dataset in object storage
     (`s3://...`) its mirror in `cache_dir`, with those versions fetched
-    (`etl.format.remote`)."""
+    (`etl.storage.store`)."""
     if isinstance(dataset, str) and is_url(dataset):
         remote = RemoteDataset(dataset, cache_dir)
         wanted = list(numbers) if numbers is not None else remote.versions()

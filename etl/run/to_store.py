@@ -1,9 +1,9 @@
 """`etl run` with output.dir in object storage: pack in a local work folder, then publish.
 
-The work folder, `<cache>/writing/<key>/` (the cache of `etl.format.remote`), holds a local
+The work folder, `<cache>/writing/<key>/` (the cache of `etl.storage.store`), holds a local
 dataset folder, `dataset/`, with the files of the store's latest version (none of its shards: a
 run reads no shard of the version it builds on) and what this run packs; and, while it
-publishes, the attempt file (`etl.format.publish`). A run:
+publishes, the attempt file (`etl.storage.publish`). A run:
 
 1. takes the work folder's lock (one writer per node and dataset; other nodes are kept out by
    the record's conditional put, NOTE [ publishing to a store ]);
@@ -28,11 +28,11 @@ from pathlib import Path
 from etl.config import PipelineConfig
 from etl.format.lock import DatasetLock
 from etl.format.manifest import VERSIONS_DIR
-from etl.format.publish import ATTEMPT_FILE, Attempt, forget, publish, sweep
-from etl.format.remote import RemoteDataset, default_cache_dir
 from etl.format.shards import SHARDS_DIR
 from etl.progress import Progress
 from etl.run.report import RunReport
+from etl.storage.publish import ATTEMPT_FILE, Attempt, forget, publish, sweep
+from etl.storage.store import RemoteDataset, default_cache_dir
 
 WORK_DIR = "writing"
 """The work folders' parent under the cache folder."""

@@ -469,7 +469,7 @@ def mirrored(base: Base, endpoint: str) -> Iterator[tuple[Mirror, Driver]]:
     """The packed dataset in a bucket of moto's server on 127.0.0.1, a cache folder that holds
     its mirror (as a training node's does after one epoch), and readers pointed at the store."""
     s3fs = pytest.importorskip("s3fs")
-    from etl.format.remote import RemoteDataset
+    from etl.storage.store import RemoteDataset
     from loaders import PackedDataset
     from tests.helpers.stores import new_bucket
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from etl.errors import ManifestError, ShardError
-from etl.format.remote import RemoteDataset
+from etl.storage.store import RemoteDataset
 from loaders import PackedDataset, PackedStream, View, make_loader, stream_loader
 from tests.helpers.packed import Packed, make_packed
 from tests.helpers.stores import new_bucket, silent_endpoint

@@ -20,7 +20,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from etl.errors import ShardError
-from etl.format.remote import RemoteDataset
+from etl.storage.store import RemoteDataset
 from loaders import PackedDataset, PackedStream, make_loader, stream_loader
 from tests.helpers.packed import Packed, make_packed
 from tests.helpers.stores import new_bucket

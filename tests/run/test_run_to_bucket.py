@@ -21,9 +21,9 @@ from PIL import Image
 
 from etl.config import load_config
 from etl.errors import ConfigError
-from etl.format import publish as publishing
 from etl.run import pipeline, to_store
 from etl.start.sample_data import make_sample_data
+from etl.storage import publish as publishing
 from tests.helpers.cli import cli
 from tests.helpers.stores import faulty_proxy, packed_contents, point_at, stored_in_bucket
 

@@ -53,7 +53,6 @@ from etl.format.manifest import (
     version_dir,
 )
 from etl.format.names import is_url
-from etl.format.remote import RemoteDataset, default_cache_dir
 from etl.maintenance.audit.dataset import (
     check_dataset,
     check_manifest,
@@ -76,6 +75,7 @@ from etl.maintenance.audit.shards import verify_shards
 from etl.maintenance.audit.sources import verify_records, verify_sources
 from etl.progress import Progress
 from etl.sources.registry import kind_named
+from etl.storage.store import RemoteDataset, default_cache_dir
 
 __all__ = [
     "ERROR",

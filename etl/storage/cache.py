@@ -1,7 +1,7 @@
 """A byte limit on the shards of a remote dataset's cache, shared by every process of a node.
 
 `PackedDataset.open("s3://...", cache_limit="20GiB")` reads through a `BoundedCache` instead of
-fetching every shard at open: a shard is downloaded (and verified, `etl.format.remote`) when a
+fetching every shard at open: a shard is downloaded (and verified, `etl.storage.store`) when a
 reader needs it, or earlier by the loader's fetch-ahead thread, and shards are removed to stay
 within the limit.
 
@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from etl.errors import ShardError
-from etl.format.remote import DOWNLOADS, TMP_PREFIX, RemoteDataset, locked
 from etl.format.shards import SHARDS_DIR
+from etl.storage.store import DOWNLOADS, TMP_PREFIX, RemoteDataset, locked
 
 ROOM_LOCK = ".room.lock"
 USE_SUFFIX = ".use"

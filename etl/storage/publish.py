@@ -37,7 +37,9 @@ from etl.errors import EtlError, LockError, OutputError
 from etl.format.checksums import TAMPER_DIGEST
 from etl.format.manifest import RECORDED_FILES, VERSIONS_DIR, read_manifest, version_name
 from etl.format.record import FILES_AT, RECORD_FILE, relocated
-from etl.format.remote import (
+from etl.format.shards import SHARDS_DIR, WRITER_TAG, shard_version
+from etl.progress import Progress
+from etl.storage.store import (
     DOWNLOAD_CHUNK,
     DOWNLOADS,
     RemoteDataset,
@@ -45,8 +47,6 @@ from etl.format.remote import (
     staging_name_of,
     why,
 )
-from etl.format.shards import SHARDS_DIR, WRITER_TAG, shard_version
-from etl.progress import Progress
 
 ATTEMPT_FILE = "attempt.json"
 """In a run's work folder while it publishes: the version and writer tag of what it uploads."""

@@ -22,9 +22,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from etl.errors import ShardError
-from etl.format.remote import RemoteDataset, why
 from etl.format.rowsums import RowChecksums, mismatch
 from etl.format.shards import HEADER_BYTES
+from etl.storage.store import RemoteDataset, why
 
 
 class RangedRows:
