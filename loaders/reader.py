@@ -6,12 +6,8 @@ does not match the shards table (`ShardError`, naming the path). Nothing here is
 processes: a pickled reader carries only the shard table and reopens what it needs.
 """
 
-from __future__ import annotations
-
-import mmap
-import os
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -21,140 +17,20 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from etl.errors import ShardError
-from etl.format.checksums import digest, file_digests
-from etl.format.ragged import shape_of
 from etl.format.rowsums import mismatch
-from etl.format.shards import HEADER_BYTES, check_shard, open_shard
+from etl.format.shards import check_shard, open_shard
 from loaders.batches import SIZE_COLUMNS, Columns
 from loaders.catalog import Selection, ShardSet
-from loaders.span import SUPPORTED, ShardSpan, no_readahead, resident, runs
-
-_PAGE = mmap.PAGESIZE
-
-CHECK_BYTES = 512 << 10
-"""Rows copied at a time when each is hashed after its copy (`ShardReader._take_checked`).
-
-NOTE [ verify once ]: the default open checks each row the first time any process of the
-loader reads it (`verify="once"`). Hashing a whole batch after copying it reads it back from
-memory: 0.67x the samples/s of the copy alone (224x224x3 rows, batches of 256, page-cached,
-2-core VM). Hashing each few rows while the copy left them in the CPU's cache: 0.83x. Half a
-MB stays within a core's L2 cache on current x86 and ARM servers; after the first epoch a
-batch costs its rows' flags only."""
-
-_VERIFIED: set[tuple[str, int, int, int, str, str]] = set()
-"""Shards whose checksum this process (or the parent it forked from) has checked.
-
-NOTE [ verify once per process ]: keyed by (path, inode, size, mtime, algorithm, expected digest),
-so a replaced file is checked again while a reopened or re-pickled reader is not. A forked worker
-inherits the parent's entries, which stay true for the same unchanged file.
-"""
-
-
-def verify_shard(path: os.PathLike[str] | str, algorithm: str, expected: str) -> None:
-    """Hash a whole shard file and compare with the manifest; at most once per process per file."""
-    stat = os.stat(path)
-    key = (os.fspath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, algorithm, expected)
-    if key in _VERIFIED:
-        return
-    (actual,) = file_digests(path, (algorithm,))  # type: ignore[arg-type]
-    if actual != expected:
-        raise ShardError(
-            f"{path}: {algorithm} checksum {actual} does not match the manifest's {expected}; "
-            "the shard changed after packing (repack it, or audit the dataset)"
-        )
-    _VERIFIED.add(key)
-
-
-_PROBED: set[tuple[str, int, int, int, int, str]] = set()
-"""Shards whose probe row this process has checked, keyed as `_VERIFIED` is."""
-
-
-def probe_shard(
-    path: Path, offset: int, at: int, row_bytes: int, row: int, algorithm: str, expected: str
-) -> None:
-    """Check that row `row` of the shard at `path` (its `row_bytes` bytes `at` bytes into the
-    data, which starts at `offset`) is the sample whose checksum the manifest records as
-    `expected`; once per process per unchanged file.
-
-    NOTE [ probe ]: a header and a size say a file has the right shape, not that it holds
-    the right samples: a shard swapped with another of the same shape (a careless copy, a
-    rename) passed both and was read as if it were the right one. One row's checksum, read
-    at open, tells. It costs one row's read and hash per shard a process opens; `verify=True`
-    hashes whole shards, which also catches a byte changed anywhere (and `etl audit` does).
-    The row is read without readahead and dropped from the page cache after, so what the
-    loader caches stays what it reads (the `readahead` and `drop_behind` tests count pages).
-    """
-    stat = os.stat(path)
-    key = (os.fspath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, row, expected)
-    if key in _PROBED:
-        return
-    start = offset + at
-    with open(path, "rb", buffering=0) as f:
-        fadvise = getattr(os, "posix_fadvise", None)
-        if fadvise is not None:  # no readahead around the row
-            fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
-        data = os.pread(f.fileno(), row_bytes, start)
-        if fadvise is not None:  # and the page cache as the loader's own reads leave it
-            first = start - start % _PAGE
-            fadvise(f.fileno(), first, start + row_bytes - first, os.POSIX_FADV_DONTNEED)
-    actual = digest(data, algorithm)
-    if actual != expected:
-        raise ShardError(
-            f"{path}: row {row} is not the sample the manifest stores there ({algorithm} "
-            f"{actual}, the manifest's {expected}): the file was replaced or changed"
-        )
-    _PROBED.add(key)
-
-
-def advise_file(path: Path, advice: str, ranges: Iterable[tuple[int, int]] = ((0, 0),)) -> None:
-    """`posix_fadvise` of the file at `path`, of the whole file or of (offset, length) `ranges`:
-    'WILLNEED' (read it ahead) or 'DONTNEED' (drop its clean, unmapped pages from the page
-    cache). Advice only: where it cannot be given (a file that cannot be opened, which reading
-    it names; no posix_fadvise, as on macOS), nothing happens."""
-    fadvise, flag = getattr(os, "posix_fadvise", None), getattr(os, f"POSIX_FADV_{advice}", None)
-    if fadvise is None or flag is None:
-        return
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        for offset, length in ranges:
-            fadvise(fd, offset, length, flag)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def row_pages(rows: NDArray[np.int64], row_bytes: int, header: int) -> list[tuple[int, int]]:
-    """(offset, length) of the whole pages holding `rows` of a file whose rows of `row_bytes`
-    start after `header` bytes: one range per run of consecutive rows, widened to page bounds
-    (the kernel drops whole pages only, so a narrower range would leave each run's edge pages
-    behind; a neighbour row that shares one is faulted in again, one page).
-
-    NOTE [ large folios ]: the kernel keeps a cached folio (a block of pages, up to the
-    readahead size on ext4 since Linux 6.16) that the range covers only in part. Folios read in
-    by mmap faults and MADV_WILLNEED, as the reader's are, are small; a file first read with
-    buffered `read` (np.load, cp) may keep a run's edge folios cached.
-    """
-    firsts, lasts = runs(rows)
-    return byte_pages(header + firsts * row_bytes, header + (lasts + 1) * row_bytes)
-
-
-def byte_pages(starts: NDArray[np.int64], ends: NDArray[np.int64]) -> list[tuple[int, int]]:
-    """(offset, length) of the whole pages holding bytes [starts[i], ends[i]) of a file, in
-    order, overlapping or touching ranges merged (`row_pages`; samples of their own size)."""
-    if not len(starts):
-        return []
-    order = np.argsort(starts, kind="stable")
-    first = starts[order] - starts[order] % _PAGE
-    last = ends[order] + -ends[order] % _PAGE
-    reach = np.maximum.accumulate(last)
-    begins = np.r_[True, first[1:] > reach[:-1]]
-    merged_starts = first[begins]
-    merged_ends = reach[np.r_[np.flatnonzero(begins)[1:] - 1, len(reach) - 1]]
-    return list(zip(merged_starts.tolist(), (merged_ends - merged_starts).tolist(), strict=True))
+from loaders.page_cache import advise_places, drop_read
+from loaders.ragged_rows import (
+    back_to_back_bytes,
+    batch_writer,
+    copy_ragged,
+    padded_shape,
+    places_resident,
+)
+from loaders.shard_checks import probe_shard, take_checked, verify_shard
+from loaders.span import SUPPORTED, ShardSpan, copy_rows, no_readahead
 
 
 class ShardReader:
@@ -315,17 +191,8 @@ class ShardReader:
         A 1-d `out` (`back_to_back_bytes` long) takes the samples back to back instead, each
         in the stored layout: what `DeviceLoader` asks for (see `loaders.ragged`)."""
         shard, row = self._checked_rows(shard_idx, rows)
-        hwc = layout == "HWC"
-        pixels = places[:, 1] * places[:, 2]
-        if out.ndim == 1:  # back to back: as many channels as the bytes hold
-            channels = out.size // max(int(pixels.sum()), 1)
-            if channels * int(pixels.sum()) != out.size:
-                raise ValueError(f"{out.size} bytes do not hold samples of {pixels.sum()} pixels")
-            put = partial(_put_flat, out, np.cumsum(pixels * channels).tolist())
-        else:
-            channels = out.shape[3] if hwc else out.shape[1]
-            put = partial(_place, out, channels=channels, hwc=hwc)
-        sizes = pixels * channels
+        put, channels = batch_writer(out, places, layout)
+        sizes = places[:, 1] * places[:, 2] * channels
         if self.shards.ranged is not None:  # no file: verified as they arrive
             fetched = self.shards.ranged.read_spans(shard, row, places[:, 0], sizes)
             for j, data in enumerate(fetched):
@@ -335,41 +202,13 @@ class ShardReader:
             self._let_go(shard)
             for s in set(shard.tolist()).difference(self._flat):
                 self._open(s)
-            arrays = self._arrays  # each shard one flat array
-            if self.drop_behind or (self.readahead and not self._places_resident(shard, places)):
+            resident = self.readahead and places_resident(self._arrays, shard, places)
+            if self.drop_behind or (self.readahead and not resident):
                 self.prefetch_places(shard, places, channels)
-            sums, seen = self.shards.row_sums, self.shards.seen()
-            hashed = np.zeros(len(row), dtype=bool)  # rows checked as they are copied
-            at = np.zeros(len(row), dtype=np.int64)
-            if sums is not None:
-                at, todo = sums.unchecked(shard, row, seen)
-                hashed[todo] = True
-            for j, (s, (offset, height, width)) in enumerate(
-                zip(shard.tolist(), places.tolist(), strict=True)
-            ):
-                size = height * width * channels
-                data = arrays[s][offset : offset + size]
-                if len(data) != size:
-                    raise self.shards.unreadable(s, ShardError(f"row {row[j]} runs past its end"))
-                put(j, data, height, width)
-                if sums is not None and hashed[j] and not sums.matches(int(at[j]), data):
-                    raise self.shards.unreadable(s, mismatch(self.shards.path(s), int(row[j])))
-            if seen is not None and hashed.any():
-                seen[at[hashed]] = True
+            copy_ragged(self._arrays, self.shards, shard, row, places, put, channels)
             starts = places[:, 0]
             self._count(int(sizes.sum()), shard, starts, starts + sizes)
             self._let_go(())
-
-    def _places_resident(self, shard: NDArray[np.int64], places: NDArray[np.int64]) -> bool:
-        """Whether the first page of up to 4 samples spread over a batch of samples of their
-        own size is in memory: the probe `_advise` makes of fixed-size rows, so a DataLoader
-        worker's cold batch is read ahead all at once, a cached one costs 4 `mincore` calls."""
-        picked = np.arange(0, len(shard), -(-len(shard) // 4) or 1)
-        bases = {s: self._arrays[s].ctypes.data for s in np.unique(shard[picked]).tolist()}
-        starts = [bases[s] + offset for s, offset in zip(
-            shard[picked].tolist(), places[picked, 0].tolist(), strict=True
-        )]  # fmt: skip
-        return resident(np.asarray(starts, dtype=np.int64))
 
     def _let_go(self, keep: ArrayLike) -> None:
         """From a bounded cache, close every shard but those of `keep` (the batch about to be
@@ -416,29 +255,8 @@ class ShardReader:
                 for shard in cache.held():
                     cache.release(shard)
             if self._read:
-                self._drop(*map(np.concatenate, zip(*self._read, strict=True)))
+                drop_read(self.shards, *map(np.concatenate, zip(*self._read, strict=True)))
                 self._read.clear()
-
-    def _drop(
-        self, shards: NDArray[np.int64], starts: NDArray[np.int64], ends: NDArray[np.int64]
-    ) -> None:
-        """Drop the pages of these bytes of the shards' data (not whole shards) from the page
-        cache: samples not read yet stay, whether readahead or another worker brought them in."""
-        order = np.argsort(shards, kind="stable")
-        shards, starts, ends = shards[order], starts[order], ends[order]
-        cut = np.flatnonzero(np.diff(shards)) + 1
-        for shard, first, last in zip(
-            shards[np.r_[0, cut]].tolist(), np.split(starts, cut), np.split(ends, cut), strict=True
-        ):
-            path = self.shards.path(shard)
-            header = HEADER_BYTES  # samples of their own size: a flat array, its header fixed
-            if not self.shards.ragged:
-                try:
-                    size = path.stat().st_size
-                except OSError:
-                    continue  # gone: nothing of it to drop, and the next read names it
-                header = size - int(self.shards.rows[shard]) * self.sample_bytes
-            advise_file(path, "DONTNEED", byte_pages(header + first, header + last))
 
     def close(self, shard: int) -> None:
         """Drop one shard's mapping (its pages leave this process's RSS; the page cache keeps
@@ -521,7 +339,9 @@ class ShardReader:
                 if self.shards.row_sums is None:
                     span.take(span_rows, out)
                 else:
-                    bad = self._take_checked(span, span_rows, shard, row, out)
+                    bad = take_checked(
+                        span, span_rows, self.shards.row_sums, self.shards.seen(), shard, row, out
+                    )
             else:
                 self._gather_rows(shard, row, out)
             self._count_rows(shard, row)
@@ -531,39 +351,6 @@ class ShardReader:
         elif bad is not None:
             s = int(shard[bad])
             raise self.shards.unreadable(s, mismatch(self.shards.path(s), int(row[bad])))
-
-    def _take_checked(
-        self,
-        span: ShardSpan,
-        span_rows: NDArray[np.int64],
-        shard: NDArray[np.int64],
-        row: NDArray[np.int64],
-        out: NDArray[np.uint8],
-    ) -> int | None:
-        """`span.take` with each row to check (`verify="rows"` or "once") hashed right after
-        its copy, a few hundred KB at a time while they are in the CPU's cache: 0.83x the
-        unchecked copy where hashing the whole batch after it was 0.67x (NOTE [ verify
-        once ]). The position of the first row that does not match, else None."""
-        sums = self.shards.row_sums
-        assert sums is not None
-        seen = self.shards.seen()
-        at, todo = sums.unchecked(shard, row, seen)
-        if not len(todo):
-            span.take(span_rows, out)
-            return None
-        hashed = np.zeros(len(row), dtype=bool)
-        hashed[todo] = True
-        flat = out.reshape(len(row), -1)
-        step = max(1, CHECK_BYTES // max(self.sample_bytes, 1))
-        for begin in range(0, len(row), step):
-            end = begin + step
-            span.take(span_rows[begin:end], flat[begin:end])
-            for j in np.flatnonzero(hashed[begin:end]).tolist():
-                if not sums.matches(int(at[begin + j]), flat[begin + j]):
-                    return begin + j
-        if seen is not None:
-            seen[at[todo]] = True
-        return None
 
     def _check_rows(
         self, shard: NDArray[np.int64], row: NDArray[np.int64], out: NDArray[np.uint8]
@@ -610,13 +397,7 @@ class ShardReader:
             return
         if self.shards.cache is not None or self.shards.ranged is not None:
             return  # as `prefetch`'s
-        shard = np.asarray(shard_idx, dtype=np.int64)
-        starts = HEADER_BYTES + places[:, 0]
-        lengths = places[:, 1] * places[:, 2] * channels
-        for s in np.unique(shard).tolist():
-            mine = shard == s
-            ranges = zip(starts[mine].tolist(), lengths[mine].tolist(), strict=True)
-            advise_file(self.shards.path(s), "WILLNEED", ranges)
+        advise_places(self.shards, np.asarray(shard_idx, dtype=np.int64), places, channels)
 
     def _checked_rows(
         self, shard_idx: NDArray[np.integer], rows: NDArray[np.integer]
@@ -639,61 +420,9 @@ class ShardReader:
         self, shard: NDArray[np.int64], row: NDArray[np.int64], out: NDArray[np.uint8]
     ) -> None:
         """`gather` with one slice copy per row (or per run of consecutive rows)."""
-        n, size = len(row), self.sample_bytes
-        shards = shard.tolist()
-        for s in set(shards).difference(self._flat):
+        for s in set(shard.tolist()).difference(self._flat):
             self._open(s)
-        flat = self._flat
-        dest = out.reshape(-1).data
-        cut = np.flatnonzero((shard[1:] != shard[:-1]) | (row[1:] != row[:-1] + 1)) + 1
-        if len(cut) == n - 1:  # random order: one copy per row
-            offset = 0
-            for s, start in zip(shards, (row * size).tolist(), strict=True):
-                dest[offset : offset + size] = flat[s][start : start + size]
-                offset += size
-        else:
-            first = np.concatenate([[0], cut])
-            lengths = np.diff(np.append(first, n)) * size
-            for s, start, offset, length in zip(
-                shard[first].tolist(),
-                (row[first] * size).tolist(),
-                (first * size).tolist(),
-                lengths.tolist(),
-                strict=True,
-            ):
-                dest[offset : offset + length] = flat[s][start : start + length]
-
-
-def _place(
-    out: NDArray[np.uint8],
-    j: int,
-    data: NDArray[np.uint8],
-    height: int,
-    width: int,
-    *,
-    channels: int,
-    hwc: bool,
-) -> None:
-    """Sample `data` (flat, `height` x `width` x `channels` in the stored layout) into the
-    top-left corner of out[j], the rest of out[j] zeros.
-
-    NOTE: only the padding is zeroed, not the whole batch: a batch padded to 512x512 is mostly
-    its samples, and filling it first wrote it twice."""
-    if hwc:
-        out[j, :height, :width] = data.reshape(height, width, channels)
-        out[j, height:] = 0
-        out[j, :height, width:] = 0
-    else:
-        out[j, :, :height, :width] = data.reshape(channels, height, width)
-        out[j, :, height:] = 0
-        out[j, :, :height, width:] = 0
-
-
-def _put_flat(
-    out: NDArray[np.uint8], ends: list[int], j: int, data: NDArray[np.uint8], *_: int
-) -> None:
-    """Sample `data` (flat) into 1-d `out` as the j-th of samples back to back ending at `ends`."""
-    out[ends[j] - data.size : ends[j]] = data
+        copy_rows(self._flat, shard, row, out, self.sample_bytes)
 
 
 def batch_reads(
@@ -718,17 +447,3 @@ def batch_reads(
     read = partial(reader.gather_ragged, shard_idx, rows, places, sel.layout)
     sizes = {SIZE_COLUMNS[0]: places[:, 1].copy(), SIZE_COLUMNS[1]: places[:, 2].copy()}
     return shape, read, {**(columns or {}), **sizes}
-
-
-def back_to_back_bytes(places: NDArray[np.int64], channels: int) -> int:
-    """Bytes of samples at `places` (offset, height, width) stored one after another."""
-    return int((places[:, 1] * places[:, 2]).sum()) * channels
-
-
-def padded_shape(
-    count: int, places: NDArray[np.int64], channels: int, layout: str
-) -> tuple[int, ...]:
-    """The shape of a batch of `count` samples that keep their aspect ratio, padded to the
-    largest height and width among their `places` (offset, height, width)."""
-    height, width = (int(places[:, k].max(initial=1)) for k in (1, 2))
-    return (count, *shape_of(height, width, channels, layout))

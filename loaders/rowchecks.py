@@ -1,6 +1,6 @@
 """Which rows a loader checks against the checksums the manifest recorded for their samples,
 and where those checksums live: the default open checks each row the first time any process
-of the loader reads it (`verify="once"`, NOTE [ verify once ] in `loaders.reader`), so a
+of the loader reads it (`verify="once"`, NOTE [ verify once ] in `loaders.shard_checks`), so a
 changed byte in a shard is an error naming its shard and row, never a wrong sample."""
 
 from __future__ import annotations

@@ -262,3 +262,34 @@ class ShardSpan:
         self._array = None
         self.mapped[:] = False
         self._close()
+
+
+def copy_rows(
+    flat: dict[int, memoryview],
+    shard: NDArray[np.int64],
+    row: NDArray[np.int64],
+    out: NDArray[np.uint8],
+    size: int,
+) -> None:
+    """Rows (shard[j], row[j]) of `size` bytes from each shard's flat map into out[j], without
+    a span: one slice copy per row, or per run of rows consecutive both in a shard and in
+    `out` (NOTE [ why a span ] for what that costs)."""
+    n, shards = len(row), shard.tolist()
+    dest = out.reshape(-1).data
+    cut = np.flatnonzero((shard[1:] != shard[:-1]) | (row[1:] != row[:-1] + 1)) + 1
+    if len(cut) == n - 1:  # random order: one copy per row
+        offset = 0
+        for s, start in zip(shards, (row * size).tolist(), strict=True):
+            dest[offset : offset + size] = flat[s][start : start + size]
+            offset += size
+    else:
+        first = np.concatenate([[0], cut])
+        lengths = np.diff(np.append(first, n)) * size
+        for s, start, offset, length in zip(
+            shard[first].tolist(),
+            (row[first] * size).tolist(),
+            (first * size).tolist(),
+            lengths.tolist(),
+            strict=True,
+        ):
+            dest[offset : offset + length] = flat[s][start : start + length]

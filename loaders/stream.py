@@ -31,7 +31,8 @@ from loaders.batches import AnyBatch, BatchMemory
 from loaders.catalog import Selection
 from loaders.dist import rank_and_world
 from loaders.orders import Order, seeded_rng
-from loaders.reader import ShardReader, advise_file, batch_reads
+from loaders.page_cache import advise_file
+from loaders.reader import ShardReader, batch_reads
 from loaders.rowchecks import Verify, as_verified
 
 

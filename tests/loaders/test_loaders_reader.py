@@ -16,7 +16,8 @@ import loaders.reader
 from etl.errors import ShardError
 from loaders import open_catalog
 from loaders.catalog import ShardSet
-from loaders.reader import ShardReader, advise_file, byte_pages, row_pages
+from loaders.page_cache import advise_file, byte_pages, row_pages
+from loaders.reader import ShardReader
 from tests.helpers.packed import Packed
 from tests.helpers.page_cache import (
     cached_fraction,
