@@ -28,11 +28,12 @@ from loaders.dataset import PackedDataset
 from loaders.device import DeviceLoader
 from loaders.factories import make_loader, stream_loader
 from loaders.loader import PackedLoader
-from loaders.mixture import Mixture, MixtureSampler
+from loaders.mixture import Mixture
 from loaders.ragged import RaggedImages
 from loaders.samplers import (
     BlockShuffleSampler,
     ClassBalancedSampler,
+    MixtureSampler,
     OrderSampler,
     ShuffleSampler,
 )

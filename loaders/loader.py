@@ -35,10 +35,10 @@ from etl.storage.cache import BoundedCache
 from loaders.batches import BatchMemory, SharedRing
 from loaders.buckets import AspectBuckets
 from loaders.dataset import PackedDataset, collate_batch
-from loaders.mixture import Mixture, MixtureSampler
+from loaders.mixture import Mixture
 from loaders.named_orders import OrderOptions, named_order, order_of, order_seed
 from loaders.resume import State, check_state
-from loaders.samplers import OrderSampler
+from loaders.samplers import MixtureSampler, OrderSampler
 from loaders.stream import PackedStream
 
 

@@ -8,7 +8,7 @@ torch.distributed unless given. State is plain ints and strings (see `loaders.re
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,6 +16,7 @@ from numpy.typing import NDArray
 from torch.utils.data import DistributedSampler
 
 from loaders.dist import rank_and_world
+from loaders.mixture_orders import Anchor, MixtureOrder, Schedule
 from loaders.orders import (
     Order,
     balanced_order,
@@ -296,3 +297,87 @@ class ClassBalancedSampler(OrderSampler):
 
     def describe(self) -> str:
         return f"balanced(n={len(self.labels)}, num_samples={self.epoch_samples})"
+
+
+class MixtureSampler(OrderSampler):
+    """The order of a `Mixture` (NOTE [ mixture order ]): distributed, epoch-aware and resumable
+    as every order sampler here. Its state also records where each member's stream stands, so
+    a run resumed with other weights, a changed schedule or members appended at the end goes
+    on from there: no sample of a member's epoch is repeated or skipped because of it."""
+
+    def __init__(
+        self,
+        sizes: Sequence[int],
+        schedule: Schedule,
+        samples_per_epoch: int,
+        batch_size: int,
+        replacement: bool = False,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        members: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(seed, rank, world_size, drop_last)
+        self.sizes = tuple(int(s) for s in sizes)
+        self.members = members if members else tuple(f"size {n}" for n in self.sizes)
+        """What a state must find again of each member (version, selection): a prefix."""
+        self.samples_per_epoch = int(samples_per_epoch)
+        self.replacement = bool(replacement)
+        self.mix = MixtureOrder(
+            self.sizes, schedule, samples_per_epoch, batch_size * self.world_size, self.seed,
+            replacement,
+        )  # fmt: skip
+
+    def global_length(self) -> int:
+        return self.samples_per_epoch
+
+    def global_order(self, epoch: int) -> Order:
+        return self.mix.order(epoch)
+
+    def describe(self) -> str:
+        return f"mixture(n={self.samples_per_epoch}, replacement={int(self.replacement)})"
+
+    def state_dict(self) -> State:
+        state = super().state_dict()
+        state.update(self.progress(state))
+        return state
+
+    def progress(self, state: Mapping[str, Any]) -> dict[str, int | str]:
+        """What a state adds for a mixture: each member's stream position at the state's
+        global position, and the members' sizes (appending members is allowed, changing one
+        is not)."""
+        at = int(state["start"]) + int(state["position"]) * int(state["world_size"])
+        at = min(at, self.samples_per_epoch)
+        cursors = self.mix.cursors(int(state["epoch"]), at)
+        return {"cursors": ",".join(map(str, cursors.tolist())), "members": ";".join(self.members)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for key in ("cursors", "members"):
+            if key not in state:
+                raise ValueError(f"loader state has no {key!r}: it is not a mixture's state")
+        saved = str(state["members"]).split(";")
+        if saved != list(self.members[: len(saved)]):
+            raise ValueError(
+                f"loader state is for mixture members {saved}, this mixture's are "
+                f"{list(self.members)}: members may be appended, not changed or removed "
+                "(each is its dataset version and selection)"
+            )
+        cursors = _numbers(state, "cursors")
+        if len(cursors) != len(saved):
+            raise ValueError(
+                f"loader state field 'cursors' has {len(cursors)} values for {len(saved)} members"
+            )
+        super().load_state_dict(state)
+        at = int(state["start"]) + int(state["position"]) * int(state["world_size"])
+        padded = (*cursors, *([0] * (len(self.sizes) - len(cursors))))
+        self.mix.anchor = Anchor(int(state["epoch"]), min(at, self.samples_per_epoch), padded)
+        self.mix._starts = {}
+
+
+def _numbers(state: Mapping[str, Any], key: str) -> list[int]:
+    value = state.get(key)
+    try:
+        return [int(v) for v in str(value).split(",")] if value is not None else []
+    except ValueError:
+        raise ValueError(f"loader state field {key!r} is not numbers: {value!r}") from None
