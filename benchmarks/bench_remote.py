@@ -8,8 +8,8 @@ A synthetic dataset of `--samples` random uint8 samples (shards of `--per-shard`
 bucket. Each round measures, in this order:
 - endpoint: plain concurrent GETs (8 threads) of every shard's bytes, no verification, no
   file written: the most any client of this endpoint gets;
-- cold: `PackedDataset.open(url, cache_dir=<empty>)` and one epoch of random batches of 256
-  (download, verify, map, read);
+- cold: `PackedDataset.open(url, store=StoreOptions(cache_dir=<empty>))` and one epoch of
+  random batches of 256 (download, verify, map, read);
 - warm: the same again on the filled cache (no byte from the store);
 - local: the same dataset opened from local disk, one epoch;
 - limit, epoch 1 and 2: `cache_limit` at half the dataset, an empty cache, two epochs of the
@@ -131,7 +131,8 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     import s3fs
 
-    from etl.storage.store import RemoteDataset
+    from etl.storage.location import StoreOptions
+    from etl.storage.store import StoreDataset
     from loaders import PackedDataset
 
     shape = (args.size, args.size, 3)
@@ -160,7 +161,11 @@ def main() -> None:
             shutil.rmtree(cache, ignore_errors=True)
             for name in ("cold", "warm"):
                 start = time.perf_counter()
-                epoch(PackedDataset.open(url, cache_dir=cache, storage_options=options(port)))
+                epoch(
+                    PackedDataset.open(
+                        url, store=StoreOptions(cache_dir=cache, storage_options=options(port))
+                    )
+                )
                 times[name].append(time.perf_counter() - start)
             start = time.perf_counter()
             epoch(PackedDataset.open(local))
@@ -168,13 +173,16 @@ def main() -> None:
             limited = work / "limited"
             shutil.rmtree(limited, ignore_errors=True)
             ds = PackedDataset.open(
-                url, cache_dir=limited, storage_options=options(port), cache_limit=limit
+                url,
+                store=StoreOptions(
+                    cache_dir=limited, storage_options=options(port), cache_limit=limit
+                ),
             )
             first, second = block_epochs(ds, 2)
             times["limit-1"].append(first)
             times["limit-2"].append(second)
             times["local-blocks"].append(block_epochs(PackedDataset.open(local), 1)[0])
-        mirror = RemoteDataset(url, work / "cache").root
+        mirror = StoreDataset(url, work / "cache").root
         for name in PackedDataset.open(local).selection.shards.names:
             if not filecmp.cmp(local / name, mirror / name, shallow=False):
                 raise SystemExit(f"{name}: the cached copy differs from the packed shard")

@@ -68,10 +68,10 @@ def etl_seconds(config: Path, env: dict[str, str]) -> float:
 
 def samples(out: Path | str, cache: Path) -> list[tuple[Any, ...]]:
     from etl.format.manifest import read_manifest
-    from etl.storage.store import RemoteDataset
+    from etl.storage.store import StoreDataset
 
     if isinstance(out, str):  # a dataset in the bucket: its latest version's files, fetched
-        remote = RemoteDataset(out, cache)
+        remote = StoreDataset(out, cache)
         remote.fetch_version(None)
         out = remote.root
     table = read_manifest(out).samples.select(["source", "class_name", "split", "checksum"])

@@ -44,6 +44,20 @@ class ExecutionError(EtlError):
     """The parallel engine failed as a whole (not a single bad image: those become rejects)."""
 
 
+class WorkerDied(ExecutionError):
+    """A worker process died while the engine waited for its results (killed, out of memory):
+    `codes` are the exit codes (or 'killed') the engine learnt, as the error says them."""
+
+    def __init__(self, codes: str) -> None:
+        super().__init__(f"a worker process died ({codes})")
+        self.codes = codes
+
+
+class WorkerError(RuntimeError):
+    """An unexpected failure inside a worker, with the file it was working on: a bug, not a
+    user's mistake, so not an `EtlError` (it keeps its traceback)."""
+
+
 class OutputError(EtlError):
     """The output folder cannot be written: read-only, not permitted, full, or failing."""
 

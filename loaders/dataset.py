@@ -9,10 +9,10 @@ selection's compact arrays travel to worker processes; each worker maps the shar
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -20,16 +20,13 @@ import torch
 from numpy.typing import NDArray
 from torch.utils.data import Dataset, get_worker_info
 
-from etl.format.names import is_url
-from etl.format.sizes import parse_byte_size
+from etl.deprecations import warn_once
 from etl.format.views import View
-from etl.storage.cache import BoundedCache
-from etl.storage.ranged import RangedRows
-from etl.storage.store import STORE_TIMEOUT, RemoteDataset
+from etl.storage.location import StoreOptions, open_location
 from loaders.batches import SIZE_COLUMNS, AnyBatch, BatchMemory, Samples, make_batch
 from loaders.catalog import Selection, Where, open_catalog
 from loaders.reader import ShardReader, batch_reads
-from loaders.rowchecks import Verify, checked_rows, row_checksums
+from loaders.rowchecks import Verify, checked_rows, checks_of, row_checksums
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 
@@ -67,14 +64,16 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         self,
         selection: Selection,
         transform: Transform | None = None,
-        verify: bool = False,
+        verify_shards: bool = False,
         release_every: int | None = None,
         readahead: bool = True,
         drop_behind: bool = False,
     ) -> None:
         self.selection = selection
         self.transform = transform
-        self.reader = ShardReader(selection.shards, verify, release_every, readahead, drop_behind)
+        self.reader = ShardReader(
+            selection.shards, verify_shards, release_every, readahead, drop_behind
+        )
         self.memory = BatchMemory()
         """Where batches are gathered (`make_loader` sets pinning and the workers' ring)."""
         self.with_indices = False
@@ -94,12 +93,9 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         verify_manifest: bool = True,
         readahead: bool = True,
         drop_behind: bool = False,
-        cache_dir: Path | str | None = None,
-        storage_options: Mapping[str, Any] | None = None,
-        store_timeout: float = STORE_TIMEOUT,
-        cache_limit: int | str | None = None,
-        ranged: bool = False,
+        store: StoreOptions | None = None,
         columns: Sequence[str] | None = None,
+        **renamed: Any,
     ) -> PackedDataset:
         """Open a dataset directory or manifest and select samples (see `Catalog.select`);
         or open a `View` (`etl.format.views`: its dataset, version and rows, `View.load` for a
@@ -113,70 +109,42 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         (see `open_catalog`); `verify` is about shard bytes (see the class): "once" (the
         default) checks each row against its sample's checksum the first time any process of
         the loader reads it (the first epoch pays what "rows" does; the next ones a flag a
-        row), "rows" every row read, True hashes each shard whole once per process, False
+        row), "rows" every row read, "shards" hashes each shard whole once per process, False
         checks only the header, size and one probe row of each shard (`bench_verify_rows`).
 
         `path` may be a URL (`s3://bucket/ds`): the version and the shards the selection reads
-        are fetched into `cache_dir` (default `$ETL_CACHE`, else ~/.cache/etl-memmap), each
-        verified, and read from there (`etl.storage.store`); `storage_options` go to fsspec
-        (endpoint, credentials); one call to the store that takes longer than `store_timeout`
-        seconds is an error naming what it fetched. Without `cache_limit` every shard the
-        selection reads is fetched at open and kept; with one (bytes, or '20GiB'), shards are
-        fetched as the loader's order needs them, ahead of it, and removed to stay within the
-        limit, which every process using the cache folder shares (`etl.storage.cache`). With
-        `ranged=True` no shard is fetched: each batch's rows are read with ranged GETs and
-        verified one by one (`etl.storage.ranged`), for a selection that reads few rows of
-        each shard.
+        are fetched into the cache, each verified, and read from there (`etl.storage.store`),
+        as `store` (`etl.storage.location.StoreOptions`: cache folder, fsspec options, time
+        limit, a bounded cache or ranged reads) says. Its fields were keywords of their own
+        (`cache_dir`, `storage_options`, `store_timeout`, `cache_limit`, `ranged`), which
+        still work and warn once.
         """
         view = path if isinstance(path, View) else None
         if view is not None:
             _check_view_alone(split=split, classes=classes, where=where, version=version)
-            location: Path | str = view.dataset
             version = view.version
-        else:
-            assert not isinstance(path, View)
-            location = path
-        path = location
-        remote = None
-        url = str(path)
-        for given, name in ((cache_limit is not None, "cache_limit"), (ranged, "ranged")):
-            if given and not is_url(path):
-                raise ValueError(f"{name} is for a dataset in object storage, not {url!r}")
-        if ranged and cache_limit is not None:
-            raise ValueError("ranged=True caches no shard: give it or cache_limit, not both")
-        if is_url(path):
-            remote = RemoteDataset(url, cache_dir, storage_options, store_timeout)
-            version = remote.fetch_version(version)
-            path = remote.root
-        catalog = open_catalog(path, version, verify_manifest)
+        checks = checks_of(verify)
+        location = open_location(
+            view.dataset if view else cast(Path | str, path),
+            _store_options(store, renamed),
+            view.folder if view else "",
+        )
+        version = location.fetch_version(version)
+        catalog = open_catalog(location.root, version, verify_manifest)
         selected = catalog.select_view(view) if view else catalog.select(split, classes, where)
         selection = catalog.with_columns(selected, columns)
         sums = None
-        if verify in ("rows", "once"):
+        if checks in ("rows", "once"):
             sums = row_checksums(catalog, selection)
-            selection = checked_rows(selection, sums, once=verify == "once")
-            verify = False  # no whole-shard hash: each row is checked as it is read
-        elif not isinstance(verify, bool):
-            raise ValueError(f"verify must be True, False, 'rows' or 'once', not {verify!r}")
-        if remote is not None:
-            shards = replace(selection.shards, url=url)
+            selection = checked_rows(selection, sums, once=checks == "once")
+        if location.store is not None:
+            shards = selection.shards
+            cache, ranged = location.shard_access(
+                shards, lambda: sums or row_checksums(catalog, selection)
+            )
+            shards = replace(shards, url=location.store.url, cache=cache, ranged=ranged)
             selection = replace(selection, shards=shards)
-            if ranged:
-                rows = RangedRows(
-                    url, storage_options, store_timeout, shards.names, shards.sizes, shards.rows,
-                    shards.sample_shape, sums or row_checksums(catalog, selection),
-                )  # fmt: skip
-                selection = replace(selection, shards=replace(shards, ranged=rows))
-            elif cache_limit is None:
-                remote.fetch_shards(shards.names, shards.checksums, shards.algorithm)
-            else:
-                limit = parse_byte_size(cache_limit)
-                cache = BoundedCache(
-                    url, cache_dir, storage_options, store_timeout, limit,
-                    shards.names, shards.sizes, shards.checksums, shards.algorithm,
-                )  # fmt: skip
-                selection = replace(selection, shards=replace(shards, cache=cache))
-        return cls(selection, transform, verify, release_every, readahead, drop_behind)
+        return cls(selection, transform, checks == "shards", release_every, readahead, drop_behind)
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -336,3 +304,30 @@ def _check_index(index: int, length: int) -> int:
     if not -length <= i < length:
         raise IndexError(f"index {index} out of range for a dataset of {length} samples")
     return i % length
+
+
+STORE_KEYWORDS = {
+    "cache_dir": "cache_dir",
+    "storage_options": "storage_options",
+    "store_timeout": "timeout",
+    "cache_limit": "cache_limit",
+    "ranged": "ranged",
+}
+"""`PackedDataset.open`'s former keywords -> the `StoreOptions` field each is now."""
+
+
+def _store_options(store: StoreOptions | None, renamed: dict[str, Any]) -> StoreOptions:
+    """`store`, or the options the former keywords in `renamed` give (each warns once)."""
+    unknown = sorted(set(renamed) - set(STORE_KEYWORDS))
+    if unknown:
+        raise TypeError(f"PackedDataset.open() got an unexpected keyword argument {unknown[0]!r}")
+    if not renamed:
+        return store or StoreOptions()
+    if store is not None:
+        raise TypeError(f"give store= or {sorted(renamed)}, not both")
+    for name in renamed:
+        warn_once(f"PackedDataset.open({name}=)", f"store=StoreOptions({STORE_KEYWORDS[name]}=)")
+    fields = {STORE_KEYWORDS[name]: value for name, value in renamed.items()}
+    if fields.get("storage_options") is None:
+        fields.pop("storage_options", None)
+    return StoreOptions(**fields)

@@ -68,7 +68,7 @@ def join_members(members: Sequence[PackedDataset], labels: Sequence[Order]) -> J
     through a bounded cache or by ranged GETs, rows checked by some members and not others
     (or "rows" and "once"), another checksum algorithm, or readers set up otherwise."""
     sets = [m.selection.shards for m in members]
-    settings = {(m.reader.verify, m.reader.release_every, m.reader.readahead,
+    settings = {(m.reader.verify_shards, m.reader.release_every, m.reader.readahead,
                  m.reader.drop_behind) for m in members}  # fmt: skip
     if len(settings) > 1 or len({s.algorithm for s in sets}) > 1:
         return None
@@ -117,7 +117,7 @@ def join_members(members: Sequence[PackedDataset], labels: Sequence[Order]) -> J
     if first.row_sums is not None:
         joined = checked_rows_of(joined, sets, remaps)
     reader = ShardReader(
-        joined, members[0].reader.verify, members[0].reader.release_every,
+        joined, members[0].reader.verify_shards, members[0].reader.release_every,
         members[0].reader.readahead, members[0].reader.drop_behind,
     )  # fmt: skip
     selections = [m.selection for m in members]

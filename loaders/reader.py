@@ -71,7 +71,7 @@ class ShardReader:
     def __init__(
         self,
         shards: ShardSet,
-        verify: bool = False,
+        verify_shards: bool = False,
         release_every: int | None = None,
         readahead: bool = True,
         drop_behind: bool = False,
@@ -81,7 +81,7 @@ class ShardReader:
         if drop_behind and release_every is None:
             raise ValueError("drop_behind needs release_every: the bytes read between two drops")
         self.shards = shards
-        self.verify = verify
+        self.verify_shards = verify_shards
         self.release_every = release_every
         self.readahead = readahead
         self.drop_behind = drop_behind
@@ -117,13 +117,13 @@ class ShardReader:
         return found
 
     def _checked_path(self, shard: int) -> Path:
-        """The path of shard `shard`, its checksum verified first when `verify` is on; from a
+        """The path of shard `shard`, its checksum verified first with `verify_shards`; from a
         bounded cache, held and fetched first (NOTE [ bounded cache ] in etl.storage.cache)."""
         cache = self.shards.cache
         if cache is not None:
             cache.acquire([shard])  # a no-op for the shards of a batch `_let_go` acquired
         path = self.shards.path(shard)
-        if self.verify:
+        if self.verify_shards:
             verify_shard(path, self.shards.algorithm, self.shards.checksums[shard])
         return path
 

@@ -12,13 +12,33 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from etl.deprecations import warn_once
 from etl.format.rowsums import RowChecksums
 from loaders.catalog import Catalog, Selection, open_catalog
 
-Verify = bool | Literal["rows", "once"]
-"""What a loader checks of the bytes it reads: True each shard whole once per process, "rows"
-every row read, "once" each row the first time any process of the loader reads it, False only
-what every open checks (header, size, one probe row a shard)."""
+Verify = bool | Literal["once", "rows", "shards"]
+"""What a loader checks of the bytes it reads: "once" each row the first time any process of
+the loader reads it, "rows" every row read, "shards" each shard whole once per process, False
+only what every open checks (header, size, one probe row a shard). True is the old name of
+"shards"."""
+
+Checks = Literal["once", "rows", "shards", "off"]
+"""A `Verify` by its one name each."""
+
+
+def checks_of(verify: object) -> Checks:
+    """`verify` by its name ("off" for False); True warns once that it is now "shards"."""
+    if verify is True:
+        warn_once("verify=True", 'verify="shards"')
+        return "shards"
+    if verify is False:
+        return "off"
+    if verify in ("once", "rows", "shards"):
+        return verify
+    raise ValueError(
+        f"verify must be True, False, 'rows' or 'once' ('shards' is True's new name), "
+        f"not {verify!r}"
+    )
 
 
 def row_checksums(catalog: Catalog, selection: Selection) -> RowChecksums:
@@ -54,16 +74,14 @@ def unseen(rows: int) -> torch.Tensor:
     return torch.zeros(rows, dtype=torch.bool).share_memory_()
 
 
-def as_verified(selection: Selection, verify: Verify) -> Selection:
-    """`selection` checked as `verify` says, for a reader built on it alone (`PackedStream`):
+def as_verified(selection: Selection, checks: Checks) -> Selection:
+    """`selection` checked as `checks` says, for a reader built on it alone (`PackedStream`):
     the row checks it carries are kept (a `PackedDataset.open` made them), or made from its
-    version's manifest, read again; False drops them."""
-    if verify is False:
+    version's manifest, read again; "off" drops them, "shards" keeps what it carries."""
+    if checks == "off":
         return replace(selection, shards=replace(selection.shards, row_sums=None, seen_rows=None))
-    if verify not in (True, "rows", "once"):
-        raise ValueError(f"verify must be True, False, 'rows' or 'once', not {verify!r}")
     shards = selection.shards
-    if verify is True or shards.row_sums is not None:
+    if checks == "shards" or shards.row_sums is not None:
         return selection
     catalog = open_catalog(shards.root, shards.version)
-    return checked_rows(selection, row_checksums(catalog, selection), once=verify == "once")
+    return checked_rows(selection, row_checksums(catalog, selection), once=checks == "once")

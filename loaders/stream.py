@@ -33,7 +33,7 @@ from loaders.dist import rank_and_world
 from loaders.orders import Order, seeded_rng
 from loaders.page_cache import advise_file
 from loaders.reader import ShardReader, batch_reads
-from loaders.rowchecks import Verify, as_verified
+from loaders.rowchecks import Verify, as_verified, checks_of
 
 
 def slot_share(n: int, n_slots: int, drop_last: bool = False) -> int:
@@ -150,7 +150,8 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
-        selection = as_verified(selection, verify)
+        checks = checks_of(verify)
+        selection = as_verified(selection, checks)
         self.selection = selection
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -158,7 +159,7 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
         self.window = window
         self.drop_last = drop_last
         self.rank, self.world_size = rank_and_world(rank, world_size)
-        self.reader = ShardReader(selection.shards, verify=verify is True)
+        self.reader = ShardReader(selection.shards, verify_shards=checks == "shards")
         self.memory = BatchMemory()
         """Where batches are gathered (`stream_loader` sets pinning and the workers' ring)."""
         self.workers = 0

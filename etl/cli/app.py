@@ -8,14 +8,12 @@ and keeps its traceback.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import typer
 from rich.console import Console
 
 from etl.engine import interrupt
 from etl.errors import EtlError
-from etl.format.names import is_url
 
 app = typer.Typer(
     name="etl",
@@ -37,12 +35,6 @@ def _commands() -> None:
 
 err = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
 out = Console(markup=False, highlight=False, soft_wrap=True)
-
-
-def dataset_location(value: str) -> Path | str:
-    """A dataset argument as the library takes it: a URL in object storage as it is (read
-    through the local cache, $ETL_CACHE or ~/.cache/etl-memmap), anything else a local path."""
-    return value.rstrip("/") if is_url(value) else Path(value)
 
 
 def main(argv: list[str] | None = None) -> None:

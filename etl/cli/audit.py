@@ -11,7 +11,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from etl.cli.app import app, dataset_location, out
+from etl.cli.app import app, out
 from etl.cli.progress import BarProgress
 from etl.config import BACKENDS, Backend, load_config
 from etl.errors import EtlError
@@ -21,6 +21,7 @@ from etl.maintenance import checkup
 from etl.maintenance import repair as repair_lib
 from etl.sources.locate import location
 from etl.sources.registry import kind_of
+from etl.storage.location import as_location
 
 ROWS_PER_PROBLEM = 8
 """Locations shown per distinct problem; --json and --report list them all."""
@@ -256,7 +257,7 @@ def audit(
     )
     show = not (quiet or as_json)
     bar = AuditBar(enabled=show)
-    report = audit_lib.audit(dataset_location(dataset), options, bar)
+    report = audit_lib.audit(as_location(dataset), options, bar)
     if show:
         _print_report(report)
     result = checkup.Checkup(report)

@@ -10,12 +10,13 @@ import typer
 from PIL import Image
 from rich.table import Table
 
-from etl.cli.app import app, dataset_location, out
+from etl.cli.app import app, out
 from etl.config import PipelineConfig, SourceConfig, load_config
 from etl.errors import EtlError
 from etl.explore import view as explore
 from etl.format.atomic import replacing
 from etl.start import scaffold
+from etl.storage.location import as_location
 
 DirArg = Annotated[
     str,
@@ -96,7 +97,7 @@ def inspect(
 
     In a bucket:  etl inspect s3://bucket/ds (read through the local cache)
     """
-    ds = explore.open_dataset(dataset_location(directory), version)
+    ds = explore.open_dataset(as_location(directory), version)
     summary = ds.summary()
     if plot is not None:
         _save_png(ds.class_balance().image, plot)
@@ -256,7 +257,7 @@ def show(
         raise typer.BadParameter("--ids names the samples; drop --where")
     if not rejects and (wanted_reasons or source or config_path):
         raise typer.BadParameter("--reason, --source and --config go with --rejects")
-    ds = explore.open_dataset(dataset_location(directory), version)
+    ds = explore.open_dataset(as_location(directory), version)
     if rejects:
         if source is None and config_path is None:
             raise typer.BadParameter("--rejects needs --source DIR or --config pipeline.yaml")

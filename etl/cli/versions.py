@@ -8,11 +8,12 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from etl.cli.app import app, dataset_location, out
+from etl.cli.app import app, out
 from etl.maintenance.housekeeping import compact as run_compact
 from etl.maintenance.store_compact import compact_store
 from etl.maintenance.versions import diff as version_diff
 from etl.maintenance.versions import summaries
+from etl.storage.location import as_location
 
 ReadArg = Annotated[
     str,
@@ -30,7 +31,7 @@ def versions(directory: ReadArg, as_json: JsonOpt = False) -> None:
 
     Example:  etl versions artifacts   (or s3://bucket/ds)
     """
-    rows = summaries(dataset_location(directory))
+    rows = summaries(as_location(directory))
     if as_json:
         print(json.dumps([vars(r) for r in rows], indent=2))
         return
@@ -61,7 +62,7 @@ def diff(
 
     Example:  etl diff artifacts 1 2
     """
-    d = version_diff(dataset_location(directory), a, b)
+    d = version_diff(as_location(directory), a, b)
     if as_json:
         print(
             json.dumps(
@@ -121,7 +122,7 @@ def compact(
     is published as a run's is. Example:
     etl compact artifacts --keep-last 2 --keep 5   (or s3://bucket/ds)
     """
-    where = dataset_location(directory)
+    where = as_location(directory)
     if isinstance(where, str):
         report = compact_store(where, keep_last, keep or (), min_dead, dry_run)
     else:

@@ -10,7 +10,7 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from etl.cli.app import app, dataset_location, out
+from etl.cli.app import app, out
 from etl.explore import view as explore
 from etl.format.views import View
 
@@ -31,13 +31,14 @@ def view(
     Example:  etl view views/train-captioned.yaml --sheet sheet.png
     """
     chosen = View.load(path)
-    ds = explore.open_dataset(dataset_location(chosen.dataset), chosen.version)
+    ds = explore.open_dataset(chosen.dataset, chosen.version, relative_to=chosen.folder)
+    dataset = ds.location if ds.url else str(Path(chosen.folder) / chosen.dataset)
     mask = chosen.mask(ds)
     selected = int(mask.sum())
     counts = {s: c for s, c in ds.counts(mask).items() if sum(c.values())}
     report: dict[str, object] = {
         "view": str(path),
-        "dataset": chosen.dataset,
+        "dataset": dataset,
         "version": ds.version,
         "fingerprint": chosen.fingerprint(ds.version),
         "chain": chosen.chain(),
@@ -58,7 +59,7 @@ def view(
         print(json.dumps(report, indent=2))
         return
     out.print(f"view      {path}", highlight=False)
-    out.print(f"dataset   {chosen.dataset} version {ds.version}", highlight=False)
+    out.print(f"dataset   {dataset} version {ds.version}", highlight=False)
     for depth, predicate in enumerate(chosen.chain()):
         said = ", ".join(f"{k} {v}" for k, v in predicate.items()) or "every sample"
         out.print(f"{'select' if depth == 0 else '  then':9} {said}", highlight=False)

@@ -13,8 +13,8 @@ from pydantic import (
     PlainValidator,
 )
 
-from etl.format.names import is_url
 from etl.format.sizes import parse_byte_size
+from etl.storage.location import is_url
 
 __all__ = ["parse_byte_size"]  # here for the config models; lives in etl.format for the loaders
 

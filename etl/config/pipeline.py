@@ -22,7 +22,7 @@ from etl.config.columns import Columns, check_column_names
 from etl.config.fields import ByteSize, Color, Location, StrictModel
 from etl.config.sources import Source
 from etl.errors import ConfigError
-from etl.format.names import is_url
+from etl.storage.location import is_url
 
 if TYPE_CHECKING:
     from etl.format.sample_columns import SampleColumn

@@ -12,7 +12,7 @@ from pydantic import (
 )
 
 from etl.config.fields import ByteSize, Location, StrictModel
-from etl.format.names import is_url
+from etl.storage.location import is_url
 
 DEFAULT_INCLUDE = ("*.jpg", "*.jpeg", "*.png", "*.bmp", "*.gif", "*.tif", "*.tiff", "*.webp")
 

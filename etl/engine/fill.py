@@ -12,7 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from etl.config import CallStage, PipelineConfig
-from etl.engine.parallel import WorkerError
+from etl.errors import WorkerError
 from etl.format.checksums import digest
 from etl.images.rejects import Reject
 from etl.images.stages import load_function, process_image

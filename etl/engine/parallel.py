@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -16,11 +17,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from joblib import Parallel, delayed, parallel_config
+from joblib.externals.loky.process_executor import TerminatedWorkerError
 from joblib.parallel import LokyBackend
 
 from etl.config import Backend, RunConfig
 from etl.engine import cluster, interrupt
-from etl.errors import ExecutionError
+from etl.errors import ExecutionError, WorkerDied
 
 # NOTE [ worker start-up ]: every run waits for its worker processes to start (0.2 s for a
 # bare loky worker here) and to import what their tasks need (0.2 s more). That is
@@ -33,10 +35,6 @@ R = TypeVar("R")
 
 PROCESSES = frozenset({"auto", "loky"})
 """Backends whose workers are loky processes on this machine ('auto' adds a head start)."""
-
-
-class WorkerError(RuntimeError):
-    """An unexpected failure inside a worker, with the file it was working on."""
 
 
 @contextmanager
@@ -64,9 +62,23 @@ def parallel_map(
             starting.wait()  # the pool is the workers' once they have started
         results = _parallel_results(fn, tasks, run, *args)
     try:
-        yield results
+        yield _dead_workers_named(results)
     finally:
         _close(results)
+
+
+def _dead_workers_named(results: Iterator[R]) -> Iterator[R]:
+    """`results`, a worker process that died while they were awaited raised as `WorkerDied`
+    with its exit codes, not as the pool's own error, whose text is loky's to change."""
+    try:
+        yield from results
+    except TerminatedWorkerError as exc:
+        died = _DIED.search(str(exc))
+        raise WorkerDied(died.group(1) if died else "killed") from None
+
+
+_DIED = re.compile(r"exit codes of the workers are \{(.*?)\}")
+"""Where loky's TerminatedWorkerError says the dead workers' exit codes."""
 
 
 def _close(results: Iterator[Any]) -> None:

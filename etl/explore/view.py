@@ -35,11 +35,11 @@ from etl.errors import EtlError, ShardError
 from etl.explore.drawing import Cell, Chart, Sheet, draw_class_balance, draw_sheet
 from etl.explore.reject_sheet import reject_cells
 from etl.format.manifest import Manifest, list_versions, read_manifest
-from etl.format.names import is_url
 from etl.format.ragged import place_of, stored_sample
 from etl.format.shards import open_shard
 from etl.format.view import VersionView, Where
-from etl.storage.store import RemoteDataset
+from etl.storage.location import StoreOptions, open_location
+from etl.storage.store import StoreDataset
 
 if TYPE_CHECKING:
     # NOTE: pydantic costs 0.25 s to import; only rejects need it
@@ -57,18 +57,20 @@ def open_dataset(
     *,
     cache_dir: Path | str | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    relative_to: Path | str = "",
 ) -> Dataset:
-    """Open a dataset folder, a version folder or a manifest.arrow file, read-only; or a
-    dataset in object storage (`s3://bucket/ds`), through a local mirror in `cache_dir`
-    (`etl.storage.store`: the version's files now, each shard verified when first read).
+    """Open a dataset folder, a version folder or a manifest.arrow file (a relative one read
+    from `relative_to`), read-only; or a dataset in object storage (`s3://bucket/ds`), through
+    a local mirror in `cache_dir` (`etl.storage.store`: the version's files now, each shard
+    verified when first read).
 
     The latest version unless `version` pins one; `ManifestError` if there is none or the
     manifest is not coherent (an unknown format version, a shard path outside the dataset, ...).
     """
-    if isinstance(path, str) and is_url(path):
-        remote = RemoteDataset(path, cache_dir, storage_options)
-        return Dataset(read_manifest(remote.root, remote.fetch_version(version)), remote)
-    return Dataset(read_manifest(path, version))
+    options = StoreOptions(cache_dir, storage_options or {})
+    location = open_location(path, options, relative_to)
+    manifest = read_manifest(location.root, location.fetch_version(version))
+    return Dataset(manifest, location.store)
 
 
 class Dataset(VersionView):
@@ -78,16 +80,21 @@ class Dataset(VersionView):
     Shards are opened on first use and kept open (read-only memmaps cost no memory until read).
     """
 
-    def __init__(self, manifest: Manifest, remote: RemoteDataset | None = None) -> None:
+    def __init__(self, manifest: Manifest, store: StoreDataset | None = None) -> None:
         super().__init__(manifest)
         self._shards: dict[str, np.memmap] = {}
-        self._remote = remote
+        self._store = store
         """Where shards come from when this is the mirror of a dataset in object storage."""
+
+    @property
+    def url(self) -> str | None:
+        """The dataset's URL in object storage; None for a local folder."""
+        return self._store.url if self._store is not None else None
 
     @property
     def location(self) -> str:
         """Where the dataset is: its folder, or its URL in object storage."""
-        return self._remote.url if self._remote is not None else str(self.root)
+        return self._store.url if self._store is not None else str(self.root)
 
     @property
     def name(self) -> str:
@@ -97,7 +104,7 @@ class Dataset(VersionView):
     @property
     def versions(self) -> list[int]:
         """Every committed version of this dataset, oldest first."""
-        return self._remote.versions() if self._remote else list_versions(self.root)
+        return self._store.versions() if self._store else list_versions(self.root)
 
     def __repr__(self) -> str:
         shape = "x".join(str(d) for d in self.sample_shape)
@@ -162,9 +169,9 @@ class Dataset(VersionView):
         if name not in self._shards:
             shard = self.shards.filter(pc.field("shard") == name)
             rows = shard.column("rows").to_pylist()
-            if self._remote is not None:
+            if self._store is not None:
                 checksums = tuple(shard.column("checksum").to_pylist())
-                self._remote.fetch_shards((name,), checksums, self.manifest.meta.checksum)
+                self._store.fetch_shards((name,), checksums, self.manifest.meta.checksum)
             self._shards[name] = open_shard(
                 self.manifest.shard_path(name), self.sample_shape, rows[0]
             )

@@ -4,8 +4,9 @@ vectorised, `CHECK_ROWS` samples at a time."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -20,8 +21,34 @@ from etl.format.shards import HEADER_BYTES, SHARDS_DIR
 RAGGED_COLUMNS = ("sample_offset", "sample_height", "sample_width")
 """The manifest columns that place a sample that keeps its aspect ratio (format version 2)."""
 
-if TYPE_CHECKING:
-    from etl.format.manifest import Manifest
+
+class Described(Protocol):
+    """What the check reads of a version's metadata (`etl.format.manifest.ManifestMeta`)."""
+
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def layout(self) -> str: ...
+    @property
+    def sample_shape(self) -> tuple[int, ...]: ...
+    @property
+    def classes(self) -> Sequence[str]: ...
+    @property
+    def ragged(self) -> bool: ...
+
+
+class Version(Protocol):
+    """What the check reads of a version (`etl.format.manifest.Manifest`), which imports this
+    module: a protocol here, so the two do not import each other."""
+
+    @property
+    def meta(self) -> Described: ...
+    @property
+    def samples(self) -> pa.Table: ...
+    @property
+    def shards(self) -> pa.Table: ...
+    def release_pages(self) -> None: ...
+
 
 CHECK_ROWS = 1 << 18
 """Samples looked at a time by a pass over a whole version (the coherence check, the shard
@@ -44,7 +71,7 @@ def check_shard_name(name: str, where: Path) -> None:
         raise ManifestError(f"{where}: shard path {name!r} is not of the form 'shards/<name>.npy'")
 
 
-def check_coherent(where: Path, manifest: Manifest) -> None:
+def check_coherent(where: Path, manifest: Version) -> None:
     """Refuse a manifest that points outside the dataset or past the end of a shard, or labels
     a sample outside its classes: what a loader relies on. Vectorised, a slice of
     `CHECK_ROWS` at a time: a 10M-row manifest is checked in a fraction of a second.

@@ -70,10 +70,3 @@ def source_path(root: Path | str, source: str) -> str:
 def sample_id(source: str) -> str:
     """A sample's id: 16 hex digits of xxh3_64 of its `source` (the same source, the same id)."""
     return xxhash.xxh3_64_hexdigest(source.encode("utf-8"))
-
-
-def is_url(location: object) -> bool:
-    """A location in object storage (`s3://bucket/prefix`, any fsspec protocol but `file://`),
-    as opposed to a local path: the one test every layer uses."""
-    text = str(location)
-    return "://" in text and not text.startswith("file://")

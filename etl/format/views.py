@@ -24,6 +24,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -37,7 +38,6 @@ from numpy.typing import NDArray
 
 from etl.errors import ConfigError, SelectionError
 from etl.format.columns import bool_mask
-from etl.format.names import is_url
 
 if TYPE_CHECKING:
     from etl.format.view import VersionView
@@ -54,7 +54,8 @@ class View:
     """Rows of one dataset version that pass every predicate given (and the base view's)."""
 
     dataset: str = ""
-    """A dataset folder or URL; a view with a `base` takes the base's."""
+    """A dataset folder or URL as written; a view with a `base` takes the base's. Whether it
+    is a URL, and where a relative folder is, `etl.storage.location.open_location` decides."""
     version: int | None = None
     split: tuple[str, ...] | None = None
     classes: tuple[str | int, ...] | None = None
@@ -65,6 +66,8 @@ class View:
     """A SQL condition over the manifest's columns (duckdb; see `etl.format.view`), or a
     pyarrow compute Expression (in Python; its text is what the fingerprint records)."""
     base: View | None = field(default=None, repr=False)
+    folder: str = ""
+    """Where a relative `dataset` is read from: a view file's own folder ('' in Python)."""
 
     def __post_init__(self) -> None:
         for key in ("split", "classes", "sources", "ids"):
@@ -74,7 +77,7 @@ class View:
             elif value is not None:
                 object.__setattr__(self, key, tuple(value))
         if self.base is not None:
-            if self.dataset and self.dataset != self.base.dataset:
+            if self.dataset and _written(self) != _written(self.base):
                 raise ConfigError(
                     f"a view of a view reads its base's dataset {self.base.dataset!r}, "
                     f"not {self.dataset!r}"
@@ -85,6 +88,7 @@ class View:
                     f"not {self.version}"
                 )
             object.__setattr__(self, "dataset", self.base.dataset)
+            object.__setattr__(self, "folder", self.base.folder)
             object.__setattr__(self, "version", self.base.version)
         if not self.dataset:
             raise ConfigError("a view needs a dataset (a folder or URL) or a base view")
@@ -176,9 +180,8 @@ class View:
         for key in ("split", "classes", "sources", "ids"):
             if key in values:
                 values[key] = _names(values[key], key, path, lines)
-        if isinstance(values.get("dataset"), str) and not is_url(values["dataset"]):
-            dataset = Path(values["dataset"])
-            values["dataset"] = str(dataset if dataset.is_absolute() else path.parent / dataset)
+        if "dataset" in values:
+            values["folder"] = str(path.parent)
         if "base" in values:
             base = values["base"]
             if not isinstance(base, str):
@@ -189,6 +192,12 @@ class View:
             return cls(**values)
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from None
+
+
+def _written(view: View) -> str:
+    """A view's dataset as its file wrote it, read from its folder: what a view of a view and
+    its base must agree on (the same folder or URL, written alike)."""
+    return os.path.normpath(os.path.join(view.folder, view.dataset))
 
 
 def _names(value: Any, key: str, path: Path, lines: Mapping[tuple[Any, ...], int]) -> Any:

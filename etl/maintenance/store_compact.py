@@ -8,7 +8,7 @@ the order of the steps is what keeps every reader and writer safe, and every ste
    there with tagged shards and published with one conditional put of its record, like a run's
    version. A writer that published first wins; compaction then stops with one line.
 2. A retired version loses its commit record first: from then on no reader lists it
-   (`RemoteDataset.committed`). Its files and its staging folder are removed after.
+   (`StoreDataset.committed`). Its files and its staging folder are removed after.
 3. A shard is removed only if no kept version names it and it was written for a version no
    later than the latest: a writer packing the next version now writes shards of a later
    version, and names old shards only through the latest version, which is always kept.
@@ -49,7 +49,8 @@ from etl.maintenance.housekeeping import (
 from etl.progress import Progress
 from etl.run.to_store import empty_work, finish_killed_attempt, publish_from_work, work_folder
 from etl.storage.publish import sweep
-from etl.storage.store import RemoteDataset, staging_name_of, why
+from etl.storage.store import StoreDataset, staging_name_of
+from etl.storage.transport import why
 
 
 def compact_store(
@@ -63,9 +64,9 @@ def compact_store(
 ) -> CompactReport:
     """`etl.maintenance.housekeeping.compact` for the dataset at `url` in object storage."""
     check_min_dead(min_dead_fraction)
-    work = work_folder(RemoteDataset(url, storage_options=storage_options))
+    work = work_folder(StoreDataset(url, storage_options=storage_options))
     local = work / "dataset"
-    store = RemoteDataset(url, storage_options=storage_options, root=local)
+    store = StoreDataset(url, storage_options=storage_options, root=local)
     with DatasetLock(work):
         if not dry_run:  # a dry run writes nothing to the store
             finish_killed_attempt(store, work)
@@ -108,7 +109,7 @@ def compact_store(
 
 
 def _publish_rewrite(
-    store: RemoteDataset, work: Path, latest: Manifest, sparse: list[str], progress: Progress
+    store: StoreDataset, work: Path, latest: Manifest, sparse: list[str], progress: Progress
 ) -> None:
     """Fetch the `sparse` shards of `latest` (verified), write their live rows as the next
     version in the work folder and publish it (LockError if another writer published that
@@ -126,7 +127,7 @@ def _publish_rewrite(
     publish_from_work(store, work, version, writer, progress)
 
 
-def _retire(store: RemoteDataset, number: int) -> None:
+def _retire(store: StoreDataset, number: int) -> None:
     """Remove version `number`: its record first (then no reader lists it), its files after."""
     folder = store.remote(VERSIONS_DIR, version_name(number))
     record = f"{folder}/{RECORD_FILE}"
@@ -145,7 +146,7 @@ def _retire(store: RemoteDataset, number: int) -> None:
     _remove(store, [p for p in (folder, staging) if p], recursive=True)
 
 
-def _remove_unlisted_versions(store: RemoteDataset, newest: int) -> None:
+def _remove_unlisted_versions(store: StoreDataset, newest: int) -> None:
     """Remove what killed compactions left in `versions/`: the files of a version no later
     than `newest` whose record is gone (no writer can publish such a version any more)."""
     listed = set(store.committed())
@@ -163,7 +164,7 @@ def _remove_unlisted_versions(store: RemoteDataset, newest: int) -> None:
     _remove(store, leftovers, recursive=True)
 
 
-def _stored_shards(store: RemoteDataset) -> dict[str, int]:
+def _stored_shards(store: StoreDataset) -> dict[str, int]:
     """Every shard object in the store: its dataset-relative name and its size."""
     folder = store.remote(SHARDS_DIR)
     try:
@@ -179,7 +180,7 @@ def _stored_shards(store: RemoteDataset) -> dict[str, int]:
     }
 
 
-def _remove(store: RemoteDataset, paths: list[str], recursive: bool = False) -> None:
+def _remove(store: StoreDataset, paths: list[str], recursive: bool = False) -> None:
     if not paths:
         return
     try:

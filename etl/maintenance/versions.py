@@ -11,9 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl.format.columns import ascending, bisect_right, bool_mask, positions_in, sorted_by
-from etl.format.manifest import Manifest, list_versions, read_manifest, resolve
-from etl.format.names import is_url
-from etl.storage.store import RemoteDataset
+from etl.format.manifest import Manifest, read_manifest, resolve
+from etl.storage.location import StoreOptions, open_location
 
 
 @dataclass(frozen=True)
@@ -34,12 +33,12 @@ def readable(
     from, and those numbers: the dataset's own folder, or for a dataset in object storage
     (`s3://...`) its mirror in `cache_dir`, with those versions fetched
     (`etl.storage.store`)."""
-    if isinstance(dataset, str) and is_url(dataset):
-        remote = RemoteDataset(dataset, cache_dir)
-        wanted = list(numbers) if numbers is not None else remote.versions()
-        return remote.root, [remote.fetch_version(n) for n in wanted]
-    root, _ = resolve(Path(dataset))
-    return root, list(numbers) if numbers is not None else list_versions(root)
+    location = open_location(dataset, StoreOptions(cache_dir))
+    wanted = list(numbers) if numbers is not None else location.versions()
+    if location.store is None:
+        root, _ = resolve(location.root)
+        return root, wanted
+    return location.root, [location.store.fetch_version(n) for n in wanted]
 
 
 def summaries(dataset: Path | str, cache_dir: Path | None = None) -> list[VersionSummary]:

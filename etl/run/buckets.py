@@ -16,7 +16,7 @@ import xxhash
 from numpy.typing import NDArray
 
 from etl.format.columns import fixed_width, taken
-from etl.run.spill import Seals
+from etl.format.spill import Seals
 
 BUCKET_ROWS = 1 << 17
 """Rows a bucket is meant to hold: the plan's working set per bucket is a few hundred bytes a
@@ -98,7 +98,7 @@ class Buckets:
     def _close(self) -> None:
         for bucket, writer in self._writers.items():
             writer.close()
-            self._seals.seal(self._path(bucket))  # NOTE [ sealed scratch ] in etl.run.spill
+            self._seals.seal(self._path(bucket))  # NOTE [ sealed scratch ] in etl.format.spill
         self._writers.clear()
 
     def take(self, bucket: int) -> pa.Table:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import tempfile
 import time
@@ -20,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from joblib.externals.loky.process_executor import TerminatedWorkerError
 
 from etl.config import PipelineConfig
 from etl.engine import interrupt, parallel
@@ -30,9 +28,11 @@ from etl.errors import (
     ExecutionError,
     ManifestError,
     OutputError,
+    WorkerDied,
     output_error,
     temporary_error,
 )
+from etl.format import spill
 from etl.format.commit import clean_leftovers, commit_version
 from etl.format.lock import DatasetLock
 from etl.format.manifest import (
@@ -44,11 +44,10 @@ from etl.format.manifest import (
     sample_shape_of,
 )
 from etl.format.mapped import releasing
-from etl.format.names import is_url
 from etl.format.sample_columns import type_name
 from etl.format.shards import ShardInfo
 from etl.progress import Progress
-from etl.run import execute, spill, to_store
+from etl.run import execute, to_store
 from etl.run.phases import convert_while_waiting, phase, release_freed_memory
 from etl.run.plan import Plan, settled_hashes
 from etl.run.report import RunReport, by_reason
@@ -57,6 +56,7 @@ from etl.run.staged import staged_plan
 from etl.sources import readers
 from etl.sources.entries import FileColumns, ListContext, SourceListing, SourceReject
 from etl.sources.registry import check_columns, check_exists, kind_of, list_sources
+from etl.storage.location import is_url
 
 
 def check_paths(config: PipelineConfig) -> None:
@@ -120,14 +120,26 @@ def run(
     check_columns(config)
     check_exists(config.source)
 
-    def run_here(local: PipelineConfig, writer: str) -> RunReport:
-        root = Path(local.output.dir)
-        started = time.perf_counter()
-        return _run_here(_Run(local, root, dry_run, rebuild, progress, started, writer), on_plan)
+    if not is_url(config.output.dir):
+        return _run_in_folder(config, "", dry_run, rebuild, progress, on_plan)
+    with to_store.prepared(config) as work:
+        report = _run_in_folder(work.config, work.writer, dry_run, rebuild, progress, on_plan)
+        return to_store.published(work, report, dry_run, progress)
 
-    if is_url(config.output.dir):
-        return to_store.run_to_store(config, run_here, dry_run, progress)
-    return run_here(config, "")
+
+def _run_in_folder(
+    config: PipelineConfig,
+    writer: str,
+    dry_run: bool,
+    rebuild: bool,
+    progress: Progress,
+    on_plan: Callable[[Plan], None] | None,
+) -> RunReport:
+    """`run` into the local folder `config.output.dir`, its new shards tagged `writer`."""
+    run = _Run(
+        config, Path(config.output.dir), dry_run, rebuild, progress, time.perf_counter(), writer
+    )
+    return _run_here(run, on_plan)
 
 
 def _run_here(run: _Run, on_plan: Callable[[Plan], None] | None) -> RunReport:
@@ -165,18 +177,13 @@ def _run_here(run: _Run, on_plan: Callable[[Plan], None] | None) -> RunReport:
             signum = exc.signum if isinstance(exc, interrupt.Interrupted) else signal.SIGINT
             message = f"interrupted: {_cleaned_up(root, before)}"
             raise interrupt.Interrupted(signum, message) from None
-        except TerminatedWorkerError as exc:
-            died = _DIED.search(str(exc))
-            what = f"a worker process died ({died.group(1) if died else 'killed'}): out of memory?"
-            fix = "lower run.n_jobs or output.shard_size"
-            raise ExecutionError(f"{what} {fix}; {_cleaned_up(root, before)}") from None
+        except WorkerDied as exc:
+            fix = "out of memory? lower run.n_jobs or output.shard_size"
+            raise ExecutionError(f"{exc}: {fix}; {_cleaned_up(root, before)}") from None
         except OSError as exc:
             if exc.errno not in OUTPUT_ERRNOS or not _under(exc.filename, root):
                 raise
             raise OutputError(f"{output_error(exc, root)}; {_cleaned_up(root, before)}") from None
-
-
-_DIED = re.compile(r"exit codes of the workers are \{(.*?)\}")
 
 
 def _user_code_in_processes(config: PipelineConfig) -> PipelineConfig:

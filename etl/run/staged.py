@@ -32,6 +32,7 @@ from etl.format.columns import ascending, bisect_right, sorted_by, value_codes
 from etl.format.manifest import REJECTS_SCHEMA, SAMPLES_SCHEMA, Manifest, samples_schema
 from etl.format.mapped import Mapped, releasing
 from etl.format.sample_columns import carried_fields
+from etl.format.spill import SortedSpill
 from etl.run.buckets import Buckets, bucket_count, buckets_of
 from etl.run.decide import CHECKED_COLUMNS, Decided, assemble, check_window, decide
 from etl.run.plan import (
@@ -42,7 +43,6 @@ from etl.run.plan import (
     resolve_classes,
     same_source,
 )
-from etl.run.spill import SortedSpill
 from etl.sources.entries import SourceListing, SourceReject, rejects_table
 
 WINDOW_ROWS = 1 << 18

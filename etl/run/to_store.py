@@ -21,8 +21,9 @@ from __future__ import annotations
 import secrets
 import shutil
 import time
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from etl.config import PipelineConfig
@@ -32,29 +33,41 @@ from etl.format.shards import SHARDS_DIR
 from etl.progress import Progress
 from etl.run.report import RunReport
 from etl.storage.publish import ATTEMPT_FILE, Attempt, forget, publish, sweep
-from etl.storage.store import RemoteDataset, default_cache_dir
+from etl.storage.store import StoreDataset, default_cache_dir
 
 WORK_DIR = "writing"
 """The work folders' parent under the cache folder."""
 
-RunHere = Callable[[PipelineConfig, str], RunReport]
-"""Packs a config whose output.dir is a local folder, its new shards tagged with the writer."""
 
-
-def work_folder(store: RemoteDataset) -> Path:
+def work_folder(store: StoreDataset) -> Path:
     """Where a run to `store` packs: one folder per dataset URL under the cache."""
     return default_cache_dir() / WORK_DIR / store.key
 
 
-def run_to_store(
-    config: PipelineConfig, run_here: RunHere, dry_run: bool, progress: Progress
-) -> RunReport:
-    """Pack `config.source` as a new version of the dataset at the URL `config.output.dir`."""
+@dataclass(frozen=True)
+class StoreWork:
+    """A run's work folder for the dataset at `url`: `config` packs into its local dataset
+    folder, the new shards tagged `writer`, on top of the store's latest version."""
+
+    url: str
+    store: StoreDataset
+    folder: Path
+    config: PipelineConfig
+    writer: str
+    started: float
+
+
+@contextmanager
+def prepared(config: PipelineConfig) -> Iterator[StoreWork]:
+    """Steps 1-3 for a config whose output.dir is a URL: the work folder locked, a killed
+    attempt's leftovers removed, the store's latest version fetched into it; emptied again
+    after a run that ended without an error."""
     started = time.perf_counter()
     url = str(config.output.dir)
-    work = work_folder(RemoteDataset(url, storage_options=config.output.storage_options))
+    options = config.output.storage_options
+    work = work_folder(StoreDataset(url, storage_options=options))
     local = work / "dataset"
-    store = RemoteDataset(url, storage_options=config.output.storage_options, root=local)
+    store = StoreDataset(url, storage_options=options, root=local)
     with DatasetLock(work):
         finish_killed_attempt(store, work)
         empty_work(local)
@@ -62,21 +75,26 @@ def run_to_store(
         if latest:
             store.fetch_version(latest[-1])
         output = config.output.model_copy(update={"dir": local, "storage_options": {}})
-        writer = secrets.token_hex(4)
-        report = run_here(config.model_copy(update={"output": output}), writer)
-        if report.committed and not dry_run:
-            assert report.version is not None
-            start = time.perf_counter()
-            publish_from_work(store, work, report.version, writer, progress)
-            report.phases["upload"] = time.perf_counter() - start
-        if not dry_run:
-            sweep(store)
+        here = config.model_copy(update={"output": output})
+        yield StoreWork(url, store, work, here, secrets.token_hex(4), started)
         empty_work(local)
-    return replace(report, output=url, seconds=time.perf_counter() - started)
+
+
+def published(work: StoreWork, report: RunReport, dry_run: bool, progress: Progress) -> RunReport:
+    """Step 4: the version `report` committed in the work folder published to the store, and
+    what lost attempts left there swept; the report as of the store."""
+    if report.committed and not dry_run:
+        assert report.version is not None
+        start = time.perf_counter()
+        publish_from_work(work.store, work.folder, report.version, work.writer, progress)
+        report.phases["upload"] = time.perf_counter() - start
+    if not dry_run:
+        sweep(work.store)
+    return replace(report, output=work.url, seconds=time.perf_counter() - work.started)
 
 
 def publish_from_work(
-    store: RemoteDataset, work: Path, version: int, writer: str, progress: Progress
+    store: StoreDataset, work: Path, version: int, writer: str, progress: Progress
 ) -> None:
     """Publish `version`, written in the work folder with shards tagged `writer`, to `store`;
     the attempt is on disk while it uploads, for the next run to clean up after a kill."""
@@ -86,7 +104,7 @@ def publish_from_work(
     (work / ATTEMPT_FILE).unlink()
 
 
-def finish_killed_attempt(store: RemoteDataset, work: Path) -> None:
+def finish_killed_attempt(store: StoreDataset, work: Path) -> None:
     """Remove from the store what an attempt killed mid-publish uploaded (nothing, if its
     record was published: then it is a version), and forget the attempt."""
     attempt = Attempt.saved(work)

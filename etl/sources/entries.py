@@ -117,7 +117,7 @@ class RejectsBuilder:
         self._spill: Any = None
         if scratch is not None:
             from etl.format.manifest import REJECTS_SCHEMA
-            from etl.run.spill import SortedSpill  # NOTE: here: pack workers import this module
+            from etl.format.spill import SortedSpill  # NOTE: here: pack workers import this module
 
             self._spill = SortedSpill(scratch, REJECTS_SCHEMA, "source", "listed-rejects")
 
@@ -309,7 +309,7 @@ class FileColumnsBuilder:
         self.dropped: list[str] = []
         """After `build`: each source of `build(drop=...)` that was added (sorted)."""
         if scratch is not None:
-            from etl.run.spill import SortedSpill  # NOTE: here: pack workers import this module
+            from etl.format.spill import SortedSpill  # NOTE: here: pack workers import this module
 
             self._spill = SortedSpill(scratch, self._schema, "source", "listing")
 

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import IO, Any
 
 import xxhash
 
 from etl.errors import SourceError
 from etl.format.checksums import new_hasher
-from etl.format.names import is_url
 from etl.sources.entries import FileStat
 from etl.sources.safe_files import (
     HASH_CHUNK_BYTES,
@@ -32,27 +31,16 @@ from etl.sources.safe_files import (
     read_regular_file,
     too_large,
 )
+from etl.storage.location import is_url
+from etl.storage.transport import Options, filesystem
 
 _MTIME = re.compile(r"mtime|LastModified|last_modified|updated", re.I)
-
-
-Options = Mapping[str, Any]
-"""fsspec driver options (`source.storage_options`); empty: the environment's."""
 
 
 def store(url: str, options: Options | None = None) -> tuple[Any, str]:
     """(the fsspec filesystem, the path within it) of `url`; SourceError when its driver is
     missing."""
-    try:
-        from fsspec.core import url_to_fs
-
-        fs, path = url_to_fs(url, **dict(options or {}))
-        return fs, str(path)
-    except ImportError as exc:
-        raise SourceError(
-            f"{url}: reading from object storage needs fsspec and the store's driver "
-            f"({exc.name or exc}): pip install 'etl-memmap[s3]' (or gcsfs, adlfs)"
-        ) from None
+    return filesystem(url, options, SourceError)
 
 
 def list_objects(url: str, options: Options | None = None) -> Iterator[tuple[str, int, int, int]]:

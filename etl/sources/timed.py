@@ -12,9 +12,9 @@ from functools import partial
 from typing import Any, TypeVar
 
 from etl.errors import SourceError
-from etl.format.names import is_url
 from etl.sources.objects import read_located
 from etl.sources.safe_files import Refused
+from etl.storage.location import is_url
 
 T = TypeVar("T")
 

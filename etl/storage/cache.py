@@ -42,7 +42,7 @@ from typing import Any
 
 from etl.errors import ShardError
 from etl.format.shards import SHARDS_DIR
-from etl.storage.store import DOWNLOADS, TMP_PREFIX, RemoteDataset, locked
+from etl.storage.store import DOWNLOADS, TMP_PREFIX, StoreDataset, locked
 
 ROOM_LOCK = ".room.lock"
 USE_SUFFIX = ".use"
@@ -90,7 +90,7 @@ class BoundedCache:
         self.checksums = tuple(checksums)
         self.algorithm = algorithm
         self.size_of = dict(zip(self.names, self.sizes, strict=True))
-        self._remote: RemoteDataset | None = None
+        self._remote: StoreDataset | None = None
         self._remote_pid = os.getpid()
         self._holds: dict[tuple[str, int], int] = {}
         self._holds_pid = os.getpid()
@@ -109,12 +109,12 @@ class BoundedCache:
         self._lock = threading.Lock()
 
     @property
-    def remote(self) -> RemoteDataset:
+    def remote(self) -> StoreDataset:
         """This process's connection to the store (a forked worker makes its own: fsspec's
         async drivers are not fork-safe)."""
         if self._remote is None or self._remote_pid != os.getpid():
             self._remote_pid = os.getpid()
-            self._remote = RemoteDataset(
+            self._remote = StoreDataset(
                 self.url, self.cache_dir, self.storage_options, self.timeout
             )
         return self._remote

@@ -42,11 +42,11 @@ from etl.progress import Progress
 from etl.storage.store import (
     DOWNLOAD_CHUNK,
     DOWNLOADS,
-    RemoteDataset,
+    StoreDataset,
     staging_name,
     staging_name_of,
-    why,
 )
+from etl.storage.transport import why
 
 ATTEMPT_FILE = "attempt.json"
 """In a run's work folder while it publishes: the version and writer tag of what it uploads."""
@@ -89,7 +89,7 @@ class Attempt:
         return Attempt(version, writer)
 
 
-def publish(store: RemoteDataset, local: Path, attempt: Attempt, progress: Progress) -> None:
+def publish(store: StoreDataset, local: Path, attempt: Attempt, progress: Progress) -> None:
     """Upload version `attempt.version` of the local dataset `local` (its new shards, its files)
     to `store`, verify each, then put its record only if no writer has published that version.
 
@@ -137,7 +137,7 @@ def publish(store: RemoteDataset, local: Path, attempt: Attempt, progress: Progr
         progress.stop()
 
 
-def _published_by_another(store: RemoteDataset, record: str, attempt: Attempt) -> bool:
+def _published_by_another(store: StoreDataset, record: str, attempt: Attempt) -> bool:
     """Whether another attempt's record of `attempt.version` is in the store now."""
     try:
         stored = _stored_record(store, record)
@@ -146,7 +146,7 @@ def _published_by_another(store: RemoteDataset, record: str, attempt: Attempt) -
         return False
 
 
-def forget(store: RemoteDataset, attempt: Attempt) -> bool:
+def forget(store: StoreDataset, attempt: Attempt) -> bool:
     """Remove what `attempt` uploaded, unless its record was published (then it is the
     version's). Returns whether it was published. OutputError if the store cannot be asked."""
     record = store.remote(VERSIONS_DIR, version_name(attempt.version), RECORD_FILE)
@@ -177,7 +177,7 @@ def forget(store: RemoteDataset, attempt: Attempt) -> bool:
 _TAGGED_SHARD = re.compile(r"^v(\d{6})-([0-9a-f]{8})-\d{5}\.npy$")
 
 
-def sweep(store: RemoteDataset) -> int:
+def sweep(store: StoreDataset) -> int:
     """Remove what attempts that lost left in the store, whoever made them: a tagged shard or
     a staging folder of a version that is published under another tag. Returns how many.
 
@@ -244,7 +244,7 @@ def _recorded_digests(folder: Path) -> dict[str, str]:
     return {name: files[name][TAMPER_DIGEST] for name in RECORDED_FILES}
 
 
-def _upload(store: RemoteDataset, path: Path, remote: str, digest: str, algorithm: str) -> None:
+def _upload(store: StoreDataset, path: Path, remote: str, digest: str, algorithm: str) -> None:
     """Put `path` at `remote` (multipart when it is larger than a chunk), then read it back:
     the store must hold exactly `path`'s size and `digest`. OutputError naming it if not."""
     size = path.stat().st_size
@@ -272,7 +272,7 @@ def _upload(store: RemoteDataset, path: Path, remote: str, digest: str, algorith
         )
 
 
-def _stored_record(store: RemoteDataset, remote: str) -> bytes | None:
+def _stored_record(store: StoreDataset, remote: str) -> bytes | None:
     """The record at `remote` as the store holds it now, None if there is none: a GET, never
     an answer from fsspec's cache of listings."""
     try:
@@ -283,7 +283,7 @@ def _stored_record(store: RemoteDataset, remote: str) -> bytes | None:
         raise OutputError(f"{remote}: cannot read it ({why(exc)})") from None
 
 
-def _beaten(store: RemoteDataset, attempt: Attempt) -> LockError:
+def _beaten(store: StoreDataset, attempt: Attempt) -> LockError:
     return LockError(
         f"{store.url}: another writer published version {attempt.version} while this run "
         "packed; nothing of this run was published: run it again to build on that version"

@@ -24,7 +24,8 @@ from numpy.typing import NDArray
 from etl.errors import ShardError
 from etl.format.rowsums import RowChecksums, mismatch
 from etl.format.shards import HEADER_BYTES
-from etl.storage.store import RemoteDataset, why
+from etl.storage.store import StoreDataset
+from etl.storage.transport import why
 
 
 class RangedRows:
@@ -51,18 +52,18 @@ class RangedRows:
         self.sample_bytes = int(np.prod(sample_shape))
         self.offsets = np.asarray(sizes, np.int64) - np.asarray(rows, np.int64) * self.sample_bytes
         self.sums = sums
-        self._remote: RemoteDataset | None = None
+        self._remote: StoreDataset | None = None
         self._remote_pid = os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_remote": None}
 
     @property
-    def remote(self) -> RemoteDataset:
+    def remote(self) -> StoreDataset:
         """This process's connection to the store (fsspec's async drivers are not fork-safe)."""
         if self._remote is None or self._remote_pid != os.getpid():
             self._remote_pid = os.getpid()
-            self._remote = RemoteDataset(self.url, None, self.storage_options, self.timeout)
+            self._remote = StoreDataset(self.url, None, self.storage_options, self.timeout)
         return self._remote
 
     def read(

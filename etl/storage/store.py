@@ -45,6 +45,7 @@ from etl.errors import EtlError, ManifestError, ShardError
 from etl.format.checksums import new_hasher
 from etl.format.manifest import VERSIONS_DIR, version_name, version_number
 from etl.format.record import FILES_AT, RECORD_FILE
+from etl.storage.transport import STORE_TIMEOUT, filesystem, why
 
 CACHE_ENV = "ETL_CACHE"
 """The environment variable naming the cache folder when `cache_dir` is not given."""
@@ -52,8 +53,6 @@ DOWNLOAD_CHUNK = 8 << 20
 """Bytes read from the store at a time while a file is downloaded and hashed."""
 DOWNLOADS = 8
 """Shards downloaded at once: object stores serve parallel GETs faster than one stream."""
-STORE_TIMEOUT = 60.0
-"""Seconds one call to the store may take by default (`PackedDataset.open(store_timeout=)`)."""
 TMP_PREFIX = ".tmp-"
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 """A local write failed for want of room: no space, a quota, a file-size limit."""
@@ -65,7 +64,7 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "etl-memmap")
 
 
-class RemoteDataset:
+class StoreDataset:
     """A packed dataset at `url` and its mirror under `cache_dir`: one folder per URL, laid
     out as the dataset itself (`versions/`, `shards/`), so the mirror opens as a local
     dataset."""
@@ -78,15 +77,8 @@ class RemoteDataset:
         timeout: float = STORE_TIMEOUT,
         root: Path | None = None,
     ) -> None:
-        try:
-            from fsspec.core import url_to_fs
-        except ImportError:
-            raise ManifestError(
-                f"{url}: reading a dataset from object storage needs fsspec and the store's "
-                "driver: pip install 'etl-memmap[s3]' (or gcsfs, adlfs)"
-            ) from None
         self.url = url.rstrip("/")
-        self.fs, self.remote_root = url_to_fs(self.url, **dict(storage_options or {}))
+        self.fs, self.remote_root = filesystem(self.url, storage_options, ManifestError)
         key = hashlib.blake2b(self.url.encode(), digest_size=8).hexdigest()
         self.key = key
         self.root = root or Path(cache_dir or default_cache_dir()) / key
@@ -378,7 +370,3 @@ def _remove_tree(folder: Path) -> None:
         for child in folder.iterdir():
             child.unlink(missing_ok=True)
         folder.rmdir()
-
-
-def why(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"

@@ -36,6 +36,7 @@ import torch  # noqa: E402
 
 from etl.cli import main as etl_main  # noqa: E402
 from etl.errors import EtlError  # noqa: E402
+from etl.storage.location import StoreOptions  # noqa: E402
 from loaders import (  # noqa: E402
     PackedDataset,
     PackedStream,
@@ -97,7 +98,7 @@ def readers(root: str, config: str | None, scratch: Path) -> dict[str, Callable[
         "compact": lambda: cli("compact", root, "--dry-run"),
         "run": lambda: cli("run", str(config), "--jobs", "1", "--backend", "sequential"),
         "loaders": lambda: python(lambda: read_all(root)),
-        "loaders-verify": lambda: python(lambda: read_all(root, verify=True)),
+        "loaders-verify": lambda: python(lambda: read_all(root, verify="shards")),
         "loaders-rows": lambda: python(lambda: read_all(root, verify="rows")),
         "loaders-lenient": lambda: python(lambda: read_all(root, verify_manifest=False)),
         "loaders-workers": lambda: python(lambda: read_all(root, workers=2)),
@@ -129,9 +130,11 @@ def remote_readers(url: str, scratch: Path) -> dict[str, Callable[[], Any]]:
         "diff": lambda: cli("diff", url, "1", "2"),
         "show": lambda: cli("show", url, "-n", "4", "--out", str(scratch / "sheet.png")),
         "loaders": lambda: python(lambda: read_remote(url)),
-        "loaders-verify": lambda: python(lambda: read_remote(url, verify=True)),
+        "loaders-verify": lambda: python(lambda: read_remote(url, verify="shards")),
         "loaders-workers": lambda: python(lambda: read_remote(url, workers=2)),
-        "loaders-limited": lambda: python(lambda: read_remote(url, cache_limit="1GiB")),
+        "loaders-limited": lambda: python(
+            lambda: read_remote(url, store=StoreOptions(cache_limit="1GiB"))
+        ),
         "stream": lambda: python(lambda: stream_remote(url)),
     }
 

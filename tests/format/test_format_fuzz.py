@@ -6,10 +6,10 @@ its files mutated: a byte set to another value, the file cut short, garbage appe
 swapped with another of its kind. Each reader then runs in a long-lived subprocess
 (tests/format/fuzz_driver.py) under a time limit: `etl audit`, `inspect`, `versions`, `diff`,
 `show`, `compact`, the next `etl run`, and the loaders at open and at read (plain, with
-`verify=True` and with `verify="rows"`), in the main process and in workers. Each must end
+`verify="shards"` and with `verify="rows"`), in the main process and in workers. Each must end
 with an exit code and, for an error, one line: never a traceback, a signal or a hang. What can
 know of the damage must say so: the audit always, the loaders for a shard (each row checked
-the first time it is read, by default; `verify=True` and "rows" too), the loaders for a version
+the first time it is read, by default; `verify="shards"` and "rows" too), the loaders for a version
 file (its commit record).
 
 Hypothesis draws the mutations (a few dozen per kind; `--fuzz-long` for thousands); every byte
@@ -297,7 +297,7 @@ def check(mutation: Mutation, results: dict[str, Any]) -> None:
     if "audit" in results and covered:
         assert results["audit"]["code"] in (1, 2), f"the audit missed {mutation}"
     if "loaders-verify" in results and covered:
-        assert results["loaders-verify"]["code"] == 2, f"verify=True read {mutation}"
+        assert results["loaders-verify"]["code"] == 2, f"verify=shards read {mutation}"
     shard = mutation.kind in ("shard", "cached-shard")
     if "loaders" in results and covered and not shard:
         assert results["loaders"]["code"] == 2, f"the commit record missed {mutation}"
@@ -469,7 +469,8 @@ def mirrored(base: Base, endpoint: str) -> Iterator[tuple[Mirror, Driver]]:
     """The packed dataset in a bucket of moto's server on 127.0.0.1, a cache folder that holds
     its mirror (as a training node's does after one epoch), and readers pointed at the store."""
     s3fs = pytest.importorskip("s3fs")
-    from etl.storage.store import RemoteDataset
+    from etl.storage.location import StoreOptions
+    from etl.storage.store import StoreDataset
     from loaders import PackedDataset
     from tests.helpers.stores import new_bucket
 
@@ -487,8 +488,8 @@ def mirrored(base: Base, endpoint: str) -> Iterator[tuple[Mirror, Driver]]:
     new_bucket(endpoint, "fuzzed")
     s3fs.S3FileSystem(**options).put(str(base.root), "fuzzed/ds", recursive=True)
     url, cache = "s3://fuzzed/ds", base.work / "cache"
-    PackedDataset.open(url, cache_dir=cache, storage_options=options)
-    remote = RemoteDataset(url, cache, options)
+    PackedDataset.open(url, store=StoreOptions(cache_dir=cache, storage_options=options))
+    remote = StoreDataset(url, cache, options)
     remote.fetch_version(1)
     mirror = remote.root
     (mirror / "shards" / "v000001-00000.npy.use").touch()  # as a bounded cache leaves them
@@ -525,7 +526,7 @@ def test_any_damage_to_a_remote_datasets_mirror_is_named_never_a_crash(
     versions' files, the lock and hold files of its processes), damaged as a bad disk damages
     it: each reader of the URL ends with one named error or reads the store's samples; a
     damaged version file is always named (its commit record), a swapped shard by its probe
-    row, any damage to a shard with `verify=True`."""
+    row, any damage to a shard with `verify="shards"`."""
     mirror, driver = mirrored
     seen = []
 

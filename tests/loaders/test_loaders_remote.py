@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,8 @@ import numpy as np
 import pytest
 
 from etl.errors import ManifestError, ShardError
-from etl.storage.store import RemoteDataset
+from etl.storage.location import StoreOptions
+from etl.storage.store import StoreDataset
 from loaders import PackedDataset, PackedStream, View, make_loader, stream_loader
 from tests.helpers.packed import Packed, make_packed
 from tests.helpers.stores import new_bucket, silent_endpoint
@@ -64,7 +66,9 @@ def test_a_dataset_in_a_bucket_reads_as_packed(endpoint: str, bucket: str, tmp_p
     url = f"s3://{bucket}/datasets/ds"
     upload(packed, endpoint, url)
     cache = tmp_path / "cache"
-    ds = PackedDataset.open(url, cache_dir=cache, storage_options=options(endpoint))
+    ds = PackedDataset.open(
+        url, store=StoreOptions(cache_dir=cache, storage_options=options(endpoint))
+    )
     assert_same_samples(ds, packed)
     seen = sorted(
         int(i)
@@ -72,7 +76,7 @@ def test_a_dataset_in_a_bucket_reads_as_packed(endpoint: str, bucket: str, tmp_p
         for i in indices
     )
     assert seen == list(range(len(ds)))
-    mirror = RemoteDataset(url, cache).root
+    mirror = StoreDataset(url, cache).root
     assert sorted(p.name for p in (mirror / "shards").glob("*.npy")) == sorted(
         Path(name).name for name in ds.selection.shards.names
     )
@@ -88,16 +92,20 @@ def test_only_the_shards_a_selection_reads_are_fetched(
     url = f"s3://{bucket}/ds"
     upload(packed, endpoint, url)
     cache = tmp_path / "cache"
-    ds = PackedDataset.open(url, split="val", cache_dir=cache, storage_options=options(endpoint))
+    ds = PackedDataset.open(
+        url, split="val", store=StoreOptions(cache_dir=cache, storage_options=options(endpoint))
+    )
     assert_same_samples(ds, packed)
-    fetched = list((RemoteDataset(url, cache).root / "shards").glob("*.npy"))
+    fetched = list((StoreDataset(url, cache).root / "shards").glob("*.npy"))
     assert len(fetched) == len(set(ds.selection.shards.names)) == 1
     # a view of it, by its URL: the same shard, none other
     view = View(url, split="val").narrowed(where="row % 2 = 0")
-    ds = PackedDataset.open(view, cache_dir=cache, storage_options=options(endpoint))
+    ds = PackedDataset.open(
+        view, store=StoreOptions(cache_dir=cache, storage_options=options(endpoint))
+    )
     assert list(ds.selection.positions) == [i for i in range(10) if i % 2 == 0]
     assert_same_samples(ds, packed)
-    assert list((RemoteDataset(url, cache).root / "shards").glob("*.npy")) == fetched
+    assert list((StoreDataset(url, cache).root / "shards").glob("*.npy")) == fetched
 
 
 def test_a_second_open_reads_nothing_from_the_store(
@@ -107,9 +115,13 @@ def test_a_second_open_reads_nothing_from_the_store(
     url = f"s3://{bucket}/ds"
     fs = upload(packed, endpoint, url)
     cache = tmp_path / "cache"
-    PackedDataset.open(url, version=1, cache_dir=cache, storage_options=options(endpoint))
+    PackedDataset.open(
+        url, version=1, store=StoreOptions(cache_dir=cache, storage_options=options(endpoint))
+    )
     fs.rm(url.removeprefix("s3://"), recursive=True)  # the store no longer has a byte of it
-    again = PackedDataset.open(url, version=1, cache_dir=cache, storage_options=options(endpoint))
+    again = PackedDataset.open(
+        url, version=1, store=StoreOptions(cache_dir=cache, storage_options=options(endpoint))
+    )
     assert_same_samples(again, packed)
 
 
@@ -125,8 +137,10 @@ def test_a_shard_changed_in_the_store_is_a_named_error_and_is_not_cached(
     fs.pipe(f"{bucket}/ds/{shard}", bytes(data))
     cache = tmp_path / "cache"
     with pytest.raises(ShardError, match=rf"{shard}.*changed after the commit"):
-        PackedDataset.open(url, cache_dir=cache, storage_options=options(endpoint))
-    mirror = RemoteDataset(url, cache).root
+        PackedDataset.open(
+            url, store=StoreOptions(cache_dir=cache, storage_options=options(endpoint))
+        )
+    mirror = StoreDataset(url, cache).root
     assert not (mirror / shard).exists() and not list(mirror.rglob(".tmp-*"))
 
 
@@ -139,7 +153,7 @@ def test_what_a_killed_download_left_is_never_trusted(
     url = f"s3://{bucket}/ds"
     upload(packed, endpoint, url)
     cache = tmp_path / "cache"
-    mirror = RemoteDataset(url, cache).root
+    mirror = StoreDataset(url, cache).root
     names = PackedDataset.open(packed.root).selection.shards.names
     (mirror / "shards").mkdir(parents=True)
     for name in names:  # half-written downloads of every shard, by a process now gone
@@ -147,23 +161,26 @@ def test_what_a_killed_download_left_is_never_trusted(
     staging = mirror / "versions" / ".tmp-v000001-99999"
     staging.mkdir(parents=True)
     (staging / "manifest.arrow").write_bytes(b"half")
-    ds = PackedDataset.open(url, cache_dir=cache, storage_options=options(endpoint))
+    ds = PackedDataset.open(
+        url, store=StoreOptions(cache_dir=cache, storage_options=options(endpoint))
+    )
     assert_same_samples(ds, packed)
 
 
 def test_bad_locations_are_one_clear_error(endpoint: str, bucket: str, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     with pytest.raises(ManifestError, match="no manifest version found"):
-        PackedDataset.open(f"s3://{bucket}/nothing-here", cache_dir=cache, **_opts(endpoint))
+        PackedDataset.open(
+            f"s3://{bucket}/nothing-here",
+            store=StoreOptions(cache_dir=cache, storage_options=options(endpoint)),
+        )
     packed = make_packed(tmp_path / "ds")
     url = f"s3://{bucket}/ds"
     upload(packed, endpoint, url)
     with pytest.raises(ManifestError, match=r"v000007/commit\.json: not in the store"):
-        PackedDataset.open(url, version=7, cache_dir=cache, **_opts(endpoint))
-
-
-def _opts(endpoint: str) -> dict[str, Any]:
-    return {"storage_options": options(endpoint)}
+        PackedDataset.open(
+            url, version=7, store=StoreOptions(cache_dir=cache, storage_options=options(endpoint))
+        )
 
 
 @pytest.mark.slow
@@ -176,9 +193,10 @@ def test_processes_of_one_node_share_the_cache(endpoint: str, bucket: str, tmp_p
     cache = tmp_path / "cache"
     script = (
         "import json, sys, numpy as np\n"
+        "from etl.storage.location import StoreOptions\n"
         "from loaders import PackedDataset\n"
         "url, cache, opts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])\n"
-        "ds = PackedDataset.open(url, cache_dir=cache, storage_options=opts)\n"
+        "ds = PackedDataset.open(url, store=StoreOptions(cache_dir=cache, storage_options=opts))\n"
         "print(json.dumps([ds[i][0].numpy().tobytes().hex() for i in range(len(ds))]))\n"
     )
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
@@ -198,7 +216,7 @@ def test_processes_of_one_node_share_the_cache(endpoint: str, bucket: str, tmp_p
         out, err = run.communicate(timeout=120)
         assert run.returncode == 0, err[-2000:]
         assert json.loads(out) == expected
-    mirror = RemoteDataset(url, cache).root
+    mirror = StoreDataset(url, cache).root
     assert len(list((mirror / "shards").glob("*.npy"))) == 4
     assert not list(mirror.rglob(".tmp-*"))
 
@@ -220,9 +238,9 @@ def test_a_store_that_never_answers_is_an_error_in_bounded_time(
         PackedDataset.open(
             "s3://bucket/ds",
             version=version,
-            cache_dir=tmp_path / "cache",
-            storage_options=options(silent_store),
-            store_timeout=1,
+            store=StoreOptions(
+                cache_dir=tmp_path / "cache", storage_options=options(silent_store), timeout=1
+            ),
         )
     assert time.monotonic() - started < 30
 
@@ -247,8 +265,10 @@ def test_a_hostile_commit_record_in_the_store_is_refused_before_any_download(
     fs.pipe(f"{bucket}/ds/versions/v000001/commit.json", record)
     cache = tmp_path / "cache"
     with pytest.raises(ManifestError, match=message):
-        PackedDataset.open(url, version=1, cache_dir=cache, storage_options=options(endpoint))
-    mirror = RemoteDataset(url, cache).root
+        PackedDataset.open(
+            url, version=1, store=StoreOptions(cache_dir=cache, storage_options=options(endpoint))
+        )
+    mirror = StoreDataset(url, cache).root
     assert not (mirror / "versions" / "v000001").exists() and not list(mirror.rglob(".tmp-*"))
 
 
@@ -273,7 +293,9 @@ def test_ranged_reads_fetch_no_shard_and_verify_every_row(
 
     def opened() -> PackedDataset:
         return PackedDataset.open(
-            url, split="val", cache_dir=cache, storage_options=options(endpoint), ranged=True
+            url,
+            split="val",
+            store=StoreOptions(cache_dir=cache, storage_options=options(endpoint), ranged=True),
         )
 
     ds = opened()
@@ -290,7 +312,7 @@ def test_ranged_reads_fetch_no_shard_and_verify_every_row(
     assert sorted(streamed) == list(range(len(ds)))
     for i, image in streamed.items():
         np.testing.assert_array_equal(image, seen[i])
-    assert not list(RemoteDataset(url, cache).root.rglob("*.npy")), "no shard is downloaded"
+    assert not list(StoreDataset(url, cache).root.rglob("*.npy")), "no shard is downloaded"
 
     key = f"{bucket}/ds/shards/v000001-00000.npy"
     data = bytearray(fs.cat(key))
@@ -310,6 +332,59 @@ def test_ranged_is_for_a_store_and_without_a_cache_limit(
 ) -> None:
     packed = make_packed(tmp_path / "ds")
     with pytest.raises(ValueError, match="ranged is for a dataset in object storage"):
-        PackedDataset.open(packed.root, ranged=True)
+        PackedDataset.open(packed.root, store=StoreOptions(ranged=True))
     with pytest.raises(ValueError, match="give it or cache_limit, not both"):
-        PackedDataset.open(f"s3://{bucket}/ds", ranged=True, cache_limit="1GiB")
+        PackedDataset.open(f"s3://{bucket}/ds", store=StoreOptions(ranged=True, cache_limit="1GiB"))
+
+
+@pytest.mark.parametrize("name", ["cache_dir", "storage_options", "store_timeout"])
+def test_the_former_store_keywords_still_open_a_bucket_and_warn_once(
+    endpoint: str, bucket: str, tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`PackedDataset.open(url, cache_dir=, storage_options=, store_timeout=)`, as before
+    `StoreOptions`: the same samples, into the same cache, and one DeprecationWarning naming
+    the keyword and its new place, the first time only."""
+    import etl.deprecations
+
+    monkeypatch.setattr(etl.deprecations, "_WARNED", set())
+    packed = make_packed(tmp_path / "ds", shard_sizes=(5, 7))
+    url = f"s3://{bucket}/ds"
+    upload(packed, endpoint, url)
+    given: dict[str, Any] = {
+        "cache_dir": tmp_path / "cache",
+        "storage_options": options(endpoint),
+        "store_timeout": 30.0,
+    }
+    expected = f"store=StoreOptions({'timeout' if name == 'store_timeout' else name}=)"
+    for attempt in range(2):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ds = PackedDataset.open(url, **given)
+        said = [str(w.message) for w in caught if f"({name}=)" in str(w.message)]
+        assert all(w.category is DeprecationWarning for w in caught)
+        if attempt == 0:
+            assert said == [f"PackedDataset.open({name}=) is deprecated: use {expected}"]
+        else:
+            assert said == []  # once per process
+        assert_same_samples(ds, packed)
+    assert list((StoreDataset(url, tmp_path / "cache").root / "shards").glob("*.npy"))
+    with pytest.raises(TypeError, match="not both"):
+        PackedDataset.open(url, store=StoreOptions(), **{name: given[name]})
+
+
+@pytest.mark.parametrize(("name", "value"), [("cache_limit", "1MiB"), ("ranged", True)])
+def test_the_former_cache_keywords_still_decide_and_warn_once(
+    packed: Packed, name: str, value: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cache_limit=` and `ranged=` as keywords of their own: a warning naming the new place,
+    then the same refusal as `StoreOptions` gives for a local folder."""
+    import etl.deprecations
+
+    monkeypatch.setattr(etl.deprecations, "_WARNED", set())
+    with (
+        pytest.warns(DeprecationWarning, match=rf"open\({name}=\).*StoreOptions\({name}=\)"),
+        pytest.raises(ValueError, match=f"{name} is for a dataset in object storage"),
+    ):
+        PackedDataset.open(packed.root, **{name: value})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'cache_size'"):
+        PackedDataset.open(packed.root, cache_size=1)

@@ -20,7 +20,8 @@ import pytest
 import torch.multiprocessing as mp
 
 from etl.errors import ShardError
-from etl.storage.store import RemoteDataset
+from etl.storage.location import StoreOptions
+from etl.storage.store import StoreDataset
 from loaders import PackedDataset, PackedStream, make_loader, stream_loader
 from tests.helpers.packed import Packed, make_packed
 from tests.helpers.stores import new_bucket
@@ -53,7 +54,8 @@ def dataset(endpoint: str, tmp_path: Path, request: pytest.FixtureRequest) -> tu
 def limited(url: str, endpoint: str, cache: Path, limit: int | str) -> PackedDataset:
     """The dataset at `url`, read through a cache folder `cache` of at most `limit` bytes."""
     return PackedDataset.open(
-        url, cache_dir=cache, storage_options=options(endpoint), cache_limit=limit
+        url,
+        store=StoreOptions(cache_dir=cache, storage_options=options(endpoint), cache_limit=limit),
     )
 
 
@@ -117,7 +119,7 @@ def test_epochs_through_a_cache_smaller_than_the_dataset(
     limit = sum(sizes) * 6 // 10
     cache = tmp_path / "cache"
     ds = limited(url, endpoint, cache, limit)
-    folder = RemoteDataset(url, cache).root / "shards"
+    folder = StoreDataset(url, cache).root / "shards"
     assert not list(folder.glob("*.npy")) if folder.is_dir() else True  # nothing at open
     loader = make_loader(
         ds, batch_size=4, shuffle="shards", seed=3, num_workers=workers, with_indices=True
@@ -131,10 +133,13 @@ def test_a_limit_smaller_than_one_shard_is_one_clear_error(
     packed, url = dataset
     with pytest.raises(ShardError, match="cache_limit 100 bytes is smaller than one shard"):
         PackedDataset.open(
-            url, cache_dir=tmp_path / "c", storage_options=options(endpoint), cache_limit=100
+            url,
+            store=StoreOptions(
+                cache_dir=tmp_path / "c", storage_options=options(endpoint), cache_limit=100
+            ),
         )
     with pytest.raises(ValueError, match="cache_limit is for a dataset in object storage"):
-        PackedDataset.open(packed.root, cache_limit="1MiB")
+        PackedDataset.open(packed.root, store=StoreOptions(cache_limit="1MiB"))
 
 
 def rank(rank: int, url: str, endpoint: str, cache: str, limit: int, port: int, out: str) -> None:
@@ -143,7 +148,10 @@ def rank(rank: int, url: str, endpoint: str, cache: str, limit: int, port: int, 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         ds = PackedDataset.open(
-            url, cache_dir=cache, storage_options=options(endpoint), cache_limit=limit
+            url,
+            store=StoreOptions(
+                cache_dir=cache, storage_options=options(endpoint), cache_limit=limit
+            ),
         )
         loader = make_loader(
             ds, batch_size=3, shuffle="shards", seed=5, num_workers=2, with_indices=True
@@ -171,7 +179,7 @@ def test_two_ranks_share_one_cache_smaller_than_the_dataset(
     packed, url = dataset
     limit = sum(shard_bytes(packed)) * 6 // 10
     cache, out = tmp_path / "cache", tmp_path / "seen.json"
-    folder = RemoteDataset(url, cache).root / "shards"
+    folder = StoreDataset(url, cache).root / "shards"
     n = len(packed.images)
     args = (url, endpoint, str(cache), limit, free_port(), str(out))
     with watched(folder) as peak:
@@ -200,7 +208,7 @@ def test_shards_are_fetched_ahead_in_the_loaders_order(
     loader.set_epoch(0)
     order = loader.order.order()
     batches = [set(ds.selection.shard_idx[order[i : i + 2]].tolist()) for i in (2, 4)]
-    folder = RemoteDataset(url, cache).root / "shards"
+    folder = StoreDataset(url, cache).root / "shards"
     names = ds.selection.shards.names
     batches_ahead = [{Path(names[s]).name for s in batch} for batch in batches]
     iterator = iter(loader)
@@ -225,7 +233,7 @@ def test_what_a_killed_download_left_does_not_count_against_the_limit(
     limit = sum(shard_bytes(packed)) * 6 // 10
     cache = tmp_path / "cache"
     ds = limited(url, endpoint, cache, limit)
-    folder = RemoteDataset(url, cache).root / "shards"
+    folder = StoreDataset(url, cache).root / "shards"
     folder.mkdir(parents=True)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -253,7 +261,7 @@ def test_a_shard_changed_in_the_store_is_a_named_error_when_its_batch_comes(
     with pytest.raises(ShardError, match=rf"{shard}.*changed after the commit") as raised:
         read_epoch(make_loader(ds, batch_size=2, shuffle="shards", seed=3, with_indices=True))
     assert f"repair: etl audit {url} --repair" in str(raised.value)
-    folder = RemoteDataset(url, cache).root / "shards"
+    folder = StoreDataset(url, cache).root / "shards"
     assert not (folder / Path(shard).name).exists() and not list(folder.glob(".tmp-*"))
 
 
@@ -270,11 +278,11 @@ def test_the_stream_reads_through_a_cache_smaller_than_the_dataset(
     ds = limited(url, endpoint, cache, limit)
     stream = PackedStream(ds.selection, batch_size=4, seed=3, window=2)
     loader = stream_loader(stream, num_workers=workers, with_indices=True)
-    folder = RemoteDataset(url, cache).root / "shards"
+    folder = StoreDataset(url, cache).root / "shards"
     two_epochs_within(loader, ds, packed, folder, limit)
     # a cold cache with room for the next window (fetch-ahead leaves a batch's worth free)
     cache = tmp_path / "cold"
-    folder = RemoteDataset(url, cache).root / "shards"
+    folder = StoreDataset(url, cache).root / "shards"
     ds = limited(url, endpoint, cache, sum(sizes))
     loader = stream_loader(
         PackedStream(ds.selection, batch_size=4, seed=3, window=1),
@@ -334,12 +342,13 @@ import json, resource, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, ({fsize}, {fsize}))
 from etl.errors import EtlError
+from etl.storage.location import StoreOptions
 from loaders import PackedDataset, make_loader
 try:
-    ds = PackedDataset.open(
-        {url!r}, cache_dir={cache!r}, storage_options=json.loads({options!r}),
-        cache_limit={limit!r},
+    options = StoreOptions(
+        cache_dir={cache!r}, storage_options=json.loads({options!r}), cache_limit={limit!r}
     )
+    ds = PackedDataset.open({url!r}, store=options)
     for _ in make_loader(ds, batch_size=4, shuffle="shards"):
         pass
 except EtlError as exc:
@@ -371,6 +380,6 @@ def test_a_full_cache_disk_is_one_clear_error(
     )
     assert done.returncode == 3, done.stdout + done.stderr
     (line,) = done.stdout.strip().splitlines()
-    folder = RemoteDataset(url, cache).root / "shards"
+    folder = StoreDataset(url, cache).root / "shards"
     assert "the cache disk is full" in line and str(folder) in line, line
     assert not list(folder.glob(".tmp-*")) and not list(folder.glob("*.npy"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +130,7 @@ def describe(process: psutil.Process) -> str:
 def test_a_shard_swapped_with_another_of_its_shape_is_refused_not_read(
     tmp_path: Path, workers: int
 ) -> None:
-    """Same header, same size: only the samples differ. Without verify=True too, the reader
+    """Same header, same size: only the samples differ. Without verify="shards" too, the reader
     checks one row of each shard it opens against the manifest's checksum of that sample."""
     packed = make_packed(tmp_path / "ds", shard_sizes=(5, 5, 5), orphans=0)
     first, second = (packed.root / name for name in sorted(set(packed.shards))[:2])
@@ -155,14 +156,14 @@ def flip_a_byte(path: Path) -> None:
 def test_verify_catches_changed_bytes_of_the_shards_opened(packed: Packed) -> None:
     names = open_catalog(packed.root).select().shards.names
     flip_a_byte(packed.root / names[-1])
-    ds = PackedDataset.open(packed.root, verify=True)
+    ds = PackedDataset.open(packed.root, verify="shards")
     ds[0]  # an intact shard
     last = len(ds) - 1
     with pytest.raises(ShardError, match="does not match the manifest"):
         ds[last]
     unverified = PackedDataset.open(packed.root)
     assert unverified[last][0].shape == packed.sample_shape  # same size: only verify can tell
-    stream = PackedStream(open_catalog(packed.root).select(), verify=True, shuffle=False)
+    stream = PackedStream(open_catalog(packed.root).select(), verify="shards", shuffle=False)
     with pytest.raises(ShardError, match="does not match the manifest"):
         list(stream)
 
@@ -313,9 +314,9 @@ def test_verify_hashes_each_shard_once_per_process(
         return real(path, algorithms)
 
     monkeypatch.setattr(loaders.shard_checks, "file_digests", counting)
-    ds = PackedDataset.open(packed.root, verify=True)
+    ds = PackedDataset.open(packed.root, verify="shards")
     ds.gather(list(range(len(ds))))
-    again = PackedDataset.open(packed.root, verify=True)
+    again = PackedDataset.open(packed.root, verify="shards")
     again.gather(list(range(len(ds))))
     assert sorted(calls) == sorted({packed.root / n for n in ds.selection.shards.names})
 
@@ -423,7 +424,7 @@ def _ids_in_shard(packed: Packed, shard: str) -> list[str]:
 def test_an_unreadable_shard_mid_training_is_one_error_naming_samples_and_repair(
     packed: Packed, workers: int, damage: str
 ) -> None:
-    ds = PackedDataset.open(packed.root, verify=damage == "flipped")
+    ds = PackedDataset.open(packed.root, verify="shards" if damage == "flipped" else False)
     name = ds.selection.shards.names[2]
     path = packed.root / name
     if damage == "truncated":
@@ -444,3 +445,21 @@ def test_an_unreadable_shard_mid_training_is_one_error_naming_samples_and_repair
     assert message.endswith(
         f"repair: etl audit {packed.root} --version 1 --repair --config pipeline.yaml"
     )
+
+
+def test_verify_true_is_verify_shards_and_warns_once(
+    packed: Packed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`verify=True`, the former name of "shards": the same reader (each shard hashed whole
+    once per process, no row checks), one DeprecationWarning, the first time only."""
+    import etl.deprecations
+
+    monkeypatch.setattr(etl.deprecations, "_WARNED", set())
+    with pytest.warns(DeprecationWarning, match=r'verify=True is deprecated: use verify="shards"'):
+        old = PackedDataset.open(packed.root, verify=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PackedDataset.open(packed.root, verify=True)  # no second warning
+        new = PackedDataset.open(packed.root, verify="shards")
+    assert old.reader.verify_shards and new.reader.verify_shards
+    assert old.selection.shards.row_sums is None and new.selection.shards.row_sums is None

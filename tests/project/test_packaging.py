@@ -4,6 +4,7 @@ command without its packages says in one line how to get them."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -63,3 +64,120 @@ def test_the_cli_without_its_packages_says_how_to_install_them() -> None:
         "error: the etl command needs the ETL packages (typer is missing): "
         "pip install 'etl-memmap[etl]'"
     )
+
+
+# The floors of the house, lowest first: a module imports only from floors below its own, and
+# from its own package (docs/architecture.md, "Floors"). `etl` alone is its package's
+# __init__, which opens `etl.open_dataset` lazily.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("etl.errors", "etl.deprecations"),
+    ("etl.progress", "etl.yaml_file"),
+    ("etl.format",),
+    ("etl.storage",),
+    ("etl.config",),
+    ("etl.images",),
+    ("etl.sources",),
+    ("etl.engine",),
+    ("etl.run",),
+    ("etl.explore",),
+    ("etl.maintenance", "etl.start", "loaders"),
+    ("etl.cli",),
+    ("etl.__main__", "etl"),
+)
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted([*(ROOT / "etl").rglob("*.py"), *(ROOT / "loaders").rglob("*.py")]):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def _imported(path: Path, name: str, modules: dict[str, Path]) -> set[str]:
+    """Every module of ours that `path` imports anywhere: at the top, in a function, or for
+    type checking only (a cycle there is still two modules that need each other)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, *([base] if base else [])])
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names}
+    return {m for m in found if m in modules and m != name}
+
+
+def _floor(module: str) -> int:
+    for level, prefixes in enumerate(FLOORS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes if p != "etl"):
+            return level
+    assert module == "etl", f"{module} stands on no floor: add its package to FLOORS"
+    return len(FLOORS) - 1
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return "loaders" if parts[0] == "loaders" else ".".join(parts[:2])
+
+
+def test_imports_run_down_the_floors() -> None:
+    """No module imports from a floor above its own (a source borrowing the run's spill, the
+    loaders reaching into the run): the data flows one way, and a lower floor installs and
+    imports without the ones above it."""
+    modules = _modules()
+    upward = [
+        f"{name} imports {target}"
+        for name, path in modules.items()
+        for target in _imported(path, name, modules)
+        if _package(target) != _package(name) and _floor(target) >= _floor(name)
+    ]
+    assert not upward, upward
+
+
+def test_no_two_modules_import_each_other() -> None:
+    modules = _modules()
+    imports = {name: _imported(path, name, modules) for name, path in modules.items()}
+    pairs = sorted(
+        f"{a} <-> {b}"
+        for a, targets in imports.items()
+        for b in targets
+        if a < b and a in imports[b]
+    )
+    assert not pairs, pairs
+
+
+def test_the_storage_package_sits_between_the_format_and_the_run() -> None:
+    """Object storage imports the format (manifest, record, checksums), never the run; the
+    format imports neither the storage package nor fsspec, so a folder reader needs neither."""
+    code = "\n".join(f"import {m}" for m in _modules() if m.startswith("etl.storage"))
+    assert not {"etl.run", "torch"} & _imported_names(code), code
+    format_code = "\n".join(f"import {m}" for m in _modules() if m.startswith("etl.format"))
+    found = _imported_names(format_code)
+    assert "fsspec" not in found and "etl.storage" not in found, sorted(found)
+
+
+def _imported_names(code: str) -> set[str]:
+    """Modules (and their packages, `etl.run` for `etl.run.spill`) a fresh interpreter has
+    imported after `code`."""
+    script = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr
+    names = json.loads(proc.stdout)
+    return {".".join(n.split(".")[:k]) for n in names for k in (1, 2)}
+
+
+def test_only_the_storage_package_decides_local_or_url() -> None:
+    """`is_url` is defined in `etl.storage.location` alone, and no other module tells a URL by
+    its text (`"://" in ...`): every entry point asks `open_location` or `is_url`."""
+    modules = _modules()
+    defined = [n for n, p in modules.items() if re.search(r"^def is_url\(", p.read_text(), re.M)]
+    assert defined == ["etl.storage.location"], defined
+    sniffing = [n for n, p in modules.items() if '"://" in' in p.read_text()]
+    assert sniffing == ["etl.storage.location"], sniffing

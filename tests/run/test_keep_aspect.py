@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from etl.storage.location import StoreOptions
 from loaders import PackedDataset, RandomResizedCrop, make_loader
 from loaders.batches import SIZE_COLUMNS
 from tests.helpers.aspect import (
@@ -257,7 +258,9 @@ def test_keep_aspect_into_a_bucket_and_read_back_by_url(
         expected = oracle_pixels(tmp_path / "images" / source)
         assert np.array_equal(dataset[i][0].numpy(), expected)
     for workers in (0, 2):  # ranged GETs: each sample's bytes, verified; no shard fetched
-        ranged = PackedDataset.open("s3://aspect/ds", ranged=True, cache_dir=tmp_path / "bare")
+        ranged = PackedDataset.open(
+            "s3://aspect/ds", store=StoreOptions(ranged=True, cache_dir=tmp_path / "bare")
+        )
         loader = make_loader(ranged, batch_size=3, num_workers=workers, with_indices=True)
         count = 0
         for images, _, indices, columns in loader:
@@ -284,7 +287,9 @@ def test_keep_aspect_into_a_bucket_and_read_back_by_url(
     data = bytearray(fs.cat(f"aspect/ds/{shard}"))
     data[128 + offset + 2] ^= 0xFF
     fs.pipe(f"aspect/ds/{shard}", bytes(data))
-    fresh = PackedDataset.open("s3://aspect/ds", ranged=True, cache_dir=tmp_path / "bare")
+    fresh = PackedDataset.open(
+        "s3://aspect/ds", store=StoreOptions(ranged=True, cache_dir=tmp_path / "bare")
+    )
     row = int(fresh.selection.rows[3])
     pattern = rf"{shard}: row {row} does not match the checksum.*repair: etl audit s3://"
     with pytest.raises(ShardError, match=pattern):

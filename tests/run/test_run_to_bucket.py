@@ -127,7 +127,7 @@ def test_a_bucket_holds_what_a_disk_holds_and_reruns_converge(
     code, out, err = cli(["versions", URL, "--json"], capsys)
     assert code == 0, err
     assert [v["version"] for v in json.loads(out)] == [1, 2]
-    work = to_store.work_folder(to_store.RemoteDataset(URL)) / "dataset"
+    work = to_store.work_folder(to_store.StoreDataset(URL)) / "dataset"
     assert not list(work.rglob("*.npy"))  # the work folder keeps no shard between runs
 
 
@@ -188,7 +188,7 @@ def test_a_writer_whose_upload_the_winner_swept_says_it_lost(
     finds the file gone, and says that another writer published the version, not that the
     store lost a file."""
     config, other, other_config = two_writers(tmp_path)
-    real = to_store.RemoteDataset.stored_digest
+    real = to_store.StoreDataset.stored_digest
     b_done: list[bool] = []
 
     def b_publishes_and_sweeps(self: Any, *args: Any) -> Any:
@@ -199,12 +199,12 @@ def test_a_writer_whose_upload_the_winner_swept_says_it_lost(
                 assert pipeline.run(load_config(other_config)).version == 1
         return real(self, *args)
 
-    monkeypatch.setattr(to_store.RemoteDataset, "stored_digest", b_publishes_and_sweeps)
+    monkeypatch.setattr(to_store.StoreDataset, "stored_digest", b_publishes_and_sweeps)
     code, _, err = cli(["run", str(config)], capsys)
     assert code == 2 and "Traceback" not in err
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "another writer published version 1" in lines[0], err
-    monkeypatch.setattr(to_store.RemoteDataset, "stored_digest", real)
+    monkeypatch.setattr(to_store.StoreDataset, "stored_digest", real)
     assert all_objects(bucket) == named_by_versions(bucket)
 
 
@@ -316,7 +316,7 @@ def test_a_damaged_attempt_file_never_widens_what_a_run_removes(
     config = write_config(tmp_path, URL)
     assert pipeline.run(load_config(config)).version == 1
     published = all_objects(bucket)
-    work = to_store.work_folder(to_store.RemoteDataset(URL))
+    work = to_store.work_folder(to_store.StoreDataset(URL))
     record = json.loads(_records(bucket)[0])
     writer = record["files_at"].rsplit("-", 1)[1]
     bodies = [
@@ -473,7 +473,7 @@ def test_any_damage_to_the_attempt_file_is_ignored_never_trusted(
     config = write_config(tmp_path, URL)
     assert pipeline.run(load_config(config)).version == 1
     published = all_objects(bucket)
-    work = to_store.work_folder(to_store.RemoteDataset(URL))
+    work = to_store.work_folder(to_store.StoreDataset(URL))
     writer = json.loads(_records(bucket)[0])["files_at"].rsplit("-", 1)[1]
     real = json.dumps({"version": 2, "writer": writer}).encode()
 

@@ -4,7 +4,7 @@ file, commits nothing, keeps the previous version intact and leaves no scratch b
 traceback, never rows that were not written.
 
 The run executes in a subprocess with spilling forced (tiny runs, tiny fan-in), and the
-damage is done right after the file is sealed (see NOTE [ sealed scratch ] in etl/run/spill.py).
+damage is done right after the file is sealed (see NOTE [ sealed scratch ] in etl/format/spill.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 DAMAGE = r"""
 import json, os, sys
 from pathlib import Path
-import etl.run.spill as spill
+import etl.format.spill as spill
 
 spill.RUN_ROWS, spill.FAN_IN = 2, 2  # every few rows a run on disk, every two runs a merge
 prefix, how = sys.argv[2], sys.argv[3]

@@ -1,5 +1,5 @@
 """What a run's parent keeps by position and on disk instead of as objects (#13): new samples
-leave memory as sorted runs and come back merged at the commit (`etl.run.spill`), and hashes
+leave memory as sorted runs and come back merged at the commit (`etl.format.spill`), and hashes
 are placed by their chunk's position, whatever order workers finish in. Runs are made tiny
 here so that a run of a few dozen images writes several and reads them back in many pieces;
 the manifests are checked with plain pyarrow and numpy against a Pillow decode of each
@@ -20,9 +20,10 @@ import pytest
 
 from etl.config import load_config
 from etl.engine import fill
-from etl.format import columns
+from etl.errors import WorkerError
+from etl.format import columns, spill
 from etl.format.manifest import SAMPLES_SCHEMA, list_versions
-from etl.run import buckets, execute, pipeline, spill, staged
+from etl.run import buckets, execute, pipeline, staged
 from tests.helpers.encoded import SIZE, picture, reasons, reference, stored
 
 CLASSES = ("ant", "bee", "cat")
@@ -232,7 +233,7 @@ def test_a_failed_pack_leaves_no_runs_behind(
         return real(*args)
 
     monkeypatch.setattr(fill, "process_image", failing)
-    with pytest.raises(fill.WorkerError, match="a bug in a stage"):
+    with pytest.raises(WorkerError, match="a bug in a stage"):
         pipeline.run(load_config(path))
     assert written == [1, 2, 1]
     assert list_versions(out) == []

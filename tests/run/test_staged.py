@@ -16,7 +16,8 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from etl.run import buckets, spill, staged
+from etl.format import spill
+from etl.run import buckets, staged
 from etl.run.decide import PACKING_COLUMNS
 from etl.run.plan import Plan, files_to_hash
 from etl.sources.entries import SourceFile, SourceListing, SourceReject

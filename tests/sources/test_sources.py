@@ -261,7 +261,7 @@ def test_the_builder_leaves_out_what_repeats_or_is_dropped(
 ) -> None:
     """A source added twice is found on the sorted listing, also when its copies fall in
     different batches, runs and merge pieces; checked against a plain Counter."""
-    from etl.run import spill
+    from etl.format import spill
     from etl.sources.entries import FileColumnsBuilder, FileStat
 
     monkeypatch.setattr(spill, "RUN_ROWS", 3)
@@ -304,7 +304,7 @@ def test_listing_rejects_go_to_disk_and_a_source_taken_twice_is_one_reject(
 ) -> None:
     """`ListingBuilder` with rejects in sorted runs on disk (many small batches): each source
     is a file, a reject or one 'duplicate' reject, checked against plain Counters."""
-    from etl.run import spill
+    from etl.format import spill
     from etl.sources.entries import FileColumnsBuilder, FileStat, RejectsBuilder, SourceReject
     from etl.sources.intake import ListingBuilder
 

@@ -274,7 +274,7 @@ def test_duplicate_ids_far_apart_are_found_across_batches_and_runs(
     """Duplicates are found on the sorted listing on disk, not in a set of every id: copies
     that land in different batches, runs and merge pieces, and a copy that is a reject (no
     label), are all named with their record numbers."""
-    from etl.run import spill
+    from etl.format import spill
     from etl.sources.entries import FileColumnsBuilder
 
     monkeypatch.setattr(FileColumnsBuilder, "BATCH", 3)
@@ -308,7 +308,7 @@ def test_listing_records_holds_no_python_object_per_record(
     import tracemalloc
 
     from etl.config import PythonSource
-    from etl.run import spill
+    from etl.format import spill
     from etl.sources.entries import FileColumnsBuilder, ListContext
     from etl.sources.kinds.python import list_python
 

@@ -52,7 +52,6 @@ from etl.format.manifest import (
     resolve,
     version_dir,
 )
-from etl.format.names import is_url
 from etl.maintenance.audit.dataset import (
     check_dataset,
     check_manifest,
@@ -75,7 +74,8 @@ from etl.maintenance.audit.shards import verify_shards
 from etl.maintenance.audit.sources import verify_records, verify_sources
 from etl.progress import Progress
 from etl.sources.registry import kind_named
-from etl.storage.store import RemoteDataset, default_cache_dir
+from etl.storage.location import StoreOptions, open_location
+from etl.storage.store import StoreDataset, default_cache_dir
 
 __all__ = [
     "ERROR",
@@ -104,12 +104,13 @@ def audit(
     to the dataset itself, the manifest included, is reported as findings.
 
     `progress` hears phases "verify" (total in bytes) and "sources" (in files); and for a
-    dataset in object storage (`path` a URL: `_audit_remote`) "download" (in shards) first.
+    dataset in object storage (`path` a URL: `_audit_store`) "download" (in shards) first.
     """
     options = options or AuditOptions()
     progress = progress or Progress()
-    if isinstance(path, str) and is_url(path):
-        return _audit_remote(path, options, progress)
+    location = open_location(path, StoreOptions(storage_options=options.storage_options or {}))
+    if location.store is not None:
+        return _audit_store(location.store.url, options, progress)
     started = time.perf_counter()
     root, number = resolve(Path(path), options.version)
     refuse_other_format(version_dir(root, number) / MANIFEST_FILE)
@@ -173,7 +174,7 @@ def audit(
     return report
 
 
-def _audit_remote(url: str, options: AuditOptions, progress: Progress) -> AuditReport:
+def _audit_store(url: str, options: AuditOptions, progress: Progress) -> AuditReport:
     """Audit a dataset in object storage: the version's files and every shard it references
     are downloaded as the store holds them, unverified, into a scratch mirror beside the cache
     (never the cache itself), audited there as a local dataset in the mode asked, and removed.
@@ -183,19 +184,19 @@ def _audit_remote(url: str, options: AuditOptions, progress: Progress) -> AuditR
     cache.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".audit-", dir=cache))
     try:
-        remote = RemoteDataset(url, scratch, options.storage_options)
-        number = remote.fetch_version(options.version)
+        store = StoreDataset(url, scratch, options.storage_options)
+        number = store.fetch_version(options.version)
         try:
-            names = tuple(read_manifest(remote.root, number).shards.column("shard").to_pylist())
+            names = tuple(read_manifest(store.root, number).shards.column("shard").to_pylist())
         except ManifestError:
             names = ()  # the audit of the copy reports the manifest
         progress.start("download", len(names))
         try:
-            remote.download_as_stored(names, progress.advance)
+            store.download_as_stored(names, progress.advance)
         finally:
             progress.stop()
-        report = audit(remote.root, replace(options, version=number), progress)
-        report.root, report.latest = url, remote.latest_version()
+        report = audit(store.root, replace(options, version=number), progress)
+        report.root, report.latest = url, store.latest_version()
         report.notes.append(
             f"audited a copy of {url} version {number} fetched from the store just now; "
             "orphan shards in the store were not looked for"

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from etl.engine.parallel import WorkerError, parallel_map
-from etl.errors import ShardError
+from etl.engine.parallel import parallel_map
+from etl.errors import ShardError, WorkerError
 from etl.format.checksums import TAMPER_DIGEST, new_hasher, row_digest
 from etl.format.manifest import (
     Manifest,

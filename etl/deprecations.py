@@ -1,0 +1,16 @@
+"""Public names that were renamed keep working: each old name warns once per process, naming
+its new one (a keyword of `PackedDataset.open`, a value of `verify`)."""
+
+from __future__ import annotations
+
+import warnings
+
+_WARNED: set[str] = set()
+
+
+def warn_once(old: str, new: str) -> None:
+    """A DeprecationWarning that `old` is now `new`, the first time `old` is used."""
+    if old in _WARNED:
+        return
+    _WARNED.add(old)
+    warnings.warn(f"{old} is deprecated: use {new}", DeprecationWarning, stacklevel=4)

@@ -1,0 +1,35 @@
+"""The one way to a store: the fsspec filesystem and the path within it of a URL, a missing
+driver a one-line error that names what to install."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from etl.errors import EtlError
+
+STORE_TIMEOUT = 60.0
+"""Seconds one call to the store may take by default (`StoreOptions.timeout`)."""
+Options = Mapping[str, Any]
+"""fsspec driver options (endpoint, credentials; empty: the environment's), never written or
+printed."""
+
+
+def filesystem(url: str, options: Options | None, error: type[EtlError]) -> tuple[Any, str]:
+    """(the fsspec filesystem, the path within it) of `url`; `error` naming `url` and the
+    package to install when fsspec or the store's driver (s3fs, gcsfs, adlfs) is missing."""
+    try:
+        from fsspec.core import url_to_fs
+
+        fs, path = url_to_fs(url, **dict(options or {}))
+    except ImportError as exc:
+        raise error(
+            f"{url}: reading from object storage needs fsspec and the store's driver "
+            f"({exc.name or exc}): pip install 'etl-memmap[s3]' (or gcsfs, adlfs)"
+        ) from None
+    return fs, str(path)
+
+
+def why(exc: BaseException) -> str:
+    """An exception as one line: its type and message (a driver's errors are often bare)."""
+    return f"{type(exc).__name__}: {exc}"
