@@ -35,13 +35,8 @@ import xxhash
 
 from benchmarks.common import cpu_model
 from etl.format.commit import commit
-from etl.format.manifest import (
-    REJECTS_SCHEMA,
-    SAMPLES_SCHEMA,
-    SHARDS_SCHEMA,
-    ManifestMeta,
-    table_from_rows,
-)
+from etl.format.manifest import table_from_rows
+from etl.format.schema import REJECTS_SCHEMA, SAMPLES_SCHEMA, SHARDS_SCHEMA, ManifestMeta
 from etl.format.shards import ShardWriter
 from etl.maintenance.audit import AuditOptions, audit
 

@@ -34,13 +34,8 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 from etl.format.commit import commit
-from etl.format.manifest import (
-    REJECTS_SCHEMA,
-    SAMPLES_SCHEMA,
-    SHARDS_SCHEMA,
-    ManifestMeta,
-    table_from_rows,
-)
+from etl.format.manifest import table_from_rows
+from etl.format.schema import REJECTS_SCHEMA, SAMPLES_SCHEMA, SHARDS_SCHEMA, ManifestMeta
 from etl.format.shards import ShardWriter
 from loaders import PackedDataset, PackedStream, make_loader, open_catalog, stream_loader
 from loaders.dataset import collate_batch

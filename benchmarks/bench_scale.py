@@ -41,15 +41,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from benchmarks.common import cpu_model, run_measured
+from etl.format.coherence import RAGGED_COLUMNS
 from etl.format.commit import commit_version
-from etl.format.manifest import (
-    RAGGED_COLUMNS,
-    REJECTS_SCHEMA,
-    SAMPLES_SCHEMA,
-    SHARDS_SCHEMA,
-    ManifestMeta,
-    read_manifest,
-)
+from etl.format.manifest import read_manifest
+from etl.format.schema import REJECTS_SCHEMA, SAMPLES_SCHEMA, SHARDS_SCHEMA, ManifestMeta
 from etl.format.shards import ShardInfo, shard_name
 
 CLASSES = 1000

@@ -46,8 +46,8 @@ Columns = Mapping[str, Annotated[ColumnConfig, BeforeValidator(_short_form)]]
 
 def check_column_names(columns: Mapping[str, ColumnConfig]) -> None:
     """ValueError for a name that is not an identifier or that the manifest uses itself."""
-    from etl.format.manifest import SAMPLES_SCHEMA
     from etl.format.sample_columns import NAME
+    from etl.format.schema import SAMPLES_SCHEMA
 
     for name in columns:
         if not NAME.match(name):

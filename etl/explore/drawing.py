@@ -11,7 +11,7 @@ from typing import Any, TypeAlias
 
 from PIL import Image, ImageDraw, ImageFont
 
-from etl.format.manifest import ordered_splits
+from etl.format.schema import ordered_splits
 
 # --- drawing: shared ----------------------------------------------------------------------------
 

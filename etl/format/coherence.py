@@ -23,7 +23,7 @@ RAGGED_COLUMNS = ("sample_offset", "sample_height", "sample_width")
 
 
 class Described(Protocol):
-    """What the check reads of a version's metadata (`etl.format.manifest.ManifestMeta`)."""
+    """What the check reads of a version's metadata (`etl.format.schema.ManifestMeta`)."""
 
     @property
     def dtype(self) -> str: ...

@@ -27,16 +27,14 @@ from etl.format.manifest import (
     MANIFEST_FILE,
     RECORDED_FILES,
     REJECTS_FILE,
-    REJECTS_SCHEMA,
     SHARDS_FILE,
-    SHARDS_SCHEMA,
     VERSIONS_DIR,
-    ManifestMeta,
     table_from_rows,
     version_dir,
     version_name,
 )
 from etl.format.record import write_record
+from etl.format.schema import REJECTS_SCHEMA, SHARDS_SCHEMA, ManifestMeta
 from etl.format.shards import SHARDS_DIR, ShardInfo, fsync_dir, shard_version
 
 

@@ -265,7 +265,7 @@ def read_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
 def check_shard(path: Path, sample_shape: tuple[int, ...], rows: int) -> int:
     """The data offset of a shard, after checking that it is what the manifest says it is.
     A `sample_shape` with a 0 side (samples that keep their aspect ratio) is one flat uint8
-    array of the file's bytes (`etl.format.manifest.RAGGED_FORMAT_VERSION`)."""
+    array of the file's bytes (`etl.format.schema.RAGGED_FORMAT_VERSION`)."""
     shape, dtype, offset = read_header(path)
     if dtype != np.uint8:
         raise ShardError(f"{path}: dtype {dtype}, expected uint8")

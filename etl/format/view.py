@@ -16,8 +16,10 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from etl.errors import SelectionError
+from etl.format.coherence import RAGGED_COLUMNS
 from etl.format.columns import bool_mask, value_codes
-from etl.format.manifest import RAGGED_COLUMNS, Manifest, ordered_splits
+from etl.format.manifest import Manifest
+from etl.format.schema import ordered_splits
 
 Where: TypeAlias = "str | pc.Expression | Callable[[pa.Table], Any]"
 """A row predicate on the samples table: a SQL `WHERE` condition (text, run by duckdb, e.g.

@@ -18,16 +18,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl.errors import ManifestError, ShardError
+from etl.format.coherence import RAGGED_COLUMNS
 from etl.format.commit import clean_leftovers, commit_version
 from etl.format.lock import DatasetLock
-from etl.format.manifest import (
-    RAGGED_COLUMNS,
-    Manifest,
-    list_versions,
-    read_manifest,
-    resolve,
-    version_dir,
-)
+from etl.format.manifest import Manifest, list_versions, read_manifest, resolve, version_dir
 from etl.format.ragged import place_of, stored_sample
 from etl.format.shards import (
     SHARDS_DIR,

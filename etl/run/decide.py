@@ -23,10 +23,10 @@ from etl.format.columns import (
     taken,
     value_codes,
 )
-from etl.format.manifest import SAMPLES_SCHEMA, samples_schema
 from etl.format.mapped import Mapped
 from etl.format.names import sample_id
 from etl.format.sample_columns import CARRIED, carried, carried_fields
+from etl.format.schema import SAMPLES_SCHEMA, samples_schema
 from etl.format.shards import shard_name
 from etl.run.plan import Plan, pack_order, split_names
 from etl.run.tasks import PackTask, ShardBatches, Texts, batch_size

@@ -35,16 +35,10 @@ from etl.errors import (
 from etl.format import spill
 from etl.format.commit import clean_leftovers, commit_version
 from etl.format.lock import DatasetLock
-from etl.format.manifest import (
-    REJECTS_SCHEMA,
-    Manifest,
-    ManifestMeta,
-    list_versions,
-    read_manifest,
-    sample_shape_of,
-)
+from etl.format.manifest import Manifest, list_versions, read_manifest
 from etl.format.mapped import releasing
 from etl.format.sample_columns import type_name
+from etl.format.schema import REJECTS_SCHEMA, ManifestMeta, sample_shape_of
 from etl.format.shards import ShardInfo
 from etl.progress import Progress
 from etl.run import execute, to_store

@@ -32,9 +32,10 @@ from etl.format.columns import (
     positions_in,
     take_or_null,
 )
-from etl.format.manifest import Manifest, samples_schema
+from etl.format.manifest import Manifest
 from etl.format.mapped import Mapped
 from etl.format.sample_columns import carried_fields
+from etl.format.schema import samples_schema
 from etl.images.rejects import CONTENT_REJECTS
 from etl.run.tasks import PackTask
 from etl.sources.entries import (

@@ -8,9 +8,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from etl.format.manifest import RAGGED_COLUMNS, REJECTS_SCHEMA, SAMPLES_SCHEMA, samples_schema
+from etl.format.coherence import RAGGED_COLUMNS
 from etl.format.names import sample_id
 from etl.format.sample_columns import CARRIED, carried, carried_fields
+from etl.format.schema import REJECTS_SCHEMA, SAMPLES_SCHEMA, samples_schema
 from etl.run.execute import PackResult
 
 

@@ -29,9 +29,10 @@ import pyarrow.compute as pc
 
 from etl.config import PipelineConfig
 from etl.format.columns import ascending, bisect_right, sorted_by, value_codes
-from etl.format.manifest import REJECTS_SCHEMA, SAMPLES_SCHEMA, Manifest, samples_schema
+from etl.format.manifest import Manifest
 from etl.format.mapped import Mapped, releasing
 from etl.format.sample_columns import carried_fields
+from etl.format.schema import REJECTS_SCHEMA, SAMPLES_SCHEMA, samples_schema
 from etl.format.spill import SortedSpill
 from etl.run.buckets import Buckets, bucket_count, buckets_of
 from etl.run.decide import CHECKED_COLUMNS, Decided, assemble, check_window, decide

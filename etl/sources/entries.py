@@ -63,7 +63,7 @@ def rejects_table(rejects: Iterable[SourceReject]) -> pa.Table:
     rejects leave Python objects behind a window, a bucket or a shard at a time."""
     import pyarrow as pa  # NOTE: here, not above: pack workers import this module
 
-    from etl.format.manifest import REJECTS_SCHEMA
+    from etl.format.schema import REJECTS_SCHEMA
 
     rows = list(rejects)
     columns = [[getattr(r, name) for r in rows] for name in REJECT_FIELDS]
@@ -116,7 +116,7 @@ class RejectsBuilder:
         self._scratch = scratch
         self._spill: Any = None
         if scratch is not None:
-            from etl.format.manifest import REJECTS_SCHEMA
+            from etl.format.schema import REJECTS_SCHEMA
             from etl.format.spill import SortedSpill  # NOTE: here: pack workers import this module
 
             self._spill = SortedSpill(scratch, REJECTS_SCHEMA, "source", "listed-rejects")
@@ -141,7 +141,7 @@ class RejectsBuilder:
         import pyarrow as pa
 
         from etl.format.columns import sorted_by
-        from etl.format.manifest import REJECTS_SCHEMA
+        from etl.format.schema import REJECTS_SCHEMA
 
         self._flush()
         if self._spill is not None:

@@ -14,16 +14,13 @@ from etl.errors import ManifestError
 from etl.format import coherence
 from etl.format import manifest as manifest_module
 from etl.format.commit import commit
-from etl.format.manifest import (
+from etl.format.manifest import list_versions, read_manifest, table_from_rows, version_dir
+from etl.format.schema import (
     FORMAT_VERSION,
     REJECTS_SCHEMA,
     SAMPLES_SCHEMA,
     SHARDS_SCHEMA,
     ManifestMeta,
-    list_versions,
-    read_manifest,
-    table_from_rows,
-    version_dir,
 )
 from tests.format.test_mapped import resident_file_kib
 from tests.helpers.packed import rewrite_sealed

@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from etl.errors import ManifestError
-from etl.format.manifest import ManifestMeta
 from etl.format.sample_columns import (
     BadValue,
     SampleColumn,
@@ -24,6 +23,7 @@ from etl.format.sample_columns import (
     parse_type,
     type_name,
 )
+from etl.format.schema import ManifestMeta
 from etl.format.values import dense_values
 
 

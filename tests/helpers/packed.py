@@ -20,15 +20,9 @@ from numpy.typing import NDArray
 
 from etl.format.checksums import digest
 from etl.format.commit import commit
-from etl.format.manifest import (
-    RECORDED_FILES,
-    REJECTS_SCHEMA,
-    SAMPLES_SCHEMA,
-    SHARDS_SCHEMA,
-    ManifestMeta,
-    table_from_rows,
-)
+from etl.format.manifest import RECORDED_FILES, table_from_rows
 from etl.format.record import write_record
+from etl.format.schema import REJECTS_SCHEMA, SAMPLES_SCHEMA, SHARDS_SCHEMA, ManifestMeta
 from etl.format.shards import ShardWriter
 
 CHECKSUM = "xxh3_64"

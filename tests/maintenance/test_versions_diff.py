@@ -9,7 +9,8 @@ import pyarrow as pa
 import pytest
 
 from etl.format.commit import commit
-from etl.format.manifest import ManifestMeta, read_manifest
+from etl.format.manifest import read_manifest
+from etl.format.schema import ManifestMeta
 from etl.maintenance import versions
 from etl.maintenance.versions import diff
 from tests.helpers.packed import Packed, make_packed

@@ -8,15 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from etl.config import PipelineConfig
-from etl.format.manifest import (
-    REJECTS_SCHEMA,
-    SAMPLES_SCHEMA,
-    SHARDS_SCHEMA,
-    Manifest,
-    ManifestMeta,
-    table_from_rows,
-)
+from etl.format.manifest import Manifest, table_from_rows
 from etl.format.names import sample_id
+from etl.format.schema import REJECTS_SCHEMA, SAMPLES_SCHEMA, SHARDS_SCHEMA, ManifestMeta
 from etl.run.plan import assign_split, files_to_hash, pack_order
 from etl.sources.entries import SourceFile, SourceListing
 from tests.helpers.plan_oracle import make_plan

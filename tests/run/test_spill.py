@@ -22,7 +22,8 @@ from etl.config import load_config
 from etl.engine import fill
 from etl.errors import WorkerError
 from etl.format import columns, spill
-from etl.format.manifest import SAMPLES_SCHEMA, list_versions
+from etl.format.manifest import list_versions
+from etl.format.schema import SAMPLES_SCHEMA
 from etl.run import buckets, execute, pipeline, staged
 from tests.helpers.encoded import SIZE, picture, reasons, reference, stored
 

@@ -24,7 +24,6 @@ from etl.format.manifest import (
     RECORDS_SINCE,
     REJECTS_FILE,
     SHARDS_FILE,
-    SHARDS_SCHEMA,
     VERSIONS_DIR,
     Manifest,
     list_versions,
@@ -36,6 +35,7 @@ from etl.format.manifest import (
     version_number,
 )
 from etl.format.record import RECORD_FILE
+from etl.format.schema import SHARDS_SCHEMA
 from etl.format.shards import HEADER_BYTES, SHARDS_DIR, shard_version
 from etl.maintenance.audit.report import MAX_EXAMPLES, AuditReport, Finding
 from etl.maintenance.audit.sources import unsafe_path

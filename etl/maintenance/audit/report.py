@@ -12,9 +12,7 @@ import pyarrow as pa
 
 from etl.config import Backend, RunConfig, SourceConfig
 from etl.engine.parallel import choose_run
-from etl.format.manifest import (
-    FORMAT_VERSION,
-)
+from etl.format.schema import FORMAT_VERSION
 
 ERROR = "error"
 NOTE = "note"
