@@ -21,8 +21,10 @@ the next batch: 3-4 ms per tensor, two tensors per batch, ~1.5-2 ms of main-proc
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import secrets
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, overload
@@ -374,3 +376,50 @@ class BatchMemory:
             return make_batch(torch.from_numpy(lent), labels, indices, columns=columns)
         fill(images.numpy())
         return make_batch(images, labels, indices, pin=self.pin, columns=columns)
+
+
+_said_no_cuda = False
+
+
+def resolve_pin_memory(pin_memory: bool | None) -> bool:
+    """Pin when asked, or by default when CUDA is present; without CUDA say so once and don't."""
+    global _said_no_cuda
+    if pin_memory is False:
+        return False
+    if torch.cuda.is_available():
+        return True
+    if not _said_no_cuda:
+        _said_no_cuda = True
+        warnings.warn(
+            "CUDA is not available: pin_memory is off and batches stay in pageable CPU memory",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    return False
+
+
+def batch_memory(
+    pin: bool,
+    num_workers: int,
+    prefetch_factor: int | None,
+    batch_bytes: int | None,
+    multiprocessing_context: Any,
+) -> BatchMemory:
+    """Where a loader's batches are gathered: pinned in-process, or a ring for its workers.
+
+    The ring has a slot for every batch that can be in flight (DataLoader keeps
+    `prefetch_factor` tasks per worker, and a worker claims a slot for the next task while the
+    loop still holds the batch before the one just handed out) plus two more: one for
+    `DeviceLoader`'s batch prepared ahead, one to spare. Batches held beyond that only make
+    workers fall back to a fresh shared buffer for a while. No ring without workers, or for
+    single samples (`batch_bytes` None).
+    """
+    if num_workers == 0:
+        return BatchMemory(pin=pin)
+    if batch_bytes is None:
+        return BatchMemory()
+    context = multiprocessing_context
+    if context is None or isinstance(context, str):
+        context = multiprocessing.get_context(context)
+    slots = num_workers * (prefetch_factor or 2) + 4
+    return BatchMemory(ring=SharedRing(slots, batch_bytes, context))

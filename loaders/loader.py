@@ -21,8 +21,6 @@ shards, and exact, elastic resume.
 from __future__ import annotations
 
 import math
-import multiprocessing
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,11 +30,11 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from etl.errors import EtlError
 from etl.storage.cache import BoundedCache
-from loaders.batches import BatchMemory, SharedRing
+from loaders.batches import BatchMemory, batch_memory, resolve_pin_memory
 from loaders.buckets import AspectBuckets
 from loaders.dataset import PackedDataset, collate_batch
 from loaders.mixture import Mixture
-from loaders.named_orders import OrderOptions, named_order, order_of, order_seed
+from loaders.named_orders import OrderOptions, loader_sampler, order_of, order_seed
 from loaders.resume import State, check_state
 from loaders.samplers import MixtureSampler, OrderSampler
 from loaders.stream import PackedStream
@@ -70,26 +68,6 @@ def _stop_workers(batches: Iterator[Any] | None, persistent: bool) -> None:
     shutdown = getattr(batches, "_shutdown_workers", None)
     if shutdown is not None and not persistent:
         shutdown()
-
-
-_said_no_cuda = False
-
-
-def resolve_pin_memory(pin_memory: bool | None) -> bool:
-    """Pin when asked, or by default when CUDA is present; without CUDA say so once and don't."""
-    global _said_no_cuda
-    if pin_memory is False:
-        return False
-    if torch.cuda.is_available():
-        return True
-    if not _said_no_cuda:
-        _said_no_cuda = True
-        warnings.warn(
-            "CUDA is not available: pin_memory is off and batches stay in pageable CPU memory",
-            RuntimeWarning,
-            stacklevel=4,
-        )
-    return False
 
 
 @dataclass
@@ -181,39 +159,14 @@ class PackedLoader(DataLoader[Any]):
         self._position: Position | None = None
         if isinstance(dataset, PackedStream):
             _refuse_for_stream(batch_size, shuffle, sampler, batch_sampler, drop_last, generator)
-            size = dataset.batch_size
-            shape = dataset.selection.sample_shape
-            batch_bytes = None if size is None else size * math.prod(shape)
-            memory = batch_memory(
-                pin, num_workers, prefetch_factor, batch_bytes, multiprocessing_context
-            )
-            super().__init__(
-                dataset.with_memory(memory, num_workers, with_indices),
-                batch_size=None,
-                collate_fn=collate_batch,
-                pin_memory=pin and num_workers > 0,
-                **common,
-            )
+            self._init_stream(dataset, pin, with_indices, common)
             return
-        if sampler is not None and shuffle:
-            raise ValueError("pass either sampler= or shuffle=, not both (as with DataLoader)")
-        if isinstance(dataset, Mixture):
-            if sampler is not None or batch_sampler is not None or shuffle not in (None, True):
-                raise ValueError(
-                    "a Mixture's order is its own (weights, seed): pass no shuffle=, sampler= "
-                    "or batch_sampler="
-                )
-            sampler = dataset.sampler(
-                order_seed(seed, generator), rank, world_size, drop_last, batch_size or 1
-            )
-        if batch_sampler is None and sampler is None:
-            if batch_size is None:
-                raise ValueError("PackedLoader batches: batch_size=None is for a PackedStream")
-            options = OrderOptions(
-                batch_size, order_seed(seed, generator), rank, world_size, drop_last
-            )
-            assert not isinstance(dataset, Mixture)  # its sampler is set above
-            sampler = named_order(shuffle or False)(dataset, options)
+        sampler = loader_sampler(
+            dataset, batch_size, shuffle, sampler, batch_sampler, drop_last,
+            lambda: OrderOptions(
+                batch_size or 1, order_seed(seed, generator), rank, world_size, drop_last
+            ),
+        )  # fmt: skip
         self.order = order_of(sampler, batch_sampler)
         size = batch_size if batch_sampler is None else getattr(batch_sampler, "batch_size", None)
         if collate_fn is None:
@@ -239,6 +192,24 @@ class PackedLoader(DataLoader[Any]):
             # that workers or another collate made.
             pin_memory=pin,
             generator=generator,
+            **common,
+        )
+
+    def _init_stream(
+        self, stream: PackedStream, pin: bool, with_indices: bool, common: dict[str, Any]
+    ) -> None:
+        """A loader of a stream: its batches as the stream makes them, through a ring with
+        workers (the stream brings its own batch size and order)."""
+        size, workers = stream.batch_size, common["num_workers"]
+        batch_bytes = None if size is None else size * math.prod(stream.selection.sample_shape)
+        memory = batch_memory(
+            pin, workers, common["prefetch_factor"], batch_bytes, common["multiprocessing_context"]
+        )
+        super().__init__(
+            stream.with_memory(memory, workers, with_indices),
+            batch_size=None,
+            collate_fn=collate_batch,
+            pin_memory=pin and workers > 0,
             **common,
         )
 
@@ -475,30 +446,3 @@ def _check_global_batch(state: Mapping[str, Any], batch_size: int, world_size: i
             f"{saved * ranks}), this loader has {batch_size} on {world_size} "
             f"({batch_size * world_size}): use batch_size={saved * ranks // world_size} per rank"
         )
-
-
-def batch_memory(
-    pin: bool,
-    num_workers: int,
-    prefetch_factor: int | None,
-    batch_bytes: int | None,
-    multiprocessing_context: Any,
-) -> BatchMemory:
-    """Where a loader's batches are gathered: pinned in-process, or a ring for its workers.
-
-    The ring has a slot for every batch that can be in flight (DataLoader keeps
-    `prefetch_factor` tasks per worker, and a worker claims a slot for the next task while the
-    loop still holds the batch before the one just handed out) plus two more: one for
-    `DeviceLoader`'s batch prepared ahead, one to spare. Batches held beyond that only make
-    workers fall back to a fresh shared buffer for a while. No ring without workers, or for
-    single samples (`batch_bytes` None).
-    """
-    if num_workers == 0:
-        return BatchMemory(pin=pin)
-    if batch_bytes is None:
-        return BatchMemory()
-    context = multiprocessing_context
-    if context is None or isinstance(context, str):
-        context = multiprocessing.get_context(context)
-    slots = num_workers * (prefetch_factor or 2) + 4
-    return BatchMemory(ring=SharedRing(slots, batch_bytes, context))

@@ -8,9 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.data import Sampler
 
 from loaders.buckets import AspectBuckets, BucketSampler
 from loaders.dataset import PackedDataset
+from loaders.mixture import Mixture
 from loaders.samplers import (
     BlockShuffleSampler,
     ClassBalancedSampler,
@@ -98,3 +100,34 @@ def order_seed(seed: int | None, generator: torch.Generator | None) -> int:
             "pass seed= or generator=, not both: the sample order comes from one of them"
         )
     return int(torch.randint(0, 2**62, (), generator=generator))
+
+
+def loader_sampler(
+    dataset: PackedDataset | Mixture,
+    batch_size: int | None,
+    shuffle: bool | str | AspectBuckets | None,
+    sampler: Sampler[int] | None,
+    batch_sampler: Sampler[Any] | None,
+    drop_last: bool,
+    options_of: Callable[[], OrderOptions],
+) -> Sampler[int] | None:
+    """The sampler a `PackedLoader` of a map-style dataset reads in: the one given, a
+    `Mixture`'s own, or the `shuffle` order by name; None where a batch sampler is given.
+    `options_of` is called only for an order of ours: it may draw a seed from a generator."""
+    if sampler is not None and shuffle:
+        raise ValueError("pass either sampler= or shuffle=, not both (as with DataLoader)")
+    if isinstance(dataset, Mixture):
+        if sampler is not None or batch_sampler is not None or shuffle not in (None, True):
+            raise ValueError(
+                "a Mixture's order is its own (weights, seed): pass no shuffle=, sampler= "
+                "or batch_sampler="
+            )
+        options = options_of()
+        return dataset.sampler(
+            options.seed, options.rank, options.world_size, drop_last, batch_size or 1
+        )
+    if batch_sampler is None and sampler is None:
+        if batch_size is None:
+            raise ValueError("PackedLoader batches: batch_size=None is for a PackedStream")
+        return named_order(shuffle or False)(dataset, options_of())
+    return sampler

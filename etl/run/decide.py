@@ -30,13 +30,8 @@ from etl.format.schema import SAMPLES_SCHEMA, samples_schema
 from etl.format.shards import shard_name
 from etl.run.plan import Plan, pack_order, split_names
 from etl.run.tasks import PackTask, ShardBatches, Texts, batch_size
-from etl.sources.entries import (
-    FILE_COLUMNS,
-    FileColumns,
-    SourceFile,
-    SourceReject,
-    rejects_table,
-)
+from etl.sources.entries import FILE_COLUMNS, FileColumns, SourceFile
+from etl.sources.listed_rejects import SourceReject, rejects_table
 
 
 def check_window(

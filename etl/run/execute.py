@@ -31,7 +31,8 @@ from etl.format.shards import SHARDS_DIR, ShardInfo, fsync_dir
 from etl.images.rejects import Reject
 from etl.run.tasks import Chunks, PackTask, Texts
 from etl.sources import readers
-from etl.sources.entries import FileColumns, SourceReject
+from etl.sources.entries import FileColumns
+from etl.sources.listed_rejects import SourceReject
 
 if TYPE_CHECKING:
     import pyarrow as pa

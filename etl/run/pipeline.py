@@ -14,11 +14,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
 
 from etl.config import PipelineConfig
 from etl.engine import interrupt, parallel
@@ -26,30 +22,23 @@ from etl.errors import (
     OUTPUT_ERRNOS,
     ConfigError,
     ExecutionError,
-    ManifestError,
     OutputError,
     WorkerDied,
     output_error,
     temporary_error,
 )
 from etl.format import spill
-from etl.format.commit import clean_leftovers, commit_version
+from etl.format.commit import clean_leftovers
 from etl.format.lock import DatasetLock
-from etl.format.manifest import Manifest, list_versions, read_manifest
-from etl.format.mapped import releasing
-from etl.format.sample_columns import type_name
-from etl.format.schema import REJECTS_SCHEMA, ManifestMeta, sample_shape_of
-from etl.format.shards import ShardInfo
+from etl.format.manifest import list_versions
+from etl.format.schema import REJECTS_SCHEMA
 from etl.progress import Progress
-from etl.run import execute, to_store
-from etl.run.phases import convert_while_waiting, phase, release_freed_memory
-from etl.run.plan import Plan, settled_hashes
+from etl.run import to_store
+from etl.run.phases import RunState, commit, list_inputs, open_previous, pack, plan_run
+from etl.run.plan import Plan
 from etl.run.report import RunReport, by_reason
-from etl.run.results import ShardGaps, packed_rejects, packed_samples
-from etl.run.staged import staged_plan
 from etl.sources import readers
-from etl.sources.entries import FileColumns, ListContext, SourceListing, SourceReject
-from etl.sources.registry import check_columns, check_exists, kind_of, list_sources
+from etl.sources.registry import check_columns, check_exists, kind_of
 from etl.storage.location import is_url
 
 
@@ -71,27 +60,6 @@ def _inside(out: Path | str, src: Path | str) -> bool:
     if isinstance(out, str) and isinstance(src, str):
         return out == src or out.startswith(src.rstrip("/") + "/")
     return False
-
-
-RELEASE_ROWS = 1 << 16
-"""Rows read from mapped files between two `release_pages`: a few MB of pages resident."""
-
-
-def _same_content(previous: Manifest, plan: Plan, rejects: pa.Table) -> bool:
-    """Whether the plan's kept rows and these rejects are the previous version's, compared a
-    slice at a time with the mapped pages let go of after each (both may exceed memory)."""
-    samples = plan.reused
-    if samples.num_rows != previous.samples.num_rows or not previous.rejects.equals(rejects):
-        return False
-    for start in range(0, samples.num_rows, RELEASE_ROWS):
-        same = previous.samples.slice(start, RELEASE_ROWS).equals(
-            samples.slice(start, RELEASE_ROWS)
-        )
-        previous.release_pages()
-        plan.release_pages()
-        if not same:
-            return False
-    return True
 
 
 def run(
@@ -130,13 +98,13 @@ def _run_in_folder(
     on_plan: Callable[[Plan], None] | None,
 ) -> RunReport:
     """`run` into the local folder `config.output.dir`, its new shards tagged `writer`."""
-    run = _Run(
+    run = RunState(
         config, Path(config.output.dir), dry_run, rebuild, progress, time.perf_counter(), writer
     )
     return _run_here(run, on_plan)
 
 
-def _run_here(run: _Run, on_plan: Callable[[Plan], None] | None) -> RunReport:
+def _run_here(run: RunState, on_plan: Callable[[Plan], None] | None) -> RunReport:
     """`run` into the local folder `run.root`, under its lock."""
     config, root = run.config, run.root
     if run.dry_run and not root.exists():
@@ -215,74 +183,10 @@ def _worker_inputs(config: PipelineConfig) -> list[Path]:
     return [] if kind_of(config.source).spooled or not isinstance(path, Path) else [path]
 
 
-def _read_previous(root: Path, latest: int, rebuild: bool) -> Manifest | None:
-    """The version a run builds on. A damaged one stops an incremental run, which would carry
-    the damage forward; --rebuild packs from the sources past it (label numbers start afresh)."""
-    if not latest:
-        return None
-    try:
-        return read_manifest(root, latest)
-    except ManifestError as exc:
-        if rebuild:
-            return None
-        raise ManifestError(f"{exc}; or 'etl run --rebuild' packs a new version") from None
-
-
-@dataclass
-class _Run:
-    """What the phases of one run share: its settings, and the version it builds on."""
-
-    config: PipelineConfig
-    root: Path
-    dry_run: bool
-    rebuild: bool
-    progress: Progress
-    started: float
-    writer: str = ""
-    """Tags the new shards' names: set by a run that publishes to object storage."""
-    latest: int = 0
-    """The latest committed version (0: none)."""
-    previous: Manifest | None = None
-    """The latest version as read, if it could be."""
-    phases: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def reusable(self) -> Manifest | None:
-        """The version whose samples and rejects this run may reuse: none under --rebuild."""
-        return None if self.rebuild else self.previous
-
-    def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
-        return phase(self.phases, name)
-
-    def report(self, **values: Any) -> RunReport:
-        return RunReport(
-            output=self.root,
-            seconds=time.perf_counter() - self.started,
-            phases=self.phases,
-            **values,
-        )
-
-
-@dataclass(frozen=True)
-class _Packed:
-    """What the pack phase produced: the new samples (on disk until the commit), the new
-    version's rejects and its new shards."""
-
-    new_samples: spill.SortedSpill
-    """Their 'row' still the slot planned (`ShardGaps.with_final_rows`)."""
-    rejects: pa.Table
-    new_shards: list[ShardInfo]
-    gaps: ShardGaps
-
-    @property
-    def packed_new(self) -> int:
-        return self.new_samples.rows
-
-
-def _run_locked(run: _Run, on_plan: Callable[[Plan], None] | None) -> RunReport:
+def _run_locked(run: RunState, on_plan: Callable[[Plan], None] | None) -> RunReport:
     """The phases of a run, in order: list, hash, plan, pack, commit."""
     config, root, dry_run = run.config, run.root, run.dry_run
-    _open_previous(run)
+    open_previous(run)
     # NOTE: the workers start as soon as the listing shows enough work for them (NOTE [ head
     # start ]), while the run hashes and plans, where packing is all but certain: a first run,
     # or a kind that reads every record anyway. A rerun starts them only if its hash or pack
@@ -292,10 +196,10 @@ def _run_locked(run: _Run, on_plan: Callable[[Plan], None] | None) -> RunReport:
         spill.scratch(None if dry_run else root) as folder,
         parallel.workers_starting(config.run, wanted=False) as starting,
     ):
-        listing = _list(run, folder)
+        listing = list_inputs(run, folder)
         if early and parallel.worth_processes(config.run, listing.listed):
             starting.begin()
-        plan = _plan(run, listing, folder, starting)
+        plan = plan_run(run, listing, folder, starting)
         if on_plan is not None:
             on_plan(plan)
         if dry_run:
@@ -317,173 +221,11 @@ def _run_locked(run: _Run, on_plan: Callable[[Plan], None] | None) -> RunReport:
             spill.SortedSpill(folder, plan.samples_schema, "source", "samples") as new_samples,
             spill.SortedSpill(folder, REJECTS_SCHEMA, "source", "rejects-new") as new_rejects,
         ):
-            packed = _pack(run, plan, new_samples, new_rejects, folder, starting)
+            packed = pack(run, plan, new_samples, new_rejects, folder, starting)
             samples = plan.reused.num_rows + packed.packed_new
             if samples + packed.rejects.num_rows != listing.listed:
                 raise RuntimeError(
                     f"accounting bug: {samples} packed + {packed.rejects.num_rows} "
                     f"rejected != {listing.listed} listed"
                 )
-            return _commit(run, listing.listed, plan, packed)
-
-
-def _open_previous(run: _Run) -> None:
-    """The version this run builds on, checked against the config; leftovers removed."""
-    versions = list_versions(run.root)
-    run.latest = versions[-1] if versions else 0
-    if not run.dry_run:
-        clean_leftovers(run.root, run.latest)
-    run.previous = _read_previous(run.root, run.latest, run.rebuild)
-    if run.reusable is not None:
-        run.config.check_same_output(
-            run.reusable.meta.config,
-            run.reusable.meta.config_digest,
-            f"{run.root}: version {run.latest}",
-            "restore them, choose another output.dir, or pass --rebuild",
-        )
-
-
-def _list(run: _Run, scratch: Path) -> SourceListing:
-    """Every input of the source; record kinds spool what the plan may pack (NOTE [spool]), a
-    folder's listing goes to `scratch`."""
-    config = run.config
-    reads_every_record = not kind_of(config.source).by_path
-    # NOTE: only record kinds look at `stored`, and as a Python set it costs ~250 B a sample
-    context = ListContext(
-        checksum=config.output.checksum,
-        stored=settled_hashes(run.reusable) if reads_every_record else frozenset(),
-        spool=None if run.dry_run else readers.spool_path(run.root),
-        scratch=scratch,
-        columns=config.sample_columns,
-    )
-    with run.phase("list"):
-        return list_sources(config.source, context)
-
-
-def _plan(run: _Run, listing: SourceListing, folder: Path, starting: parallel.Starting) -> Plan:
-    """Hash what the previous version does not vouch for, and decide every file's fate
-    (`etl.run.staged`), a window of the listing at a time; the time spent hashing is the
-    'hash' phase, the rest 'plan'."""
-    config = run.config
-    hashing = [0.0]
-
-    def hash_files(files: pa.Table) -> tuple[pa.Array, list[SourceReject]]:
-        start = time.perf_counter()
-        if parallel.worth_processes(config.run, files.num_rows):
-            starting.begin()  # a rerun's: files to hash are likely files to pack
-        try:
-            return execute.hash_sources(
-                FileColumns(files),
-                config.output.checksum,
-                config.run,
-                run.progress.advance,
-                source_config=config.source,
-                starting=starting,
-            )
-        finally:
-            hashing[0] += time.perf_counter() - start
-
-    convert_while_waiting()
-    prior = tuple(run.previous.meta.classes) if run.previous is not None else ()
-    start = time.perf_counter()
-    run.progress.start("hash", len(listing.files))
-    try:
-        plan = staged_plan(
-            config,
-            listing,
-            hash_files,
-            run.reusable,
-            run.latest + 1,
-            prior,
-            folder,
-            run.progress.advance,
-            run.writer,
-        )
-    finally:
-        run.progress.stop()
-        release_freed_memory()
-    run.phases["hash"] = hashing[0]
-    run.phases["plan"] = time.perf_counter() - start - hashing[0]
-    return plan
-
-
-def _pack(
-    run: _Run,
-    plan: Plan,
-    new_samples: spill.SortedSpill,
-    new_rejects: spill.SortedSpill,
-    folder: Path,
-    starting: parallel.Starting,
-) -> _Packed:
-    """Fill the plan's shards in the workers; their samples go to `new_samples` and their
-    rejects to `new_rejects` as each shard finishes. The version's rejects (the plan's and
-    these) are written to `folder` and mapped.
-
-    NOTE [ new samples on disk ]: workers send back columns (`PackResult`) and each shard's rows
-    leave memory for a sorted run on disk (`SortedSpill`); the commit merges them with the
-    reused rows a piece at a time. Kept in memory as dicts they cost ~1 KB an image (tracemalloc,
-    12,000 photos), and as Arrow tables ~175 B a row plus a second copy to sort at the commit.
-    """
-    new_shards: list[ShardInfo] = []
-    gaps = ShardGaps()
-    run.progress.start("pack", plan.to_pack)
-    if parallel.worth_processes(run.config.run, plan.to_pack):
-        starting.begin()  # a rerun's, unless its hash phase began it
-    # closing: an interrupted loop stops the workers before the run cleans up (see
-    # NOTE [ stop the workers on the way out ] in etl.engine.parallel).
-    results = execute.pack(plan.tasks, run.config, run.root, run.progress.advance, starting)
-    with run.phase("pack"), contextlib.closing(results) as packed:
-        for result in packed:
-            if isinstance(result, execute.Sealed):
-                gaps.add(result.name, result.gaps, result.offsets)
-                if result.shard is not None:
-                    new_shards.append(result.shard)
-                continue
-            new_samples.add(packed_samples(plan.packing, result, run.config.ragged))
-            if result.rejects:
-                new_rejects.add(packed_rejects(plan.packing, result))
-            plan.release_pages()
-    run.progress.stop()
-    rejects = new_rejects.written(folder / "rejects-all.arrow", plan.rejects)
-    plan.release_pages()
-    return _Packed(new_samples, rejects.table, sorted(new_shards, key=lambda s: s.name), gaps)
-
-
-def _commit(run: _Run, listed: int, plan: Plan, packed: _Packed) -> RunReport:
-    """Publish the new version, unless nothing changed since the latest one."""
-    config, rejects = run.config, packed.rejects
-    counts: dict[str, Any] = dict(
-        listed=listed,
-        packed_new=packed.packed_new,
-        reused=plan.reused.num_rows,
-        rejected=rejects.num_rows,
-        rejects_by_reason=by_reason(rejects),
-        plan_counts=plan.counts,
-        shards_written=len(packed.new_shards),
-        bytes_written=sum(s.bytes for s in packed.new_shards),
-        samples_total=plan.reused.num_rows + packed.packed_new,
-    )
-    notes: list[str] = []
-    previous = run.reusable
-    if previous is not None and not packed.new_shards and _same_content(previous, plan, rejects):
-        notes.append(f"nothing changed since version {run.latest}")
-        return run.report(version=run.latest, committed=False, notes=notes, **counts)
-    sample_shape, format_version = sample_shape_of(config.sample_shape)
-    meta = ManifestMeta(
-        version=plan.version,
-        format_version=format_version,
-        sample_shape=sample_shape,
-        layout=config.output.layout,
-        classes=plan.classes,
-        checksum=config.output.checksum,
-        config_digest=config.digest(),
-        config=config.output_shaping(),
-        columns=tuple((c.name, type_name(c.type)) for c in config.sample_columns),
-    )
-    # deferred: no commit after a signal; none cut short by one
-    with run.phase("commit"), interrupt.deferred():
-        builds_on = previous.shards if previous is not None else None
-        merged = map(packed.gaps.with_final_rows, packed.new_samples.merged(plan.reused))
-        samples = releasing(merged, plan.release_pages)
-        commit_version(run.root, meta, samples, rejects, packed.new_shards, builds_on)
-    return run.report(version=plan.version, committed=True, notes=notes, **counts)
+            return commit(run, listing.listed, plan, packed)

@@ -44,7 +44,8 @@ from etl.run.plan import (
     resolve_classes,
     same_source,
 )
-from etl.sources.entries import SourceListing, SourceReject, rejects_table
+from etl.sources.entries import SourceListing
+from etl.sources.listed_rejects import SourceReject, rejects_table
 
 WINDOW_ROWS = 1 << 18
 """Listed files checked at a time: hashed together, then dealt out to the buckets."""

@@ -17,13 +17,10 @@ from etl.sources.entries import (
     FileColumnsBuilder,
     FileStat,
     ListContext,
-    Rejects,
-    RejectsBuilder,
     SourceListing,
-    SourceReject,
-    rejects_table,
     repeated_sources,
 )
+from etl.sources.listed_rejects import Rejects, RejectsBuilder, SourceReject, rejects_table
 from etl.sources.spool import NOT_SPOOLED, SpoolWriter
 
 if TYPE_CHECKING:

@@ -10,7 +10,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from etl.format.checksums import new_hasher
-from etl.sources.entries import FileStat, SourceReject
+from etl.sources.entries import FileStat
+from etl.sources.listed_rejects import SourceReject
 
 
 class Refused(OSError):

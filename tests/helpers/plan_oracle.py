@@ -22,7 +22,8 @@ from etl.run.plan import (
     resolve_classes,
     same_source,
 )
-from etl.sources.entries import SourceListing, SourceReject, rejects_table
+from etl.sources.entries import SourceListing
+from etl.sources.listed_rejects import SourceReject, rejects_table
 
 
 def make_plan(

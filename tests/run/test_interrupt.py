@@ -191,7 +191,7 @@ def test_workers_exit_when_the_parent_is_killed(tmp_path: Path, backend: str) ->
 PAUSING_ETL = """\
 import os, sys, time, pathlib
 
-import etl.run.execute, etl.format.commit, etl.run.pipeline
+import etl.run.execute, etl.format.commit, etl.run.phases
 from etl.cli import main
 
 MARK = pathlib.Path(os.environ["PAUSE_MARK"])
@@ -206,7 +206,7 @@ def pausing(fn):
 
 
 PHASES = {
-    "listing": (etl.run.pipeline, "list_sources"),
+    "listing": (etl.run.phases, "list_sources"),
     "hashing": (etl.run.execute, "hash_sources"),
     "packing on threads": (etl.run.execute, "pack_batch"),
     "committing": (etl.format.commit, "write_record"),

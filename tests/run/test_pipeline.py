@@ -22,7 +22,7 @@ from etl.engine import parallel
 from etl.errors import ConfigError, LockError
 from etl.format.lock import DatasetLock
 from etl.format.manifest import list_versions, read_manifest
-from etl.run import pipeline
+from etl.run import phases, pipeline
 from etl.start.sample_data import make_sample_data
 
 CONFIG = """\
@@ -358,7 +358,7 @@ def test_every_new_shard_is_fsynced_before_the_commit(
     from etl.run import execute
 
     events: list[tuple[str, str]] = []
-    real_fsync, real_fsync_dir, real_commit = os.fsync, execute.fsync_dir, pipeline.commit_version
+    real_fsync, real_fsync_dir, real_commit = os.fsync, execute.fsync_dir, phases.commit_version
 
     def fsync(fd: int) -> None:
         real_fsync(fd)
@@ -374,7 +374,7 @@ def test_every_new_shard_is_fsynced_before_the_commit(
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(execute, "fsync_dir", fsync_dir)
-    monkeypatch.setattr(pipeline, "commit_version", commit)
+    monkeypatch.setattr(phases, "commit_version", commit)
     report = pipeline.run(make_config(workdir, per_shard=5))  # loky workers
     assert report.committed and report.shards_written > 3
     root = workdir / "out"

@@ -20,7 +20,8 @@ from etl.format import spill
 from etl.run import buckets, staged
 from etl.run.decide import PACKING_COLUMNS
 from etl.run.plan import Plan, files_to_hash
-from etl.sources.entries import SourceFile, SourceListing, SourceReject
+from etl.sources.entries import SourceFile, SourceListing
+from etl.sources.listed_rejects import SourceReject
 from tests.helpers.plan_oracle import make_plan
 from tests.run.test_plan import config, previous_manifest
 

@@ -305,8 +305,9 @@ def test_listing_rejects_go_to_disk_and_a_source_taken_twice_is_one_reject(
     """`ListingBuilder` with rejects in sorted runs on disk (many small batches): each source
     is a file, a reject or one 'duplicate' reject, checked against plain Counters."""
     from etl.format import spill
-    from etl.sources.entries import FileColumnsBuilder, FileStat, RejectsBuilder, SourceReject
+    from etl.sources.entries import FileColumnsBuilder, FileStat
     from etl.sources.intake import ListingBuilder
+    from etl.sources.listed_rejects import RejectsBuilder, SourceReject
 
     monkeypatch.setattr(spill, "RUN_ROWS", 3)
     monkeypatch.setattr(spill, "BATCH_ROWS", 2)

@@ -20,14 +20,8 @@ from etl.sources.timed import check_in_store, read_file, with_time_limit
 
 if TYPE_CHECKING:
     pass
-from etl.sources.entries import (
-    FileColumnsBuilder,
-    FileStat,
-    ListContext,
-    RejectsBuilder,
-    SourceListing,
-    SourceReject,
-)
+from etl.sources.entries import FileColumnsBuilder, FileStat, ListContext, SourceListing
+from etl.sources.listed_rejects import RejectsBuilder, SourceReject
 
 
 def _pattern(patterns: tuple[str, ...]) -> re.Pattern[str] | None:

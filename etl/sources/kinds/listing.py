@@ -20,13 +20,9 @@ from etl.sources.timed import check_in_store, read_file, with_time_limit
 
 if TYPE_CHECKING:
     import pyarrow as pa
-from etl.sources.entries import (
-    FileStat,
-    ListContext,
-    SourceListing,
-    SourceReject,
-)
+from etl.sources.entries import FileStat, ListContext, SourceListing
 from etl.sources.intake import ListingBuilder, Occurrences
+from etl.sources.listed_rejects import SourceReject
 
 
 def listing_batches(

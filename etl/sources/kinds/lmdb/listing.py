@@ -10,12 +10,13 @@ from etl.config import LmdbSource
 from etl.errors import SourceError
 from etl.format import names
 from etl.format.checksums import digest
-from etl.sources.entries import FileStat, ListContext, SourceListing, SourceReject
+from etl.sources.entries import FileStat, ListContext, SourceListing
 from etl.sources.intake import ListingBuilder
 from etl.sources.kinds.lmdb.environment import lmdb_record, open_lmdb
 from etl.sources.kinds.lmdb.key_labels import KeyLabels
 from etl.sources.kinds.lmdb.keys_entry import listed_keys
 from etl.sources.labels import label_text
+from etl.sources.listed_rejects import SourceReject
 from etl.sources.payloads import PICKLE_ADVICE, UNPICKLE_ERRORS, field_of, is_pickle
 from etl.sources.safe_files import too_large
 
