@@ -14,17 +14,101 @@ from rich.text import Text
 from etl.cli.app import app, out
 from etl.cli.progress import BarProgress
 from etl.config import BACKENDS, Backend, load_config
-from etl.errors import EtlError
 from etl.format.shards import SHARDS_DIR
 from etl.maintenance import audit as audit_lib
 from etl.maintenance import checkup
 from etl.maintenance import repair as repair_lib
-from etl.sources.locate import location
-from etl.sources.registry import kind_of
 from etl.storage.location import as_location
 
 ROWS_PER_PROBLEM = 8
 """Locations shown per distinct problem; --json and --report list them all."""
+
+
+DatasetArg = Annotated[
+    str,
+    typer.Argument(
+        help="Dataset folder (output.dir), a version folder, a manifest.arrow, or the "
+        "dataset's URL in object storage (s3://bucket/ds: audited as the store serves it).",
+        show_default=False,
+    ),
+]
+
+VersionOpt = Annotated[
+    int | None, typer.Option("--version", min=1, help="Audit this version, not the latest.")
+]
+
+FastOpt = Annotated[
+    bool,
+    typer.Option("--fast", help="Whole-file shard checksums only, not sample by sample."),
+]
+
+DeepOpt = Annotated[
+    bool,
+    typer.Option("--deep", help="Also each shard's BLAKE3 digest: tamper evidence, twice the CPU."),
+]
+
+SampleRateOpt = Annotated[
+    float | None,
+    typer.Option("--sample-rate", help="Check only this random fraction (0..1] of the samples."),
+]
+
+SeedOpt = Annotated[
+    int | None,
+    typer.Option(help="Seed of --sample-rate's draw (default: a random one, printed)."),
+]
+
+SourceOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--source", help="Source root: re-hash the sources of the checked samples under it."
+    ),
+]
+
+ConfigPathOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        help="pipeline.yaml: its source.path is the source root (unless --source), its "
+        "stages re-pack samples for --repair. A source of records (lmdb, python, "
+        "webdataset, parquet) is listed again and compared by content hash.",
+    ),
+]
+
+RepairOpt = Annotated[
+    bool,
+    typer.Option(
+        "--repair",
+        help="Re-pack damaged samples from unchanged sources as a new version (needs "
+        "--config), then audit that version.",
+    ),
+]
+
+JobsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--jobs", "-j", help="Workers, -1 all cores (default: all cores above 2 GiB, else 1)."
+    ),
+]
+
+BackendOpt = Annotated[
+    str | None, typer.Option(help="joblib backend: loky, threading, sequential or dask.")
+]
+
+AddressOpt = Annotated[
+    str | None,
+    typer.Option(help="Dask scheduler, e.g. tcp://10.0.0.5:8786 (implies --backend dask)."),
+]
+
+ReportPathOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--report", help="Write the full report here: JSON, or Arrow if it ends in .arrow."
+    ),
+]
+
+AsJsonOpt = Annotated[bool, typer.Option("--json", help="Print the report as JSON.")]
+
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress, no summary.")]
 
 
 class AuditBar(BarProgress):
@@ -41,6 +125,30 @@ class AuditBar(BarProgress):
 
 def _mib(n: float) -> str:
     return f"{n / 2**20:,.1f} MiB"
+
+
+def _check_flags(
+    fast: bool,
+    deep: bool,
+    sample_rate: float | None,
+    repair: bool,
+    config_path: Path | None,
+    report_path: Path | None,
+) -> None:
+    """A usage error for flags that do not go together."""
+    if sample_rate is not None and not 0.0 < sample_rate <= 1.0:
+        raise typer.BadParameter(f"{sample_rate} is not in (0, 1]", param_hint="--sample-rate")
+    if fast + deep + (sample_rate is not None) > 1:
+        raise typer.BadParameter("choose one of --fast, --deep and --sample-rate")
+    if repair and config_path is None:
+        raise typer.BadParameter(
+            "--repair needs --config pipeline.yaml: its stages re-pack the samples",
+            param_hint="--repair",
+        )
+    if repair and sample_rate is not None:
+        raise typer.BadParameter("--repair needs a whole audit, not --sample-rate")
+    if report_path is not None and not report_path.parent.is_dir():
+        raise typer.BadParameter(f"{report_path.parent} is not a folder", param_hint="--report")
 
 
 def _print_report(report: audit_lib.AuditReport, title: str | None = None) -> None:
@@ -130,81 +238,21 @@ def _print_repair(fixed: repair_lib.RepairReport) -> None:
 
 @app.command()
 def audit(
-    dataset: Annotated[
-        str,
-        typer.Argument(
-            help="Dataset folder (output.dir), a version folder, a manifest.arrow, or the "
-            "dataset's URL in object storage (s3://bucket/ds: audited as the store serves it).",
-            show_default=False,
-        ),
-    ],
-    version: Annotated[
-        int | None, typer.Option("--version", min=1, help="Audit this version, not the latest.")
-    ] = None,
-    fast: Annotated[
-        bool,
-        typer.Option("--fast", help="Whole-file shard checksums only, not sample by sample."),
-    ] = False,
-    deep: Annotated[
-        bool,
-        typer.Option(
-            "--deep", help="Also each shard's BLAKE3 digest: tamper evidence, twice the CPU."
-        ),
-    ] = False,
-    sample_rate: Annotated[
-        float | None,
-        typer.Option(
-            "--sample-rate", help="Check only this random fraction (0..1] of the samples."
-        ),
-    ] = None,
-    seed: Annotated[
-        int | None,
-        typer.Option(help="Seed of --sample-rate's draw (default: a random one, printed)."),
-    ] = None,
-    source: Annotated[
-        Path | None,
-        typer.Option(
-            "--source", help="Source root: re-hash the sources of the checked samples under it."
-        ),
-    ] = None,
-    config_path: Annotated[
-        Path | None,
-        typer.Option(
-            "--config",
-            help="pipeline.yaml: its source.path is the source root (unless --source), its "
-            "stages re-pack samples for --repair. A source of records (lmdb, python, "
-            "webdataset, parquet) is listed again and compared by content hash.",
-        ),
-    ] = None,
-    repair: Annotated[
-        bool,
-        typer.Option(
-            "--repair",
-            help="Re-pack damaged samples from unchanged sources as a new version (needs "
-            "--config), then audit that version.",
-        ),
-    ] = False,
-    jobs: Annotated[
-        int | None,
-        typer.Option(
-            "--jobs", "-j", help="Workers, -1 all cores (default: all cores above 2 GiB, else 1)."
-        ),
-    ] = None,
-    backend: Annotated[
-        str | None, typer.Option(help="joblib backend: loky, threading, sequential or dask.")
-    ] = None,
-    address: Annotated[
-        str | None,
-        typer.Option(help="Dask scheduler, e.g. tcp://10.0.0.5:8786 (implies --backend dask)."),
-    ] = None,
-    report_path: Annotated[
-        Path | None,
-        typer.Option(
-            "--report", help="Write the full report here: JSON, or Arrow if it ends in .arrow."
-        ),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress, no summary.")] = False,
+    dataset: DatasetArg,
+    version: VersionOpt = None,
+    fast: FastOpt = False,
+    deep: DeepOpt = False,
+    sample_rate: SampleRateOpt = None,
+    seed: SeedOpt = None,
+    source: SourceOpt = None,
+    config_path: ConfigPathOpt = None,
+    repair: RepairOpt = False,
+    jobs: JobsOpt = None,
+    backend: BackendOpt = None,
+    address: AddressOpt = None,
+    report_path: ReportPathOpt = None,
+    as_json: AsJsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Verify every shard and sample of a dataset against its manifest. Exit 0 clean, 1 a
     problem found, 2 a usage error or a folder that is not a readable dataset.
@@ -213,42 +261,20 @@ def audit(
 
     In a bucket:  etl audit s3://bucket/ds (what the store serves now)
     """
-    if sample_rate is not None and not 0.0 < sample_rate <= 1.0:
-        raise typer.BadParameter(f"{sample_rate} is not in (0, 1]", param_hint="--sample-rate")
-    if fast + deep + (sample_rate is not None) > 1:
-        raise typer.BadParameter("choose one of --fast, --deep and --sample-rate")
-    if repair and config_path is None:
-        raise typer.BadParameter(
-            "--repair needs --config pipeline.yaml: its stages re-pack the samples",
-            param_hint="--repair",
-        )
-    if repair and sample_rate is not None:
-        raise typer.BadParameter("--repair needs a whole audit, not --sample-rate")
+    _check_flags(fast, deep, sample_rate, repair, config_path, report_path)
     if address is not None and backend is None:
         backend = "dask"
     if backend is not None and backend not in BACKENDS:
         raise typer.BadParameter(f"{backend!r}; expected one of {', '.join(BACKENDS)}")
-    if report_path is not None and not report_path.parent.is_dir():
-        raise typer.BadParameter(f"{report_path.parent} is not a folder", param_hint="--report")
     config = load_config(config_path) if config_path else None
-    records = None
-    if config is not None and not kind_of(config.source).by_path:
-        # records, not files: the source is listed again (--source: where it is now)
-        records = config.source.model_copy(
-            update={"path": location(config.source, source.resolve() if source else None)}
-        )
-    source_root = None
-    if records is None:
-        source_root = source or (location(config.source) if config else None)
-    if isinstance(source_root, Path) and not source_root.is_dir():
-        raise EtlError(f"source root {source_root} is not a folder (--source or source.path)")
+    source_root, records = checkup.sources_to_check(config, source)
     options = audit_lib.AuditOptions(
         version=version,
         fast=fast,
         deep=deep,
         sample_rate=sample_rate,
         seed=seed,
-        source_root=source_root.resolve() if isinstance(source_root, Path) else source_root,
+        source_root=source_root,
         source_options=config.source.storage_options if config is not None else {},
         records=records,
         jobs=jobs,

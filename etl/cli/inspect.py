@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -30,6 +31,76 @@ VersionOpt = Annotated[
     int | None, typer.Option("--version", help="Pinned version (default: the latest).")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+CountOpt = Annotated[int, typer.Option("--count", "-n", min=1, help="Cells to draw.")]
+
+SeedOpt = Annotated[int, typer.Option(help="Seed of the random choice.")]
+
+ClassesOpt = Annotated[
+    list[str] | None,
+    typer.Option("--class", help="Only this class (repeat, or a,b,c).", show_default=False),
+]
+
+SplitsOpt = Annotated[
+    list[str] | None,
+    typer.Option("--split", help="Only this split (repeat, or a,b).", show_default=False),
+]
+
+IdsOpt = Annotated[
+    str | None,
+    typer.Option(help="Exactly these sample ids, comma-separated, in this order."),
+]
+
+RejectsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--rejects", help="Show rejected files with their reason (needs --source or --config)."
+    ),
+]
+
+ReasonsOpt = Annotated[
+    list[str] | None,
+    typer.Option("--reason", help="With --rejects: only this reason (repeat, or a,b)."),
+]
+
+SourceOpt = Annotated[
+    Path | None,
+    typer.Option("--source", help="With --rejects: the source root the rejects are under."),
+]
+
+ConfigPathOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        help="With --rejects: pipeline.yaml; its source root and decode stage are used.",
+    ),
+]
+
+WhereOpt = Annotated[
+    str | None,
+    typer.Option(help='Only samples for which this SQL condition holds, e.g. "score > 0.5".'),
+]
+
+ShownOpt = Annotated[
+    list[str] | None,
+    typer.Option("--with", help="Write this per-sample column under each cell (repeat)."),
+]
+
+OutPathOpt = Annotated[Path, typer.Option("--out", "-o", help="PNG file to write.")]
+
+ColumnsOpt = Annotated[
+    int | None, typer.Option(min=1, help="Cells per row (default: a square-ish grid).")
+]
+
+CellOpt = Annotated[
+    int,
+    typer.Option(min=16, help="Cell size in px; smaller samples grow by whole factors."),
+]
+
+AsJsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print what each cell shows and where, as JSON.")
+]
 
 
 def _save_png(image: Image.Image, path: Path) -> None:
@@ -155,6 +226,26 @@ def _print_summary(s: explore.Summary) -> None:
     out.print(table, highlight=False)
 
 
+def _check_show_flags(
+    rejects: bool, for_samples: Mapping[str, object], for_rejects: Mapping[str, object]
+) -> None:
+    """A usage error for `etl show` flags that do not go together: the flags of a sheet of
+    samples (`for_samples`, by name) and those of a sheet of rejects (`for_rejects`)."""
+    given = {name for name, value in {**for_samples, **for_rejects}.items() if value}
+    if "--ids" in given and {"--class", "--split"} & given:
+        raise typer.BadParameter("--ids names the samples; drop --class and --split")
+    if rejects and given & set(for_samples):
+        raise typer.BadParameter(
+            "--rejects takes --reason, not --ids, --class, --split, --where or --with"
+        )
+    if "--ids" in given and "--where" in given:
+        raise typer.BadParameter("--ids names the samples; drop --where")
+    if not rejects and given & set(for_rejects):
+        raise typer.BadParameter("--reason, --source and --config go with --rejects")
+    if rejects and not {"--source", "--config"} & given:
+        raise typer.BadParameter("--rejects needs --source DIR or --config pipeline.yaml")
+
+
 def _sheet_source(config: PipelineConfig | None, moved_to: Path | None) -> SourceConfig:
     """The source a reject sheet reads: the config's (of any kind), at `moved_to` when given;
     without a config, the folder `moved_to` that the sources' paths are relative to."""
@@ -178,63 +269,22 @@ def _sheet_source(config: PipelineConfig | None, moved_to: Path | None) -> Sourc
 @app.command()
 def show(
     directory: DirArg,
-    count: Annotated[int, typer.Option("--count", "-n", min=1, help="Cells to draw.")] = 16,
-    seed: Annotated[int, typer.Option(help="Seed of the random choice.")] = 0,
-    classes: Annotated[
-        list[str] | None,
-        typer.Option("--class", help="Only this class (repeat, or a,b,c).", show_default=False),
-    ] = None,
-    splits: Annotated[
-        list[str] | None,
-        typer.Option("--split", help="Only this split (repeat, or a,b).", show_default=False),
-    ] = None,
-    ids: Annotated[
-        str | None,
-        typer.Option(help="Exactly these sample ids, comma-separated, in this order."),
-    ] = None,
-    rejects: Annotated[
-        bool,
-        typer.Option(
-            "--rejects", help="Show rejected files with their reason (needs --source or --config)."
-        ),
-    ] = False,
-    reasons: Annotated[
-        list[str] | None,
-        typer.Option("--reason", help="With --rejects: only this reason (repeat, or a,b)."),
-    ] = None,
-    source: Annotated[
-        Path | None,
-        typer.Option("--source", help="With --rejects: the source root the rejects are under."),
-    ] = None,
-    config_path: Annotated[
-        Path | None,
-        typer.Option(
-            "--config",
-            help="With --rejects: pipeline.yaml; its source root and decode stage are used.",
-        ),
-    ] = None,
-    where: Annotated[
-        str | None,
-        typer.Option(help='Only samples for which this SQL condition holds, e.g. "score > 0.5".'),
-    ] = None,
-    shown: Annotated[
-        list[str] | None,
-        typer.Option("--with", help="Write this per-sample column under each cell (repeat)."),
-    ] = None,
+    count: CountOpt = 16,
+    seed: SeedOpt = 0,
+    classes: ClassesOpt = None,
+    splits: SplitsOpt = None,
+    ids: IdsOpt = None,
+    rejects: RejectsOpt = False,
+    reasons: ReasonsOpt = None,
+    source: SourceOpt = None,
+    config_path: ConfigPathOpt = None,
+    where: WhereOpt = None,
+    shown: ShownOpt = None,
     version: VersionOpt = None,
-    out_path: Annotated[Path, typer.Option("--out", "-o", help="PNG file to write.")] = Path(
-        "contact-sheet.png"
-    ),
-    columns: Annotated[
-        int | None, typer.Option(min=1, help="Cells per row (default: a square-ish grid).")
-    ] = None,
-    cell: Annotated[
-        int,
-        typer.Option(min=16, help="Cell size in px; smaller samples grow by whole factors."),
-    ] = 128,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print what each cell shows and where, as JSON.")
-    ] = False,
+    out_path: OutPathOpt = Path("contact-sheet.png"),
+    columns: ColumnsOpt = None,
+    cell: CellOpt = 128,
+    as_json: AsJsonOpt = False,
 ) -> None:
     """Write a PNG contact sheet of samples, each labelled with its class and sample id; or,
     with --rejects, of rejected files with their reason.
@@ -247,20 +297,11 @@ def show(
     """
     wanted_classes, wanted_splits = _split_commas(classes), _split_commas(splits)
     wanted_ids, wanted_reasons = _split_commas([ids] if ids else None), _split_commas(reasons)
-    if wanted_ids and (wanted_classes or wanted_splits):
-        raise typer.BadParameter("--ids names the samples; drop --class and --split")
-    if rejects and (wanted_ids or wanted_classes or wanted_splits or where or shown):
-        raise typer.BadParameter(
-            "--rejects takes --reason, not --ids, --class, --split, --where or --with"
-        )
-    if wanted_ids and where:
-        raise typer.BadParameter("--ids names the samples; drop --where")
-    if not rejects and (wanted_reasons or source or config_path):
-        raise typer.BadParameter("--reason, --source and --config go with --rejects")
+    for_samples = {"--ids": wanted_ids, "--class": wanted_classes, "--split": wanted_splits}
+    for_rejects = {"--reason": wanted_reasons, "--source": source, "--config": config_path}
+    _check_show_flags(rejects, {**for_samples, "--where": where, "--with": shown}, for_rejects)
     ds = explore.open_dataset(as_location(directory), version)
     if rejects:
-        if source is None and config_path is None:
-            raise typer.BadParameter("--rejects needs --source DIR or --config pipeline.yaml")
         config = load_config(config_path) if config_path else None
         sheet_source = _sheet_source(config, source)
         sheet = ds.reject_sheet(

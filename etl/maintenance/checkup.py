@@ -11,7 +11,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from etl.config import PipelineConfig
+from etl.config import PipelineConfig, Source
+from etl.errors import EtlError
 from etl.format.atomic import replacing
 from etl.maintenance.audit import (
     FINDINGS_SCHEMA,
@@ -23,6 +24,8 @@ from etl.maintenance.audit import (
 from etl.maintenance.repair import RepairReport, repair
 from etl.maintenance.store_repair import repair_in_store
 from etl.progress import Progress
+from etl.sources.locate import location
+from etl.sources.registry import kind_of
 
 REPORT_METADATA = b"etl.audit"
 """Schema metadata key of an Arrow report: everything but the findings, as JSON."""
@@ -67,6 +70,22 @@ class Checkup:
             schema = FINDINGS_SCHEMA.with_metadata(metadata)
             with ipc.new_file(str(temp), schema) as writer:
                 writer.write_table(table.cast(schema))
+
+
+def sources_to_check(
+    config: PipelineConfig | None, source: Path | None
+) -> tuple[Path | str | None, Source | None]:
+    """(the source root whose files an audit re-hashes, the source of records it lists again)
+    for `--config` and `--source`: a folder or listing's root (`source`, else the config's
+    source.path), or a source of records (lmdb, python, webdataset, parquet), listed again
+    where `source` says it is now. EtlError for a root that is not a folder."""
+    if config is not None and not kind_of(config.source).by_path:
+        moved = location(config.source, source.resolve() if source else None)
+        return None, config.source.model_copy(update={"path": moved})
+    root = source or (location(config.source) if config else None)
+    if isinstance(root, Path) and not root.is_dir():
+        raise EtlError(f"source root {root} is not a folder (--source or source.path)")
+    return root.resolve() if isinstance(root, Path) else root, None
 
 
 def needs_repair(report: AuditReport) -> bool:

@@ -142,25 +142,9 @@ def repair(
     """
     progress = progress or Progress()
     started = time.perf_counter()
-    if report.mode == "sample":
-        raise EtlError("repair needs a full or --fast audit, not a sampled one")
-    if not isinstance(report.root, Path):
-        raise EtlError(f"{report.root}: repair writes a new version; it needs a local dataset")
-    root = report.root
-    if not report.manifest_ok:
-        raise ManifestError(
-            f"{root}: version {report.version}'s manifest is damaged; repair cannot trust it. "
-            "Repack with 'etl run --rebuild' or audit an older version"
-        )
     # NOTE: checked before taking the lock, so a refusal writes nothing (not even .lock); a
     # version never changes once committed, so the check still holds under the lock.
-    manifest = read_manifest(root, report.version)
-    config.check_same_output(
-        manifest.meta.config,
-        manifest.meta.config_digest,
-        f"{root}: version {report.version}",
-        "repair needs the config it was packed with",
-    )
+    root, manifest = _repairable(report, config)
     with DatasetLock(root):
         latest = list_versions(root)[-1]
         if report.version != latest:
@@ -201,6 +185,29 @@ def repair(
         _commit_repair(manifest, items, outcomes, report, out)
     out.seconds = time.perf_counter() - started
     return out
+
+
+def _repairable(report: AuditReport, config: PipelineConfig) -> tuple[Path, Manifest]:
+    """The local folder and the manifest of the version `report` audited, once it is one a
+    repair can build on: a whole audit of a readable manifest, packed with `config`."""
+    if report.mode == "sample":
+        raise EtlError("repair needs a full or --fast audit, not a sampled one")
+    if not isinstance(report.root, Path):
+        raise EtlError(f"{report.root}: repair writes a new version; it needs a local dataset")
+    root = report.root
+    if not report.manifest_ok:
+        raise ManifestError(
+            f"{root}: version {report.version}'s manifest is damaged; repair cannot trust it. "
+            "Repack with 'etl run --rebuild' or audit an older version"
+        )
+    manifest = read_manifest(root, report.version)
+    config.check_same_output(
+        manifest.meta.config,
+        manifest.meta.config_digest,
+        f"{root}: version {report.version}",
+        "repair needs the config it was packed with",
+    )
+    return root, manifest
 
 
 def _repair_items(report: AuditReport, manifest: Manifest) -> list[RepairItem]:

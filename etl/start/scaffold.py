@@ -204,18 +204,22 @@ def render(found: Survey, config_path: Path) -> str:
     """The commented pipeline.yaml for `found`, to be written at `config_path` (relative paths in
     it are relative to that file's folder, as `load_config` reads them)."""
     base = config_path.resolve().parent
-    size = found.size
     output_dir = base / "artifacts"
     if output_dir == found.root or output_dir.is_relative_to(found.root):
         output_dir = found.root.parent / f"{found.root.name}-artifacts"  # never inside the source
-    source = FolderSource(path=found.root)
-    decode = DecodeStage(mode="L" if found.grey else "RGB")
-    validate = ValidateStage()
-    resize = ResizeStage(size=(size, size))
-    output = OutputConfig()
-    run = RunConfig()
-    name = config_path.name
+    sections = [
+        _found_comment(found, base, config_path.name),
+        _source_lines(found, base),
+        _stage_lines(found),
+        _output_lines(output_dir, base),
+        _run_lines(),
+    ]
+    return "\n\n".join("\n".join(lines) for lines in sections) + "\n"
 
+
+def _found_comment(found: Survey, base: Path, name: str) -> list[str]:
+    """The comment that says what `etl init` found: images, classes, sizes, unreadable files."""
+    size = found.size
     head = [
         f"# {name} for {_comment(_relative(found.root, base))}, written by `etl init`.",
         "# Every key is written out with its default unless a comment says otherwise;",
@@ -245,10 +249,12 @@ def render(found: Survey, config_path: Path) -> str:
         head.append(f"# No sampled image header was readable: size {size} is a guess.")
     if found.unreadable:
         head.append(f"# {found.unreadable} sampled file(s) could not be read: expect rejects.")
+    return head
 
-    lines = [
-        *head,
-        "",
+
+def _source_lines(found: Survey, base: Path) -> list[str]:
+    source = FolderSource(path=found.root)
+    return [
         "source:",
         _kv(2, "kind", source.kind, "one sub-folder per class; or listing (CSV/Parquet)"),
         _kv(2, "path", _relative(found.root, base), "relative to this file"),
@@ -266,7 +272,14 @@ def render(found: Survey, config_path: Path) -> str:
         _kv(2, "storage_options", {}, "for a path in object storage: its fsspec options"),
         "  split:                  # fractions by a hash of the path; the rest is train",
         *[_kv(4, k, v) for k, v in source.split.items()],
-        "",
+    ]
+
+
+def _stage_lines(found: Survey) -> list[str]:
+    decode = DecodeStage(mode="L" if found.grey else "RGB")
+    validate = ValidateStage()
+    resize = ResizeStage(size=(found.size, found.size))
+    return [
         "stages:                   # decode first, resize required; validate and call optional",
         "  - decode:",
         _kv(
@@ -309,7 +322,12 @@ def render(found: Survey, config_path: Path) -> str:
         "      # or keep each image's aspect ratio (instead of size; docs/configuration.md):",
         "      # mode: keep_aspect, shorter: 256, longer: 512, upscale: false",
         '  # - call: {function: "mypackage.module:function", options: {}}   # fn(array) -> array',
-        "",
+    ]
+
+
+def _output_lines(output_dir: Path, base: Path) -> list[str]:
+    output = OutputConfig()
+    return [
         "output:",
         _kv(
             2,
@@ -327,7 +345,12 @@ def render(found: Survey, config_path: Path) -> str:
         _kv(2, "samples_per_shard", output.samples_per_shard, "rows per shard, e.g. 1000"),
         _kv(2, "layout", output.layout, _choices(OutputConfig, "layout", output.layout)),
         _kv(2, "checksum", output.checksum, _choices(OutputConfig, "checksum", output.checksum)),
-        "",
+    ]
+
+
+def _run_lines() -> list[str]:
+    run = RunConfig()
+    return [
         "run:                      # does not change the output",
         _kv(2, "n_jobs", run.n_jobs, "-1: every core; --jobs overrides"),
         _kv(
@@ -338,7 +361,6 @@ def render(found: Survey, config_path: Path) -> str:
         ),
         _kv(2, "address", run.address, "dask scheduler, e.g. tcp://10.0.0.5:8786"),
     ]
-    return "\n".join(lines) + "\n"
 
 
 def _choices(model: type[BaseModel], key: str, chosen: str, prefix: str = "or ") -> str:

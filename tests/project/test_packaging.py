@@ -181,3 +181,24 @@ def test_only_the_storage_package_decides_local_or_url() -> None:
     assert defined == ["etl.storage.location"], defined
     sniffing = [n for n, p in modules.items() if '"://" in' in p.read_text()]
     assert sniffing == ["etl.storage.location"], sniffing
+
+
+MODULE_LINES = 450
+FUNCTION_LINES = 80
+
+
+def test_no_module_over_450_lines_and_no_function_over_80() -> None:
+    """A module that outgrows 450 lines has grown a second job, a function over 80 lines a
+    second step: split along the seam (docs/architecture.md, "Rooms")."""
+    long_modules, long_functions = [], []
+    for name, path in _modules().items():
+        text = path.read_text()
+        if text.count("\n") > MODULE_LINES:
+            long_modules.append(f"{name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > FUNCTION_LINES:
+                    long_functions.append(f"{name}.{node.name}: {length} lines")
+    assert not long_modules, long_modules
+    assert not long_functions, long_functions

@@ -196,7 +196,46 @@ def verify_shards(
     meanwhile: Callable[[], None],
 ) -> None:
     """Hash the shards in workers; `meanwhile` runs in this process as soon as they start."""
-    samples, meta = manifest.samples, manifest.meta
+    tasks, members, codes = _shard_tasks(manifest, selected)
+
+    def planned(task: ShardTask) -> int:
+        return sum(n for _, n in task.spans) if options.mode == "sample" else task.bytes
+
+    tasks.sort(key=planned, reverse=True)  # biggest first: balances the workers
+    by_name = {t.shard: t for t in tasks}
+    total = sum(planned(t) for t in tasks)
+    run = options.run_config(total)
+    in_process = run.n_jobs == 1 or run.backend == "sequential"
+    if in_process:
+        meanwhile()  # nothing to overlap with: keep it out of the timed phase
+    started = time.perf_counter()
+    progress.start("verify", total)
+    meta = manifest.meta
+    try:
+        results = []
+        with parallel_map(
+            audit_shard, tasks, run, options.mode, meta.sample_shape, meta.checksum
+        ) as outcomes:
+            if not in_process:
+                # NOTE: joblib dispatches on the call above: workers hash while this process
+                # checks the manifest.
+                meanwhile()
+            for outcome in outcomes:
+                results.append(outcome)
+                progress.advance(planned(by_name[outcome.shard]))
+    finally:
+        progress.stop()
+    report.verify_seconds = time.perf_counter() - started
+    for outcome in sorted(results, key=lambda o: o.shard):
+        _record(outcome, manifest, members, codes, report)
+
+
+def _shard_tasks(
+    manifest: Manifest, selected: NDArray[np.int64]
+) -> tuple[list[ShardTask], dict[str, NDArray[np.int64]], NDArray[np.int64]]:
+    """(a task per shard, each shard's selected samples, each sample's shard code): the
+    selected samples grouped by shard in row order, with their expected checksums and spans."""
+    samples = manifest.samples
     codes = shard_codes(samples.column("shard"), manifest.shards.column("shard").to_pylist())
     rows = samples.column("row").to_numpy()
     order = selected[np.lexsort((rows[selected], codes[selected]))]
@@ -221,73 +260,54 @@ def verify_shards(
                 spans=tuple(zip(starts[lo:hi].tolist(), lengths[lo:hi].tolist(), strict=True)),
             )
         )
+    return tasks, members, codes
 
-    def planned(task: ShardTask) -> int:
-        return sum(n for _, n in task.spans) if options.mode == "sample" else task.bytes
 
-    tasks.sort(key=planned, reverse=True)  # biggest first: balances the workers
-    by_name = {t.shard: t for t in tasks}
-    total = sum(planned(t) for t in tasks)
-    run = options.run_config(total)
-    in_process = run.n_jobs == 1 or run.backend == "sequential"
-    if in_process:
-        meanwhile()  # nothing to overlap with: keep it out of the timed phase
-    started = time.perf_counter()
-    progress.start("verify", total)
-    try:
-        results = []
-        with parallel_map(
-            audit_shard, tasks, run, options.mode, meta.sample_shape, meta.checksum
-        ) as outcomes:
-            if not in_process:
-                # NOTE: joblib dispatches on the call above: workers hash while this process
-                # checks the manifest.
-                meanwhile()
-            for outcome in outcomes:
-                results.append(outcome)
-                progress.advance(planned(by_name[outcome.shard]))
-    finally:
-        progress.stop()
-    report.verify_seconds = time.perf_counter() - started
-
-    column = {n: samples.column(n) for n in ("sample_id", "source", "row", "checksum")}
-    code_of = {name: code for code, name in enumerate(manifest.shards.column("shard").to_pylist())}
-    for outcome in sorted(results, key=lambda o: o.shard):
-        report.bytes_hashed += outcome.bytes_hashed
-        report.samples_verified += outcome.rows_verified
-        report.shards_hashed += outcome.whole_file_ok is not None
-        problems = outcome.problems
-        report.findings += [
-            Finding(kind, message, shard=outcome.shard, expected=want, actual=got)
-            for kind, message, want, got in problems
-        ]
-        flagged: list[tuple[int, str | None]]
-        if outcome.readable:
-            flagged = [(int(members[outcome.shard][j]), got) for j, got in outcome.bad]
-            if outcome.whole_file_ok:
-                why = "stored bytes match the shard's whole-file digests: the manifest's "
-                why += "checksum for this sample is what changed"
-            else:
-                why = "stored bytes differ from the manifest's checksum"
-            kind = "sample_checksum"
+def _record(
+    outcome: ShardOutcome,
+    manifest: Manifest,
+    members: dict[str, NDArray[np.int64]],
+    codes: NDArray[np.int64],
+    report: AuditReport,
+) -> None:
+    """One shard's outcome in the report: its counts, its problems, and a finding for each
+    sample it names (every sample of an unreadable shard)."""
+    samples = manifest.samples
+    report.bytes_hashed += outcome.bytes_hashed
+    report.samples_verified += outcome.rows_verified
+    report.shards_hashed += outcome.whole_file_ok is not None
+    problems = outcome.problems
+    report.findings += [
+        Finding(kind, message, shard=outcome.shard, expected=want, actual=got)
+        for kind, message, want, got in problems
+    ]
+    flagged: list[tuple[int, str | None]]
+    if outcome.readable:
+        flagged = [(int(members[outcome.shard][j]), got) for j, got in outcome.bad]
+        if outcome.whole_file_ok:
+            why = "stored bytes match the shard's whole-file digests: the manifest's "
+            why += "checksum for this sample is what changed"
         else:
-            everyone = np.flatnonzero(codes == code_of[outcome.shard])
-            flagged = [(int(i), None) for i in everyone]
-            why = f"its shard is unreadable ({problems[0][0]}: {problems[0][1]})"
-            kind = "sample_unreadable"
-        for index, got in flagged:
-            report.findings.append(
-                Finding(
-                    kind,
-                    why,
-                    shard=outcome.shard,
-                    row=column["row"][index].as_py(),
-                    sample_id=column["sample_id"][index].as_py(),
-                    source=column["source"][index].as_py(),
-                    expected=column["checksum"][index].as_py(),
-                    actual=got,
-                )
+            why = "stored bytes differ from the manifest's checksum"
+        kind = "sample_checksum"
+    else:
+        code = manifest.shards.column("shard").to_pylist().index(outcome.shard)
+        flagged = [(int(i), None) for i in np.flatnonzero(codes == code)]
+        why = f"its shard is unreadable ({problems[0][0]}: {problems[0][1]})"
+        kind = "sample_unreadable"
+    for index, got in flagged:
+        report.findings.append(
+            Finding(
+                kind,
+                why,
+                shard=outcome.shard,
+                row=samples.column("row")[index].as_py(),
+                sample_id=samples.column("sample_id")[index].as_py(),
+                source=samples.column("source")[index].as_py(),
+                expected=samples.column("checksum")[index].as_py(),
+                actual=got,
             )
+        )
 
 
 def shard_codes(column: pa.ChunkedArray, names: Sequence[str]) -> NDArray[np.int64]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -14,15 +14,15 @@ from etl.config import ListingSource
 from etl.errors import SourceError
 from etl.format import names
 from etl.sources import objects
+from etl.sources.entries import FileStat, ListContext, SourceListing
+from etl.sources.intake import ListingBuilder, Occurrences
 from etl.sources.kind import SourceKind
+from etl.sources.listed_rejects import SourceReject
 from etl.sources.safe_files import stat_file, too_large
 from etl.sources.timed import check_in_store, read_file, with_time_limit
 
 if TYPE_CHECKING:
     import pyarrow as pa
-from etl.sources.entries import FileStat, ListContext, SourceListing
-from etl.sources.intake import ListingBuilder, Occurrences
-from etl.sources.listed_rejects import SourceReject
 
 
 def listing_batches(
@@ -186,15 +186,7 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
     keys = [c.key for c in columns]
     text = tuple(c for c in (config.label_column, config.split_column, *keys) if c)
     schema, batches = listing_batches(listing, text, bad_rows, (config.path_column,), options)
-    read = (config.path_column, config.label_column, config.split_column, *keys)
-    check_unique_columns(schema, [c for c in read if c], listing)
-    for name in (config.path_column, config.label_column):
-        table_column(schema.empty_table(), name, listing, required=True)
-    for key in keys:
-        if key not in schema.names:
-            raise SourceError(
-                f"{listing}: no column {key!r} (columns:); columns are {schema.names}"
-            )
+    _check_columns(schema, config, keys)
     is_text = PurePosixPath(str(listing)).suffix.lower() != ".parquet"
     if isinstance(listing, str):
         find = _remote_files(config, listing)
@@ -252,14 +244,37 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
         )
     found = taken.build(lambda source: ("duplicate_path", "listed twice"))
     if taken.duplicated:
-        *before, last = met.positions(taken.duplicated[0])
-        raw_path = listing_cell(listing, config.path_column, last, options)
-        also = ", ".join(line_name(listing, bad_rows, i) for i in before)
-        raise SourceError(
-            f"{listing}:{line_name(listing, bad_rows, last)}: path {raw_path!r} is listed "
-            f"twice (also {also})"
-        )
+        _refuse_twice(config, met.positions(taken.duplicated[0]), bad_rows)
     return found
+
+
+def _check_columns(schema: pa.Schema, config: ListingSource, keys: Sequence[str]) -> None:
+    """SourceError naming the listing for a column it lacks or has twice: the path and label
+    columns, and every declared per-sample column's key."""
+    listing = config.path
+    read = (config.path_column, config.label_column, config.split_column, *keys)
+    check_unique_columns(schema, [c for c in read if c], listing)
+    for name in (config.path_column, config.label_column):
+        table_column(schema.empty_table(), name, listing, required=True)
+    for key in keys:
+        if key not in schema.names:
+            raise SourceError(
+                f"{listing}: no column {key!r} (columns:); columns are {schema.names}"
+            )
+
+
+def _refuse_twice(
+    config: ListingSource, positions: Sequence[int], bad_rows: list[tuple[int, str]]
+) -> None:
+    """The SourceError of a path listed twice, naming its lines: the last and the others."""
+    listing = config.path
+    *before, last = positions
+    raw_path = listing_cell(listing, config.path_column, last, config.storage_options)
+    also = ", ".join(line_name(listing, bad_rows, i) for i in before)
+    raise SourceError(
+        f"{listing}:{line_name(listing, bad_rows, last)}: path {raw_path!r} is listed "
+        f"twice (also {also})"
+    )
 
 
 FindFile = Callable[[str, str, str], tuple[str, "FileStat | SourceReject"]]
