@@ -8,21 +8,41 @@
         for images, labels in DeviceLoader(loader, dtype=torch.float32, mean=..., std=...):
             ...
 
-This namespace is what a training job uses; the rest lives in the submodules, in data-flow
-order: `catalog` (manifest -> selection), `reader` (shards -> memory), `span` (the gather's
-copy plan), `batches` (the batch types; the memory batches are gathered into: reused buffers,
-pinned memory, the workers' shared ring), `dataset` and `stream` (torch datasets), `orders`
-(pure sample orders), `samplers` (torch samplers over them), `quality` (shuffle quality),
-`resume` (the state a training job saves, and its checks), `dist` (rank and world size),
-`loader` (the DataLoader), `ragged` (samples of several sizes back to back), `augment`
-(batched crops and flips on the device), `device` (to the GPU).
+This namespace is what a training job uses; the rest lives in the submodules.
+
+Modules:
+- `aspect_buckets`: aspect-ratio buckets: batches of one shape, uncropped
+- `augment`:        batched crops, flips and resizes on the device
+- `batches`:        the batch types and the memory batches are gathered into
+- `catalog`:        what to read: a manifest version opened, and selections of it
+- `dataset`:        `PackedDataset`: the map-style dataset
+- `device`:         `DeviceLoader`: batches onto the device, prefetched on a side stream
+- `dist`:           rank and world size
+- `factories`:      `make_loader` and `stream_loader` with this project's defaults
+- `joined_reader`:  one reader over a `Mixture`'s members' shards
+- `loader`:         `PackedLoader`: the DataLoader, with exact and elastic resume
+- `mixture`:        `Mixture`: datasets or views read as one by weight
+- `mixture_orders`: a mixture's orders, pure functions as `orders` are
+- `named_orders`:   sample orders by name (`shuffle=`), and a loader's sampler
+- `orders`:         sample orders as pure functions of (data, seed, epoch)
+- `page_cache`:     read-ahead and drop-behind advice to the kernel
+- `quality`:        how well an order shuffles
+- `ragged`:         `RaggedImages`: a batch of ragged samples back to back
+- `ragged_rows`:    ragged samples copied into a padded or back-to-back batch
+- `reader`:         `ShardReader`: shards opened lazily, batches gathered
+- `resume`:         the state a training job saves, and its checks
+- `row_checks`:     which rows a loader checks, and where their checksums live
+- `samplers`:       torch samplers over the pure orders: distributed, resumable
+- `shard_checks`:   a shard's checksum, its probe row, rows hashed as copied
+- `span`:           every shard mapped in one array, so a batch is one numpy call
+- `stream`:         `PackedStream`: whole shards streamed, for data larger than RAM
 """
 
 from etl.errors import ManifestError, SelectionError, ShardError
 from etl.format.views import View
+from loaders.aspect_buckets import AspectBuckets, BucketSampler, ResizeToBucket
 from loaders.augment import CenterCrop, RandomResizedCrop, Resize
 from loaders.batches import Batch, ColumnBatch, IndexedBatch
-from loaders.buckets import AspectBuckets, BucketSampler, ResizeToBucket
 from loaders.catalog import Catalog, open_catalog
 from loaders.dataset import PackedDataset
 from loaders.device import DeviceLoader

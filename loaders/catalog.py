@@ -21,11 +21,11 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from etl.errors import EtlError, SelectionError, ShardError
+from etl.format.contents import VersionContents, Where
 from etl.format.manifest import read_manifest
 from etl.format.ragged import channels_of, shape_of
-from etl.format.rowsums import RowChecksums
+from etl.format.row_checksums import RowChecksums
 from etl.format.values import SampleValues
-from etl.format.view import VersionView, Where
 from etl.format.views import View
 from etl.storage.cache import BoundedCache
 from etl.storage.ranged import RangedRows
@@ -193,8 +193,8 @@ _MANIFEST_ROWS: weakref.WeakKeyDictionary[Selection, pa.Table] = weakref.WeakKey
 """Manifest columns read for `manifest_rows`, per selection object (never pickled to workers)."""
 
 
-class Catalog(VersionView):
-    """One committed version of a packed dataset (`etl.format.view.VersionView`: classes,
+class Catalog(VersionContents):
+    """One committed version of a packed dataset (`etl.format.contents.VersionContents`: classes,
     shape, layout, splits, counts), from which datasets select samples."""
 
     def select(

@@ -26,7 +26,7 @@ from etl.storage.location import StoreOptions, open_location
 from loaders.batches import SIZE_COLUMNS, AnyBatch, BatchMemory, Samples, make_batch
 from loaders.catalog import Selection, Where, open_catalog
 from loaders.reader import ShardReader, batch_reads
-from loaders.rowchecks import Verify, checked_rows, checks_of, row_checksums
+from loaders.row_checks import Verify, checked_rows, checks_of, row_checksums
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 

@@ -30,8 +30,8 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from etl.errors import EtlError
 from etl.storage.cache import BoundedCache
+from loaders.aspect_buckets import AspectBuckets
 from loaders.batches import BatchMemory, batch_memory, resolve_pin_memory
-from loaders.buckets import AspectBuckets
 from loaders.dataset import PackedDataset, collate_batch
 from loaders.mixture import Mixture
 from loaders.named_orders import OrderOptions, loader_sampler, order_of, order_seed

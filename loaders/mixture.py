@@ -181,8 +181,8 @@ class Mixture(Dataset[tuple[Any, ...]]):
     def sheet(self, batches: int = 2, batch_size: int = 8, seed: int = 0) -> Any:
         """A contact sheet of the first `batches` batches (`etl.explore.drawing`, which needs
         Pillow: the `etl` extra), each cell captioned with its member and class."""
+        from etl.explore.dataset import to_image
         from etl.explore.drawing import Cell, draw_sheet  # NOTE: Pillow, here only
-        from etl.explore.view import to_image
 
         order = self.sampler(seed, 0, 1, False, batch_size).global_order(0)
         chosen = order[: batches * batch_size]

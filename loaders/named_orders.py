@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from loaders.buckets import AspectBuckets, BucketSampler
+from loaders.aspect_buckets import AspectBuckets, BucketSampler
 from loaders.dataset import PackedDataset
 from loaders.mixture import Mixture
 from loaders.samplers import (

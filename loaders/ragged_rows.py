@@ -12,7 +12,7 @@ from numpy.typing import NDArray
 
 from etl.errors import ShardError
 from etl.format.ragged import shape_of
-from etl.format.rowsums import mismatch
+from etl.format.row_checksums import mismatch
 from loaders.catalog import ShardSet
 from loaders.span import resident
 

@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from etl.errors import ShardError
-from etl.format.rowsums import mismatch
+from etl.format.row_checksums import mismatch
 from etl.format.shards import check_shard, open_shard
 from loaders.batches import SIZE_COLUMNS, Columns
 from loaders.catalog import Selection, ShardSet

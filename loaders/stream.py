@@ -33,7 +33,7 @@ from loaders.dist import rank_and_world
 from loaders.orders import Order, seeded_rng
 from loaders.page_cache import advise_file
 from loaders.reader import ShardReader, batch_reads
-from loaders.rowchecks import Verify, as_verified, checks_of
+from loaders.row_checks import Verify, as_verified, checks_of
 
 
 def slot_share(n: int, n_slots: int, drop_last: bool = False) -> int:

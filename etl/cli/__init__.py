@@ -1,6 +1,16 @@
 """The `etl` command line. `main` imports the command modules (which registers their commands on
 `etl.cli.app.app`) and runs it; on a node installed without the ETL's packages (the format and
-the loaders alone) it says in one line how to install them."""
+the loaders alone) it says in one line how to install them.
+
+Modules:
+- `app`:      the Typer app, its consoles, and our errors mapped to exit codes
+- `audit`:    `etl audit`: verify a dataset against its manifest, and repair it
+- `inspect`:  `etl init`, `etl inspect` and `etl show`
+- `progress`: progress bars with rate and ETA on stderr
+- `run`:      `etl run`, `etl validate` and `etl sample-data`
+- `versions`: `etl versions`, `etl diff` and `etl compact`
+- `views`:    `etl view`: what a view file selects
+"""
 
 from __future__ import annotations
 

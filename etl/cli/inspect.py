@@ -14,7 +14,7 @@ from rich.table import Table
 from etl.cli.app import app, out
 from etl.config import PipelineConfig, SourceConfig, load_config
 from etl.errors import EtlError
-from etl.explore import view as explore
+from etl.explore import dataset as explore
 from etl.format.atomic import replacing
 from etl.start import scaffold
 from etl.storage.location import as_location

@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from etl.cli.app import app, out
-from etl.explore import view as explore
+from etl.explore import dataset as explore
 from etl.format.views import View
 
 

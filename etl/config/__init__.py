@@ -3,10 +3,12 @@
 Every other module receives a `PipelineConfig` and never looks at the file again. Errors name
 the key path and the YAML line (`pipeline.yaml:12: stages[1].resize.size: ...`).
 
-    fields.py     strict frozen models, byte sizes, colours
-    sources.py    the `source:` section, one model per kind
-    pipeline.py   stages, output, run, and `PipelineConfig`
-    loading.py    `load_config`: YAML -> PipelineConfig
+Modules:
+- `columns`:  the `columns:` section: per-sample columns a source carries
+- `fields`:   what every model shares: strict frozen models, byte sizes, colours, locations
+- `loading`:  `load_config`: pipeline.yaml -> PipelineConfig
+- `pipeline`: the stages, output and run sections, and `PipelineConfig`
+- `sources`:  the `source:` section, one model per source kind
 """
 
 from etl.config.fields import ByteSize, Color, StrictModel, parse_byte_size

@@ -14,9 +14,9 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from etl.errors import ManifestError
-from etl.format.columns import positions_in
 from etl.format.ragged import channels_of
 from etl.format.shards import HEADER_BYTES, SHARDS_DIR
+from etl.format.table_ops import positions_in
 
 RAGGED_COLUMNS = ("sample_offset", "sample_height", "sample_width")
 """The manifest columns that place a sample that keeps its aspect ratio (format version 2)."""

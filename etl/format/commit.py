@@ -22,7 +22,6 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from etl.errors import ManifestError
-from etl.format.columns import rebatched
 from etl.format.manifest import (
     MANIFEST_FILE,
     RECORDED_FILES,
@@ -36,6 +35,7 @@ from etl.format.manifest import (
 from etl.format.record import write_record
 from etl.format.schema import REJECTS_SCHEMA, SHARDS_SCHEMA, ManifestMeta
 from etl.format.shards import SHARDS_DIR, ShardInfo, fsync_dir, shard_version
+from etl.format.table_ops import rebatched
 
 
 def tool_version() -> str:

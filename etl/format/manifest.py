@@ -29,7 +29,6 @@ from numpy.typing import NDArray
 
 from etl.errors import ManifestError
 from etl.format.coherence import CHECK_ROWS, check_coherent
-from etl.format.columns import positions_in
 from etl.format.mapped import Mapped
 from etl.format.record import RECORD_FILE, check_record
 from etl.format.schema import (
@@ -39,6 +38,7 @@ from etl.format.schema import (
     SHARDS_SCHEMA,
     ManifestMeta,
 )
+from etl.format.table_ops import positions_in
 
 VERSIONS_DIR = "versions"
 MANIFEST_FILE = "manifest.arrow"

@@ -22,9 +22,9 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from etl.format.checksums import file_digests
-from etl.format.columns import merge_sorted, rebatched, sorted_by
 from etl.format.manifest import VERSIONS_DIR
 from etl.format.mapped import Mapped
+from etl.format.table_ops import merge_sorted, rebatched, sorted_by
 
 RUN_ROWS = 1 << 16
 """Rows gathered before they are sorted and written as one run. Sorting copies them, so this

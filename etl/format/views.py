@@ -37,10 +37,10 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from etl.errors import ConfigError, SelectionError
-from etl.format.columns import bool_mask
+from etl.format.table_ops import bool_mask
 
 if TYPE_CHECKING:
-    from etl.format.view import VersionView
+    from etl.format.contents import VersionContents
 
 PREDICATE_KEYS = ("split", "classes", "sources", "ids", "where")
 """What a view may say of its rows, in the order they are applied."""
@@ -63,7 +63,7 @@ class View:
     """fnmatch patterns on `source` ('*' matches '/' too), case-sensitive."""
     ids: tuple[str, ...] | None = None
     where: str | pc.Expression | None = None
-    """A SQL condition over the manifest's columns (duckdb; see `etl.format.view`), or a
+    """A SQL condition over the manifest's columns (duckdb; see `etl.format.contents`), or a
     pyarrow compute Expression (in Python; its text is what the fingerprint records)."""
     base: View | None = field(default=None, repr=False)
     folder: str = ""
@@ -138,7 +138,7 @@ class View:
         )
         return hashlib.blake2b(canonical.encode(), digest_size=8).hexdigest()
 
-    def mask(self, version: VersionView) -> NDArray[np.bool_]:
+    def mask(self, version: VersionContents) -> NDArray[np.bool_]:
         """One boolean per sample of `version`: in this view. An unknown split, class or id is
         a SelectionError listing the valid ones, as `Catalog.select` says it."""
         mask = self.base.mask(version) if self.base is not None else None

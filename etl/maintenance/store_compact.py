@@ -101,7 +101,7 @@ def compact_store(
                     report.deleted_shards.append(name)
                     report.freed_bytes += size
             if not dry_run:
-                _remove(store, [store.remote(name) for name in report.deleted_shards])
+                _remove(store, [store.in_store(name) for name in report.deleted_shards])
                 sweep(store)
         finally:
             empty_work(local)
@@ -129,13 +129,13 @@ def _publish_rewrite(
 
 def _retire(store: StoreDataset, number: int) -> None:
     """Remove version `number`: its record first (then no reader lists it), its files after."""
-    folder = store.remote(VERSIONS_DIR, version_name(number))
+    folder = store.in_store(VERSIONS_DIR, version_name(number))
     record = f"{folder}/{RECORD_FILE}"
     staging = None
     try:
         files_at = json.loads(store.bounded(store.fs.cat_file, record)).get(FILES_AT)
         if isinstance(files_at, str) and staging_name_of(files_at) == number:
-            staging = store.remote(VERSIONS_DIR, files_at)
+            staging = store.in_store(VERSIONS_DIR, files_at)
     except (ValueError, AttributeError):
         pass  # a damaged record names nothing to follow; the folder goes all the same
     except FileNotFoundError:
@@ -151,7 +151,7 @@ def _remove_unlisted_versions(store: StoreDataset, newest: int) -> None:
     than `newest` whose record is gone (no writer can publish such a version any more)."""
     listed = set(store.committed())
     try:
-        names = store.bounded(store.fs.ls, store.remote(VERSIONS_DIR), detail=False)
+        names = store.bounded(store.fs.ls, store.in_store(VERSIONS_DIR), detail=False)
     except FileNotFoundError:
         return
     except Exception as exc:
@@ -166,7 +166,7 @@ def _remove_unlisted_versions(store: StoreDataset, newest: int) -> None:
 
 def _stored_shards(store: StoreDataset) -> dict[str, int]:
     """Every shard object in the store: its dataset-relative name and its size."""
-    folder = store.remote(SHARDS_DIR)
+    folder = store.in_store(SHARDS_DIR)
     try:
         store.fs.invalidate_cache(folder)
         found = store.bounded(store.fs.find, folder, detail=True)

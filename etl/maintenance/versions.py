@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etl.format.columns import ascending, bisect_right, bool_mask, positions_in, sorted_by
 from etl.format.manifest import Manifest, read_manifest, resolve
+from etl.format.table_ops import ascending, bisect_right, bool_mask, positions_in, sorted_by
 from etl.storage.location import StoreOptions, open_location
 
 

@@ -16,18 +16,18 @@ from numpy.typing import NDArray
 
 from etl.config import PipelineConfig
 from etl.engine.parallel import worker_count
-from etl.format.columns import (
+from etl.format.mapped import Mapped
+from etl.format.names import sample_id
+from etl.format.sample_columns import CARRIED, carried, carried_fields
+from etl.format.schema import SAMPLES_SCHEMA, samples_schema
+from etl.format.shards import shard_name
+from etl.format.table_ops import (
     bool_mask,
     positions_in,
     sorted_by,
     taken,
     value_codes,
 )
-from etl.format.mapped import Mapped
-from etl.format.names import sample_id
-from etl.format.sample_columns import CARRIED, carried, carried_fields
-from etl.format.schema import SAMPLES_SCHEMA, samples_schema
-from etl.format.shards import shard_name
 from etl.run.plan import Plan, pack_order, split_names
 from etl.run.tasks import PackTask, ShardBatches, Texts, batch_size
 from etl.sources.entries import FILE_COLUMNS, FileColumns, SourceFile

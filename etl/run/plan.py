@@ -26,16 +26,16 @@ from numpy.typing import NDArray
 
 from etl.config import PipelineConfig
 from etl.format.coherence import CHECK_ROWS
-from etl.format.columns import (
+from etl.format.manifest import Manifest
+from etl.format.mapped import Mapped
+from etl.format.sample_columns import carried_fields
+from etl.format.schema import samples_schema
+from etl.format.table_ops import (
     DigestSet,
     bool_mask,
     positions_in,
     take_or_null,
 )
-from etl.format.manifest import Manifest
-from etl.format.mapped import Mapped
-from etl.format.sample_columns import carried_fields
-from etl.format.schema import samples_schema
 from etl.images.rejects import CONTENT_REJECTS
 from etl.run.tasks import PackTask
 from etl.sources.entries import (

@@ -6,7 +6,7 @@ of files. It is the plan the whole listing would give at once (the tests' oracle
 1. Windows of the listing in source order, each merge-joined with the slice of the previous
    version's rows (sorted by source) it can match: the stat proves some hashes known; the
    rest are hashed (`hash_files`) right then. Each checked row goes to the bucket of its
-   content hash (`etl.run.buckets`), and so does each previous sample the window passed, so
+   content hash (`etl.run.hash_buckets`), and so does each previous sample the window passed, so
    the manifest is read once, in order.
 2. Once every class name is known (the labels need them all), each bucket is decided
    (`decide.decide`) with its previous samples and the remembered rejects whose hash falls in
@@ -28,14 +28,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl.config import PipelineConfig
-from etl.format.columns import ascending, bisect_right, sorted_by, value_codes
 from etl.format.manifest import Manifest
 from etl.format.mapped import Mapped, releasing
 from etl.format.sample_columns import carried_fields
 from etl.format.schema import REJECTS_SCHEMA, SAMPLES_SCHEMA, samples_schema
 from etl.format.spill import SortedSpill
-from etl.run.buckets import Buckets, bucket_count, buckets_of
+from etl.format.table_ops import ascending, bisect_right, sorted_by, value_codes
 from etl.run.decide import CHECKED_COLUMNS, Decided, assemble, check_window, decide
+from etl.run.hash_buckets import Buckets, bucket_count, buckets_of
 from etl.run.plan import (
     Plan,
     hash_wanted,

@@ -27,7 +27,7 @@ from typing import IO, Any
 from etl.config import FilePatterns
 from etl.errors import SourceError
 from etl.format import names
-from etl.sources import objects
+from etl.sources import in_store
 from etl.sources.intake import DuplicateReject, RecordIntake
 from etl.sources.labels import integer_classes
 from etl.sources.safe_files import SAFE_OPEN_FLAGS, not_a_file
@@ -37,7 +37,7 @@ from etl.sources.timed import check_in_store
 
 
 def match_files(
-    root: Path | str, patterns: FilePatterns, options: objects.Options | None = None
+    root: Path | str, patterns: FilePatterns, options: in_store.Options | None = None
 ) -> list[tuple[str, str | None]]:
     """(path relative to `root` as an os string, split or None) of each file the glob
     `patterns` match (a dict: split -> patterns), sorted, each once; `root` a folder or a
@@ -49,7 +49,7 @@ def match_files(
     for split, group in groups:
         for pattern in group:
             if isinstance(root, str):
-                matched = objects.glob_objects(root, pattern, options)
+                matched = in_store.glob_objects(root, pattern, options)
             else:
                 matched = glob.glob(pattern, root_dir=root, recursive=True)
             if not matched:
@@ -76,7 +76,7 @@ def joined(root: Path | str, relative: str) -> str:
 
 @contextmanager
 def opened_file(
-    root: Path | str, relative: str, intake: RecordIntake, options: objects.Options | None = None
+    root: Path | str, relative: str, intake: RecordIntake, options: in_store.Options | None = None
 ) -> Iterator[IO[bytes] | None]:
     """The regular file at root/relative (or the object, `root` a prefix in object storage),
     open for reading; None (and a reject naming the file) when it is a link out of the root,
@@ -84,7 +84,7 @@ def opened_file(
     source = names.path_to_source(relative)
     if isinstance(root, str):
         try:
-            remote = objects.open_object(joined(root, relative), options)
+            remote = in_store.open_object(joined(root, relative), options)
         except OSError as exc:
             intake.reject(source, "io_error", f"cannot open: {exc.strerror or exc}")
             yield None
@@ -139,7 +139,7 @@ def check_container_folder(config: Any) -> None:
     """source.path must be the folder (or object-storage prefix) `source.files` are matched
     in."""
     if isinstance(config.path, str):
-        check_in_store(config, objects.is_folder, "holds no object")
+        check_in_store(config, in_store.is_folder, "holds no object")
     elif not config.path.is_dir():
         raise SourceError(
             f"source.path: {config.path} is not a folder (source.files are matched in it)"

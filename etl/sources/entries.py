@@ -142,7 +142,7 @@ class FileColumns:
         """Columns of `files` (any order; sorted here)."""
         import pyarrow as pa
 
-        from etl.format.columns import sorted_by
+        from etl.format.table_ops import sorted_by
 
         rows = list(files)
         columns = {name: [getattr(f, name) for f in rows] for name in FILE_COLUMNS}
@@ -255,7 +255,7 @@ class FileColumnsBuilder:
         added twice."""
         import pyarrow as pa
 
-        from etl.format.columns import sorted_by
+        from etl.format.table_ops import sorted_by
 
         self._flush()
         unique = _UniqueSources(drop, drop_sorted)
@@ -334,7 +334,7 @@ class _UniqueSources:
         """The part of `drop_sorted` from `first` to `last` (pieces come in ascending order)."""
         import pyarrow as pa
 
-        from etl.format.columns import bisect_left, bisect_right
+        from etl.format.table_ops import bisect_left, bisect_right
 
         if self.drop_sorted is None:
             return None

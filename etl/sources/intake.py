@@ -81,7 +81,7 @@ class ListingBuilder:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from etl.format.columns import sorted_by
+        from etl.format.table_ops import sorted_by
 
         taken = self._rejects.build()
         sources = taken.table.column("source")

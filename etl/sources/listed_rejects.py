@@ -115,8 +115,8 @@ class RejectsBuilder:
         """Every reject added, sorted by source."""
         import pyarrow as pa
 
-        from etl.format.columns import sorted_by
         from etl.format.schema import REJECTS_SCHEMA
+        from etl.format.table_ops import sorted_by
 
         self._flush()
         if self._spill is not None:

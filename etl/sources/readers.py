@@ -23,7 +23,7 @@ from pathlib import Path
 
 from etl.config import SourceConfig
 from etl.format.checksums import digest
-from etl.sources.objects import located_digest, read_located
+from etl.sources.in_store import located_digest, read_located
 from etl.sources.registry import kind_of, release_all
 from etl.sources.safe_files import Refused
 from etl.sources.spool import NOT_SPOOLED, SpoolWriter, spool_path

@@ -12,7 +12,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from etl.errors import SourceError
-from etl.sources.objects import read_located
+from etl.sources.in_store import read_located
 from etl.sources.safe_files import Refused
 from etl.storage.location import is_url
 

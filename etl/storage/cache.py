@@ -1,4 +1,4 @@
-"""A byte limit on the shards of a remote dataset's cache, shared by every process of a node.
+"""A byte limit on the shards of a dataset in a store's cache, shared by every process of a node.
 
 `PackedDataset.open("s3://...", cache_limit="20GiB")` reads through a `BoundedCache` instead of
 fetching every shard at open: a shard is downloaded (and verified, `etl.storage.store`) when a
@@ -90,8 +90,8 @@ class BoundedCache:
         self.checksums = tuple(checksums)
         self.algorithm = algorithm
         self.size_of = dict(zip(self.names, self.sizes, strict=True))
-        self._remote: StoreDataset | None = None
-        self._remote_pid = os.getpid()
+        self._store: StoreDataset | None = None
+        self._store_pid = os.getpid()
         self._holds: dict[tuple[str, int], int] = {}
         self._holds_pid = os.getpid()
         self._lock = threading.Lock()
@@ -99,7 +99,7 @@ class BoundedCache:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_remote=None, _holds={}, _ahead=None)
+        state.update(_store=None, _holds={}, _ahead=None)
         del state["_lock"]
         return state
 
@@ -109,23 +109,21 @@ class BoundedCache:
         self._lock = threading.Lock()
 
     @property
-    def remote(self) -> StoreDataset:
+    def store(self) -> StoreDataset:
         """This process's connection to the store (a forked worker makes its own: fsspec's
         async drivers are not fork-safe)."""
-        if self._remote is None or self._remote_pid != os.getpid():
-            self._remote_pid = os.getpid()
-            self._remote = StoreDataset(
-                self.url, self.cache_dir, self.storage_options, self.timeout
-            )
-        return self._remote
+        if self._store is None or self._store_pid != os.getpid():
+            self._store_pid = os.getpid()
+            self._store = StoreDataset(self.url, self.cache_dir, self.storage_options, self.timeout)
+        return self._store
 
     @property
     def folder(self) -> Path:
         """The mirror's shards folder."""
-        return self.remote.root / SHARDS_DIR
+        return self.store.root / SHARDS_DIR
 
     def path(self, shard: int) -> Path:
-        return self.remote.root / self.names[shard]
+        return self.store.root / self.names[shard]
 
     # -- holds --------------------------------------------------------------------------
 
@@ -237,7 +235,7 @@ class BoundedCache:
                 with locked(final.with_name(final.name + ".lock")):
                     if final.is_file():  # another process fetched it meanwhile
                         continue
-                    self.remote.download_shard(
+                    self.store.download_shard(
                         self.names[shard], self.checksums[shard], self.algorithm, partial
                     )
         except BaseException:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
-    from etl.format.rowsums import RowChecksums
+    from etl.format.row_checksums import RowChecksums
     from etl.storage.cache import BoundedCache
     from etl.storage.ranged import RangedRows
     from etl.storage.store import StoreDataset

@@ -97,14 +97,14 @@ def publish(store: StoreDataset, local: Path, attempt: Attempt, progress: Progre
     OutputError naming the object for an upload or a check that fails.
     """
     folder = local / VERSIONS_DIR / version_name(attempt.version)
-    record = store.remote(VERSIONS_DIR, version_name(attempt.version), RECORD_FILE)
+    record = store.in_store(VERSIONS_DIR, version_name(attempt.version), RECORD_FILE)
     if _stored_record(store, record) is not None:
         raise _beaten(store, attempt)
     uploads = [
-        (local / name, store.remote(name), checksum, algorithm)
+        (local / name, store.in_store(name), checksum, algorithm)
         for name, checksum, algorithm in _new_shards(local, attempt)
     ] + [
-        (folder / name, store.remote(VERSIONS_DIR, attempt.staging, name), digest, TAMPER_DIGEST)
+        (folder / name, store.in_store(VERSIONS_DIR, attempt.staging, name), digest, TAMPER_DIGEST)
         for name, digest in _recorded_digests(folder).items()
     ]
     progress.start("upload", len(uploads))
@@ -149,7 +149,7 @@ def _published_by_another(store: StoreDataset, record: str, attempt: Attempt) ->
 def forget(store: StoreDataset, attempt: Attempt) -> bool:
     """Remove what `attempt` uploaded, unless its record was published (then it is the
     version's). Returns whether it was published. OutputError if the store cannot be asked."""
-    record = store.remote(VERSIONS_DIR, version_name(attempt.version), RECORD_FILE)
+    record = store.in_store(VERSIONS_DIR, version_name(attempt.version), RECORD_FILE)
     stored = _stored_record(store, record)
     if stored is not None:
         try:
@@ -158,10 +158,10 @@ def forget(store: StoreDataset, attempt: Attempt) -> bool:
             published = None
         if published == attempt.staging:
             return True
-    pattern = store.remote(SHARDS_DIR, f"v{attempt.version:06d}-{attempt.writer}-*.npy")
+    pattern = store.in_store(SHARDS_DIR, f"v{attempt.version:06d}-{attempt.writer}-*.npy")
     try:
         leftovers = store.bounded(store.fs.glob, pattern)
-        leftovers += store.bounded(store.fs.find, store.remote(VERSIONS_DIR, attempt.staging))
+        leftovers += store.bounded(store.fs.find, store.in_store(VERSIONS_DIR, attempt.staging))
         if leftovers:
             store.bounded(store.fs.rm, sorted(set(leftovers)))
     except FileNotFoundError:
@@ -186,9 +186,9 @@ def sweep(store: StoreDataset) -> int:
     node left for the version after the latest stays until that version is published.
     OutputError if the store cannot be listed or cleaned."""
     try:
-        store.fs.invalidate_cache(store.remote())
-        shards = store.bounded(store.fs.find, store.remote(SHARDS_DIR))
-        folders = store.bounded(store.fs.ls, store.remote(VERSIONS_DIR), detail=False)
+        store.fs.invalidate_cache(store.in_store())
+        shards = store.bounded(store.fs.find, store.in_store(SHARDS_DIR))
+        folders = store.bounded(store.fs.ls, store.in_store(VERSIONS_DIR), detail=False)
     except FileNotFoundError:
         return 0
     except Exception as exc:
@@ -205,7 +205,7 @@ def sweep(store: StoreDataset) -> int:
             candidates.setdefault(number, []).append((name.rsplit("-", 1)[1], path))
     lost: list[str] = []
     for number, objects in sorted(candidates.items()):
-        record = store.remote(VERSIONS_DIR, version_name(number), RECORD_FILE)
+        record = store.in_store(VERSIONS_DIR, version_name(number), RECORD_FILE)
         stored = _stored_record(store, record)
         if stored is None:
             continue  # not published: a live writer's, or a dead one's until it is

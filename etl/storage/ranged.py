@@ -1,4 +1,4 @@
-"""Rows of a remote dataset's shards read with ranged GETs, for selections that read few rows
+"""Rows of a dataset in a store's shards read with ranged GETs, for selections that read few rows
 of each shard (an evaluation subset, a `where=` filter, a look at a few samples).
 
 `PackedDataset.open("s3://...", ranged=True)` downloads no shard: a batch's rows are read from
@@ -22,7 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from etl.errors import ShardError
-from etl.format.rowsums import RowChecksums, mismatch
+from etl.format.row_checksums import RowChecksums, mismatch
 from etl.format.shards import HEADER_BYTES
 from etl.storage.store import StoreDataset
 from etl.storage.transport import why
@@ -52,19 +52,19 @@ class RangedRows:
         self.sample_bytes = int(np.prod(sample_shape))
         self.offsets = np.asarray(sizes, np.int64) - np.asarray(rows, np.int64) * self.sample_bytes
         self.sums = sums
-        self._remote: StoreDataset | None = None
-        self._remote_pid = os.getpid()
+        self._store: StoreDataset | None = None
+        self._store_pid = os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_remote": None}
+        return {**self.__dict__, "_store": None}
 
     @property
-    def remote(self) -> StoreDataset:
+    def store(self) -> StoreDataset:
         """This process's connection to the store (fsspec's async drivers are not fork-safe)."""
-        if self._remote is None or self._remote_pid != os.getpid():
-            self._remote_pid = os.getpid()
-            self._remote = StoreDataset(self.url, None, self.storage_options, self.timeout)
-        return self._remote
+        if self._store is None or self._store_pid != os.getpid():
+            self._store_pid = os.getpid()
+            self._store = StoreDataset(self.url, None, self.storage_options, self.timeout)
+        return self._store
 
     def read(
         self, shard: NDArray[np.int64], row: NDArray[np.int64], out: NDArray[np.uint8]
@@ -78,10 +78,10 @@ class RangedRows:
         ends = np.r_[first[1:], len(s)]
         starts = self.offsets[s[first]] + r[first] * size
         stops = starts + (ends - first) * size
-        paths = [self.remote.remote(self.names[k]) for k in s[first].tolist()]
+        paths = [self.store.in_store(self.names[k]) for k in s[first].tolist()]
         try:
-            blobs = self.remote.bounded(
-                self.remote.fs.cat_ranges, paths, starts.tolist(), stops.tolist()
+            blobs = self.store.bounded(
+                self.store.fs.cat_ranges, paths, starts.tolist(), stops.tolist()
             )
         except Exception as exc:
             raise ShardError(f"{self.url}: cannot read rows of its shards ({why(exc)})") from None
@@ -90,7 +90,7 @@ class RangedRows:
             pieces = _whole(blob, path, (end - begin) * size).reshape(end - begin, size)
             flat[order[begin:end]] = pieces
         try:
-            self.sums.check(shard, row, out, lambda k: self.remote.remote(self.names[k]))
+            self.sums.check(shard, row, out, lambda k: self.store.in_store(self.names[k]))
         except ShardError as exc:
             raise ShardError(f"{exc}; {self._repair}") from None
 
@@ -104,12 +104,12 @@ class RangedRows:
         """Samples of their own size (format version 2): bytes [starts[j], starts[j] +
         lengths[j]) of shard[j]'s data, which follows its 128-byte header (`ShardWriter`
         writes no other), one ranged GET each, all at once; each verified as `read`'s rows."""
-        paths = [self.remote.remote(self.names[k]) for k in shard.tolist()]
+        paths = [self.store.in_store(self.names[k]) for k in shard.tolist()]
         begins = HEADER_BYTES + np.asarray(starts, np.int64)
         stops = begins + np.asarray(lengths, np.int64)
         try:
-            blobs = self.remote.bounded(
-                self.remote.fs.cat_ranges, paths, begins.tolist(), stops.tolist()
+            blobs = self.store.bounded(
+                self.store.fs.cat_ranges, paths, begins.tolist(), stops.tolist()
             )
         except Exception as exc:
             raise ShardError(f"{self.url}: cannot read rows of its shards ({why(exc)})") from None

@@ -78,7 +78,7 @@ class StoreDataset:
         root: Path | None = None,
     ) -> None:
         self.url = url.rstrip("/")
-        self.fs, self.remote_root = filesystem(self.url, storage_options, ManifestError)
+        self.fs, self.store_root = filesystem(self.url, storage_options, ManifestError)
         key = hashlib.blake2b(self.url.encode(), digest_size=8).hexdigest()
         self.key = key
         self.root = root or Path(cache_dir or default_cache_dir()) / key
@@ -86,12 +86,12 @@ class StoreDataset:
         self.timeout = timeout
         """Seconds one call to the store (a listing, an open, a chunk's read) may take."""
 
-    def remote(self, *parts: str) -> str:
+    def in_store(self, *parts: str) -> str:
         """The store's path of a file of the dataset ('shards', 'v000001-00000.npy')."""
-        return self._remote(*parts)
+        return self._in_store(*parts)
 
-    def _remote(self, *parts: str) -> str:
-        return "/".join([self.remote_root.rstrip("/"), *parts])
+    def _in_store(self, *parts: str) -> str:
+        return "/".join([self.store_root.rstrip("/"), *parts])
 
     def committed(self) -> list[int]:
         """The committed versions in the store, oldest first, maybe none: the version folders
@@ -99,7 +99,7 @@ class StoreDataset:
         cache). A writer's files before its version is published are in a hidden folder
         (NOTE [ publishing to a store ]); a version being compacted away loses its record
         first (`etl.maintenance.store_compact`)."""
-        folder = self._remote(VERSIONS_DIR)
+        folder = self._in_store(VERSIONS_DIR)
         try:
             self.fs.invalidate_cache(folder)
             entries = self.bounded(self.fs.find, folder)  # one paged listing of the prefix
@@ -132,7 +132,7 @@ class StoreDataset:
         folder = self.root / VERSIONS_DIR / version_name(number)
         if folder.is_dir():
             return number
-        remote = self._remote(VERSIONS_DIR, version_name(number))
+        remote = self._in_store(VERSIONS_DIR, version_name(number))
         staging = folder.parent / f"{TMP_PREFIX}{version_name(number)}-{os.getpid()}"
         staging.mkdir(parents=True, exist_ok=True)
         try:
@@ -140,7 +140,7 @@ class StoreDataset:
             record = _read_record(staging / RECORD_FILE, f"{remote}/{RECORD_FILE}")
             where = f"{self.url}/{VERSIONS_DIR}/{folder.name}"
             files_at = _files_at(record, number, where)
-            stored = self._remote(VERSIONS_DIR, files_at) if files_at else remote
+            stored = self._in_store(VERSIONS_DIR, files_at) if files_at else remote
             for name in _recorded_files(record, where):
                 self._get(f"{stored}/{name}", staging / name, ManifestError)
             try:
@@ -179,11 +179,11 @@ class StoreDataset:
             final = self.root / name
             final.parent.mkdir(parents=True, exist_ok=True)
             try:
-                there = self.bounded(self.fs.exists, self._remote(name))
+                there = self.bounded(self.fs.exists, self._in_store(name))
             except Exception as exc:
                 raise ShardError(f"{self.url}/{name}: cannot look it up ({why(exc)})") from None
             if there:
-                self._get(self._remote(name), final, ShardError)
+                self._get(self._in_store(name), final, ShardError)
             on_done(1)
 
         with ThreadPoolExecutor(max_workers=DOWNLOADS, thread_name_prefix="etl-fetch") as pool:
@@ -206,7 +206,7 @@ class StoreDataset:
         the shard's `.lock` (NOTE [ cache safety ])."""
         final = self.root / name
         partial = partial or final.with_name(f"{TMP_PREFIX}{final.name}-{os.getpid()}")
-        got = self._get(self._remote(name), partial, ShardError, algorithm)
+        got = self._get(self._in_store(name), partial, ShardError, algorithm)
         if got != checksum:
             partial.unlink(missing_ok=True)
             raise ShardError(

@@ -1,4 +1,4 @@
-"""etl.explore.view on datasets packed by real pipeline runs, checked against independent reads:
+"""etl.explore.dataset on datasets packed by real pipeline runs, checked against independent reads:
 pyarrow.ipc for the manifest, np.load(mmap_mode="r") for the shards, Pillow for the sources."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from PIL import Image
 import etl
 from etl.config import DecodeStage, FolderSource, load_config
 from etl.errors import EtlError
+from etl.explore import dataset as explore
 from etl.explore import drawing, reject_sheet
-from etl.explore import view as explore
 from etl.run import pipeline
 from etl.start.sample_data import make_sample_data
 

@@ -110,32 +110,32 @@ def readers(root: str, config: str | None, scratch: Path) -> dict[str, Callable[
     }
 
 
-def read_remote(url: str, workers: int = 0, **options: Any) -> None:
+def read_from_store(url: str, workers: int = 0, **options: Any) -> None:
     """Every sample of the dataset at `url` through the mirror in $ETL_CACHE."""
     read_all(url, workers, **options)
 
 
-def stream_remote(url: str) -> None:
+def stream_from_store(url: str) -> None:
     selection = PackedDataset.open(url).selection
     loader = stream_loader(PackedStream(selection, batch_size=8, window=2))
     count = sum(len(batch.labels) for batch in loader)
     assert count >= len(selection), f"streamed {count} of {len(selection)} samples"
 
 
-def remote_readers(url: str, scratch: Path) -> dict[str, Callable[[], Any]]:
+def store_readers(url: str, scratch: Path) -> dict[str, Callable[[], Any]]:
     """The readers of a dataset in object storage that read its mirror in the cache."""
     return {
         "inspect": lambda: cli("inspect", url),
         "versions": lambda: cli("versions", url),
         "diff": lambda: cli("diff", url, "1", "2"),
         "show": lambda: cli("show", url, "-n", "4", "--out", str(scratch / "sheet.png")),
-        "loaders": lambda: python(lambda: read_remote(url)),
-        "loaders-verify": lambda: python(lambda: read_remote(url, verify="shards")),
-        "loaders-workers": lambda: python(lambda: read_remote(url, workers=2)),
+        "loaders": lambda: python(lambda: read_from_store(url)),
+        "loaders-verify": lambda: python(lambda: read_from_store(url, verify="shards")),
+        "loaders-workers": lambda: python(lambda: read_from_store(url, workers=2)),
         "loaders-limited": lambda: python(
-            lambda: read_remote(url, store=StoreOptions(cache_limit="1GiB"))
+            lambda: read_from_store(url, store=StoreOptions(cache_limit="1GiB"))
         ),
-        "stream": lambda: python(lambda: stream_remote(url)),
+        "stream": lambda: python(lambda: stream_from_store(url)),
     }
 
 
@@ -147,7 +147,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as scratch:
             if "url" in case:
                 os.environ["ETL_CACHE"] = case["cache"]
-                every = remote_readers(case["url"], Path(scratch))
+                every = store_readers(case["url"], Path(scratch))
             else:
                 every = readers(case["root"], case.get("config"), Path(scratch))
             results = {}

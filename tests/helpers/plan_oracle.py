@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl.config import PipelineConfig
-from etl.format.columns import sorted_by, value_codes
 from etl.format.manifest import Manifest
+from etl.format.table_ops import sorted_by, value_codes
 from etl.run.decide import assemble, check_window, decide
 from etl.run.plan import (
     Hashes,

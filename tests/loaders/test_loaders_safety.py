@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-import etl.format.rowsums as rowsums
+import etl.format.row_checksums as row_checksums
 import loaders.shard_checks
 from etl.errors import ManifestError, ShardError
 from loaders import PackedDataset, PackedStream, make_loader, open_catalog, stream_loader
@@ -225,22 +225,22 @@ def test_verify_once_checks_each_row_the_first_time_any_process_reads_it(
     assert seen is not None and seen.all()  # set by whichever process read each row
 
     calls = []
-    real = rowsums.RowChecksums.unchecked
+    real = row_checksums.RowChecksums.unchecked
 
-    def counting(self: rowsums.RowChecksums, *args: Any) -> Any:
+    def counting(self: row_checksums.RowChecksums, *args: Any) -> Any:
         calls.append(1)
         return real(self, *args)
 
     hashed = []
-    real_digest = rowsums.raw_digest
+    real_digest = row_checksums.raw_digest
 
     def counting_digest(algorithm: str) -> object:
         one = real_digest(algorithm)
         return lambda data: (hashed.append(1), one(data))[1]
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(rowsums, "raw_digest", counting_digest)
-        mp.setattr(rowsums.RowChecksums, "unchecked", counting)
+        mp.setattr(row_checksums, "raw_digest", counting_digest)
+        mp.setattr(row_checksums.RowChecksums, "unchecked", counting)
         for _ in make_loader(ds, batch_size=4, shuffle=True, pin_memory=False):
             pass
     assert calls and not hashed  # checked, and nothing hashed again
@@ -295,7 +295,7 @@ def test_row_checksums_kept_as_bytes_match_the_hex_the_manifest_records(algorith
     assert good is not None
     hexes[5], hexes[6], hexes[7], hexes[8] = None, good[:-1], "g" + good[1:], good.upper()
     column = pa.chunked_array([pa.array(hexes[:4]), pa.array(hexes[4:])])
-    sums = rowsums.RowChecksums.from_hex(np.arange(9, dtype=np.int64), column, algorithm)
+    sums = row_checksums.RowChecksums.from_hex(np.arange(9, dtype=np.int64), column, algorithm)
     assert [sums.matches(i, rows[i]) for i in range(9)] == [True] * 5 + [False] * 4
     assert not any(sums.matches(i, rows[(i + 1) % 5]) for i in range(5))
     shard = np.zeros(5, dtype=np.int64)

@@ -46,7 +46,7 @@ def test_a_training_node_needs_only_the_format_and_torch() -> None:
 
 def test_a_packing_node_never_imports_torch() -> None:
     code = (
-        "import etl.cli, etl.run.pipeline, etl.maintenance.checkup, etl.explore.view\n"
+        "import etl.cli, etl.run.pipeline, etl.maintenance.checkup, etl.explore.dataset\n"
         "import contextlib, io\nfrom etl.cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
         "    main(['--help'])"
@@ -162,7 +162,7 @@ def test_the_storage_package_sits_between_the_format_and_the_run() -> None:
 
 
 def _imported_names(code: str) -> set[str]:
-    """Modules (and their packages, `etl.run` for `etl.run.spill`) a fresh interpreter has
+    """Modules (and their packages, `etl.run` for `etl.run.phases`) a fresh interpreter has
     imported after `code`."""
     script = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
     proc = subprocess.run(
@@ -202,3 +202,20 @@ def test_no_module_over_450_lines_and_no_function_over_80() -> None:
                     long_functions.append(f"{name}.{node.name}: {length} lines")
     assert not long_modules, long_modules
     assert not long_functions, long_functions
+
+
+def test_every_package_docstring_lists_its_modules() -> None:
+    """Each package's docstring has a `Modules:` list, one line a module or subpackage
+    (`- \\`name\\`: what it is for`), naming exactly what the folder holds: a new module is
+    listed where a reader looks first, and a moved one leaves no stale line."""
+    wrong = {}
+    for init in sorted([*(ROOT / "etl").rglob("__init__.py"), ROOT / "loaders" / "__init__.py"]):
+        folder = init.parent
+        held = {p.stem for p in folder.glob("*.py") if not p.name.startswith("__")}
+        held |= {f"{p.name}/" for p in folder.iterdir() if (p / "__init__.py").is_file()}
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        _, found, listing = doc.partition("\nModules:\n")
+        listed = re.findall(r"^- `([\w]+/?)`: +\S", listing, re.M) if found else []
+        if sorted(listed) != sorted(held) or len(listed) != len(listing.strip().splitlines()):
+            wrong[str(folder.relative_to(ROOT))] = sorted(set(listed) ^ held)
+    assert not wrong, wrong

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from etl.config import load_config
-from etl.explore.view import open_dataset
+from etl.explore.dataset import open_dataset
 from etl.format import names
 from etl.maintenance.audit import AuditOptions, audit
 from etl.run import pipeline

@@ -21,10 +21,10 @@ import pytest
 from etl.config import load_config
 from etl.engine import fill
 from etl.errors import WorkerError
-from etl.format import columns, spill
+from etl.format import spill, table_ops
 from etl.format.manifest import list_versions
 from etl.format.schema import SAMPLES_SCHEMA
-from etl.run import buckets, execute, pipeline, staged
+from etl.run import execute, hash_buckets, pipeline, staged
 from tests.helpers.encoded import SIZE, picture, reasons, reference, stored
 
 CLASSES = ("ant", "bee", "cat")
@@ -39,7 +39,7 @@ def tiny_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(spill, "BATCH_ROWS", 2)
     monkeypatch.setattr(spill, "MERGE_ROWS", 6)
     monkeypatch.setattr(staged, "WINDOW_ROWS", 4)
-    monkeypatch.setattr(buckets, "BUCKET_ROWS", 3)
+    monkeypatch.setattr(hash_buckets, "BUCKET_ROWS", 3)
 
 
 def rows(keys: list[str]) -> pa.Table:
@@ -134,7 +134,7 @@ def test_files_mapped_back_hold_few_large_batches(tmp_path: Path) -> None:
         for start in range(0, len(keys), 1_000):
             spilled.add(rows(keys[start : start + 1_000]))
         mapped = spilled.written(tmp_path / "all.arrow")
-    full = columns.FILE_BATCH_ROWS
+    full = table_ops.FILE_BATCH_ROWS
     whole, rest = divmod(len(keys), full)
     assert whole >= 2 and rest
     assert batch_rows(tmp_path / "all.arrow") == [full] * whole + [rest]

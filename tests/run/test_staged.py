@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from etl.format import spill
-from etl.run import buckets, staged
+from etl.run import hash_buckets, staged
 from etl.run.decide import PACKING_COLUMNS
 from etl.run.plan import Plan, files_to_hash
 from etl.sources.entries import SourceFile, SourceListing
@@ -80,7 +80,7 @@ def hashing(content: dict[str, str], unreadable: set[str], asked: list[str]) -> 
 def tiny() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(staged, "WINDOW_ROWS", 3)
-        patch.setattr(buckets, "BUCKET_ROWS", 2)
+        patch.setattr(hash_buckets, "BUCKET_ROWS", 2)
         patch.setattr(spill, "RUN_ROWS", 4)
         patch.setattr(spill, "BATCH_ROWS", 2)
         patch.setattr(spill, "MERGE_ROWS", 3)
@@ -169,7 +169,7 @@ def test_buckets_are_the_same_worked_out_a_slice_at_a_time(monkeypatch: pytest.M
     digests = pa.chunked_array(
         [[digest_of(i) for i in range(5)], [None, "short", *(digest_of(i) for i in range(5, 40))]]
     )
-    whole = buckets.buckets_of(digests, 7)
-    monkeypatch.setattr(buckets, "SLICE_ROWS", 3)
-    assert buckets.buckets_of(digests, 7).tolist() == whole.tolist()
+    whole = hash_buckets.buckets_of(digests, 7)
+    monkeypatch.setattr(hash_buckets, "SLICE_ROWS", 3)
+    assert hash_buckets.buckets_of(digests, 7).tolist() == whole.tolist()
     assert set(whole.tolist()) == set(range(7)), "40 hex digests reach every one of 7 buckets"

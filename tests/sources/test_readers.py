@@ -22,7 +22,7 @@ from PIL import Image
 from etl.config import FolderSource, load_config
 from etl.format.manifest import read_manifest
 from etl.run import pipeline
-from etl.sources import objects, readers, timed
+from etl.sources import in_store, readers, timed
 
 
 @pytest.fixture
@@ -71,14 +71,14 @@ def test_a_run_rejects_the_stalled_file_and_packs_the_rest(
         (source / f"c{i % 2}" / f"{i}.png").write_bytes(buffer.getvalue())
     stalled = str(source / "c1" / "3.png")
     release = threading.Event()
-    real = objects.file_digest
+    real = in_store.file_digest
 
     def hanging_digest(path: str, algorithm: str, max_bytes: int) -> str:
         if path == stalled:
             release.wait(60)  # as a read on a dead mount: no answer
         return real(path, algorithm, max_bytes)
 
-    monkeypatch.setattr(objects, "file_digest", hanging_digest)
+    monkeypatch.setattr(in_store, "file_digest", hanging_digest)
     config = tmp_path / "pipeline.yaml"
     config.write_text(CONFIG.format(source=source, out=tmp_path / "out"))
     try:
@@ -137,14 +137,14 @@ def test_a_stalled_file_among_many_is_cut_off_and_the_others_are_read(
     for i, path in enumerate(paths):
         path.write_bytes(bytes([i]) * 4)
     release = threading.Event()
-    real = objects.read_regular_file
+    real = in_store.read_regular_file
 
     def hanging_read(path: str, max_bytes: int) -> bytes:
         if path == str(paths[2]):
             release.wait(60)  # as a read on a dead mount: no answer
         return real(path, max_bytes)
 
-    monkeypatch.setattr(objects, "read_regular_file", hanging_read)
+    monkeypatch.setattr(in_store, "read_regular_file", hanging_read)
     config = FolderSource(path=tmp_path, io_timeout=0.3)
     started = time.monotonic()
     try:
@@ -164,13 +164,13 @@ def test_reading_ahead_holds_at_most_a_few_files(
     """The reader thread runs ahead of a slow caller by READ_AHEAD files, not the whole list:
     what it holds stays a few files whatever the length of a shard."""
     started: list[str] = []
-    real = objects.read_regular_file
+    real = in_store.read_regular_file
 
     def counted_read(path: str, max_bytes: int) -> bytes:
         started.append(path)
         return real(path, max_bytes)
 
-    monkeypatch.setattr(objects, "read_regular_file", counted_read)
+    monkeypatch.setattr(in_store, "read_regular_file", counted_read)
     paths = []
     for i in range(40):
         paths.append(tmp_path / f"{i}.bin")

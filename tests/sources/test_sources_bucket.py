@@ -23,7 +23,7 @@ from etl.cli import main
 from etl.config import load_config
 from etl.errors import ConfigError, SourceError
 from etl.run import pipeline
-from etl.sources import objects
+from etl.sources import in_store
 from tests.helpers.stores import (
     faulty_proxy,
     packed_contents,
@@ -125,13 +125,13 @@ def test_a_rerun_sees_objects_added_changed_and_deleted(
     """Objects whose size, time and ETag are unchanged are not read again (no hash), as files
     whose stat is unchanged; the ones that changed are hashed and packed."""
     hashed: list[str] = []
-    real = objects.object_digest
+    real = in_store.object_digest
 
     def counted(url: str, *args: Any) -> str:
         hashed.append(url.rsplit("/photos/", 1)[1])
         return real(url, *args)
 
-    monkeypatch.setattr(objects, "object_digest", counted)  # the run's threads call it here
+    monkeypatch.setattr(in_store, "object_digest", counted)  # the run's threads call it here
     put(store, "photos", tree(FILES), tmp_path / "local")
     url = f"s3://{store.bucket}/photos"
     first = run(tmp_path, url, tmp_path / "out")
@@ -419,14 +419,14 @@ def test_a_listing_in_a_bucket_packs_as_the_same_listing_on_disk(
         ["missing", "outside_root", "unknown_label", "file_too_large"]
     )
     hashed: list[str] = []
-    real = objects.object_digest
+    real = in_store.object_digest
 
     def counted(url: str, *args: Any) -> str:
         hashed.append(url.rsplit("/lists/", 1)[1])
         return real(url, *args)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(objects, "object_digest", counted)
+        patch.setattr(in_store, "object_digest", counted)
         again = run_listing(tmp_path, url, "list-bucket")
         assert again.packed_new == 0 and not again.committed and hashed == []
         store.pipe(f"{store.bucket}/data/lists/img/0.png", picture(77))
@@ -486,13 +486,13 @@ def test_objects_the_store_refuses_or_cuts_short_are_rejects_naming_them(
 def test_a_container_the_store_serves_short_is_never_read_as_whole(
     store: Any, endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A tar or table read from a bucket (`objects.open_object`) ends in an error naming the
+    """A tar or table read from a bucket (`in_store.open_object`) ends in an error naming the
     object when the store serves fewer bytes than it lists: a tar cut at a member boundary
     would otherwise read as a shorter, valid shard."""
     data = tar_of(samples_of(range(4), b"0"))
     store.pipe(f"{store.bucket}/shards/a.tar", data)
     url = f"s3://{store.bucket}/shards/a.tar"
-    with objects.open_object(url) as whole:
+    with in_store.open_object(url) as whole:
         assert whole.read() == data
     with faulty_proxy(endpoint, {"/shards/a.tar": "shortened"}) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
@@ -500,7 +500,7 @@ def test_a_container_the_store_serves_short_is_never_read_as_whole(
         try:
             with (
                 pytest.raises(OSError, match=re.escape(f"{url}: the store sent")),
-                objects.open_object(url) as short,
+                in_store.open_object(url) as short,
             ):
                 short.read()
         finally:

@@ -1,8 +1,6 @@
 """Audit a packed dataset: prove that every stored byte is what the manifest says.
 
-The package: `report` (findings, options, the report), `dataset` (manifest and folder checks),
-`shards` (hashing shard files in workers), `sources` (re-hashing or re-listing the sources);
-`audit` here runs them in order.
+`audit` here runs the checks in order.
 
 `audit()` only reads: it checks one committed version (the latest unless asked) and returns an
 `AuditReport` listing every problem as a `Finding`; nothing is printed, nothing is written, no
@@ -25,6 +23,12 @@ shard identically.
   a pure function of (seed, manifest).
 - With a source root (any mode), the checked samples' sources are re-hashed against
   `source_hash`.
+
+Modules:
+- `dataset`: everything but the shard contents: manifest values, records, orphans
+- `report`:  findings, the options of an audit and its report, as data
+- `shards`:  hashing shard files in workers, and their findings
+- `sources`: re-hashing the sources, or listing a source of records again
 """
 
 from __future__ import annotations

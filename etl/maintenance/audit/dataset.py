@@ -18,7 +18,6 @@ from etl.errors import ManifestError
 from etl.format import names
 from etl.format.checksums import HEX_LENGTH
 from etl.format.coherence import is_hex
-from etl.format.columns import bool_mask
 from etl.format.manifest import (
     MANIFEST_FILE,
     RECORDS_SINCE,
@@ -37,6 +36,7 @@ from etl.format.manifest import (
 from etl.format.record import RECORD_FILE
 from etl.format.schema import SHARDS_SCHEMA
 from etl.format.shards import HEADER_BYTES, SHARDS_DIR, shard_version
+from etl.format.table_ops import bool_mask
 from etl.maintenance.audit.report import MAX_EXAMPLES, AuditReport, Finding
 from etl.maintenance.audit.sources import unsafe_path
 from etl.sources.registry import kind_named

@@ -21,7 +21,7 @@ from etl.format.manifest import (
 from etl.maintenance.audit.report import AuditOptions, AuditReport, Finding
 from etl.progress import Progress
 from etl.sources.entries import ListContext
-from etl.sources.objects import located_digest
+from etl.sources.in_store import located_digest
 from etl.sources.registry import list_sources
 
 SOURCE_CHUNK = 64

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from etl.config import FolderSource
 from etl.errors import SourceError
 from etl.format import names
-from etl.sources import objects
+from etl.sources import in_store
 from etl.sources.kind import SourceKind
 from etl.sources.safe_files import stat_file, too_large
 from etl.sources.timed import check_in_store, read_file, with_time_limit
@@ -137,7 +137,7 @@ def _take(
 
 
 def _list_prefix(config: FolderSource, url: str, context: ListContext | None) -> SourceListing:
-    """A folder in object storage (`etl.sources.objects`): the same rules, with each object's
+    """A folder in object storage (`etl.sources.in_store`): the same rules, with each object's
     size, modification time and ETag where a file has its stat. Dot-named keys are skipped."""
     selected = _selection(config)
     files = FileColumnsBuilder(context.scratch if context is not None else None)
@@ -145,7 +145,7 @@ def _list_prefix(config: FolderSource, url: str, context: ListContext | None) ->
     try:
         options = config.storage_options
         listed = with_time_limit(
-            lambda: list(objects.list_objects(url, options)), config.io_timeout, url
+            lambda: list(in_store.list_objects(url, options)), config.io_timeout, url
         )
     except OSError as exc:  # no answer within io_timeout: a hung store stops the run, named
         raise SourceError(f"source.path: cannot list {url} ({exc})") from None
@@ -163,7 +163,7 @@ def _list_prefix(config: FolderSource, url: str, context: ListContext | None) ->
 
 def _check(config: FolderSource) -> None:
     if isinstance(config.path, str):
-        check_in_store(config, objects.is_folder, "holds no object")
+        check_in_store(config, in_store.is_folder, "holds no object")
     elif not config.path.is_dir():
         raise SourceError(f"source.path: {config.path} is not a folder")
 

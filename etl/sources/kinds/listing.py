@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from etl.config import ListingSource
 from etl.errors import SourceError
 from etl.format import names
-from etl.sources import objects
+from etl.sources import in_store
 from etl.sources.entries import FileStat, ListContext, SourceListing
 from etl.sources.intake import ListingBuilder, Occurrences
 from etl.sources.kind import SourceKind
@@ -30,7 +30,7 @@ def listing_batches(
     text_columns: tuple[str, ...] = (),
     bad_rows: list[tuple[int, str]] | None = None,
     byte_columns: tuple[str, ...] = (),
-    options: objects.Options | None = None,
+    options: in_store.Options | None = None,
 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     """The schema of a CSV/TSV/Parquet listing and its rows, a batch at a time (a 10M-row
     listing is never whole in memory).
@@ -60,7 +60,7 @@ def listing_batches(
             f"{path}: listing must be .csv, .tsv or .parquet, not {suffix or 'no suffix'}"
         )
     try:
-        source: Any = objects.open_object(path, options) if isinstance(path, str) else path
+        source: Any = in_store.open_object(path, options) if isinstance(path, str) else path
         if suffix == ".parquet":
             parquet = pq.ParquetFile(source)
             schema, batches = parquet.schema_arrow, parquet.iter_batches(LISTING_BATCH)
@@ -155,7 +155,7 @@ def line_name(path: Path | str, bad_rows: list[tuple[int, str]], row: int) -> st
 
 
 def listing_cell(
-    path: Path | str, column: str, row: int, options: objects.Options | None = None
+    path: Path | str, column: str, row: int, options: in_store.Options | None = None
 ) -> str | None:
     """The text of one cell of a listing, read again (for an error message)."""
     _, batches = listing_batches(path, bad_rows=[], byte_columns=(column,), options=options)
@@ -189,7 +189,7 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
     _check_columns(schema, config, keys)
     is_text = PurePosixPath(str(listing)).suffix.lower() != ".parquet"
     if isinstance(listing, str):
-        find = _remote_files(config, listing)
+        find = _store_files(config, listing)
     else:
         find = _local_files(config, listing)
     listing_name = PurePosixPath(str(listing)).name
@@ -297,13 +297,15 @@ def _local_files(config: ListingSource, listing: Path) -> FindFile:
     return find
 
 
-def _remote_files(config: ListingSource, listing: str) -> FindFile:
+def _store_files(config: ListingSource, listing: str) -> FindFile:
     """Listed paths as objects under the listing's prefix, looked up in one listing of it
-    (`objects.stats_under`, within io_timeout): its size, time and ETag stand for a stat."""
+    (`in_store.stats_under`, within io_timeout): its size, time and ETag stand for a stat."""
     base = listing.rsplit("/", 1)[0]
     options = config.storage_options
     try:
-        stats = with_time_limit(lambda: objects.stats_under(base, options), config.io_timeout, base)
+        stats = with_time_limit(
+            lambda: in_store.stats_under(base, options), config.io_timeout, base
+        )
     except OSError as exc:  # no answer within io_timeout
         raise SourceError(f"source.path: cannot list {base} ({exc})") from None
 
@@ -322,7 +324,7 @@ def _remote_files(config: ListingSource, listing: str) -> FindFile:
 
 def _check(config: ListingSource) -> None:
     if isinstance(config.path, str):
-        check_in_store(config, objects.is_object, "is not an object in the store")
+        check_in_store(config, in_store.is_object, "is not an object in the store")
     elif not config.path.is_file():
         raise SourceError(f"source.path: {config.path} is not a file")
 

@@ -1,6 +1,11 @@
-"""The `lmdb` kind: an LMDB environment, one key per sample. Listed by `listing` (every value
-read and hashed, memory-mapped), read back by key (`environment`); the keys entry and the
-key,label file it may name are parsed by `keys_entry` and `key_labels`."""
+"""The `lmdb` kind: an LMDB environment, one key per sample.
+
+Modules:
+- `environment`: environments opened once per process; one key read back
+- `key_labels`:  the labels file (key, label, split) as a compact lookup
+- `keys_entry`:  the entry that lists the keys to pack, read a key at a time
+- `listing`:     listing an environment: one sample per key, every value hashed
+"""
 
 from __future__ import annotations
 

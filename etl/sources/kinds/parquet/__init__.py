@@ -1,6 +1,10 @@
 """The `parquet` kind: tables of encoded images (Parquet files, Arrow IPC files or streams, the
-layouts of image datasets on the Hugging Face Hub). Listed by `tables`, one row a record, each
-spooled for the workers (NOTE [spool] in etl/sources/spool.py)."""
+layouts of image datasets on the Hugging Face Hub), one row a record, each spooled for the
+workers (NOTE [spool] in etl/sources/spool.py).
+
+Modules:
+- `tables`: listing the rows of tables of encoded images
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`etl.format.columns.sorted_by` and `merge_sorted` against Python's own sort of the same rows."""
+"""`etl.format.table_ops.sorted_by` and `merge_sorted` against Python's own sort of the same
+rows."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from etl.format.columns import DigestSet, merge_sorted, rebatched, sorted_by
+from etl.format.table_ops import DigestSet, merge_sorted, rebatched, sorted_by
 
 SCHEMA = pa.schema(
     [

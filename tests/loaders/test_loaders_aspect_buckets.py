@@ -1,4 +1,4 @@
-"""Aspect-ratio buckets (`loaders.buckets`): every batch of every rank holds one bucket's
+"""Aspect-ratio buckets (`loaders.aspect_buckets`): every batch of every rank holds one bucket's
 samples, each resized whole to the bucket's shape; deterministic, equal shares, exact resume.
 The oracle: each sample's own image (read by its index) through a plain `F.interpolate`."""
 
@@ -22,8 +22,8 @@ from loaders import (
     ResizeToBucket,
     make_loader,
 )
+from loaders.aspect_buckets import bucket_order
 from loaders.batches import SIZE_COLUMNS
-from loaders.buckets import bucket_order
 from loaders.orders import partition
 from tests.helpers.aspect import pack_aspect
 

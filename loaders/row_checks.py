@@ -13,7 +13,7 @@ import pyarrow as pa
 import torch
 
 from etl.deprecations import warn_once
-from etl.format.rowsums import RowChecksums
+from etl.format.row_checksums import RowChecksums
 from loaders.catalog import Catalog, Selection, open_catalog
 
 Verify = bool | Literal["once", "rows", "shards"]

@@ -1,6 +1,6 @@
 """The one read-only view of a committed version: what it holds (classes, shape, layout,
 splits, counts) and which rows a filter keeps. `loaders.Catalog` (for training) and
-`etl.explore.view.Dataset` (for looking) are both this view, so a split, a class or a count
+`etl.explore.dataset.Dataset` (for looking) are both this view, so a split, a class or a count
 means the same in each, and a bad filter is the same error."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from numpy.typing import NDArray
 
 from etl.errors import SelectionError
 from etl.format.coherence import RAGGED_COLUMNS
-from etl.format.columns import bool_mask, value_codes
 from etl.format.manifest import Manifest
 from etl.format.schema import ordered_splits
+from etl.format.table_ops import bool_mask, value_codes
 
 Where: TypeAlias = "str | pc.Expression | Callable[[pa.Table], Any]"
 """A row predicate on the samples table: a SQL `WHERE` condition (text, run by duckdb, e.g.
@@ -28,7 +28,7 @@ the table and returns one boolean per row (numpy or Arrow; null counts as False)
 holds the manifest's columns and the version's per-sample ones (`columns:`)."""
 
 
-class VersionView:
+class VersionContents:
     """One committed version of a packed dataset, opened and checked by `read_manifest`."""
 
     def __init__(self, manifest: Manifest) -> None:

@@ -15,8 +15,8 @@ import pyarrow.ipc as ipc
 import xxhash
 from numpy.typing import NDArray
 
-from etl.format.columns import fixed_width, taken
 from etl.format.spill import Seals
+from etl.format.table_ops import fixed_width, taken
 
 BUCKET_ROWS = 1 << 17
 """Rows a bucket is meant to hold: the plan's working set per bucket is a few hundred bytes a

@@ -1,6 +1,6 @@
 """Look at a packed dataset: the manifest as a table, samples as images, summaries and pictures.
 
-    import etl.explore.view as ex
+    import etl.explore.dataset as ex
     ds = ex.open_dataset("artifacts")          # the latest version; version=N pins one
     ds.table                                   # the manifest, an Arrow table
     ds.to_pandas()                             # the same as a pandas DataFrame
@@ -34,10 +34,10 @@ from PIL import Image
 from etl.errors import EtlError, ShardError
 from etl.explore.drawing import Cell, Chart, Sheet, draw_class_balance, draw_sheet
 from etl.explore.reject_sheet import reject_cells
+from etl.format.contents import VersionContents, Where
 from etl.format.manifest import Manifest, list_versions, read_manifest
 from etl.format.ragged import place_of, stored_sample
 from etl.format.shards import open_shard
-from etl.format.view import VersionView, Where
 from etl.storage.location import StoreOptions, open_location
 from etl.storage.store import StoreDataset
 
@@ -73,9 +73,9 @@ def open_dataset(
     return Dataset(manifest, location.store)
 
 
-class Dataset(VersionView):
+class Dataset(VersionContents):
     """One committed version of a packed dataset, for looking at: tables, arrays, images
-    (`etl.format.view.VersionView`: classes, shape, layout, splits, counts, filters).
+    (`etl.format.contents.VersionContents`: classes, shape, layout, splits, counts, filters).
 
     Shards are opened on first use and kept open (read-only memmaps cost no memory until read).
     """
@@ -223,7 +223,7 @@ class Dataset(VersionView):
     ) -> list[int]:
         """Positions of samples to show. `ids`: exactly those, in that order. Otherwise up to `n`
         drawn at random (a pure function of `seed`) from those in `split` and `classes` that
-        pass `where` (see `VersionView.mask`), in manifest order. An unknown split, class or id
+        pass `where` (see `VersionContents.mask`), in manifest order. An unknown split, class or id
         is an error naming the valid ones."""
         if ids is not None:
             if split is not None or classes is not None or where is not None:
