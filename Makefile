@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test check lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ run: $(STAMP)
 ## make test: set up, lint, type-check, and run the whole test suite
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -n 2 --dist loadfile
+
+## make check: the fast tier while working (under 3 minutes on 2 cores): lint, type-check and
+## every test not marked slow (end to end, fuzzing, trainers: docs/architecture.md, "Test tiers")
+check: $(STAMP) lint
+	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not slow and not cuda" -q -rf
 
 lint: $(STAMP)
 	$(BIN)/ruff check etl loaders tests

@@ -17,7 +17,8 @@ printed."""
 
 def filesystem(url: str, options: Options | None, error: type[EtlError]) -> tuple[Any, str]:
     """(the fsspec filesystem, the path within it) of `url`; `error` naming `url` and the
-    package to install when fsspec or the store's driver (s3fs, gcsfs, adlfs) is missing."""
+    package to install when fsspec or the store's driver (s3fs, gcsfs, adlfs) is missing, or
+    the scheme when fsspec knows no store by it (a typo: `s4://`)."""
     try:
         from fsspec.core import url_to_fs
 
@@ -27,6 +28,8 @@ def filesystem(url: str, options: Options | None, error: type[EtlError]) -> tupl
             f"{url}: reading from object storage needs fsspec and the store's driver "
             f"({exc.name or exc}): pip install 'etl-memmap[s3]' (or gcsfs, adlfs)"
         ) from None
+    except ValueError as exc:  # fsspec: "Protocol not known: s4"
+        raise error(f"{url}: not a store fsspec knows ({exc})") from None
     return fs, str(path)
 
 

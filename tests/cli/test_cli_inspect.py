@@ -84,6 +84,9 @@ def test_help_shows_an_example(command: str, capsys: pytest.CaptureFixture[str])
 def test_shell_completion_script_and_completions(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # NOTE: without this, Typer detects the shell that started pytest (shellingham) and takes
+    # "bash" for an argument: `sh -c "pytest ..."`, as make runs a recipe with quotes, fails.
+    monkeypatch.setenv("_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION", "1")
     code, out, _ = run_cli(["--show-completion", "bash"], capsys)
     assert code == 0 and "_etl_completion" in out and "complete " in out
     monkeypatch.setenv("_ETL_COMPLETE", "complete_bash")

@@ -108,6 +108,7 @@ def findings(report: dict[str, Any]) -> list[tuple[Any, ...]]:
     return sorted((f["kind"], f["shard"], f["sample_id"]) for f in report["findings"])
 
 
+@pytest.mark.slow
 def test_audit_of_a_bucket_finds_what_a_local_audit_finds(
     bucket: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

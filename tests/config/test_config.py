@@ -174,6 +174,7 @@ def run_etl(config: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("text", "expected"),
     [

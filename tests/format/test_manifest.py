@@ -250,6 +250,7 @@ def test_a_manifest_without_the_later_stat_columns_reads_them_as_nulls(tmp_path:
     assert samples.schema == SAMPLES_SCHEMA.with_metadata(samples.schema.metadata)
 
 
+@pytest.mark.slow
 def test_opening_a_version_leaves_its_pages_to_the_page_cache(tmp_path: Path) -> None:
     """Opening (and checking) a version touches a page of every batch and of the columns it
     checks; none of them stays in the process's resident set (`etl.format.mapped`)."""

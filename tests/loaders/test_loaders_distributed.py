@@ -6,6 +6,7 @@ import json
 import socket
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -58,6 +59,7 @@ def run_rank(rank: int, root: str, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_split_the_data(tmp_path: Path) -> None:
     packed = make_packed(tmp_path / "ds", shard_sizes=(9, 6, 12))
     out = tmp_path / "seen.json"

@@ -289,6 +289,7 @@ def gloo_rank(rank: int, world: int, port: int, roots: list[str], job: dict[str,
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_elastic_resume_across_a_schedule_change_with_gloo(
     two: tuple[Packed, Packed], tmp_path: Path
 ) -> None:

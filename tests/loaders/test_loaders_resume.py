@@ -291,6 +291,7 @@ def read_in_ranks(world: int, root: Path, state: str, out: Path) -> list[list[in
     return [list(r) for r in json.loads(out.read_text())]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
 def test_elastic_resume_sees_every_sample_once(
     packed: Packed, tmp_path: Path, before: int, after: int

@@ -168,6 +168,7 @@ def rank(rank: int, url: str, endpoint: str, cache: str, limit: int, port: int, 
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_ranks_share_one_cache_smaller_than_the_dataset(
     dataset: tuple[Packed, str], endpoint: str, tmp_path: Path
 ) -> None:
@@ -265,6 +266,7 @@ def test_a_shard_changed_in_the_store_is_a_named_error_when_its_batch_comes(
     assert not (folder / Path(shard).name).exists() and not list(folder.glob(".tmp-*"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_the_stream_reads_through_a_cache_smaller_than_the_dataset(
     dataset: tuple[Packed, str], endpoint: str, tmp_path: Path, workers: int
@@ -357,6 +359,7 @@ except EtlError as exc:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit", [None, "1MiB"])
 def test_a_full_cache_disk_is_one_clear_error(
     endpoint: str, tmp_path: Path, limit: str | None

@@ -618,6 +618,7 @@ def test_audit_never_writes_without_repair(
 # --- a byte flipped anywhere, met the way a user meets it -----------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("target", "at"),
     [

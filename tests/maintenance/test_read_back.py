@@ -23,6 +23,8 @@ from PIL import Image
 
 from tests.helpers.encoded import SIZE, latest, picture, reference
 
+pytestmark = pytest.mark.slow  # end to end: see docs/architecture.md, "Test tiers"
+
 HEADER = 128
 """Bytes before the first row of a shard .npy written by the pipeline (format 1.0 header)."""
 

@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # end to end: see docs/architecture.md, "Test tiers"
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # end to end: see docs/architecture.md, "Test tiers"
+
 pytest.importorskip("skimage", reason="benchmark-only dependency: pip install -e '.[bench]'")
 pytest.importorskip("psutil")
 

@@ -17,6 +17,8 @@ from etl.config import load_config
 from etl.run import pipeline
 from etl.start.sample_data import make_sample_data
 
+pytestmark = pytest.mark.slow  # end to end: see docs/architecture.md, "Test tiers"
+
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 

@@ -12,6 +12,8 @@ import pytest
 
 from tests.helpers.packed import make_packed
 
+pytestmark = pytest.mark.slow  # end to end: see docs/architecture.md, "Test tiers"
+
 ROOT = Path(__file__).resolve().parents[2]
 ACCURACY = re.compile(r"^final validation accuracy: (\d\.\d{3}) on \d+ samples$", re.MULTILINE)
 

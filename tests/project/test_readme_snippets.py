@@ -13,6 +13,8 @@ import pytest
 
 from tests.helpers.packed import make_packed
 
+pytestmark = pytest.mark.slow  # end to end: see docs/architecture.md, "Test tiers"
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 SNIPPET = re.compile(r"<!-- snippet: ([\w-]+) -->\n```python\n(.*?)```", re.S)
 EXPECTED = {"plain-loop", "lightning", "accelerate"}

@@ -230,6 +230,7 @@ def crash_after(monkeypatch: pytest.MonkeyPatch, target: Any, name: str, calls: 
     monkeypatch.setattr(target, name, wrapper)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("target", "name"), [(os, "replace"), (os, "rename"), (shutil, "rmtree")])
 def test_kill_at_every_step_then_rerun_converges(
     tmp_path: Path, source: Path, target: Any, name: str
@@ -296,6 +297,7 @@ def test_config_change_names_keys_and_cli_exit_code(
     assert info.value.code == 0 and "changed" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_an_in_place_rewrite_with_its_old_mtime_is_packed_again(tmp_path: Path) -> None:
     """`cp -p`, rsync and some editors put the old mtime back: size and mtime then match the
     manifest although the bytes changed. ctime and inode tell; a chmod costs only a re-hash."""

@@ -23,6 +23,8 @@ from PIL import Image
 from etl.config import RunConfig
 from etl.engine.parallel import parallel_map
 
+pytestmark = pytest.mark.slow  # end to end: see docs/architecture.md, "Test tiers"
+
 SLOW_STAGE = """\
 import time
 

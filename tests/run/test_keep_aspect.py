@@ -230,6 +230,7 @@ def test_centre_crops_and_plain_resizes_of_a_padded_batch(
         torch.testing.assert_close(resized[j], plain, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_keep_aspect_into_a_bucket_and_read_back_by_url(
     endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -93,6 +93,7 @@ def leftovers(out: Path) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_a_read_only_output_is_one_line_and_leaves_the_version_intact(
     tmp_path: Path, tmpfs: Path
 ) -> None:

@@ -131,6 +131,7 @@ def test_a_bucket_holds_what_a_disk_holds_and_reruns_converge(
     assert not list(work.rglob("*.npy"))  # the work folder keeps no shard between runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("when", ["before A uploads", "before A puts its record"])
 def test_a_writer_that_loses_the_race_publishes_nothing_and_says_so(
     bucket: Any,
@@ -247,6 +248,7 @@ def _records(fs: Any) -> list[bytes]:
     return [fs.cat(p) for p in fs.glob("published/out/versions/v*/commit.json")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("held", "node"),
     [
@@ -460,6 +462,7 @@ def test_audit_repair_of_a_bucket_publishes_the_repaired_version(
     assert code == 0, out + err
 
 
+@pytest.mark.slow
 def test_any_damage_to_the_attempt_file_is_ignored_never_trusted(
     bucket: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -505,6 +508,7 @@ def test_any_damage_to_the_attempt_file_is_ignored_never_trusted(
     one()
 
 
+@pytest.mark.slow
 def test_a_folder_in_a_bucket_packed_into_a_bucket_converges_as_on_disk(
     bucket: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -103,6 +103,7 @@ def test_a_csv_listing_carries_typed_columns(tmp_path: Path) -> None:
     assert "line 20: column 'embedding' at [0]: 1.5e+300 is out of range" in messages["bad6.png"]
 
 
+@pytest.mark.slow
 def test_a_changed_value_is_a_new_version_that_decodes_nothing(tmp_path: Path) -> None:
     expected = write_captioned(tmp_path / "photos")
     config = write_listing_config(tmp_path)
@@ -141,6 +142,7 @@ def test_a_changed_value_is_a_new_version_that_decodes_nothing(tmp_path: Path) -
     assert columns["boxes"]["type"] == "list<list<float32>>"
 
 
+@pytest.mark.slow
 def test_audit_repair_and_compaction_keep_the_columns(tmp_path: Path) -> None:
     expected = write_captioned(tmp_path / "photos")
     config = write_listing_config(tmp_path)
@@ -186,6 +188,7 @@ def test_audit_repair_and_compaction_keep_the_columns(tmp_path: Path) -> None:
     assert audit.returncode != 0 and "manifest.arrow" in audit.stdout + audit.stderr
 
 
+@pytest.mark.slow
 def test_parquet_listing_and_parquet_tables_carry_their_own_types(tmp_path: Path) -> None:
     photos = tmp_path / "photos"
     photos.mkdir()
@@ -319,6 +322,7 @@ def test_python_records_carry_their_keys(tmp_path: Path) -> None:
     assert reason == "bad_column" and message == "record 3: column 'score': 'high' is not float32"
 
 
+@pytest.mark.slow
 def test_bad_column_configs_are_one_line_errors(tmp_path: Path) -> None:
     write_captioned(tmp_path / "photos", count=2)
     cases = {
@@ -345,6 +349,7 @@ def test_bad_column_configs_are_one_line_errors(tmp_path: Path) -> None:
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "out2").exists()
 
 
+@pytest.mark.slow
 def test_show_draws_samples_by_their_columns(tmp_path: Path) -> None:
     expected = write_captioned(tmp_path / "photos")
     etl_run(write_listing_config(tmp_path))
@@ -367,6 +372,7 @@ def test_show_draws_samples_by_their_columns(tmp_path: Path) -> None:
         assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_column_named_twice_is_one_line_naming_it(tmp_path: Path) -> None:
     """A CSV header or a table may repeat a name: which one is meant cannot be known, for the
     columns a run always read (path, label) as for declared ones."""
@@ -397,6 +403,7 @@ def test_a_column_named_twice_is_one_line_naming_it(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "column 'caption' appears 2 times" in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_columns_of_a_dataset_packed_into_a_bucket(
     endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

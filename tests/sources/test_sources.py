@@ -179,6 +179,7 @@ def long_listing(folder: Path, rows: int, twice_at: int | None = None) -> list[s
     return lines
 
 
+@pytest.mark.slow
 def test_a_long_listing_is_read_a_block_at_a_time(tmp_path: Path) -> None:
     """Labels of digits stay text ('007', not 7) in every block, bad rows in later blocks are
     rejects naming their lines, and every row is accounted for."""
@@ -191,6 +192,7 @@ def test_a_long_listing_is_read_a_block_at_a_time(tmp_path: Path) -> None:
     assert len(listing.rejects) == len(lines) - 1 - 2
 
 
+@pytest.mark.slow
 def test_a_path_listed_twice_far_apart_names_both_lines(tmp_path: Path) -> None:
     """The second mention is in a later block, after two skipped bad rows: the error names the
     file's own line numbers and the cell as written."""

@@ -191,6 +191,7 @@ def test_a_store_that_never_answers_stops_the_run_in_bounded_time(
 SECRET = "s3cr3t-never-written-5b1f"
 
 
+@pytest.mark.slow
 def test_storage_options_in_the_config_reach_every_worker_and_are_never_written(
     endpoint: str,
     tmp_path: Path,
@@ -441,6 +442,7 @@ def test_a_listing_in_a_bucket_packs_as_the_same_listing_on_disk(
         run_listing(tmp_path, f"s3://{store.bucket}/data/lists/nope.csv", "none")
 
 
+@pytest.mark.slow
 def test_objects_the_store_refuses_or_cuts_short_are_rejects_naming_them(
     store: Any, endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

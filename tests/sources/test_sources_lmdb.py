@@ -355,6 +355,7 @@ def test_keys_entry_errors_name_the_entry(
     assert re.search(error if "\\(" in error else re.escape(error), message), message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["json", "lines"])
 def test_a_long_keys_entry_is_read_one_key_at_a_time(tmp_path: Path, form: str) -> None:
     """200,000 keys: listed in their order (a JSON list as json.loads reads it, lines as

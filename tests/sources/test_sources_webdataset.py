@@ -241,6 +241,7 @@ def test_config_mistakes_are_one_line_errors(tmp_path: Path) -> None:
     assert "without '..'" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_audit_lists_the_shards_again_and_names_what_changed(tmp_path: Path) -> None:
     shards = tmp_path / "shards"
     shards.mkdir()
