@@ -45,10 +45,11 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
 
     `transform` (optional) maps one uint8 image tensor to a tensor; it runs per sample, also in
     `__getitems__`, which then stacks the results (prefer `DeviceLoader`'s batched conversion).
-    `verify` checks each opened shard's checksum against the manifest, once per process;
-    `PackedDataset.open` instead checks each row against its sample's checksum the first time
-    any process of the loader reads it (`verify="once"`, the default) or every time
-    (`"rows"`): a changed byte in the pixels is then an error, never a wrong sample.
+    `verify_shards` checks each opened shard's checksum against the manifest, once per
+    process (`PackedDataset.open(verify="shards")`); by default `PackedDataset.open` instead
+    checks each row against its sample's checksum the first time any process of the loader
+    reads it (`verify="once"`) or every time (`"rows"`): a changed byte in the pixels is then
+    an error, never a wrong sample.
     `release_every` bounds resident memory per process (see `ShardReader`). `readahead` (on by
     default) has a batch that is not in the page cache read from disk all at once (see
     `ShardReader` and NOTE [ readahead ] in `loaders.reader`). `drop_behind` (with
