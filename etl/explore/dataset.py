@@ -171,7 +171,8 @@ class Dataset(VersionContents):
             rows = shard.column("rows").to_pylist()
             if self._store is not None:
                 checksums = tuple(shard.column("checksum").to_pylist())
-                self._store.fetch_shards((name,), checksums, self.manifest.meta.checksum)
+                sizes = tuple(shard.column("bytes").to_pylist())
+                self._store.fetch_shards((name,), checksums, self.manifest.meta.checksum, sizes)
             self._shards[name] = open_shard(
                 self.manifest.shard_path(name), self.sample_shape, rows[0]
             )

@@ -116,12 +116,13 @@ def _publish_rewrite(
     version first)."""
     manifest, version = latest, latest.meta.version + 1
     table = manifest.shards
-    checksums = dict(
-        zip(table.column("shard").to_pylist(), table.column("checksum").to_pylist(), strict=True)
-    )
+    names = table.column("shard").to_pylist()
+    checksums = dict(zip(names, table.column("checksum").to_pylist(), strict=True))
+    sizes = dict(zip(names, table.column("bytes").to_pylist(), strict=True))
     store.fetch_shards(
-        tuple(sparse), tuple(checksums[name] for name in sparse), manifest.meta.checksum
-    )
+        sparse, [checksums[name] for name in sparse], manifest.meta.checksum,
+        [sizes[name] for name in sparse],
+    )  # fmt: skip
     writer = secrets.token_hex(4)
     rewrite(manifest, sparse, version, writer)
     publish_from_work(store, work, version, writer, progress)

@@ -17,6 +17,7 @@ from pathlib import Path
 from etl.config import Backend, PipelineConfig
 from etl.errors import EtlError
 from etl.format.lock import DatasetLock
+from etl.format.manifest import read_manifest
 from etl.maintenance.audit.report import AuditReport
 from etl.maintenance.repair import RepairReport, repair
 from etl.progress import Progress
@@ -52,7 +53,16 @@ def repair_in_store(
                 )
             store.fetch_version(latest)
             damaged = sorted({f.shard for f in report.findings if f.shard})
-            store.download_as_stored(tuple(damaged), lambda done: None)
+            shards = read_manifest(local, latest).shards
+            size_of = dict(
+                zip(
+                    shards.column("shard").to_pylist(),
+                    shards.column("bytes").to_pylist(),
+                    strict=True,
+                )
+            )
+            sizes = [size_of.get(name, 0) for name in damaged]
+            store.download_as_stored(damaged, sizes, lambda done: None)
             writer = secrets.token_hex(4)
             fixed = repair(
                 replace(report, root=local),

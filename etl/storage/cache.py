@@ -236,8 +236,9 @@ class BoundedCache:
                     if final.is_file():  # another process fetched it meanwhile
                         continue
                     self.store.download_shard(
-                        self.names[shard], self.checksums[shard], self.algorithm, partial
-                    )
+                        self.names[shard], self.checksums[shard], self.sizes[shard],
+                        self.algorithm, partial,
+                    )  # fmt: skip
         except BaseException:
             for shard in shards:
                 self.release(shard, owner)

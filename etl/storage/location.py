@@ -143,7 +143,7 @@ class Location:
             )  # fmt: skip
             return None, ranged
         if options.cache_limit is None:
-            store.fetch_shards(shards.names, shards.checksums, shards.algorithm)
+            store.fetch_shards(shards.names, shards.checksums, shards.algorithm, shards.sizes)
             return None, None
         from etl.storage.cache import BoundedCache
 

@@ -264,7 +264,7 @@ def _upload(store: StoreDataset, path: Path, remote: str, digest: str, algorithm
         raise OutputError(f"{remote}: cannot upload ({why(exc)})") from None
     if stored != size:
         raise OutputError(f"{remote}: the store holds {stored} bytes of the {size} uploaded")
-    got = store.stored_digest(remote, algorithm, OutputError)
+    got = store.stored_digest(remote, algorithm, OutputError, size)
     if got != digest:
         raise OutputError(
             f"{remote}: the store's bytes are not the ones uploaded ({algorithm} {got}, "

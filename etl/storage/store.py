@@ -35,7 +35,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from pathlib import Path, PurePosixPath
@@ -53,6 +53,9 @@ DOWNLOAD_CHUNK = 8 << 20
 """Bytes read from the store at a time while a file is downloaded and hashed."""
 DOWNLOADS = 8
 """Shards downloaded at once: object stores serve parallel GETs faster than one stream."""
+RECORD_BYTES = 1 << 20
+"""The most a commit record may be (one is a few hundred bytes a file it names): what a
+record's download is capped at, before anything says how large it is."""
 TMP_PREFIX = ".tmp-"
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 """A local write failed for want of room: no space, a quota, a file-size limit."""
@@ -136,13 +139,14 @@ class StoreDataset:
         staging = folder.parent / f"{TMP_PREFIX}{version_name(number)}-{os.getpid()}"
         staging.mkdir(parents=True, exist_ok=True)
         try:
-            self._get(f"{remote}/{RECORD_FILE}", staging / RECORD_FILE, ManifestError)
-            record = _read_record(staging / RECORD_FILE, f"{remote}/{RECORD_FILE}")
+            record_path = f"{remote}/{RECORD_FILE}"
+            self._get(record_path, staging / RECORD_FILE, ManifestError, cap=RECORD_BYTES)
+            record = _read_record(staging / RECORD_FILE, record_path)
             where = f"{self.url}/{VERSIONS_DIR}/{folder.name}"
             files_at = _files_at(record, number, where)
             stored = self._in_store(VERSIONS_DIR, files_at) if files_at else remote
-            for name in _recorded_files(record, where):
-                self._get(f"{stored}/{name}", staging / name, ManifestError)
+            for name, size in _recorded_files(record, where).items():
+                self._get(f"{stored}/{name}", staging / name, ManifestError, cap=size)
             try:
                 os.rename(staging, folder)
             except OSError:
@@ -153,27 +157,37 @@ class StoreDataset:
         return number
 
     def fetch_shards(
-        self, names: tuple[str, ...], checksums: tuple[str, ...], algorithm: str
+        self,
+        names: Sequence[str],
+        checksums: Sequence[str],
+        algorithm: str,
+        sizes: Sequence[int],
     ) -> None:
-        """Every shard of `names` in the mirror, verified against its checksum; downloads
-        run `DOWNLOADS` at a time. ShardError naming the shard for one that cannot be
-        fetched, or whose bytes in the store are not the ones the manifest recorded."""
+        """Every shard of `names` in the mirror, verified against its checksum, each download
+        capped at its recorded size; downloads run `DOWNLOADS` at a time. ShardError naming
+        the shard for one that cannot be fetched, or whose bytes in the store are not the
+        ones the manifest recorded."""
         wanted = [
-            (name, checksum)
-            for name, checksum in zip(names, checksums, strict=True)
+            (name, checksum, int(size))
+            for name, checksum, size in zip(names, checksums, sizes, strict=True)
             if not (self.root / name).is_file()
         ]
         if not wanted:
             return
         with ThreadPoolExecutor(max_workers=DOWNLOADS, thread_name_prefix="etl-fetch") as pool:
-            for done in [pool.submit(self._fetch_shard, n, c, algorithm) for n, c in wanted]:
+            fetching = [pool.submit(self._fetch_shard, *one, algorithm) for one in wanted]
+            for done in fetching:
                 done.result()
 
-    def download_as_stored(self, names: tuple[str, ...], on_done: Callable[[int], None]) -> None:
+    def download_as_stored(
+        self, names: Sequence[str], sizes: Sequence[int], on_done: Callable[[int], None]
+    ) -> None:
         """Each shard of `names` as the store holds it, into this mirror, NOT verified: only
         for a scratch mirror that is audited and then removed (`etl audit s3://...`), never
         the shared cache. A shard the store does not have is left out, for the audit to name;
+        one larger than its recorded size is cut one byte past it, for the audit to name too;
         any other failure is a ShardError naming it. `on_done(1)` after each."""
+        size_of = dict(zip(names, sizes, strict=True))
 
         def download(name: str) -> None:
             final = self.root / name
@@ -183,30 +197,30 @@ class StoreDataset:
             except Exception as exc:
                 raise ShardError(f"{self.url}/{name}: cannot look it up ({why(exc)})") from None
             if there:
-                self._get(self._in_store(name), final, ShardError)
+                self._get(self._in_store(name), final, ShardError, cap=size_of[name] + 1, cut=True)
             on_done(1)
 
         with ThreadPoolExecutor(max_workers=DOWNLOADS, thread_name_prefix="etl-fetch") as pool:
             for done in [pool.submit(download, name) for name in names]:
                 done.result()
 
-    def _fetch_shard(self, name: str, checksum: str, algorithm: str) -> None:
+    def _fetch_shard(self, name: str, checksum: str, size: int, algorithm: str) -> None:
         final = self.root / name
         final.parent.mkdir(parents=True, exist_ok=True)
         with locked(final.with_name(final.name + ".lock")):
             if final.is_file():  # another process fetched it while this one waited
                 return
-            self.download_shard(name, checksum, algorithm)
+            self.download_shard(name, checksum, size, algorithm)
 
     def download_shard(
-        self, name: str, checksum: str, algorithm: str, partial: Path | None = None
+        self, name: str, checksum: str, size: int, algorithm: str, partial: Path | None = None
     ) -> None:
         """Download shard `name` to a `.tmp-` file (`partial`, or one named for this
-        process), verify it against `checksum` and rename it into place. The caller holds
-        the shard's `.lock` (NOTE [ cache safety ])."""
+        process), at most its recorded `size` bytes, verify it against `checksum` and rename
+        it into place. The caller holds the shard's `.lock` (NOTE [ cache safety ])."""
         final = self.root / name
         partial = partial or final.with_name(f"{TMP_PREFIX}{final.name}-{os.getpid()}")
-        got = self._get(self._in_store(name), partial, ShardError, algorithm)
+        got = self._get(self._in_store(name), partial, ShardError, algorithm, cap=size)
         if got != checksum:
             partial.unlink(missing_ok=True)
             raise ShardError(
@@ -218,13 +232,21 @@ class StoreDataset:
         os.replace(partial, final)
 
     def _get(
-        self, remote: str, local: Path, error: type[EtlError], algorithm: str | None = None
+        self,
+        remote: str,
+        local: Path,
+        error: type[EtlError],
+        algorithm: str | None = None,
+        *,
+        cap: int,
+        cut: bool = False,
     ) -> str | None:
-        """Download `remote` to `local` (flushed to disk); with `algorithm`, its digest,
-        computed as it is written. A file that cannot be downloaded is an `error` naming it."""
+        """Download `remote` to `local` (flushed to disk), never more than `cap` bytes (see
+        `_read`); with `algorithm`, its digest, computed as it is written. A file that cannot
+        be downloaded is an `error` naming it."""
         try:
             with open(local, "wb") as dst:
-                digest = self._read(remote, error, algorithm, dst.write)
+                digest = self._read(remote, error, algorithm, dst.write, cap, cut)
                 dst.flush()
                 os.fsync(dst.fileno())  # on disk before its rename makes it trusted
         except OSError as exc:
@@ -241,10 +263,11 @@ class StoreDataset:
             raise
         return digest
 
-    def stored_digest(self, remote: str, algorithm: str, error: type[EtlError]) -> str:
-        """The `algorithm` digest of `remote` as the store serves it, read whole (nothing
-        written here): how an upload is verified. An `error` naming it if it cannot be read."""
-        return cast(str, self._read(remote, error, algorithm, lambda chunk: None))
+    def stored_digest(self, remote: str, algorithm: str, error: type[EtlError], size: int) -> str:
+        """The `algorithm` digest of `remote` as the store serves it (nothing written here),
+        read up to one byte past `size`, the bytes uploaded: how an upload is verified (a
+        longer object's digest differs). An `error` naming it if it cannot be read."""
+        return cast(str, self._read(remote, error, algorithm, lambda _: None, size + 1, True))
 
     def _read(
         self,
@@ -252,9 +275,17 @@ class StoreDataset:
         error: type[EtlError],
         algorithm: str | None,
         sink: Callable[[bytes], object],
+        cap: int,
+        cut: bool = False,
     ) -> str | None:
         """Every byte of `remote`, a chunk at a time, to `sink`; with `algorithm`, their
-        digest. A file that cannot be read is an `error` naming it."""
+        digest. A file that cannot be read is an `error` naming it.
+
+        NOTE [ capped downloads ]: a store may send more than it holds for the name (a lying
+        or broken server, a replaced object): never more than `cap` bytes reach `sink`. Each
+        read asks for at most one byte past the cap, so the first byte over ends the download
+        (an `error` naming the cap) before it is written; with `cut`, the bytes up to the cap
+        are kept and the rest left unread (an audit's copy: the size tells what is wrong)."""
         hasher = new_hasher(algorithm) if algorithm else None
         # NOTE: what the store serves now, never a size and ETag that fsspec's listings cache
         # kept from before (it would refuse a changed object as FileExpired)
@@ -262,13 +293,23 @@ class StoreDataset:
         try:
             src = self.bounded(self.fs.open, remote, "rb", block_size=DOWNLOAD_CHUNK)
             try:
-                while chunk := self.bounded(src.read, DOWNLOAD_CHUNK):
+                done = 0
+                while chunk := self.bounded(src.read, min(DOWNLOAD_CHUNK, cap + 1 - done)):
+                    if done + len(chunk) > cap:
+                        if not cut:
+                            raise _Overlong(remote, cap)
+                        chunk = chunk[: cap - done]
                     sink(chunk)
                     if hasher is not None:
                         hasher.update(chunk)
+                    done += len(chunk)
+                    if done >= cap and cut:
+                        break
             finally:
                 with suppress(Exception):
                     self.bounded(src.close)
+        except _Overlong as exc:
+            raise error(str(exc)) from None
         except FileNotFoundError:
             raise error(f"{remote}: not in the store") from None
         except OSError as exc:
@@ -340,17 +381,32 @@ def staging_name_of(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _recorded_files(record: Any, where: str) -> list[str]:
-    """The file names a commit record lists: plain names only (a record naming '../x' or a
-    path is refused before anything is downloaded)."""
+def _recorded_files(record: Any, where: str) -> dict[str, int]:
+    """The file names a commit record lists, with the sizes it records: plain names only (a
+    record naming '../x' or a path is refused before anything is downloaded), each with a
+    size that is a whole number of bytes."""
     files = record.get("files") if isinstance(record, dict) else None
     if not isinstance(files, dict) or not files:
         raise ManifestError(f"{where}/{RECORD_FILE}: lists no files")
-    names = list(files)
-    for name in names:
+    sizes = {}
+    for name, entry in files.items():
         if not isinstance(name, str) or not _PLAIN_NAME.fullmatch(name) or name.startswith("."):
             raise ManifestError(f"{where}/{RECORD_FILE}: names {name!r}, not a plain file name")
-    return names
+        size = entry.get("bytes") if isinstance(entry, dict) else None
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ManifestError(f"{where}/{RECORD_FILE}: records no size for {name!r}")
+        sizes[name] = size
+    return sizes
+
+
+class _Overlong(Exception):
+    """A download the store kept sending past its cap (NOTE [ capped downloads ])."""
+
+    def __init__(self, remote: str, cap: int) -> None:
+        super().__init__(
+            f"{remote}: the store sends more than the {cap} bytes recorded for it: refused "
+            "at the first byte over, nothing of it kept"
+        )
 
 
 @contextmanager

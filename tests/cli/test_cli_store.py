@@ -150,3 +150,19 @@ def test_audit_of_a_bucket_finds_what_a_local_audit_finds(
     )
     assert code == 0, out + err
     assert json.loads(out)["repair"]["after"]["version"] == 3
+
+
+def test_audit_of_a_store_that_sends_too_much_names_the_shard(
+    bucket: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`etl audit s3://...` of a shard the store serves 10x of: its copy is cut one byte past
+    the recorded size (never the whole object), and the audit names that shard's size."""
+    local = two_versions(tmp_path)
+    bucket.put(str(local), "datasets/long", recursive=True)
+    manifest = read_manifest(local)
+    shard, size = (manifest.shards.column(c)[0].as_py() for c in ("shard", "bytes"))
+    bucket.pipe(f"datasets/long/{shard}", (local / shard).read_bytes() * 10)
+    code, out, err = cli(["audit", "s3://datasets/long", "--json"], capsys)
+    assert code == 1, out + err
+    named = [f for f in json.loads(out)["findings"] if f["shard"] == shard and not f["sample_id"]]
+    assert any(str(size) in f["message"] and str(size + 1) in f["message"] for f in named), named

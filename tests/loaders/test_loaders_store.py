@@ -19,7 +19,7 @@ import pytest
 
 from etl.errors import ManifestError, ShardError
 from etl.storage.location import StoreOptions
-from etl.storage.store import StoreDataset
+from etl.storage.store import RECORD_BYTES, StoreDataset
 from loaders import PackedDataset, PackedStream, View, make_loader, stream_loader
 from tests.helpers.packed import Packed, make_packed
 from tests.helpers.stores import new_bucket, silent_endpoint
@@ -388,3 +388,74 @@ def test_the_former_cache_keywords_still_decide_and_warn_once(
         PackedDataset.open(packed.root, **{name: value})
     with pytest.raises(TypeError, match="unexpected keyword argument 'cache_size'"):
         PackedDataset.open(packed.root, cache_size=1)
+
+
+CAPPED = """
+import json, resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, ({fsize}, {fsize}))
+from etl.errors import EtlError
+from etl.storage.location import StoreOptions
+from loaders import PackedDataset, make_loader
+try:
+    options = StoreOptions(cache_dir={cache!r}, storage_options=json.loads({options!r}), **{extra})
+    for _ in make_loader(PackedDataset.open({url!r}, store=options), batch_size=4):
+        pass
+except EtlError as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.parametrize("extra", [{}, {"cache_limit": "64MiB"}])
+def test_a_store_that_sends_more_than_recorded_fills_nothing(
+    endpoint: str, bucket: str, tmp_path: Path, extra: dict[str, Any]
+) -> None:
+    """A store that serves 10x the bytes the manifest records for a shard: the download stops
+    at the first byte over its recorded size, before it is written (NOTE [ capped downloads ]),
+    with or without a cache limit. Independent of our own accounting, the reading process runs
+    under a file-size limit a little over the shard's size: had more been written, the write
+    would have failed with EFBIG, a different error."""
+    packed = make_packed(tmp_path / "ds", shard_sizes=(6, 7))
+    url = f"s3://{bucket}/ds"
+    fs = upload(packed, endpoint, url)
+    shards = PackedDataset.open(packed.root).selection.shards
+    shard, size = shards.names[1], shards.sizes[1]
+    intact = fs.cat(f"{bucket}/ds/{shard}")
+    fs.pipe(f"{bucket}/ds/{shard}", intact * 10)  # the right bytes first, then 9x more
+    cache = tmp_path / "cache"
+    script = CAPPED.format(
+        fsize=max(size, 1 << 20) + (256 << 10), cache=str(cache), url=url,
+        options=json.dumps(options(endpoint)), extra=extra,
+    )  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == (
+        f"ShardError {bucket}/ds/{shard}: the store sends more than the {size} bytes recorded "
+        "for it: refused at the first byte over, nothing of it kept"
+    ), proc.stdout + proc.stderr[-2000:]
+    mirror = StoreDataset(url, cache).root
+    assert not (mirror / shard).exists() and not list(mirror.rglob(".tmp-*"))
+
+
+def test_a_version_file_longer_than_its_record_is_refused(
+    endpoint: str, bucket: str, tmp_path: Path
+) -> None:
+    """The version's files are capped at the sizes their commit record states, and the record
+    itself at `RECORD_BYTES`: a store serving more is a ManifestError naming the file, and the
+    version is not cached."""
+    packed = make_packed(tmp_path / "ds", shard_sizes=(6,))
+    url = f"s3://{bucket}/ds"
+    fs = upload(packed, endpoint, url)
+    manifest = f"{bucket}/ds/versions/v000001/manifest.arrow"
+    fs.pipe(manifest, fs.cat(manifest) * 10)
+    store = StoreOptions(cache_dir=tmp_path / "cache", storage_options=options(endpoint))
+    with pytest.raises(ManifestError, match=r"manifest\.arrow: the store sends more than the"):
+        PackedDataset.open(url, store=store)
+    record = f"{bucket}/ds/versions/v000001/commit.json"
+    fs.pipe(record, b" " * (RECORD_BYTES + 1))
+    with pytest.raises(ManifestError, match=rf"commit\.json: .* more than the {RECORD_BYTES} "):
+        PackedDataset.open(url, store=store)
+    mirror = StoreDataset(url, tmp_path / "cache").root
+    assert not (mirror / "versions" / "v000001").exists() and not list(mirror.rglob(".tmp-*"))

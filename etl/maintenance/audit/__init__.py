@@ -191,12 +191,14 @@ def _audit_store(url: str, options: AuditOptions, progress: Progress) -> AuditRe
         store = StoreDataset(url, scratch, options.storage_options)
         number = store.fetch_version(options.version)
         try:
-            names = tuple(read_manifest(store.root, number).shards.column("shard").to_pylist())
+            shards = read_manifest(store.root, number).shards
+            names = tuple(shards.column("shard").to_pylist())
+            sizes = tuple(shards.column("bytes").to_pylist())
         except ManifestError:
-            names = ()  # the audit of the copy reports the manifest
+            names, sizes = (), ()  # the audit of the copy reports the manifest
         progress.start("download", len(names))
         try:
-            store.download_as_stored(names, progress.advance)
+            store.download_as_stored(names, sizes, progress.advance)
         finally:
             progress.stop()
         report = audit(store.root, replace(options, version=number), progress)
