@@ -226,8 +226,9 @@ def verify_shards(
     finally:
         progress.stop()
     report.verify_seconds = time.perf_counter() - started
+    code_of = {name: code for code, name in enumerate(manifest.shards.column("shard").to_pylist())}
     for outcome in sorted(results, key=lambda o: o.shard):
-        _record(outcome, manifest, members, codes, report)
+        _record(outcome, manifest, members, (codes, code_of[outcome.shard]), report)
 
 
 def _shard_tasks(
@@ -267,11 +268,12 @@ def _record(
     outcome: ShardOutcome,
     manifest: Manifest,
     members: dict[str, NDArray[np.int64]],
-    codes: NDArray[np.int64],
+    shard_code: tuple[NDArray[np.int64], int],
     report: AuditReport,
 ) -> None:
     """One shard's outcome in the report: its counts, its problems, and a finding for each
-    sample it names (every sample of an unreadable shard)."""
+    sample it names (every sample of an unreadable shard: those whose code in `shard_code`'s
+    array is its code)."""
     samples = manifest.samples
     report.bytes_hashed += outcome.bytes_hashed
     report.samples_verified += outcome.rows_verified
@@ -291,7 +293,7 @@ def _record(
             why = "stored bytes differ from the manifest's checksum"
         kind = "sample_checksum"
     else:
-        code = manifest.shards.column("shard").to_pylist().index(outcome.shard)
+        codes, code = shard_code
         flagged = [(int(i), None) for i in np.flatnonzero(codes == code)]
         why = f"its shard is unreadable ({problems[0][0]}: {problems[0][1]})"
         kind = "sample_unreadable"
