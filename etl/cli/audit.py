@@ -18,7 +18,7 @@ from etl.format.shards import SHARDS_DIR
 from etl.maintenance import audit as audit_lib
 from etl.maintenance import checkup
 from etl.maintenance import repair as repair_lib
-from etl.storage.location import as_location
+from etl.storage.location import StoreOptions, as_location
 
 ROWS_PER_PROBLEM = 8
 """Locations shown per distinct problem; --json and --report list them all."""
@@ -70,7 +70,8 @@ ConfigPathOpt = Annotated[
         "--config",
         help="pipeline.yaml: its source.path is the source root (unless --source), its "
         "stages re-pack samples for --repair. A source of records (lmdb, python, "
-        "webdataset, parquet) is listed again and compared by content hash.",
+        "webdataset, parquet) is listed again and compared by content hash. A dataset in a "
+        "store is reached with its output.storage_options and store_timeout.",
     ),
 ]
 
@@ -276,6 +277,7 @@ def audit(
         seed=seed,
         source_root=source_root,
         source_options=config.source.storage_options if config is not None else {},
+        store=config.output.store() if config is not None else StoreOptions(),
         records=records,
         jobs=jobs,
         backend=cast(Backend, backend or "loky"),  # checked against BACKENDS above

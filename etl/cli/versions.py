@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from etl.cli.app import app, out
+from etl.config import load_config
 from etl.maintenance.housekeeping import compact as run_compact
 from etl.maintenance.store_compact import compact_store
 from etl.maintenance.versions import diff as version_diff
 from etl.maintenance.versions import summaries
-from etl.storage.location import as_location
+from etl.storage.location import StoreOptions, as_location
 
 ReadArg = Annotated[
     str,
@@ -114,6 +116,14 @@ def compact(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Say what would go; do nothing.")
     ] = False,
+    config_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="pipeline.yaml whose output.storage_options and store_timeout reach the "
+            "dataset's store (as its runs reach it).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Rewrite mostly-dead shards and delete versions and shards outside the retention policy.
@@ -124,7 +134,8 @@ def compact(
     """
     where = as_location(directory)
     if isinstance(where, str):
-        report = compact_store(where, keep_last, keep or (), min_dead, dry_run)
+        store = load_config(config_path).output.store() if config_path else StoreOptions()
+        report = compact_store(where, keep_last, keep or (), min_dead, dry_run, store)
     else:
         report = run_compact(where, keep_last, keep or (), min_dead, dry_run)
     if as_json:

@@ -22,7 +22,8 @@ from etl.config.columns import Columns, check_column_names
 from etl.config.fields import ByteSize, Color, Location, StrictModel
 from etl.config.sources import Source
 from etl.errors import ConfigError
-from etl.storage.location import is_url
+from etl.storage.location import StoreOptions, is_url
+from etl.storage.transport import STORE_TIMEOUT
 
 if TYPE_CHECKING:
     from etl.format.sample_columns import SampleColumn
@@ -216,6 +217,9 @@ class OutputConfig(StrictModel):
     storage_options: dict[str, Any] = Field(default_factory=dict, repr=False)
     """For a `dir` in object storage: options for the store's fsspec driver, as
     `source.storage_options`. Never written to the manifest, a report or a message."""
+    store_timeout: float = Field(default=STORE_TIMEOUT, gt=0)
+    """For a `dir` in object storage: seconds one call to the store may take before the run
+    says which call and stops (a hung store is an error, not a hung run)."""
     shard_size: ByteSize | None = None
     """Target bytes of pixels per shard, e.g. '256MiB', and at most MAX_SAMPLES_PER_SHARD
     samples. Default when neither is set: SHARD_BYTES (256MiB)."""
@@ -227,12 +231,19 @@ class OutputConfig(StrictModel):
     def _one_shard_rule(self) -> OutputConfig:
         if self.shard_size is not None and self.samples_per_shard is not None:
             raise ValueError("set shard_size or samples_per_shard, not both")
-        if self.storage_options and not is_url(str(self.dir)):
+        given = self.storage_options or "store_timeout" in self.model_fields_set
+        if given and not is_url(str(self.dir)):
             raise ValueError(
-                "storage_options are for an output.dir in object storage (s3://..., gs://...), "
+                "storage_options and store_timeout are for an output.dir in object storage "
+                "(s3://..., gs://...), "
                 f"not the local path {str(self.dir)!r}"
             )
         return self
+
+    def store(self) -> StoreOptions:
+        """How `dir` in object storage is reached: the one source of a run's, a compaction's
+        and a repair's storage options."""
+        return StoreOptions(storage_options=self.storage_options, timeout=self.store_timeout)
 
 
 Backend = Literal["auto", "loky", "threading", "sequential", "dask"]

@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from etl.errors import OutputError
 from etl.format.lock import DatasetLock
@@ -47,7 +46,8 @@ from etl.maintenance.housekeeping import (
     still_named_by_rewrite,
 )
 from etl.progress import Progress
-from etl.run.to_store import empty_work, finish_killed_attempt, publish_from_work, work_folder
+from etl.run.to_store import empty_work, finish_killed_attempt, publish_from_work, reached
+from etl.storage.location import StoreOptions
 from etl.storage.publish import sweep
 from etl.storage.store import StoreDataset, staging_name_of
 from etl.storage.transport import why
@@ -59,14 +59,14 @@ def compact_store(
     keep: Iterable[int] = (),
     min_dead_fraction: float = 0.5,
     dry_run: bool = False,
-    storage_options: Mapping[str, Any] | None = None,
+    options: StoreOptions | None = None,
     progress: Progress | None = None,
 ) -> CompactReport:
-    """`etl.maintenance.housekeeping.compact` for the dataset at `url` in object storage."""
+    """`etl.maintenance.housekeeping.compact` for the dataset at `url` in object storage,
+    reached with `options` (a config's `output.store()`)."""
     check_min_dead(min_dead_fraction)
-    work = work_folder(StoreDataset(url, storage_options=storage_options))
-    local = work / "dataset"
-    store = StoreDataset(url, storage_options=storage_options, root=local)
+    store, work = reached(url, options or StoreOptions())
+    local = store.root
     with DatasetLock(work):
         if not dry_run:  # a dry run writes nothing to the store
             finish_killed_attempt(store, work)

@@ -21,8 +21,7 @@ from etl.format.manifest import read_manifest
 from etl.maintenance.audit.report import AuditReport
 from etl.maintenance.repair import RepairReport, repair
 from etl.progress import Progress
-from etl.run.to_store import empty_work, finish_killed_attempt, publish_from_work, work_folder
-from etl.storage.store import StoreDataset
+from etl.run.to_store import empty_work, finish_killed_attempt, publish_from_work, reached
 
 
 def repair_in_store(
@@ -38,9 +37,8 @@ def repair_in_store(
     """`etl.maintenance.repair.repair` for the dataset at the URL `report.root`."""
     url = str(report.root)
     progress = progress or Progress()
-    work = work_folder(StoreDataset(url))
-    local = work / "dataset"
-    store = StoreDataset(url, root=local)
+    store, work = reached(url, config.output.store())
+    local = store.root
     with DatasetLock(work):
         finish_killed_attempt(store, work)
         empty_work(local)

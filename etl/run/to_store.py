@@ -32,8 +32,10 @@ from etl.format.manifest import VERSIONS_DIR
 from etl.format.shards import SHARDS_DIR
 from etl.progress import Progress
 from etl.run.report import RunReport
+from etl.storage.location import StoreOptions
 from etl.storage.publish import ATTEMPT_FILE, Attempt, forget, publish, sweep
 from etl.storage.store import StoreDataset, default_cache_dir
+from etl.storage.transport import STORE_TIMEOUT
 
 WORK_DIR = "writing"
 """The work folders' parent under the cache folder."""
@@ -42,6 +44,17 @@ WORK_DIR = "writing"
 def work_folder(store: StoreDataset) -> Path:
     """Where a run to `store` packs: one folder per dataset URL under the cache."""
     return default_cache_dir() / WORK_DIR / store.key
+
+
+def reached(url: str, options: StoreOptions) -> tuple[StoreDataset, Path]:
+    """The dataset at `url` as every writer reaches it (a run, a compaction, a repair), with
+    the same `options` (`OutputConfig.store`): the store, mirrored into the `dataset/` folder
+    of its work folder, and the work folder."""
+    work = work_folder(StoreDataset(url, storage_options=options.storage_options))
+    store = StoreDataset(
+        url, storage_options=options.storage_options, timeout=options.timeout, root=work / "dataset"
+    )
+    return store, work
 
 
 @dataclass(frozen=True)
@@ -64,17 +77,17 @@ def prepared(config: PipelineConfig) -> Iterator[StoreWork]:
     after a run that ended without an error."""
     started = time.perf_counter()
     url = str(config.output.dir)
-    options = config.output.storage_options
-    work = work_folder(StoreDataset(url, storage_options=options))
-    local = work / "dataset"
-    store = StoreDataset(url, storage_options=options, root=local)
+    store, work = reached(url, config.output.store())
+    local = store.root
     with DatasetLock(work):
         finish_killed_attempt(store, work)
         empty_work(local)
         latest = store.committed()
         if latest:
             store.fetch_version(latest[-1])
-        output = config.output.model_copy(update={"dir": local, "storage_options": {}})
+        output = config.output.model_copy(
+            update={"dir": local, "storage_options": {}, "store_timeout": STORE_TIMEOUT}
+        )
         here = config.model_copy(update={"output": output})
         yield StoreWork(url, store, work, here, secrets.token_hex(4), started)
         empty_work(local)

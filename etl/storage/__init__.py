@@ -7,6 +7,7 @@ where a dataset is; nothing else decides local or store.
 
 Modules:
 - `cache`:     the cache within a byte limit shared by a node's processes
+- `calls`:     calls to a store bounded in time and in the threads they leave behind
 - `location`:  `open_location`: the one place that decides local folder or store
 - `publish`:   a version uploaded, verified, then published by one conditional put
 - `ranged`:    rows read with ranged GETs, each verified

@@ -11,7 +11,9 @@ everything before it goes to names no other writer uses:
   (`files_at`) and no reader lists as a version.
 
 Each file is uploaded, then read back from the store and its size and checksum compared with
-the local file's, before the record is put. Of two writers racing for a version, one put of
+the local file's, before the record is put. A put of the record that timed out or failed may
+still land, so nothing is removed until the store has said whose record holds the version
+(NOTE [ a record's fate ]). Of two writers racing for a version, one put of
 the record succeeds; the other removes what it uploaded and says to run again. A writer killed
 at any point leaves only tagged objects that no version names: the attempt file in its work
 folder names them, and the next run from that folder removes them before anything else.
@@ -28,6 +30,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
@@ -48,6 +52,10 @@ from etl.storage.store import (
 )
 from etl.storage.transport import why
 
+RECORD_TRIES = 3
+"""Puts of a version's record, only if absent, before its fate is left to the next run."""
+RECORD_BACKOFF = 1.0
+"""Seconds before the second put of a record; twice that before the third."""
 ATTEMPT_FILE = "attempt.json"
 """In a run's work folder while it publishes: the version and writer tag of what it uploads."""
 
@@ -108,6 +116,7 @@ def publish(store: StoreDataset, local: Path, attempt: Attempt, progress: Progre
         for name, digest in _recorded_digests(folder).items()
     ]
     progress.start("upload", len(uploads))
+    sent = False
     try:
         with ThreadPoolExecutor(max_workers=DOWNLOADS, thread_name_prefix="etl-upload") as pool:
             for done in [pool.submit(_upload, store, *upload) for upload in uploads]:
@@ -118,14 +127,11 @@ def publish(store: StoreDataset, local: Path, attempt: Attempt, progress: Progre
             # a later version exists: this attempt's version was published and then compacted
             # away (its record removed), and a put now would bring it back on an old base
             raise _beaten(store, attempt)
-        try:
-            store.bounded(store.fs.pipe_file, record, sealed, mode="create")
-        except FileExistsError:
-            if _stored_record(store, record) != sealed:  # not this attempt's own put, retried
-                raise _beaten(store, attempt) from None
-        except Exception as exc:
-            raise OutputError(f"{record}: cannot put the version's record ({why(exc)})") from None
+        sent = True
+        _put_record(store, record, sealed, attempt)
     except BaseException as exc:
+        if sent and not isinstance(exc, LockError):
+            raise  # NOTE [ a record's fate ]: it may still land, so nothing is removed
         with suppress(EtlError):
             forget(store, attempt)
         if isinstance(exc, OutputError) and _published_by_another(store, record, attempt):
@@ -135,6 +141,45 @@ def publish(store: StoreDataset, local: Path, attempt: Attempt, progress: Progre
         raise
     finally:
         progress.stop()
+
+
+def _put_record(store: StoreDataset, record: str, sealed: bytes, attempt: Attempt) -> None:
+    """Put `sealed` at `record` only if absent, until the store settles the record's fate:
+    returns once it holds this attempt's record; LockError when it holds another's.
+
+    NOTE [ a record's fate ]: a put that timed out or failed may still land: the store may
+    act on a request it answers late, or never. Removing the attempt's files then could leave
+    a published record naming files that are gone. So the put is tried again, only if absent,
+    which settles it: a retry that succeeds, or a refusal followed by reading the record back,
+    tells whose record holds the version, and once one holds it no late put can land. Where
+    no try settles it, nothing is removed: OutputError, the attempt stays in the work folder,
+    and the next run (this process gone, its puts with it) reads the record and cleans up
+    only if the version is not this attempt's."""
+    failures: list[BaseException] = []
+    for tries in range(RECORD_TRIES):
+        if tries:
+            time.sleep(RECORD_BACKOFF * tries)
+        try:
+            store.bounded(store.fs.pipe_file, record, sealed, mode="create")
+            return
+        except FileExistsError:
+            pass  # this attempt's earlier put, or another writer's: read whose
+        except Exception as exc:
+            failures.append(exc)
+        try:
+            stored = _stored_record(store, record)
+        except OutputError as exc:
+            failures.append(exc)
+            continue
+        if stored == sealed:
+            return
+        if stored is not None:
+            raise _beaten(store, attempt)
+    raise OutputError(
+        f"{record}: the store did not settle the version's record in {RECORD_TRIES} tries "
+        f"({why(failures[-1])}); a put may still land, so nothing was removed: run again, "
+        f"and the next run publishes or removes version {attempt.version}'s files"
+    )
 
 
 def _published_by_another(store: StoreDataset, record: str, attempt: Attempt) -> bool:
@@ -246,19 +291,27 @@ def _recorded_digests(folder: Path) -> dict[str, str]:
 
 def _upload(store: StoreDataset, path: Path, remote: str, digest: str, algorithm: str) -> None:
     """Put `path` at `remote` (multipart when it is larger than a chunk), then read it back:
-    the store must hold exactly `path`'s size and `digest`. OutputError naming it if not."""
+    the store must hold exactly `path`'s size and `digest`. OutputError naming it if not.
+    The upload's writes, its close and its abort run on one thread (NOTE [ calls left
+    behind ]); a timeout is a chunk that took `store.timeout`, not the whole file."""
     size = path.stat().st_size
-    try:
-        dst = store.bounded(store.fs.open, remote, "wb", block_size=DOWNLOAD_CHUNK)
+
+    def put(step: Callable[[], None]) -> None:
+        dst = store.fs.open(remote, "wb", block_size=DOWNLOAD_CHUNK)
         try:
             with open(path, "rb") as src:
                 while chunk := src.read(DOWNLOAD_CHUNK):
-                    store.bounded(dst.write, chunk)
+                    step()
+                    dst.write(chunk)
+            step()
+            dst.close()
         except BaseException:
             with suppress(Exception):  # s3fs aborts a multipart upload; a leftover is forgotten
-                store.bounded(dst.discard)
+                dst.discard()
             raise
-        store.bounded(dst.close)
+
+    try:
+        store.watched(put)
         stored = store.bounded(store.fs.info, remote).get("size")
     except Exception as exc:
         raise OutputError(f"{remote}: cannot upload ({why(exc)})") from None

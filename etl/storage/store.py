@@ -34,7 +34,6 @@ import hashlib
 import json
 import os
 import re
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
@@ -45,6 +44,7 @@ from etl.errors import EtlError, ManifestError, ShardError
 from etl.format.checksums import new_hasher
 from etl.format.manifest import VERSIONS_DIR, version_name, version_number
 from etl.format.record import FILES_AT, RECORD_FILE
+from etl.storage import calls
 from etl.storage.transport import STORE_TIMEOUT, filesystem, why
 
 CACHE_ENV = "ETL_CACHE"
@@ -321,30 +321,14 @@ class StoreDataset:
         return hasher.hexdigest() if hasher is not None else None
 
     def bounded(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """call(*args, **kwargs), or TimeoutError once it has taken `timeout` seconds.
+        """call(*args, **kwargs), or TimeoutError once it has taken `timeout` seconds; a
+        stuck call is left behind, within a cap (NOTE [ calls left behind ])."""
+        return calls.bounded(self.timeout, call, *args, **kwargs)
 
-        NOTE: a call to a store that accepts the connection and never answers blocks for as
-        long as its driver lets it (over 200 s with s3fs's defaults, measured); and a blocked
-        call cannot be interrupted, only left behind. It runs on a daemon thread, which is left
-        behind if it is stuck, so a hung store is an error naming it, not a hung training job.
-        """
-        outcome: list[Any] = []
-        done = threading.Event()
-
-        def run() -> None:
-            try:
-                outcome.append((True, call(*args, **kwargs)))
-            except BaseException as exc:  # handed to the waiting thread as it is
-                outcome.append((False, exc))
-            done.set()
-
-        threading.Thread(target=run, name="etl-store", daemon=True).start()
-        if not done.wait(self.timeout):
-            raise TimeoutError(f"no answer from the store in {self.timeout:g} s")
-        ok, value = outcome[0]
-        if not ok:
-            raise value
-        return cast(T, value)
+    def watched(self, steps: Callable[[Callable[[], None]], T]) -> T:
+        """`steps(step)` on one thread, TimeoutError once `timeout` seconds pass without a
+        `step()` (`etl.storage.calls.watched`)."""
+        return calls.watched(self.timeout, steps)
 
 
 def _read_record(path: Path, remote: str) -> Any:

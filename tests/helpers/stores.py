@@ -4,7 +4,9 @@ endpoint), and an endpoint that accepts connections and never answers (a hung st
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
+import struct
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -155,7 +157,10 @@ S3_ERROR = (
 
 @contextlib.contextmanager
 def faulty_proxy(
-    upstream: str, faults: dict[str, str], held: threading.Event | None = None
+    upstream: str,
+    faults: dict[str, str],
+    held: threading.Event | None = None,
+    delay: float = 0.0,
 ) -> Iterator[str]:
     """An S3 endpoint on 127.0.0.1 that forwards every request to `upstream` (moto's server),
     except requests for a key ending in one of `faults` (path suffix -> fault):
@@ -168,7 +173,13 @@ def faulty_proxy(
     - "shortened": a GET's body cut in half with a Content-Length that says so and no checksum
       header, while HEAD still gives the whole size (a store that serves less than it lists);
     - "hold": a PUT is never answered (until the proxy stops); `held` is set when one arrives,
-      so a test can kill the writer mid-upload.
+      so a test can kill the writer mid-upload;
+    - "late": every PUT held `delay` seconds (past the client's timeout), then forwarded, as a
+      store that answers late but acts on it; "late-once": the first PUT only;
+    - "reset": a GET's connection reset (RST) after half its body;
+    - "oversend": a GET answered with its body ten times over, the Content-Length saying so
+      (a store that sends more than the manifest records);
+    - "swap:<suffix>": a GET answered with the object whose key ends in <suffix> instead.
     """
     release = threading.Event()
     answered: dict[str, int] = {}
@@ -179,6 +190,15 @@ def faulty_proxy(
     from urllib.parse import urlsplit
 
     target = urlsplit(upstream)
+
+    def keys(path: str) -> list[str]:
+        """The bucket's keys as paths on the upstream, for "swap"."""
+        bucket = urlsplit(path).path.lstrip("/").split("/", 1)[0]
+        conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+        conn.request("GET", f"/{bucket}?list-type=2")
+        listing = conn.getresponse().read().decode()
+        conn.close()
+        return [f"/{bucket}/{key}" for key in re.findall(r"<Key>([^<]+)</Key>", listing)]
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -214,9 +234,21 @@ def faulty_proxy(
                     held.set()
                 release.wait(120)
                 return self._error(503, "SlowDown")
+            if fault in ("late", "late-once") and self.command == "PUT":
+                with counted:
+                    answered[path] = answered.get(path, 0) + 1
+                    first = answered[path] == 1
+                if fault == "late" or first:
+                    if held is not None:
+                        held.set()
+                    release.wait(delay)
+            asked = self.path
+            if fault and fault.startswith("swap:") and self.command == "GET":
+                other = fault.split(":", 1)[1]
+                asked = next(k for k in keys(self.path) if k.endswith(other))
             upstream_conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
             headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
-            upstream_conn.request(self.command, self.path, body, headers)
+            upstream_conn.request(self.command, asked, body, headers)
             answer = upstream_conn.getresponse()
             data = answer.read()
             upstream_conn.close()
@@ -230,11 +262,23 @@ def faulty_proxy(
             whole = answer.getheader("Content-Length") if self.command == "HEAD" else None
             if fault == "shortened" and self.command == "GET":
                 data = data[: len(data) // 2]
+            if fault == "oversend" and self.command == "GET" and answer.status < 300:
+                data = data * 10
             self.send_header("Content-Length", whole or str(len(data)))
             if fault == "short" and self.command == "GET" and data:
                 self.send_header("Connection", "close")
                 self.end_headers()
                 self.wfile.write(data[: len(data) // 2])
+                self.close_connection = True
+                return None
+            if fault == "reset" and self.command == "GET" and data:
+                self.end_headers()
+                self.wfile.write(data[: len(data) // 2])
+                self.wfile.flush()
+                self.connection.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                )
+                self.connection.close()  # with linger 0: a reset, not a clean close
                 self.close_connection = True
                 return None
             self.end_headers()

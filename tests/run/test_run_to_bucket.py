@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -304,7 +305,7 @@ def test_storage_options_of_a_local_output_are_refused(tmp_path: Path) -> None:
         "stages: [{decode: {}}, {resize: {size: [8, 8]}}]\n"
         "output: {dir: out, storage_options: {anon: true}}\n"
     )
-    with pytest.raises(ConfigError, match=r"storage_options are for an output\.dir"):
+    with pytest.raises(ConfigError, match=r"are for an output\.dir in object storage"):
         load_config(config)
 
 
@@ -540,5 +541,112 @@ def test_a_folder_in_a_bucket_packed_into_a_bucket_converges_as_on_disk(
     report = pipeline.run(load_config(to_bucket))
     assert (report.version, report.packed_new, report.plan_counts["deleted"]) == (2, 2, 1)
     same_as_disk()
+    code, out, err = cli(["audit", URL], capsys)
+    assert code == 0, out + err
+
+
+@pytest.mark.slow
+def test_a_store_reached_only_through_the_config_is_run_repaired_and_compacted_through_it(
+    bucket: Any,
+    endpoint: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The endpoint and keys are in `output.storage_options` alone, the environment points at
+    a closed port: a run, `etl audit --repair --config`, `etl compact --config` all reach the
+    store through the config (one source, `OutputConfig.store`), and no key is printed."""
+    make_sample_data(tmp_path / "data", per_class=3, seed=7)
+    secret = "not-the-default-secret-4d1f"
+    options = {"endpoint_url": endpoint, "key": "testing", "secret": secret}
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(
+        CONFIG.format(out=URL).replace(
+            "samples_per_shard: 5}",
+            f"samples_per_shard: 5, storage_options: {json.dumps(options)}, store_timeout: 20}}",
+        )
+    )
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    s3fs.S3FileSystem.clear_instance_cache()
+    code, out, err = cli(["run", str(config)], capsys)
+    assert code == 0, out + err
+    packed = stored_in_bucket(bucket)
+    shard = sorted(p for p in all_objects(bucket) if p.endswith(".npy"))[0]
+    data = bytearray(bucket.cat(shard))
+    data[-2] ^= 0x5A
+    bucket.pipe(shard, bytes(data))
+
+    code, out, err = cli(["audit", URL], capsys)
+    assert code == 2 and "127.0.0.1:9" in err, "without the config: the environment's store"
+    code, out, err = cli(["audit", URL, "--repair", "--config", str(config), "--json"], capsys)
+    assert code == 0, out + err
+    assert json.loads(out)["repair"]["after"]["version"] == 2
+    assert stored_in_bucket(bucket) == packed
+    code, out2, err2 = cli(["compact", URL, "--config", str(config), "--json"], capsys)
+    assert code == 0, err2
+    assert json.loads(out2)["new_version"] is None and json.loads(out2)["deleted_versions"] == [1]
+    assert all_objects(bucket) == named_by_versions(bucket)
+    assert secret not in out + err + out2 + err2
+
+
+LATE = 4.0
+"""Seconds the fault proxy holds a PUT before it forwards it: past the run's store_timeout."""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("key", "fault"),
+    [
+        ("commit.json", "late-once"),
+        ("commit.json", "late"),
+        (".npy", "late-once"),
+        ("manifest.arrow", "late"),
+    ],
+)
+def test_a_put_the_store_answers_late_but_lands_never_publishes_a_version_without_its_files(
+    bucket: Any,
+    endpoint: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    key: str,
+    fault: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A store that holds a PUT past store_timeout and then acts on it (the fault proxy
+    forwards it late): the run ends published or with one named error; once every late put
+    has landed, each version the store holds names only objects it has; and one rerun
+    converges on the version a run never disturbed packs."""
+    make_sample_data(tmp_path / "data", per_class=3, seed=7)
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(
+        CONFIG.format(out=URL).replace(
+            "samples_per_shard: 5}", "samples_per_shard: 5, store_timeout: 1.5}"
+        )
+    )
+    with faulty_proxy(endpoint, {key: fault}, delay=LATE) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
+        s3fs.S3FileSystem.clear_instance_cache()
+        code, out, err = cli(["run", str(config)], capsys)
+        assert code in (0, 2), out + err
+        if code:
+            errors = [line for line in err.splitlines() if line.startswith("error:")]
+            assert len(errors) == 1 and "published/out/" in errors[0], err
+        time.sleep(LATE + 1)  # every put the proxy held has been forwarded and acted on
+    bucket.invalidate_cache()
+    if _records(bucket):
+        assert named_by_versions(bucket) <= all_objects(bucket), "a version names a lost file"
+    if code == 0 or (key, fault) == ("commit.json", "late"):
+        assert [json.loads(r)["version"] for r in _records(bucket)] == [1]
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    s3fs.S3FileSystem.clear_instance_cache()
+    code, out, err = cli(["run", str(config)], capsys)
+    assert code == 0, out + err
+    assert [json.loads(r)["version"] for r in _records(bucket)] == [1]
+    assert all_objects(bucket) == named_by_versions(bucket)
+    disk = write_config(tmp_path, "disk", "disk.yaml")
+    pipeline.run(load_config(disk))
+    assert stored_in_bucket(bucket) == packed_contents(tmp_path / "disk")
     code, out, err = cli(["audit", URL], capsys)
     assert code == 0, out + err

@@ -78,7 +78,7 @@ from etl.maintenance.audit.shards import verify_shards
 from etl.maintenance.audit.sources import verify_records, verify_sources
 from etl.progress import Progress
 from etl.sources.registry import kind_named
-from etl.storage.location import StoreOptions, open_location
+from etl.storage.location import open_location
 from etl.storage.store import StoreDataset, default_cache_dir
 
 __all__ = [
@@ -112,7 +112,7 @@ def audit(
     """
     options = options or AuditOptions()
     progress = progress or Progress()
-    location = open_location(path, StoreOptions(storage_options=options.storage_options or {}))
+    location = open_location(path, options.store)
     if location.store is not None:
         return _audit_store(location.store.url, options, progress)
     started = time.perf_counter()
@@ -188,7 +188,7 @@ def _audit_store(url: str, options: AuditOptions, progress: Progress) -> AuditRe
     cache.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".audit-", dir=cache))
     try:
-        store = StoreDataset(url, scratch, options.storage_options)
+        store = StoreDataset(url, scratch, options.store.storage_options, options.store.timeout)
         number = store.fetch_version(options.version)
         try:
             shards = read_manifest(store.root, number).shards

@@ -13,6 +13,7 @@ import pyarrow as pa
 from etl.config import Backend, RunConfig, SourceConfig
 from etl.engine.parallel import choose_run
 from etl.format.schema import FORMAT_VERSION
+from etl.storage.location import StoreOptions
 
 ERROR = "error"
 NOTE = "note"
@@ -125,8 +126,9 @@ class AuditOptions:
     skips the source check."""
     source_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
     """`source.storage_options` for a prefix in object storage."""
-    storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
-    """fsspec options of the dataset's store, when it is audited at a URL."""
+    store: StoreOptions = field(default_factory=StoreOptions, repr=False)
+    """How the dataset's store is reached when it is audited at a URL (a config's
+    `output.store()`, as a run, a compaction and a repair reach it)."""
     records: SourceConfig | None = None
     """A source whose samples are records, not files (lmdb, python, webdataset, parquet):
     listed again, as a run lists it, and each checked sample's content hash compared."""

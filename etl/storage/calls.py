@@ -1,0 +1,93 @@
+"""Calls to a store that may never return: bounded in time, and in the threads they leave.
+
+NOTE [ calls left behind ]: a call to a store that accepts the connection and never answers
+blocks for as long as its driver lets it (over 200 s with s3fs's defaults, measured), and a
+blocked call cannot be interrupted, only left behind. So each call runs on a daemon thread of
+its own; the caller waits at most its timeout, then gets a TimeoutError naming it and goes on.
+Two rules keep what is left behind harmless:
+
+- at most `MAX_LEFT_BEHIND` calls of a process may be stuck at once: past that, a call is
+  refused at once (the store is not answering; more threads would not help), so a hung store
+  costs a bounded number of threads, never one per retry;
+- work on one object (an upload's writes and its close, or its abort) runs on one thread from
+  start to end (`watched`): a caller that gives up never touches that object, the thread does
+  when it comes back, so no file object is ever used from two threads.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+T = TypeVar("T")
+
+MAX_LEFT_BEHIND = 16
+"""Calls to stores a process may have left running, stuck, before it refuses new ones."""
+
+_left_behind = 0
+_counted = threading.Lock()
+
+
+class Abandoned(Exception):
+    """Raised in a watched call's own thread at its next step once its caller has given up."""
+
+
+def left_behind() -> int:
+    """How many calls this process gave up on are still running."""
+    return _left_behind
+
+
+def bounded(timeout: float, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """call(*args, **kwargs), or TimeoutError once it has taken `timeout` seconds (NOTE
+    [ calls left behind ])."""
+    return watched(timeout, lambda _step: call(*args, **kwargs))
+
+
+def watched(timeout: float, steps: Callable[[Callable[[], None]], T]) -> T:
+    """`steps(step)` on a thread of its own, where `step()` marks progress: TimeoutError once
+    `timeout` seconds pass without a step. After that, the thread's next `step()` raises
+    `Abandoned` in the thread itself, which cleans up what it holds."""
+    global _left_behind
+    with _counted:
+        if _left_behind >= MAX_LEFT_BEHIND:
+            raise TimeoutError(
+                f"{_left_behind} calls to the store have not returned: no new call is made "
+                "until they do"
+            )
+    outcome: list[tuple[bool, Any]] = []
+    done = threading.Event()
+    given_up = threading.Event()
+    last = [time.monotonic()]
+
+    def step() -> None:
+        if given_up.is_set():
+            raise Abandoned("the caller gave up waiting")
+        last[0] = time.monotonic()
+
+    def run() -> None:
+        global _left_behind
+        try:
+            outcome.append((True, steps(step)))
+        except BaseException as exc:  # handed to the waiting thread as it is
+            outcome.append((False, exc))
+        with _counted:
+            done.set()
+            if given_up.is_set():
+                _left_behind -= 1
+
+    threading.Thread(target=run, name="etl-store", daemon=True).start()
+    while not done.wait(max(0.0, last[0] + timeout - time.monotonic())):
+        if time.monotonic() - last[0] < timeout:
+            continue  # a step came while this thread slept
+        with _counted:
+            if done.is_set():
+                break
+            given_up.set()
+            _left_behind += 1
+        raise TimeoutError(f"no answer from the store in {timeout:g} s")
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return cast(T, value)
