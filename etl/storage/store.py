@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
@@ -53,6 +54,10 @@ DOWNLOAD_CHUNK = 8 << 20
 """Bytes read from the store at a time while a file is downloaded and hashed."""
 DOWNLOADS = 8
 """Shards downloaded at once: object stores serve parallel GETs faster than one stream."""
+DOWNLOAD_TRIES = 3
+"""Tries of a download the store broke off (a reset, a body cut short, a 5xx)."""
+RETRY_BACKOFF = 0.5
+"""Seconds before the second try of a download; twice that before the third."""
 RECORD_BYTES = 1 << 20
 """The most a commit record may be (one is a few hundred bytes a file it names): what a
 record's download is capped at, before anything says how large it is."""
@@ -242,8 +247,27 @@ class StoreDataset:
         cut: bool = False,
     ) -> str | None:
         """Download `remote` to `local` (flushed to disk), never more than `cap` bytes (see
-        `_read`); with `algorithm`, its digest, computed as it is written. A file that cannot
-        be downloaded is an `error` naming it."""
+        `_read`); with `algorithm`, its digest, computed as it is written. A download the
+        store broke off (a reset, a body cut short, a 5xx) is tried again from the start, up
+        to DOWNLOAD_TRIES times; a file that cannot be downloaded is an `error` naming it."""
+        for tries in range(DOWNLOAD_TRIES):
+            try:
+                return self._get_once(remote, local, error, algorithm, cap, cut)
+            except _BrokenOff as exc:
+                if tries == DOWNLOAD_TRIES - 1:
+                    raise error(str(exc)) from None
+                time.sleep(RETRY_BACKOFF * (tries + 1))
+        raise AssertionError("unreachable")
+
+    def _get_once(
+        self,
+        remote: str,
+        local: Path,
+        error: type[EtlError],
+        algorithm: str | None,
+        cap: int,
+        cut: bool,
+    ) -> str | None:
         try:
             with open(local, "wb") as dst:
                 digest = self._read(remote, error, algorithm, dst.write, cap, cut)
@@ -267,7 +291,10 @@ class StoreDataset:
         """The `algorithm` digest of `remote` as the store serves it (nothing written here),
         read up to one byte past `size`, the bytes uploaded: how an upload is verified (a
         longer object's digest differs). An `error` naming it if it cannot be read."""
-        return cast(str, self._read(remote, error, algorithm, lambda _: None, size + 1, True))
+        try:
+            return cast(str, self._read(remote, error, algorithm, lambda _: None, size + 1, True))
+        except _BrokenOff as exc:
+            raise error(str(exc)) from None
 
     def _read(
         self,
@@ -312,12 +339,14 @@ class StoreDataset:
             raise error(str(exc)) from None
         except FileNotFoundError:
             raise error(f"{remote}: not in the store") from None
+        except (PermissionError, TimeoutError) as exc:  # denied, or hung: trying again won't do
+            raise error(f"{remote}: cannot download ({why(exc)})") from None
         except OSError as exc:
             if exc.errno in DISK_FULL:
                 raise  # writing the copy failed, not reading the store (see `_get`)
-            raise error(f"{remote}: cannot download ({why(exc)})") from None
+            raise _BrokenOff(f"{remote}: cannot download ({why(exc)})") from None
         except Exception as exc:  # a driver's own (botocore, aiohttp) errors
-            raise error(f"{remote}: cannot download ({why(exc)})") from None
+            raise _BrokenOff(f"{remote}: cannot download ({why(exc)})") from None
         return hasher.hexdigest() if hasher is not None else None
 
     def bounded(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -381,6 +410,10 @@ def _recorded_files(record: Any, where: str) -> dict[str, int]:
             raise ManifestError(f"{where}/{RECORD_FILE}: records no size for {name!r}")
         sizes[name] = size
     return sizes
+
+
+class _BrokenOff(Exception):
+    """A read the store broke off or refused for now: worth trying again."""
 
 
 class _Overlong(Exception):

@@ -175,11 +175,13 @@ def faulty_proxy(
     - "hold": a PUT is never answered (until the proxy stops); `held` is set when one arrives,
       so a test can kill the writer mid-upload;
     - "late": every PUT held `delay` seconds (past the client's timeout), then forwarded, as a
-      store that answers late but acts on it; "late-once": the first PUT only;
+      store that answers late but acts on it;
     - "reset": a GET's connection reset (RST) after half its body;
     - "oversend": a GET answered with its body ten times over, the Content-Length saying so
       (a store that sends more than the manifest records);
-    - "swap:<suffix>": a GET answered with the object whose key ends in <suffix> instead.
+    - "swap:<suffix>": a GET answered with the object whose key ends in <suffix> instead;
+    - any fault + "-once" ("reset-once", "late-once"): the first such request only, per method
+      and path (a fault that clears).
     """
     release = threading.Event()
     answered: dict[str, int] = {}
@@ -220,6 +222,13 @@ def faulty_proxy(
             fault = next((f for suffix, f in faults.items() if path.endswith(suffix)), None)
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
+            if fault and fault.endswith("-once"):
+                with counted:
+                    answered[f"{self.command} {path}"] = (
+                        answered.get(f"{self.command} {path}", 0) + 1
+                    )
+                    first = answered[f"{self.command} {path}"] == 1
+                fault = fault.removesuffix("-once") if first else None
             if fault == "throttle":
                 return self._error(503, "SlowDown")
             if fault == "throttle-2":
@@ -234,14 +243,10 @@ def faulty_proxy(
                     held.set()
                 release.wait(120)
                 return self._error(503, "SlowDown")
-            if fault in ("late", "late-once") and self.command == "PUT":
-                with counted:
-                    answered[path] = answered.get(path, 0) + 1
-                    first = answered[path] == 1
-                if fault == "late" or first:
-                    if held is not None:
-                        held.set()
-                    release.wait(delay)
+            if fault == "late" and self.command == "PUT":
+                if held is not None:
+                    held.set()
+                release.wait(delay)
             asked = self.path
             if fault and fault.startswith("swap:") and self.command == "GET":
                 other = fault.split(":", 1)[1]

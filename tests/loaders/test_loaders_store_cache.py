@@ -386,3 +386,45 @@ def test_a_full_cache_disk_is_one_clear_error(
     folder = StoreDataset(url, cache).root / "shards"
     assert "the cache disk is full" in line and str(folder) in line, line
     assert not list(folder.glob(".tmp-*")) and not list(folder.glob("*.npy"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "fault",
+    ["reset", "reset-once", "short-once", "oversend", "swap", "throttle-2", "throttle", "deny"],
+)
+def test_a_store_that_breaks_a_shard_s_download_never_leaves_an_unverified_byte(
+    dataset: tuple[Packed, str], endpoint: str, tmp_path: Path, fault: str
+) -> None:
+    """Training through a bounded cache while the store resets, cuts short, oversends,
+    serves another shard's bytes, throttles or denies one shard's GET (the fault proxy): a
+    fault that clears is retried and the epoch ends whole with the packed pixels; any other
+    ends in one error naming that shard; either way every shard in the cache is byte for
+    byte the packed one and no partial file is left."""
+    from etl.errors import EtlError
+    from tests.helpers.stores import faulty_proxy
+
+    packed, url = dataset
+    names = PackedDataset.open(packed.root).selection.shards.names
+    broken, other = names[3], names[0]
+    how = f"swap:{other}" if fault == "swap" else fault
+    cache = tmp_path / "cache"
+    limit = sum(shard_bytes(packed)) * 6 // 10
+    with faulty_proxy(endpoint, {broken: how}) as proxy:
+        ds = limited(url, proxy, cache, limit)
+        loader = make_loader(ds, batch_size=4, shuffle="shards", seed=3, with_indices=True)
+        try:
+            seen = read_epoch(loader)
+        except EtlError as exc:
+            assert fault not in ("throttle-2", "reset-once", "short-once"), f"not retried: {exc}"
+            assert broken in str(exc) and "\n" not in str(exc), exc
+        else:
+            assert fault in ("throttle-2", "reset-once", "short-once"), "a broken store believed"
+            assert sorted(i for i, _ in seen) == list(range(len(ds)))
+            for i, pixels in seen:
+                assert pixels == packed.images[ds.selection.positions[i]].tobytes()
+    folder = StoreDataset(url, cache).root / "shards"
+    assert not list(folder.glob(".tmp-*"))
+    for cached in folder.glob("*.npy"):
+        assert cached.read_bytes() == (packed.root / "shards" / cached.name).read_bytes()
