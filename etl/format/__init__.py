@@ -16,6 +16,7 @@ Modules:
 - `names`:          how an input's raw name is spelt as `source`; sample ids
 - `npy`:            the .npy header, parsed strictly
 - `parts`:          a shard many tasks fill: rows at their slots, then sealed
+- `predicate`:      `where=` as SQL: one checked boolean expression, run within limits
 - `ragged`:         where a ragged sample (its own size, format version 2) lives
 - `record`:         commit.json: the size and BLAKE3 of a version's files
 - `row_checksums`:  each sample's recorded checksum, found by (shard, row)

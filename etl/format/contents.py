@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from etl.errors import SelectionError
 from etl.format.coherence import RAGGED_COLUMNS
 from etl.format.manifest import Manifest
+from etl.format.predicate import sql_mask
 from etl.format.schema import ordered_splits
 from etl.format.table_ops import bool_mask, value_codes
 
@@ -168,7 +169,7 @@ class VersionContents:
     def _where_mask(self, where: Where) -> NDArray[np.bool_]:
         table = self.table
         if isinstance(where, str):
-            return _sql_mask(table, where, self.manifest.path)
+            return sql_mask(table, where, self.manifest.path)
         if isinstance(where, pc.Expression):
             # NOTE: Table.filter keeps rows, not a mask; a row-number column carries them through.
             numbered = table.append_column("__row", pa.array(np.arange(table.num_rows)))
@@ -183,36 +184,3 @@ class VersionContents:
                 f"{table.num_rows} rows; it must return one boolean per row"
             )
         return mask
-
-
-def _sql_mask(table: pa.Table, condition: str, where: Path) -> NDArray[np.bool_]:
-    """The rows of `table` for which the SQL `condition` holds, by duckdb over the Arrow table
-    (no copy); a condition duckdb refuses is a SelectionError quoting it."""
-    try:
-        import duckdb
-    except ImportError:
-        raise SelectionError(
-            "where= as SQL needs duckdb: pip install duckdb (or pass a pyarrow Expression)"
-        ) from None
-    numbered = table.append_column("__row", pa.array(np.arange(table.num_rows)))
-    # NOTE: a condition may come from a shared view file: it reads the manifest and nothing
-    # else (no file, no network, no extension installed or loaded on its behalf)
-    sealed: dict[str, str | bool | int | float | list[str]] = {
-        "enable_external_access": False,
-        "autoinstall_known_extensions": False,
-        "autoload_known_extensions": False,
-    }
-    with duckdb.connect(config=sealed) as connection:
-        connection.register("samples", numbered)
-        try:
-            query = f"SELECT __row FROM samples WHERE ({condition})"
-            if len(connection.extract_statements(query)) != 1:  # NOTE: one query, nothing else
-                raise SelectionError(f"{where}: where={condition!r} is not one SQL condition")
-            found = connection.execute(query)
-            kept = np.asarray(found.fetchnumpy()["__row"], dtype=np.int64)
-        except duckdb.Error as exc:
-            first = " ".join(str(exc).split())
-            raise SelectionError(f"{where}: where={condition!r}: {first}") from None
-    mask = np.zeros(table.num_rows, dtype=bool)
-    mask[kept] = True
-    return mask
