@@ -34,6 +34,7 @@ REJECT_REASONS: dict[str, str] = {
     "no_class": "the file is not inside a class folder",
     "missing": "a file the listing names does not exist or is not a regular file",
     "outside_root": "a path or symbolic link that leads outside the source root",
+    "unnameable_key": "an object key with an empty, '.' or '..' segment: no local path names it",
     "pickle": "an LMDB value is a Python pickle and source.allow_pickle is not set",
     "bad_column": "a value of a declared column (columns:) that does not fit its type, or a "
     "required one that is missing",

@@ -119,6 +119,32 @@ def test_a_folder_in_a_bucket_packs_as_the_same_folder_on_disk(
     assert [(f["kind"], f["source"]) for f in findings] == [("source_changed", "cat/3.png")]
 
 
+def test_every_object_under_the_prefix_is_accounted_for_even_one_no_path_can_name(
+    store: Any, tmp_path: Path
+) -> None:
+    """Keys with a '..', a '.' or an empty segment (a store takes any key): each a reject
+    naming it, never packed, never left out silently; the rest packs as ever, and dot-named
+    keys are skipped as dot-named files are."""
+    import boto3
+
+    files = tree({"cat/0.png": 1, "cat/1.png": 2, "dog/0.png": 3})
+    odd = {
+        "cat/../dog/evil.png": 4,
+        "cat/./twice.png": 5,
+        "cat//gap.png": 6,
+        "/rooted.png": 7,
+        "cat/..": 8,
+    }
+    client = boto3.client("s3")
+    for name, data in {**files, **tree(odd), ".hidden/x.png": picture(9)}.items():
+        client.put_object(Bucket=store.bucket, Key=f"photos/{name}", Body=data)
+    report = run(tmp_path, f"s3://{store.bucket}/photos", tmp_path / "out")
+    assert report.packed_new == 3
+    got, rejects = packed_contents(tmp_path / "out")
+    assert set(got) == set(files)
+    assert rejects == dict.fromkeys(odd, "unnameable_key")
+
+
 def test_a_rerun_sees_objects_added_changed_and_deleted(
     store: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

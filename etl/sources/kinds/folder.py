@@ -138,7 +138,8 @@ def _take(
 
 def _list_prefix(config: FolderSource, url: str, context: ListContext | None) -> SourceListing:
     """A folder in object storage (`etl.sources.in_store`): the same rules, with each object's
-    size, modification time and ETag where a file has its stat. Dot-named keys are skipped."""
+    size, modification time and ETag where a file has its stat. Dot-named keys are skipped, as
+    dot-named files are; a key with an empty, '.' or '..' segment is a reject naming it."""
     selected = _selection(config)
     files = FileColumnsBuilder(context.scratch if context is not None else None)
     rejects = RejectsBuilder(context.scratch if context is not None else None)
@@ -150,9 +151,16 @@ def _list_prefix(config: FolderSource, url: str, context: ListContext | None) ->
     except OSError as exc:  # no answer within io_timeout: a hung store stops the run, named
         raise SourceError(f"source.path: cannot list {url} ({exc})") from None
     for relative, size, mtime_ns, etag in listed:
-        if any(part.startswith(".") for part in relative.split("/")) or not selected(relative):
-            continue
         found = FileStat(size, mtime_ns, 0, etag)
+        parts = relative.split("/")
+        odd = next((part for part in parts if part in ("", ".", "..")), None)
+        if odd is not None:  # a key no path on a disk can name: accounted for, never packed
+            what = "an empty" if odd == "" else f"a {odd!r}"
+            why = f"the key has {what} segment, which no local path can name"
+            rejects.add(found.reject(names.path_to_source(relative), "unnameable_key", why))
+            continue
+        if any(part.startswith(".") for part in parts) or not selected(relative):
+            continue
         if size > config.max_file_bytes:
             why = too_large(size, config.max_file_bytes)
             rejects.add(found.reject(names.path_to_source(relative), "file_too_large", why))
