@@ -6,13 +6,34 @@ Anything that is not an `EtlError` is a bug in this project and keeps its traceb
 from __future__ import annotations
 
 import errno
+import re
 from pathlib import Path
+
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]+@")
+_BARE_USERINFO = re.compile(r"(?<![\w/:])[^\s/@\"':]+:[^\s/@\"']+@")
+"""'user:pass@' where a driver quotes a URL's bucket part without its scheme."""
+_SECRET_PARAMETER = re.compile(
+    r"(?i)([?&](?:sig|signature|se|sv|sp|token|access_token|code|key|secret|password|"
+    r"x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|"
+    r"x-goog-credential)=)[^&\s'\"]+"
+)
+
+
+def redacted(text: str) -> str:
+    """`text` with what a URL may carry to sign in (`user:pass@`, a SAS token's `sig=`, a
+    presigned URL's signature) replaced by '***': no message, report or log repeats it."""
+    text = _BARE_USERINFO.sub("***@", _USERINFO.sub(r"\1***@", text))
+    return _SECRET_PARAMETER.sub(r"\1***", text)
 
 
 class EtlError(Exception):
-    """Base of all user-facing errors. `exit_code` is what the CLI exits with."""
+    """Base of all user-facing errors. `exit_code` is what the CLI exits with. A message is
+    `redacted` as it is made, whoever makes it."""
 
     exit_code = 2
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redacted(a) if isinstance(a, str) else a for a in args))
 
 
 class ConfigError(EtlError):

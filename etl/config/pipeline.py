@@ -231,7 +231,7 @@ class OutputConfig(StrictModel):
     def _one_shard_rule(self) -> OutputConfig:
         if self.shard_size is not None and self.samples_per_shard is not None:
             raise ValueError("set shard_size or samples_per_shard, not both")
-        given = self.storage_options or "store_timeout" in self.model_fields_set
+        given = self.storage_options or self.store_timeout != STORE_TIMEOUT
         if given and not is_url(str(self.dir)):
             raise ValueError(
                 "storage_options and store_timeout are for an output.dir in object storage "

@@ -49,7 +49,8 @@ from etl.progress import Progress
 from etl.run.to_store import empty_work, finish_killed_attempt, publish_from_work, reached
 from etl.storage.location import StoreOptions
 from etl.storage.publish import sweep
-from etl.storage.store import StoreDataset, staging_name_of
+from etl.storage.records import staging_name_of
+from etl.storage.store import StoreDataset
 from etl.storage.transport import why
 
 
@@ -67,7 +68,7 @@ def compact_store(
     check_min_dead(min_dead_fraction)
     store, work = reached(url, options or StoreOptions())
     local = store.root
-    with DatasetLock(work):
+    with DatasetLock(store.folder(work)):
         if not dry_run:  # a dry run writes nothing to the store
             finish_killed_attempt(store, work)
         empty_work(local)

@@ -39,7 +39,7 @@ def repair_in_store(
     progress = progress or Progress()
     store, work = reached(url, config.output.store())
     local = store.root
-    with DatasetLock(work):
+    with DatasetLock(store.folder(work)):
         finish_killed_attempt(store, work)
         empty_work(local)
         try:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from etl.config import PipelineConfig
+from etl.errors import redacted
 from etl.format.lock import DatasetLock
 from etl.format.manifest import VERSIONS_DIR
 from etl.format.shards import SHARDS_DIR
@@ -79,7 +80,7 @@ def prepared(config: PipelineConfig) -> Iterator[StoreWork]:
     url = str(config.output.dir)
     store, work = reached(url, config.output.store())
     local = store.root
-    with DatasetLock(work):
+    with DatasetLock(store.folder(work)):
         finish_killed_attempt(store, work)
         empty_work(local)
         latest = store.committed()
@@ -103,7 +104,8 @@ def published(work: StoreWork, report: RunReport, dry_run: bool, progress: Progr
         report.phases["upload"] = time.perf_counter() - start
     if not dry_run:
         sweep(work.store)
-    return replace(report, output=work.url, seconds=time.perf_counter() - work.started)
+    seconds = time.perf_counter() - work.started
+    return replace(report, output=redacted(work.url), seconds=seconds)
 
 
 def publish_from_work(

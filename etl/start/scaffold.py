@@ -336,6 +336,7 @@ def _output_lines(output_dir: Path, base: Path) -> list[str]:
             "relative to this file, outside source.path; or s3://bucket/prefix",
         ),
         _kv(2, "storage_options", {}, "for a dir in object storage: its fsspec options"),
+        _kv(2, "store_timeout", output.store_timeout, "seconds one call to that store may take"),
         _kv(
             2,
             "shard_size",

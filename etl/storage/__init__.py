@@ -7,10 +7,12 @@ where a dataset is; nothing else decides local or store.
 
 Modules:
 - `cache`:     the cache within a byte limit shared by a node's processes
+- `cache_files`: the cache folder on disk: private unless shared, no symlink, locks
 - `calls`:     calls to a store bounded in time and in the threads they leave behind
 - `location`:  `open_location`: the one place that decides local folder or store
 - `publish`:   a version uploaded, verified, then published by one conditional put
 - `ranged`:    rows read with ranged GETs, each verified
+- `records`:   what a commit record read from a store may make a reader fetch
 - `store`:     a dataset in a store, mirrored into a verified local cache
 - `transport`: the fsspec filesystem of a URL
 """

@@ -37,12 +37,21 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from etl.errors import ShardError
 from etl.format.shards import SHARDS_DIR
-from etl.storage.store import DOWNLOADS, TMP_PREFIX, StoreDataset, locked
+from etl.storage.cache_files import (
+    abandoned,
+    exclusive_temp,
+    is_cached,
+    lock_file,
+    locked,
+    temp_name_of,
+)
+from etl.storage.store import DOWNLOADS, StoreDataset
 
 ROOM_LOCK = ".room.lock"
 USE_SUFFIX = ".use"
@@ -72,6 +81,7 @@ class BoundedCache:
         sizes: Sequence[int],
         checksums: Sequence[str],
         algorithm: str,
+        shared: bool | None = None,
     ) -> None:
         largest = max(sizes, default=0)
         if limit < largest:
@@ -89,6 +99,7 @@ class BoundedCache:
         self.sizes = tuple(int(s) for s in sizes)
         self.checksums = tuple(checksums)
         self.algorithm = algorithm
+        self.shared = shared
         self.size_of = dict(zip(self.names, self.sizes, strict=True))
         self._store: StoreDataset | None = None
         self._store_pid = os.getpid()
@@ -114,7 +125,9 @@ class BoundedCache:
         async drivers are not fork-safe)."""
         if self._store is None or self._store_pid != os.getpid():
             self._store_pid = os.getpid()
-            self._store = StoreDataset(self.url, self.cache_dir, self.storage_options, self.timeout)
+            self._store = StoreDataset(
+                self.url, self.cache_dir, self.storage_options, self.timeout, shared=self.shared
+            )
         return self._store
 
     @property
@@ -136,8 +149,7 @@ class BoundedCache:
             if (owner, shard) in holds:
                 return
             path = self._use_file(shard)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = lock_file(path, self.store.shared)
             fcntl.flock(fd, fcntl.LOCK_SH)
             holds[owner, shard] = fd
 
@@ -192,16 +204,16 @@ class BoundedCache:
         self.download(shards, reserved, owner)
         return True
 
-    def reserve(self, shards: list[int], limit: int, owner: str) -> list[tuple[int, Path]] | None:
+    def reserve(self, shards: list[int], limit: int, owner: str) -> list[Reservation] | None:
         """Hold every shard of `shards` for `owner` and reserve room for the missing ones
-        (shard, its reservation file), for `download` to fill; None, holding nothing, if they
-        do not all fit in `limit` now.
+        (each a reservation file, locked while it lives), for `download` to fill; None,
+        holding nothing, if they do not all fit in `limit` now.
 
         Room is made, the downloads reserved and the holds taken under the room lock, which
         every removal takes too: nothing is removed between the look and the hold."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with locked(self.folder / ROOM_LOCK):
-            missing = [s for s in shards if not self.path(s).is_file()]
+        shared = self.store.shared
+        with locked(self.store.folder(self.folder) / ROOM_LOCK, shared):
+            missing = [s for s in shards if not is_cached(self.path(s))]
             need = sum(self.sizes[s] for s in missing)
             mine = {self.path(s) for s in shards}
             used, idle = self._usage()
@@ -209,43 +221,37 @@ class BoundedCache:
                 if used + need <= limit:
                     break
                 if victim not in mine:
-                    used -= _remove_unheld(victim)
+                    used -= _remove_unheld(victim, shared)
             if used + need > limit:
                 return None
-            tag = f"{os.getpid()}.{threading.get_ident()}"
-            reserved = [
-                (s, self.path(s).with_name(f"{TMP_PREFIX}{Path(self.names[s]).name}-{tag}"))
-                for s in missing
-            ]
-            for _, partial in reserved:
-                partial.touch()
+            reserved = [Reservation.made(s, self.path(s), shared) for s in missing]
             for shard in shards:
                 self.hold(shard, owner)
                 if shard not in missing:
                     os.utime(self.path(shard))  # recently used: removed last
         return reserved
 
-    def download(self, shards: list[int], reserved: list[tuple[int, Path]], owner: str) -> None:
+    def download(self, shards: list[int], reserved: list[Reservation], owner: str) -> None:
         """Download the shards `reserve` made room for (each once per node: under its
         `.lock`, another process may have fetched it meanwhile); on failure let go of every
         shard of `shards`. Either way the reservations are removed."""
         try:
-            for shard, partial in reserved:
-                final = self.path(shard)
-                with locked(final.with_name(final.name + ".lock")):
-                    if final.is_file():  # another process fetched it meanwhile
+            for one in reserved:
+                shard, final = one.shard, self.path(one.shard)
+                with locked(final.with_name(final.name + ".lock"), self.store.shared):
+                    if is_cached(final):  # another process fetched it meanwhile
                         continue
                     self.store.download_shard(
                         self.names[shard], self.checksums[shard], self.sizes[shard],
-                        self.algorithm, partial,
+                        self.algorithm, one.path,
                     )  # fmt: skip
         except BaseException:
             for shard in shards:
                 self.release(shard, owner)
             raise
         finally:
-            for _, partial in reserved:
-                partial.unlink(missing_ok=True)
+            for one in reserved:
+                one.drop()
 
     def _usage(self) -> tuple[int, list[Path]]:
         """Bytes of cached shards and downloads under way, and the cached shard files,
@@ -259,9 +265,9 @@ class BoundedCache:
             name = entry.name
             try:
                 size = entry.stat().st_size
-                if name.startswith(TMP_PREFIX):  # a download under way, at its final size
-                    shard, _, owner = name[len(TMP_PREFIX) :].rpartition("-")
-                    if not _alive(owner):  # its process was killed: it never finishes
+                shard = temp_name_of(name)
+                if shard is not None:  # a download under way, at its final size
+                    if abandoned(Path(entry.path)):  # its process died: it never finishes
                         os.unlink(entry.path)
                         continue
                     used += self.size_of.get(f"{SHARDS_DIR}/{shard}", size)
@@ -324,10 +330,10 @@ class _Ahead:
                 self.cache.release(shard, AHEAD)
             self.pinned.clear()
 
-    def _download(self, shards: list[int], reserved: list[tuple[int, Path]]) -> None:
+    def _download(self, shards: list[int], reserved: list[Reservation]) -> None:
         if self.stopped.is_set():  # the epoch ended first: give the room back
-            for _, partial in reserved:
-                partial.unlink(missing_ok=True)
+            for one in reserved:
+                one.drop()
             return
         with suppress(Exception):  # the reader's own fetch names it when it needs it
             self.cache.download(shards, reserved, AHEAD)
@@ -367,12 +373,12 @@ class _Ahead:
                 self.cache.release(shard, AHEAD)
 
 
-def _remove_unheld(path: Path) -> int:
+def _remove_unheld(path: Path, shared: bool) -> int:
     """Remove the shard file at `path` if nobody holds it; its size if removed, else 0."""
     use = path.with_name(path.name + USE_SUFFIX)
     try:
-        fd = os.open(use, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
+        fd = lock_file(use, shared)
+    except (OSError, ShardError):
         return 0
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -389,16 +395,24 @@ def _remove_unheld(path: Path) -> int:
         os.close(fd)
 
 
-def _alive(owner: str) -> bool:
-    """Whether the process a `.tmp-` file's name ends with ('1234' or '1234.5678': pid and
-    thread) still runs; True when the name says no pid (never removed on a guess)."""
-    pid = owner.partition(".")[0]
-    if not pid.isdigit():
-        return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # it exists, as another user's
-    return True
+@dataclass(frozen=True)
+class Reservation:
+    """Room reserved in the cache for one shard's download: its `.tmp-` file, made with an
+    unpredictable name and locked (`fd`) until the download ends, so another process counts
+    it while it lives and removes it once its process died (`cache_files.abandoned`)."""
+
+    shard: int
+    path: Path
+    fd: int
+
+    @staticmethod
+    def made(shard: int, final: Path, shared: bool) -> Reservation:
+        fd, path = exclusive_temp(final.parent, final.name, shared)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return Reservation(shard, path, fd)
+
+    def drop(self) -> None:
+        """Remove the file, then let go of its lock."""
+        self.path.unlink(missing_ok=True)
+        with suppress(OSError):
+            os.close(self.fd)

@@ -54,13 +54,16 @@ class StoreOptions:
     store may take. Without `cache_limit` every shard a selection reads is fetched at open
     and kept; with one (bytes, or '20GiB'), shards are fetched as the order needs them and
     removed to stay within it (`etl.storage.cache`). `ranged`: no shard is fetched, each
-    batch's rows are read with ranged GETs and verified (`etl.storage.ranged`)."""
+    batch's rows are read with ranged GETs and verified (`etl.storage.ranged`).
+    `shared_cache`: the cache folder is shared with other users on purpose (default
+    `$ETL_CACHE_SHARED`; NOTE [ a cache nobody can poison ])."""
 
     cache_dir: Path | str | None = None
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     timeout: float = STORE_TIMEOUT
     cache_limit: int | str | None = None
     ranged: bool = False
+    shared_cache: bool | None = None
 
     def __post_init__(self) -> None:
         if self.ranged and self.cache_limit is not None:
@@ -150,7 +153,7 @@ class Location:
         cache = BoundedCache(
             store.url, options.cache_dir, options.storage_options, options.timeout,
             int(options.cache_limit), shards.names, shards.sizes, shards.checksums,
-            shards.algorithm,
+            shards.algorithm, options.shared_cache,
         )  # fmt: skip
         return cache, None
 
@@ -170,5 +173,8 @@ def open_location(
         return Location(text, Path(relative_to) / local if relative_to else local, None, options)
     from etl.storage.store import StoreDataset
 
-    store = StoreDataset(text, options.cache_dir, options.storage_options, options.timeout)
+    store = StoreDataset(
+        text, options.cache_dir, options.storage_options, options.timeout,
+        shared=options.shared_cache,
+    )  # fmt: skip
     return Location(text, store.root, store, options)

@@ -16,6 +16,9 @@ no reader opens and the next download of that shard removes. The processes of on
 their workers) share one cache: each shard's download holds an exclusive `flock` on
 `<shard>.lock`, so it is downloaded once, and the others find it verified when they get the
 lock. A cached shard is not hashed again on open; `etl audit` of the cache folder does that.
+So only the cache's users may write it, and a plain file only counts (NOTE [ a cache nobody
+can poison ] in `etl.storage.cache_files`); a version re-published in the store (its record
+changed) is fetched again, and its changed shards with it.
 
 Without a limit the cache keeps every shard it fetched: a second epoch, or a second run with
 the same `version`, reads no byte from the store (`version=None` lists the store's versions
@@ -31,22 +34,41 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
-import json
 import os
-import re
+import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar, cast
 
 from etl.errors import EtlError, ManifestError, ShardError
 from etl.format.checksums import new_hasher
-from etl.format.manifest import VERSIONS_DIR, version_name, version_number
-from etl.format.record import FILES_AT, RECORD_FILE
+from etl.format.manifest import (
+    SHARDS_FILE,
+    VERSIONS_DIR,
+    load_table,
+    version_name,
+    version_number,
+)
+from etl.format.record import RECORD_FILE
+from etl.format.shards import SHARDS_DIR
 from etl.storage import calls
-from etl.storage.transport import STORE_TIMEOUT, filesystem, why
+from etl.storage.cache_files import (
+    TMP_PREFIX,
+    exclusive_temp,
+    is_cached,
+    locked,
+    open_no_follow,
+    remove_tree,
+    replace_folder,
+    safe_folder,
+    same_file,
+    shared_by_default,
+)
+from etl.storage.records import files_at, read_record, recorded_files
+from etl.storage.transport import STORE_TIMEOUT, endpoint_of, filesystem, why
 
 CACHE_ENV = "ETL_CACHE"
 """The environment variable naming the cache folder when `cache_dir` is not given."""
@@ -61,10 +83,8 @@ RETRY_BACKOFF = 0.5
 RECORD_BYTES = 1 << 20
 """The most a commit record may be (one is a few hundred bytes a file it names): what a
 record's download is capped at, before anything says how large it is."""
-TMP_PREFIX = ".tmp-"
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 """A local write failed for want of room: no space, a quota, a file-size limit."""
-_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 T = TypeVar("T")
 
 
@@ -84,15 +104,28 @@ class StoreDataset:
         storage_options: Mapping[str, Any] | None = None,
         timeout: float = STORE_TIMEOUT,
         root: Path | None = None,
+        shared: bool | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.fs, self.store_root = filesystem(self.url, storage_options, ManifestError)
-        key = hashlib.blake2b(self.url.encode(), digest_size=8).hexdigest()
-        self.key = key
-        self.root = root or Path(cache_dir or default_cache_dir()) / key
+        reached_at = endpoint_of(self.url, storage_options or {})
+        named = self.url if reached_at is None else f"{reached_at}\n{self.url}"
+        self.key = hashlib.blake2b(named.encode(), digest_size=8).hexdigest()
+        """The mirror's folder name: the URL's, and the endpoint's where one is set (the same
+        bucket name on two endpoints is two datasets)."""
+        self.top = Path(cache_dir or default_cache_dir())
+        self.root = root or self.top / self.key
         """The mirror: a local dataset folder holding what was fetched of `url`."""
+        if not self.root.is_relative_to(self.top):
+            self.top = self.root
+        self.shared = shared_by_default() if shared is None else shared
+        """Whether the cache folder is shared on purpose (NOTE [ a cache nobody can poison ])."""
         self.timeout = timeout
         """Seconds one call to the store (a listing, an open, a chunk's read) may take."""
+
+    def folder(self, path: Path) -> Path:
+        """`path`, a folder of the mirror, made and checked safe (`cache_files.safe_folder`)."""
+        return safe_folder(path, self.top, self.shared)
 
     def in_store(self, *parts: str) -> str:
         """The store's path of a file of the dataset ('shards', 'v000001-00000.npy')."""
@@ -135,31 +168,51 @@ class StoreDataset:
         return self.versions()[-1]
 
     def fetch_version(self, version: int | None) -> int:
-        """The version's files in the mirror (fetched unless there already); its number."""
+        """The version's files in the mirror; its number. A copy already there is kept while
+        the store's record is the one it was fetched with, or the store cannot be asked (a
+        pinned version opens offline); a record re-published since is fetched again."""
         number = self.latest_version() if version is None else int(version)
         folder = self.root / VERSIONS_DIR / version_name(number)
-        if folder.is_dir():
-            return number
         remote = self._in_store(VERSIONS_DIR, version_name(number))
-        staging = folder.parent / f"{TMP_PREFIX}{version_name(number)}-{os.getpid()}"
-        staging.mkdir(parents=True, exist_ok=True)
+        record_path = f"{remote}/{RECORD_FILE}"
+        parent = self.folder(folder.parent)
+        staging = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{folder.name}-", dir=parent))
+        os.chmod(staging, 0o2770 if self.shared else 0o700)
         try:
-            record_path = f"{remote}/{RECORD_FILE}"
-            self._get(record_path, staging / RECORD_FILE, ManifestError, cap=RECORD_BYTES)
-            record = _read_record(staging / RECORD_FILE, record_path)
-            where = f"{self.url}/{VERSIONS_DIR}/{folder.name}"
-            files_at = _files_at(record, number, where)
-            stored = self._in_store(VERSIONS_DIR, files_at) if files_at else remote
-            for name, size in _recorded_files(record, where).items():
-                self._get(f"{stored}/{name}", staging / name, ManifestError, cap=size)
             try:
-                os.rename(staging, folder)
-            except OSError:
-                if not folder.is_dir():  # another process renamed its copy first: use that
-                    raise
+                self._get(record_path, staging / RECORD_FILE, ManifestError, cap=RECORD_BYTES)
+            except ManifestError:
+                if folder.is_dir():
+                    return number  # the store cannot be asked now: the copy, as fetched
+                raise
+            if same_file(staging / RECORD_FILE, folder / RECORD_FILE):
+                return number  # the store's record is the cached one's
+            record = read_record(staging / RECORD_FILE, record_path)
+            where = f"{self.url}/{VERSIONS_DIR}/{folder.name}"
+            kept_at = files_at(record, number, where)
+            stored = self._in_store(VERSIONS_DIR, kept_at) if kept_at else remote
+            for name, size in recorded_files(record, where).items():
+                self._get(f"{stored}/{name}", staging / name, ManifestError, cap=size)
+            self._forget_changed_shards(folder, staging)
+            replace_folder(staging, folder)
         finally:
-            _remove_tree(staging)
+            remove_tree(staging)
         return number
+
+    def _forget_changed_shards(self, cached: Path, fetched: Path) -> None:
+        """A version re-published in the store (`fetched`, its new files, against the copy
+        `cached`): its cached shards whose checksum changed are removed, to be fetched and
+        verified again (a cached shard is trusted by its name: NOTE [ cache safety ])."""
+        if not (cached / SHARDS_FILE).is_file():
+            return
+        try:
+            before, after = (_checksums(folder / SHARDS_FILE) for folder in (cached, fetched))
+        except (EtlError, OSError, KeyError):  # cannot tell which: none is trusted
+            before = {f"{SHARDS_DIR}/{p.name}": "" for p in (self.root / SHARDS_DIR).glob("*.npy")}
+            after = {}
+        for name, checksum in before.items():
+            if after.get(name) != checksum:
+                (self.root / name).unlink(missing_ok=True)
 
     def fetch_shards(
         self,
@@ -175,7 +228,7 @@ class StoreDataset:
         wanted = [
             (name, checksum, int(size))
             for name, checksum, size in zip(names, checksums, sizes, strict=True)
-            if not (self.root / name).is_file()
+            if not is_cached(self.root / name)
         ]
         if not wanted:
             return
@@ -196,7 +249,7 @@ class StoreDataset:
 
         def download(name: str) -> None:
             final = self.root / name
-            final.parent.mkdir(parents=True, exist_ok=True)
+            self.folder(final.parent)
             try:
                 there = self.bounded(self.fs.exists, self._in_store(name))
             except Exception as exc:
@@ -211,9 +264,9 @@ class StoreDataset:
 
     def _fetch_shard(self, name: str, checksum: str, size: int, algorithm: str) -> None:
         final = self.root / name
-        final.parent.mkdir(parents=True, exist_ok=True)
-        with locked(final.with_name(final.name + ".lock")):
-            if final.is_file():  # another process fetched it while this one waited
+        self.folder(final.parent)
+        with locked(final.with_name(final.name + ".lock"), self.shared):
+            if is_cached(final):  # another process fetched it while this one waited
                 return
             self.download_shard(name, checksum, size, algorithm)
 
@@ -224,7 +277,15 @@ class StoreDataset:
         process), at most its recorded `size` bytes, verify it against `checksum` and rename
         it into place. The caller holds the shard's `.lock` (NOTE [ cache safety ])."""
         final = self.root / name
-        partial = partial or final.with_name(f"{TMP_PREFIX}{final.name}-{os.getpid()}")
+        if partial is None:
+            fd, partial = exclusive_temp(final.parent, final.name, self.shared)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # alive while held (`cache_files.abandoned`)
+                self.download_shard(name, checksum, size, algorithm, partial)
+            finally:
+                partial.unlink(missing_ok=True)
+                os.close(fd)
+            return
         got = self._get(self._in_store(name), partial, ShardError, algorithm, cap=size)
         if got != checksum:
             partial.unlink(missing_ok=True)
@@ -269,7 +330,8 @@ class StoreDataset:
         cut: bool,
     ) -> str | None:
         try:
-            with open(local, "wb") as dst:
+            fd = open_no_follow(local, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.shared)
+            with os.fdopen(fd, "wb") as dst:
                 digest = self._read(remote, error, algorithm, dst.write, cap, cut)
                 dst.flush()
                 os.fsync(dst.fileno())  # on disk before its rename makes it trusted
@@ -360,58 +422,6 @@ class StoreDataset:
         return calls.watched(self.timeout, steps)
 
 
-def _read_record(path: Path, remote: str) -> Any:
-    """The commit record downloaded to `path`, as JSON (checked in full when the version is
-    opened; here only for the names of the files to fetch)."""
-    try:
-        return json.loads(path.read_bytes())
-    except (ValueError, RecursionError) as exc:  # RecursionError: a record nested without end
-        raise ManifestError(f"{remote}: unreadable commit record ({exc})") from None
-
-
-def _files_at(record: Any, version: int, where: str) -> str | None:
-    """Where a record published to a store keeps its other files (`FILES_AT`): only the
-    hidden folder of its own version's attempt, '.v000005-1f2e3d4c', or None (beside it)."""
-    files_at = record.get(FILES_AT) if isinstance(record, dict) else None
-    if files_at is None:
-        return None
-    if not isinstance(files_at, str) or not staging_name_of(files_at) == version:
-        raise ManifestError(f"{where}/{RECORD_FILE}: {FILES_AT} is {files_at!r}, not its own")
-    return files_at
-
-
-def staging_name(version: int, writer: str) -> str:
-    """The hidden folder beside `versions/vNNNNNN` that holds an attempt's files."""
-    return f".{version_name(version)}-{writer}"
-
-
-_STAGING = re.compile(r"^\.v(\d{6})-[0-9a-f]{8}$")
-
-
-def staging_name_of(name: str) -> int | None:
-    """The version a staging folder's name is for, None for any other name."""
-    match = _STAGING.match(name)
-    return int(match.group(1)) if match else None
-
-
-def _recorded_files(record: Any, where: str) -> dict[str, int]:
-    """The file names a commit record lists, with the sizes it records: plain names only (a
-    record naming '../x' or a path is refused before anything is downloaded), each with a
-    size that is a whole number of bytes."""
-    files = record.get("files") if isinstance(record, dict) else None
-    if not isinstance(files, dict) or not files:
-        raise ManifestError(f"{where}/{RECORD_FILE}: lists no files")
-    sizes = {}
-    for name, entry in files.items():
-        if not isinstance(name, str) or not _PLAIN_NAME.fullmatch(name) or name.startswith("."):
-            raise ManifestError(f"{where}/{RECORD_FILE}: names {name!r}, not a plain file name")
-        size = entry.get("bytes") if isinstance(entry, dict) else None
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ManifestError(f"{where}/{RECORD_FILE}: records no size for {name!r}")
-        sizes[name] = size
-    return sizes
-
-
 class _BrokenOff(Exception):
     """A read the store broke off or refused for now: worth trying again."""
 
@@ -426,20 +436,8 @@ class _Overlong(Exception):
         )
 
 
-@contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """An exclusive flock on `path` (created if need be) for the block: released by the kernel
-    when the process dies, so a killed downloader never blocks the others."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-def _remove_tree(folder: Path) -> None:
-    if folder.is_dir():
-        for child in folder.iterdir():
-            child.unlink(missing_ok=True)
-        folder.rmdir()
+def _checksums(path: Path) -> dict[str, str]:
+    """shard -> checksum of a version's shards table."""
+    table = load_table(path)
+    names, sums = table.column("shard").to_pylist(), table.column("checksum").to_pylist()
+    return dict(zip(names, sums, strict=True))

@@ -3,6 +3,7 @@ driver a one-line error that names what to install."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,6 +32,37 @@ def filesystem(url: str, options: Options | None, error: type[EtlError]) -> tupl
     except ValueError as exc:  # fsspec: "Protocol not known: s4"
         raise error(f"{url}: not a store fsspec knows ({exc})") from None
     return fs, str(path)
+
+
+ENDPOINT_ENV = {
+    "s3": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
+    "s3a": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
+    "gs": ("STORAGE_EMULATOR_HOST",),
+    "gcs": ("STORAGE_EMULATOR_HOST",),
+}
+"""Environment variables that point a protocol's driver at another endpoint."""
+PLACE_OPTIONS = ("account_name", "account_host", "project")
+"""Driver options (adlfs, gcsfs) that name where a bucket is, never a credential."""
+
+
+def endpoint_of(url: str, options: Options) -> str | None:
+    """Where the store of `url` is, when it is not the protocol's default, as text: its
+    endpoint however given (`endpoint_url`, `client_kwargs`, the environment) and the options
+    that name an account or project; None for the default. Two endpoints' `s3://bucket/ds`
+    are two datasets: their caches must not mix."""
+    client = options.get("client_kwargs")
+    endpoint = options.get("endpoint_url") or options.get("endpoint")
+    if not endpoint and isinstance(client, Mapping):
+        endpoint = client.get("endpoint_url")
+    protocol = url.split("://", 1)[0]
+    for name in ENDPOINT_ENV.get(protocol, ()):
+        endpoint = endpoint or os.environ.get(name)
+    found = {key: options[key] for key in PLACE_OPTIONS if options.get(key)}
+    if endpoint:
+        found["endpoint"] = str(endpoint).rstrip("/")
+    if not found:
+        return None
+    return ";".join(f"{key}={value}" for key, value in sorted(found.items()))
 
 
 def why(exc: BaseException) -> str:

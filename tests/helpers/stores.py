@@ -42,6 +42,25 @@ def moto_endpoint() -> Iterator[str]:
         server.stop()
 
 
+def client_options(endpoint: str) -> dict[str, Any]:
+    """Credentials and endpoint as a user passes them in storage_options: nothing is read
+    from the environment, and no request leaves 127.0.0.1."""
+    return {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+    }
+
+
+def uploaded(root: Path, endpoint: str, bucket: str) -> str:
+    """The dataset folder `root` copied into a new bucket `bucket`, as `ds`: its URL."""
+    import s3fs
+
+    new_bucket(endpoint, bucket)
+    s3fs.S3FileSystem(**client_options(endpoint)).put(str(root), f"{bucket}/ds", recursive=True)
+    return f"s3://{bucket}/ds"
+
+
 def point_at(endpoint: str, monkeypatch: pytest.MonkeyPatch, cache: Path | None = None) -> None:
     """The environment a user sets for a store at `endpoint` (and a cache folder), with
     s3fs's cached instances dropped: they keep the endpoint they were made with."""
@@ -196,7 +215,7 @@ def faulty_proxy(
     def keys(path: str) -> list[str]:
         """The bucket's keys as paths on the upstream, for "swap"."""
         bucket = urlsplit(path).path.lstrip("/").split("/", 1)[0]
-        conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+        conn = http.client.HTTPConnection(str(target.hostname), target.port, timeout=30)
         conn.request("GET", f"/{bucket}?list-type=2")
         listing = conn.getresponse().read().decode()
         conn.close()
@@ -251,7 +270,9 @@ def faulty_proxy(
             if fault and fault.startswith("swap:") and self.command == "GET":
                 other = fault.split(":", 1)[1]
                 asked = next(k for k in keys(self.path) if k.endswith(other))
-            upstream_conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+            upstream_conn = http.client.HTTPConnection(
+                str(target.hostname), target.port, timeout=30
+            )
             headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
             upstream_conn.request(self.command, asked, body, headers)
             answer = upstream_conn.getresponse()

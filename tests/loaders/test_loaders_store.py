@@ -76,7 +76,7 @@ def test_a_dataset_in_a_bucket_reads_as_packed(endpoint: str, bucket: str, tmp_p
         for i in indices
     )
     assert seen == list(range(len(ds)))
-    mirror = StoreDataset(url, cache).root
+    mirror = StoreDataset(url, cache, options(endpoint)).root
     assert sorted(p.name for p in (mirror / "shards").glob("*.npy")) == sorted(
         Path(name).name for name in ds.selection.shards.names
     )
@@ -96,7 +96,7 @@ def test_only_the_shards_a_selection_reads_are_fetched(
         url, split="val", store=StoreOptions(cache_dir=cache, storage_options=options(endpoint))
     )
     assert_same_samples(ds, packed)
-    fetched = list((StoreDataset(url, cache).root / "shards").glob("*.npy"))
+    fetched = list((StoreDataset(url, cache, options(endpoint)).root / "shards").glob("*.npy"))
     assert len(fetched) == len(set(ds.selection.shards.names)) == 1
     # a view of it, by its URL: the same shard, none other
     view = View(url, split="val").narrowed(where="row % 2 = 0")
@@ -105,7 +105,9 @@ def test_only_the_shards_a_selection_reads_are_fetched(
     )
     assert list(ds.selection.positions) == [i for i in range(10) if i % 2 == 0]
     assert_same_samples(ds, packed)
-    assert list((StoreDataset(url, cache).root / "shards").glob("*.npy")) == fetched
+    assert (
+        list((StoreDataset(url, cache, options(endpoint)).root / "shards").glob("*.npy")) == fetched
+    )
 
 
 def test_a_second_open_reads_nothing_from_the_store(
@@ -140,7 +142,7 @@ def test_a_shard_changed_in_the_store_is_a_named_error_and_is_not_cached(
         PackedDataset.open(
             url, store=StoreOptions(cache_dir=cache, storage_options=options(endpoint))
         )
-    mirror = StoreDataset(url, cache).root
+    mirror = StoreDataset(url, cache, options(endpoint)).root
     assert not (mirror / shard).exists() and not list(mirror.rglob(".tmp-*"))
 
 
@@ -153,7 +155,7 @@ def test_what_a_killed_download_left_is_never_trusted(
     url = f"s3://{bucket}/ds"
     upload(packed, endpoint, url)
     cache = tmp_path / "cache"
-    mirror = StoreDataset(url, cache).root
+    mirror = StoreDataset(url, cache, options(endpoint)).root
     names = PackedDataset.open(packed.root).selection.shards.names
     (mirror / "shards").mkdir(parents=True)
     for name in names:  # half-written downloads of every shard, by a process now gone
@@ -216,7 +218,7 @@ def test_processes_of_one_node_share_the_cache(endpoint: str, bucket: str, tmp_p
         out, err = run.communicate(timeout=120)
         assert run.returncode == 0, err[-2000:]
         assert json.loads(out) == expected
-    mirror = StoreDataset(url, cache).root
+    mirror = StoreDataset(url, cache, options(endpoint)).root
     assert len(list((mirror / "shards").glob("*.npy"))) == 4
     assert not list(mirror.rglob(".tmp-*"))
 
@@ -268,7 +270,7 @@ def test_a_hostile_commit_record_in_the_store_is_refused_before_any_download(
         PackedDataset.open(
             url, version=1, store=StoreOptions(cache_dir=cache, storage_options=options(endpoint))
         )
-    mirror = StoreDataset(url, cache).root
+    mirror = StoreDataset(url, cache, options(endpoint)).root
     assert not (mirror / "versions" / "v000001").exists() and not list(mirror.rglob(".tmp-*"))
 
 
@@ -312,7 +314,9 @@ def test_ranged_reads_fetch_no_shard_and_verify_every_row(
     assert sorted(streamed) == list(range(len(ds)))
     for i, image in streamed.items():
         np.testing.assert_array_equal(image, seen[i])
-    assert not list(StoreDataset(url, cache).root.rglob("*.npy")), "no shard is downloaded"
+    assert not list(StoreDataset(url, cache, options(endpoint)).root.rglob("*.npy")), (
+        "no shard is downloaded"
+    )
 
     key = f"{bucket}/ds/shards/v000001-00000.npy"
     data = bytearray(fs.cat(key))
@@ -367,7 +371,9 @@ def test_the_former_store_keywords_still_open_a_bucket_and_warn_once(
         else:
             assert said == []  # once per process
         assert_same_samples(ds, packed)
-    assert list((StoreDataset(url, tmp_path / "cache").root / "shards").glob("*.npy"))
+    assert list(
+        (StoreDataset(url, tmp_path / "cache", options(endpoint)).root / "shards").glob("*.npy")
+    )
     with pytest.raises(TypeError, match="not both"):
         PackedDataset.open(url, store=StoreOptions(), **{name: given[name]})
 
@@ -435,7 +441,7 @@ def test_a_store_that_sends_more_than_recorded_fills_nothing(
         f"ShardError {bucket}/ds/{shard}: the store sends more than the {size} bytes recorded "
         "for it: refused at the first byte over, nothing of it kept"
     ), proc.stdout + proc.stderr[-2000:]
-    mirror = StoreDataset(url, cache).root
+    mirror = StoreDataset(url, cache, options(endpoint)).root
     assert not (mirror / shard).exists() and not list(mirror.rglob(".tmp-*"))
 
 
@@ -457,5 +463,5 @@ def test_a_version_file_longer_than_its_record_is_refused(
     fs.pipe(record, b" " * (RECORD_BYTES + 1))
     with pytest.raises(ManifestError, match=rf"commit\.json: .* more than the {RECORD_BYTES} "):
         PackedDataset.open(url, store=store)
-    mirror = StoreDataset(url, tmp_path / "cache").root
+    mirror = StoreDataset(url, tmp_path / "cache", options(endpoint)).root
     assert not (mirror / "versions" / "v000001").exists() and not list(mirror.rglob(".tmp-*"))

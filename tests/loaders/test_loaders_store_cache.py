@@ -24,7 +24,7 @@ from etl.storage.location import StoreOptions
 from etl.storage.store import StoreDataset
 from loaders import PackedDataset, PackedStream, make_loader, stream_loader
 from tests.helpers.packed import Packed, make_packed
-from tests.helpers.stores import new_bucket
+from tests.helpers.stores import client_options, new_bucket, uploaded
 
 s3fs = pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
@@ -33,22 +33,14 @@ SHAPE = (16, 16, 3)  # 768 bytes a sample
 SHARDS = (10, 12, 9, 11, 10, 8, 12, 10)  # 82 samples, shards of 6-9 KiB
 
 
-def options(endpoint: str) -> dict[str, Any]:
-    return {
-        "key": "testing",
-        "secret": "testing",
-        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-    }
+options = client_options
 
 
 @pytest.fixture
 def dataset(endpoint: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Packed, str]:
     """A packed dataset uploaded to a new bucket, and its URL."""
-    name = f"c{abs(hash(request.node.nodeid)) % 10**10}"
-    new_bucket(endpoint, name)
     packed = make_packed(tmp_path / "ds", shard_sizes=SHARDS, sample_shape=SHAPE)
-    s3fs.S3FileSystem(**options(endpoint)).put(str(packed.root), f"{name}/ds", recursive=True)
-    return packed, f"s3://{name}/ds"
+    return packed, uploaded(packed.root, endpoint, f"c{abs(hash(request.node.nodeid)) % 10**10}")
 
 
 def limited(url: str, endpoint: str, cache: Path, limit: int | str) -> PackedDataset:
@@ -119,7 +111,7 @@ def test_epochs_through_a_cache_smaller_than_the_dataset(
     limit = sum(sizes) * 6 // 10
     cache = tmp_path / "cache"
     ds = limited(url, endpoint, cache, limit)
-    folder = StoreDataset(url, cache).root / "shards"
+    folder = StoreDataset(url, cache, options(endpoint)).root / "shards"
     assert not list(folder.glob("*.npy")) if folder.is_dir() else True  # nothing at open
     loader = make_loader(
         ds, batch_size=4, shuffle="shards", seed=3, num_workers=workers, with_indices=True
@@ -180,7 +172,7 @@ def test_two_ranks_share_one_cache_smaller_than_the_dataset(
     packed, url = dataset
     limit = sum(shard_bytes(packed)) * 6 // 10
     cache, out = tmp_path / "cache", tmp_path / "seen.json"
-    folder = StoreDataset(url, cache).root / "shards"
+    folder = StoreDataset(url, cache, options(endpoint)).root / "shards"
     n = len(packed.images)
     args = (url, endpoint, str(cache), limit, free_port(), str(out))
     with watched(folder) as peak:
@@ -209,7 +201,7 @@ def test_shards_are_fetched_ahead_in_the_loaders_order(
     loader.set_epoch(0)
     order = loader.order.order()
     batches = [set(ds.selection.shard_idx[order[i : i + 2]].tolist()) for i in (2, 4)]
-    folder = StoreDataset(url, cache).root / "shards"
+    folder = StoreDataset(url, cache, options(endpoint)).root / "shards"
     names = ds.selection.shards.names
     batches_ahead = [{Path(names[s]).name for s in batch} for batch in batches]
     iterator = iter(loader)
@@ -234,7 +226,7 @@ def test_what_a_killed_download_left_does_not_count_against_the_limit(
     limit = sum(shard_bytes(packed)) * 6 // 10
     cache = tmp_path / "cache"
     ds = limited(url, endpoint, cache, limit)
-    folder = StoreDataset(url, cache).root / "shards"
+    folder = StoreDataset(url, cache, options(endpoint)).root / "shards"
     folder.mkdir(parents=True)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -262,7 +254,7 @@ def test_a_shard_changed_in_the_store_is_a_named_error_when_its_batch_comes(
     with pytest.raises(ShardError, match=rf"{shard}.*changed after the commit") as raised:
         read_epoch(make_loader(ds, batch_size=2, shuffle="shards", seed=3, with_indices=True))
     assert f"repair: etl audit {url} --repair" in str(raised.value)
-    folder = StoreDataset(url, cache).root / "shards"
+    folder = StoreDataset(url, cache, options(endpoint)).root / "shards"
     assert not (folder / Path(shard).name).exists() and not list(folder.glob(".tmp-*"))
 
 
@@ -280,11 +272,11 @@ def test_the_stream_reads_through_a_cache_smaller_than_the_dataset(
     ds = limited(url, endpoint, cache, limit)
     stream = PackedStream(ds.selection, batch_size=4, seed=3, window=2)
     loader = stream_loader(stream, num_workers=workers, with_indices=True)
-    folder = StoreDataset(url, cache).root / "shards"
+    folder = StoreDataset(url, cache, options(endpoint)).root / "shards"
     two_epochs_within(loader, ds, packed, folder, limit)
     # a cold cache with room for the next window (fetch-ahead leaves a batch's worth free)
     cache = tmp_path / "cold"
-    folder = StoreDataset(url, cache).root / "shards"
+    folder = StoreDataset(url, cache, options(endpoint)).root / "shards"
     ds = limited(url, endpoint, cache, sum(sizes))
     loader = stream_loader(
         PackedStream(ds.selection, batch_size=4, seed=3, window=1),
@@ -383,7 +375,7 @@ def test_a_full_cache_disk_is_one_clear_error(
     )
     assert done.returncode == 3, done.stdout + done.stderr
     (line,) = done.stdout.strip().splitlines()
-    folder = StoreDataset(url, cache).root / "shards"
+    folder = StoreDataset(url, cache, options(endpoint)).root / "shards"
     assert "the cache disk is full" in line and str(folder) in line, line
     assert not list(folder.glob(".tmp-*")) and not list(folder.glob("*.npy"))
 
@@ -424,7 +416,7 @@ def test_a_store_that_breaks_a_shard_s_download_never_leaves_an_unverified_byte(
             assert sorted(i for i, _ in seen) == list(range(len(ds)))
             for i, pixels in seen:
                 assert pixels == packed.images[ds.selection.positions[i]].tobytes()
-    folder = StoreDataset(url, cache).root / "shards"
+    folder = StoreDataset(url, cache, options(proxy)).root / "shards"
     assert not list(folder.glob(".tmp-*"))
     for cached in folder.glob("*.npy"):
         assert cached.read_bytes() == (packed.root / "shards" / cached.name).read_bytes()

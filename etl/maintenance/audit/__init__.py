@@ -78,6 +78,7 @@ from etl.maintenance.audit.shards import verify_shards
 from etl.maintenance.audit.sources import verify_records, verify_sources
 from etl.progress import Progress
 from etl.sources.registry import kind_named
+from etl.storage.cache_files import safe_folder, shared_by_default
 from etl.storage.location import open_location
 from etl.storage.store import StoreDataset, default_cache_dir
 
@@ -185,7 +186,7 @@ def _audit_store(url: str, options: AuditOptions, progress: Progress) -> AuditRe
     What is checked is what the store serves now, byte for byte; the report names the URL.
     Orphan shards in the store are not looked for (only the version's shards are fetched)."""
     cache = default_cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
+    safe_folder(cache, cache, options.store.shared_cache or shared_by_default())
     scratch = Path(tempfile.mkdtemp(prefix=".audit-", dir=cache))
     try:
         store = StoreDataset(url, scratch, options.store.storage_options, options.store.timeout)

@@ -1,0 +1,72 @@
+"""A commit record as a store serves it: which files of a version it makes a reader fetch,
+and where. It is read before anything it names is trusted, so it may name only plain files of
+its own version, each with a size (what each download is capped at).
+
+The hidden folder of a publishing attempt, `versions/.v000005-1f2e3d4c`, is named here too
+(NOTE [ publishing to a store ] in `etl.storage.publish`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from etl.errors import ManifestError
+from etl.format.manifest import version_name
+from etl.format.record import FILES_AT, RECORD_FILE
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def read_record(path: Path, remote: str) -> Any:
+    """The commit record downloaded to `path`, as JSON (checked in full when the version is
+    opened; here only for the names of the files to fetch)."""
+    try:
+        return json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as exc:  # RecursionError: a record nested without end
+        raise ManifestError(f"{remote}: unreadable commit record ({exc})") from None
+
+
+def files_at(record: Any, version: int, where: str) -> str | None:
+    """Where a record published to a store keeps its other files (`FILES_AT`): only the
+    hidden folder of its own version's attempt, '.v000005-1f2e3d4c', or None (beside it)."""
+    files_at = record.get(FILES_AT) if isinstance(record, dict) else None
+    if files_at is None:
+        return None
+    if not isinstance(files_at, str) or not staging_name_of(files_at) == version:
+        raise ManifestError(f"{where}/{RECORD_FILE}: {FILES_AT} is {files_at!r}, not its own")
+    return files_at
+
+
+def staging_name(version: int, writer: str) -> str:
+    """The hidden folder beside `versions/vNNNNNN` that holds an attempt's files."""
+    return f".{version_name(version)}-{writer}"
+
+
+_STAGING = re.compile(r"^\.v(\d{6})-[0-9a-f]{8}$")
+
+
+def staging_name_of(name: str) -> int | None:
+    """The version a staging folder's name is for, None for any other name."""
+    match = _STAGING.match(name)
+    return int(match.group(1)) if match else None
+
+
+def recorded_files(record: Any, where: str) -> dict[str, int]:
+    """The file names a commit record lists, with the sizes it records: plain names only (a
+    record naming '../x' or a path is refused before anything is downloaded), each with a
+    size that is a whole number of bytes."""
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(files, dict) or not files:
+        raise ManifestError(f"{where}/{RECORD_FILE}: lists no files")
+    sizes = {}
+    for name, entry in files.items():
+        if not isinstance(name, str) or not _PLAIN_NAME.fullmatch(name) or name.startswith("."):
+            raise ManifestError(f"{where}/{RECORD_FILE}: names {name!r}, not a plain file name")
+        size = entry.get("bytes") if isinstance(entry, dict) else None
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ManifestError(f"{where}/{RECORD_FILE}: records no size for {name!r}")
+        sizes[name] = size
+    return sizes
