@@ -9,6 +9,8 @@ selection's compact arrays travel to worker processes; each worker maps the shar
 from __future__ import annotations
 
 import copy
+import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -21,8 +23,10 @@ from numpy.typing import NDArray
 from torch.utils.data import Dataset, get_worker_info
 
 from etl.deprecations import warn_once
+from etl.format.manifest import VERSIONS_DIR
+from etl.format.retirement import retired_versions
 from etl.format.views import View
-from etl.storage.location import StoreOptions, open_location
+from etl.storage.location import Location, StoreOptions, open_location
 from loaders.batches import SIZE_COLUMNS, AnyBatch, BatchMemory, Samples, make_batch
 from loaders.catalog import Selection, Where, open_catalog
 from loaders.reader import ShardReader, batch_reads
@@ -132,6 +136,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         )
         version = location.fetch_version(version)
         catalog = open_catalog(location.root, version, verify_manifest)
+        _warn_if_retired(location, catalog.version)
         selected = catalog.select_view(view) if view else catalog.select(split, classes, where)
         selection = catalog.with_columns(selected, columns)
         sums = None
@@ -332,3 +337,17 @@ def _store_options(store: StoreOptions | None, renamed: dict[str, Any]) -> Store
     if fields.get("storage_options") is None:
         fields.pop("storage_options", None)
     return StoreOptions(**fields)
+
+
+def _warn_if_retired(location: Location, version: int) -> None:
+    """Say once that `version` is retired (NOTE [ a grace period ]): it reads whole until its
+    grace is over, then its files go at the next compaction."""
+    retirement = retired_versions(location.root / VERSIONS_DIR).get(version)
+    if retirement is not None:
+        until = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(retirement.remove_after))
+        warnings.warn(
+            f"{location.given}: version {version} was retired by a compaction; it reads "
+            f"whole until {until}, when a compaction may remove its files: pin a kept version",
+            RuntimeWarning,
+            stacklevel=3,
+        )

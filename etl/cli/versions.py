@@ -11,6 +11,7 @@ from rich.table import Table
 
 from etl.cli.app import app, out
 from etl.config import load_config
+from etl.format.retirement import parse_grace
 from etl.maintenance.housekeeping import compact as run_compact
 from etl.maintenance.store_compact import compact_store
 from etl.maintenance.versions import diff as version_diff
@@ -116,6 +117,13 @@ def compact(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Say what would go; do nothing.")
     ] = False,
+    grace: Annotated[
+        str,
+        typer.Option(
+            help="How long a retired version stays whole for jobs still reading it (24h, "
+            "30m, 7d; 0 removes it at once): its files go at the first compaction after.",
+        ),
+    ] = "24h",
     config_path: Annotated[
         Path | None,
         typer.Option(
@@ -128,16 +136,23 @@ def compact(
 ) -> None:
     """Rewrite mostly-dead shards and delete versions and shards outside the retention policy.
 
-    A kept version stays readable and byte-identical; in object storage the compacted version
-    is published as a run's is. Example:
-    etl compact artifacts --keep-last 2 --keep 5   (or s3://bucket/ds)
+    A kept version stays readable and byte-identical; a retired one stays whole, unlisted,
+    for --grace, for jobs still reading it; in object storage the compacted version is
+    published as a run's is. Example:
+    etl compact artifacts --keep-last 2 --keep 5 --grace 48h   (or s3://bucket/ds)
     """
+    try:
+        seconds = parse_grace(grace)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--grace") from None
     where = as_location(directory)
     if isinstance(where, str):
         store = load_config(config_path).output.store() if config_path else StoreOptions()
-        report = compact_store(where, keep_last, keep or (), min_dead, dry_run, store)
+        report = compact_store(
+            where, keep_last, keep or (), min_dead, dry_run, store, grace=seconds
+        )
     else:
-        report = run_compact(where, keep_last, keep or (), min_dead, dry_run)
+        report = run_compact(where, keep_last, keep or (), min_dead, dry_run, seconds)
     if as_json:
         print(json.dumps(vars(report), indent=2))
         return
@@ -148,4 +163,9 @@ def compact(
             f"shard(s) as version {report.new_version}"
         )
     out.print(f"kept versions {report.kept_versions}; {verb} versions {report.deleted_versions}")
+    if report.retired_versions:
+        out.print(
+            f"retired versions {report.retired_versions}: unlisted, whole for jobs still "
+            f"reading them; their files go at the first compaction {grace} after retiring"
+        )
     out.print(f"{verb} {len(report.deleted_shards)} shard(s), {report.freed_bytes / 2**20:.1f} MiB")

@@ -19,6 +19,7 @@ Modules:
 - `predicate`:      `where=` as SQL: one checked boolean expression, run within limits
 - `ragged`:         where a ragged sample (its own size, format version 2) lives
 - `record`:         commit.json: the size and BLAKE3 of a version's files
+- `retirement`:     a retired version's record: unlisted, whole for a grace period
 - `row_checksums`:  each sample's recorded checksum, found by (shard, row)
 - `sample_columns`: per-sample columns: their types and the strict check of each value
 - `schema`:         the manifest's Arrow schemas and `ManifestMeta`

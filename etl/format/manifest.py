@@ -31,6 +31,7 @@ from etl.errors import ManifestError
 from etl.format.coherence import CHECK_ROWS, check_coherent
 from etl.format.mapped import Mapped
 from etl.format.record import RECORD_FILE, check_record
+from etl.format.retirement import retired_versions
 from etl.format.schema import (
     ADDED_COLUMNS,
     FORMAT_VERSIONS,
@@ -107,15 +108,17 @@ def version_dir(root: Path, version: int) -> Path:
     return root / VERSIONS_DIR / version_name(version)
 
 
-def list_versions(root: Path) -> list[int]:
-    """Committed versions, oldest first. Temp folders of interrupted commits are not versions."""
+def list_versions(root: Path, retired: bool = False) -> list[int]:
+    """Committed versions, oldest first. Temp folders of interrupted commits are not versions,
+    nor are versions a compaction retired (NOTE [ a grace period ]) unless `retired`."""
     versions_dir = root / VERSIONS_DIR
     if not versions_dir.is_dir():
         return []
+    hidden = set() if retired else set(retired_versions(versions_dir))
     found = []
     for entry in versions_dir.iterdir():
         number = version_number(entry.name)
-        if number is not None and (entry / MANIFEST_FILE).is_file():
+        if number is not None and number not in hidden and (entry / MANIFEST_FILE).is_file():
             found.append(number)
     return sorted(found)
 
@@ -236,13 +239,13 @@ def resolve(path: Path, version: int | None = None) -> tuple[Path, int]:
     if not path.is_dir():
         raise ManifestError(f"{path}: no such dataset directory or manifest file")
     versions = list_versions(path)
+    if version is not None and version in list_versions(path, retired=True):
+        return path, version  # a retired one too, while its files stay (NOTE [ a grace period ])
     if not versions:
         raise ManifestError(f"{path}: no manifest version found (run 'etl run' first)")
     if version is None:
         return path, versions[-1]
-    if version not in versions:
-        raise ManifestError(f"{path}: no version {version}; versions are {versions}")
-    return path, version
+    raise ManifestError(f"{path}: no version {version}; versions are {versions}")
 
 
 def record_problems(folder: Path, version: int) -> list[str]:

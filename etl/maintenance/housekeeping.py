@@ -18,11 +18,26 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl.errors import ManifestError, ShardError
+from etl.format.atomic import replacing
 from etl.format.coherence import RAGGED_COLUMNS
 from etl.format.commit import clean_leftovers, commit_version
 from etl.format.lock import DatasetLock
-from etl.format.manifest import Manifest, list_versions, read_manifest, resolve, version_dir
+from etl.format.manifest import (
+    VERSIONS_DIR,
+    Manifest,
+    list_versions,
+    read_manifest,
+    resolve,
+    version_dir,
+)
 from etl.format.ragged import place_of, stored_sample
+from etl.format.retirement import (
+    GRACE,
+    RETIRED_DIR,
+    Retirement,
+    record_name,
+    retired_versions,
+)
 from etl.format.shards import (
     SHARDS_DIR,
     ShardInfo,
@@ -49,6 +64,9 @@ class CompactReport:
     deleted_shards: list[str] = field(default_factory=list)
     freed_bytes: int = 0
     dry_run: bool = False
+    retired_versions: list[int] = field(default_factory=list)
+    """Versions retired and within their grace period: unlisted, whole, their files kept
+    (NOTE [ a grace period ])."""
 
 
 def sparse_shards(manifest: Manifest, min_dead_fraction: float) -> list[str]:
@@ -182,17 +200,35 @@ def rewrite(manifest: Manifest, sparse: list[str], version: int, writer: str = "
     return read_manifest(manifest.root, version)
 
 
+def retire(
+    report: CompactReport, retired: dict[int, Retirement], grace: float
+) -> tuple[list[Retirement], list[int]]:
+    """The versions `report`'s policy retires, split by `grace` (NOTE [ a grace period ]):
+    (records to write now, versions whose files go now: those retired earlier whose grace is
+    over, and with `grace` 0 those retired now). Sets `report.deleted_versions` to the latter
+    and `report.retired_versions` to the versions left waiting."""
+    going = report.deleted_versions
+    due = sorted(v for v, r in retired.items() if r.due())
+    waiting = sorted(v for v, r in retired.items() if not r.due())
+    records = [Retirement.now(v, grace) for v in going] if grace > 0 else []
+    report.deleted_versions = sorted(set(due) | (set() if records else set(going)))
+    report.retired_versions = sorted(set(waiting) | {r.version for r in records})
+    return records, report.deleted_versions
+
+
 def compact(
     path: Path,
     keep_last: int = 1,
     keep: Iterable[int] = (),
     min_dead_fraction: float = 0.5,
     dry_run: bool = False,
+    grace: float = GRACE,
 ) -> CompactReport:
     """Rewrite the latest version's shards that are at least `min_dead_fraction` dead rows (as a
-    new version with the same samples and bytes), then delete versions outside the retention
+    new version with the same samples and bytes), then retire versions outside the retention
     policy (the last `keep_last` versions, counting a new compacted one, plus every version in
-    `keep`) and every shard no remaining version references."""
+    `keep`): their files, and every shard no other version references, go once `grace`
+    seconds have passed, at a later compaction (at once with 0)."""
     check_min_dead(min_dead_fraction)
     root, _ = resolve(path)
     with DatasetLock(root):
@@ -202,21 +238,28 @@ def compact(
         report = plan_compaction(
             root, versions, manifest, keep_last, keep, min_dead_fraction, dry_run
         )
+        records, removed = retire(report, retired_versions(root / VERSIONS_DIR), grace)
         new_version, sparse = report.new_version, report.rewritten_shards
         if not dry_run:
             clean_leftovers(root, latest)
         if new_version and not dry_run:
             rewrite(manifest, sparse, new_version)
         existing_kept = set(report.kept_versions) & set(list_versions(root))
-        still_referenced = referenced_shards(root, existing_kept)
+        still_referenced = referenced_shards(root, existing_kept | set(report.retired_versions))
         if new_version and dry_run:
             still_referenced |= still_named_by_rewrite(manifest, sparse)
         if not dry_run:
-            for number in report.deleted_versions:
+            for record in records:
+                (root / VERSIONS_DIR / RETIRED_DIR).mkdir(exist_ok=True)
+                with replacing(root / VERSIONS_DIR / record_name(record.version)) as tmp:
+                    tmp.write_bytes(record.to_bytes())
+            for number in removed:
                 folder = version_dir(root, number)
-                doomed = folder.with_name(f".tmp-deleted-{folder.name}")
-                folder.rename(doomed)
-                shutil.rmtree(doomed)
+                if folder.is_dir():
+                    doomed = folder.with_name(f".tmp-deleted-{folder.name}")
+                    folder.rename(doomed)
+                    shutil.rmtree(doomed)
+                (root / VERSIONS_DIR / record_name(number)).unlink(missing_ok=True)
         # Shards are listed from disk, so a shard orphaned by an earlier killed compaction
         # is collected too.
         for entry in sorted((root / SHARDS_DIR).glob("*.npy")):

@@ -7,16 +7,17 @@ the order of the steps is what keeps every reader and writer safe, and every ste
    and the sparse shards it rewrites are fetched (verified), the compacted version is written
    there with tagged shards and published with one conditional put of its record, like a run's
    version. A writer that published first wins; compaction then stops with one line.
-2. A retired version loses its commit record first: from then on no reader lists it
-   (`StoreDataset.committed`). Its files and its staging folder are removed after.
+2. A retired version first gets a retirement record (NOTE [ a grace period ]): from then on
+   no reader lists it (`StoreDataset.committed`), but it stays whole for the grace. The first
+   compaction after removes its commit record (then nobody opens it), its files and staging
+   folder, then the retirement record.
 3. A shard is removed only if no kept version names it and it was written for a version no
    later than the latest: a writer packing the next version now writes shards of a later
    version, and names old shards only through the latest version, which is always kept.
 
 A compaction killed at any point leaves the store's kept versions whole; what it left (a
 version folder without a record, shards no kept version names) is removed by the next one.
-A training job reading a retired version fails with an error naming the missing object: keep
-its version with `--keep N` while it runs.
+A training job reading a retired version finishes its epoch within the grace period.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import json
 import secrets
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from etl.errors import OutputError
 from etl.format.lock import DatasetLock
@@ -36,12 +38,20 @@ from etl.format.manifest import (
     version_number,
 )
 from etl.format.record import FILES_AT, RECORD_FILE
+from etl.format.retirement import (
+    GRACE,
+    RETIRED_DIR,
+    Retirement,
+    record_name,
+    version_of_record,
+)
 from etl.format.shards import SHARDS_DIR, shard_version
 from etl.maintenance.housekeeping import (
     CompactReport,
     check_min_dead,
     plan_compaction,
     referenced_shards,
+    retire,
     rewrite,
     still_named_by_rewrite,
 )
@@ -62,6 +72,7 @@ def compact_store(
     dry_run: bool = False,
     options: StoreOptions | None = None,
     progress: Progress | None = None,
+    grace: float = GRACE,
 ) -> CompactReport:
     """`etl.maintenance.housekeeping.compact` for the dataset at `url` in object storage,
     reached with `options` (a config's `output.store()`)."""
@@ -79,13 +90,14 @@ def compact_store(
             report = plan_compaction(
                 url, versions, manifest, keep_last, keep, min_dead_fraction, dry_run
             )
+            records, removed = retire(report, _retirements(store), grace)
             new_version, sparse = report.new_version, report.rewritten_shards
             if new_version and not dry_run:
                 _publish_rewrite(store, work, manifest, sparse, progress or Progress())
             newest = new_version or latest
+            readable = [*report.kept_versions, *report.retired_versions]
             named = referenced_shards(
-                local,
-                [store.fetch_version(v) for v in report.kept_versions if v != new_version],
+                local, [store.fetch_version(v) for v in readable if v != new_version]
             )
             if new_version:
                 if dry_run:
@@ -93,9 +105,11 @@ def compact_store(
                 else:
                     named |= referenced_shards(local, [new_version])
             if not dry_run:
-                for number in report.deleted_versions:
+                for record in records:
+                    _put(store, store.in_store(VERSIONS_DIR, record_name(record.version)), record)
+                for number in removed:
                     _retire(store, number)
-                _remove_unlisted_versions(store, newest)
+                _remove_unlisted_versions(store, newest, set(report.retired_versions))
             for name, size in _stored_shards(store).items():
                 written_for = shard_version(PurePosixPath(name).name)
                 if written_for is not None and written_for <= newest and name not in named:
@@ -141,17 +155,48 @@ def _retire(store: StoreDataset, number: int) -> None:
     except (ValueError, AttributeError):
         pass  # a damaged record names nothing to follow; the folder goes all the same
     except FileNotFoundError:
-        return
+        pass  # gone already (a killed compaction): what is left goes all the same
     except Exception as exc:
         raise OutputError(f"{record}: cannot read it ({why(exc)})") from None
     _remove(store, [record])
     _remove(store, [p for p in (folder, staging) if p], recursive=True)
+    _remove(store, [store.in_store(VERSIONS_DIR, record_name(number))])
 
 
-def _remove_unlisted_versions(store: StoreDataset, newest: int) -> None:
+def _retirements(store: StoreDataset) -> dict[int, Retirement]:
+    """The retirement records in the store, by version; a damaged one is removed (never
+    trusted: its version is listed again, NOTE [ a grace period ])."""
+    found = {}
+    for path in _listed(store, store.in_store(VERSIONS_DIR, RETIRED_DIR), "retired versions"):
+        number = version_of_record(PurePosixPath(path).name)
+        if number is None:
+            continue
+        try:
+            body = bytes(store.bounded(store.fs.cat_file, path, start=0, end=1 << 16))
+        except FileNotFoundError:
+            continue
+        except Exception as exc:
+            raise OutputError(f"{path}: cannot read it ({why(exc)})") from None
+        retirement = Retirement.parse(body, number)
+        if retirement is None:
+            _remove(store, [path])
+        else:
+            found[number] = retirement
+    return found
+
+
+def _put(store: StoreDataset, path: str, record: Retirement) -> None:
+    try:
+        store.bounded(store.fs.pipe_file, path, record.to_bytes())
+    except Exception as exc:
+        raise OutputError(f"{path}: cannot put it ({why(exc)})") from None
+
+
+def _remove_unlisted_versions(store: StoreDataset, newest: int, retired: set[int]) -> None:
     """Remove what killed compactions left in `versions/`: the files of a version no later
-    than `newest` whose record is gone (no writer can publish such a version any more)."""
-    listed = set(store.committed())
+    than `newest` whose record is gone (no writer can publish such a version any more), but
+    never a `retired` one's in its grace period."""
+    listed = set(store.committed()) | retired
     try:
         names = store.bounded(store.fs.ls, store.in_store(VERSIONS_DIR), detail=False)
     except FileNotFoundError:
@@ -168,18 +213,22 @@ def _remove_unlisted_versions(store: StoreDataset, newest: int) -> None:
 
 def _stored_shards(store: StoreDataset) -> dict[str, int]:
     """Every shard object in the store: its dataset-relative name and its size."""
-    folder = store.in_store(SHARDS_DIR)
-    try:
-        store.fs.invalidate_cache(folder)
-        found = store.bounded(store.fs.find, folder, detail=True)
-    except FileNotFoundError:
-        return {}
-    except Exception as exc:
-        raise OutputError(f"{store.url}: cannot list its shards ({why(exc)})") from None
+    found = _listed(store, store.in_store(SHARDS_DIR), "shards")
     return {
         f"{SHARDS_DIR}/{PurePosixPath(path).name}": int(info.get("size") or 0)
         for path, info in found.items()
     }
+
+
+def _listed(store: StoreDataset, folder: str, what: str) -> dict[str, Any]:
+    """Every object under `folder` as the store lists it now: path -> its details."""
+    try:
+        store.fs.invalidate_cache(folder)
+        return dict(store.bounded(store.fs.find, folder, detail=True))
+    except FileNotFoundError:
+        return {}
+    except Exception as exc:
+        raise OutputError(f"{store.url}: cannot list its {what} ({why(exc)})") from None
 
 
 def _remove(store: StoreDataset, paths: list[str], recursive: bool = False) -> None:

@@ -13,9 +13,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from etl.errors import ManifestError
-from etl.format.manifest import version_name
+from etl.errors import EtlError, ManifestError
+from etl.format.manifest import SHARDS_FILE, load_table, version_name
 from etl.format.record import FILES_AT, RECORD_FILE
+from etl.format.shards import SHARDS_DIR
 
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -70,3 +71,23 @@ def recorded_files(record: Any, where: str) -> dict[str, int]:
             raise ManifestError(f"{where}/{RECORD_FILE}: records no size for {name!r}")
         sizes[name] = size
     return sizes
+
+
+def changed_shards(cached: Path, fetched: Path, root: Path) -> list[str]:
+    """A version re-published in the store (`fetched`, its new files, against the copy
+    `cached` in the mirror at `root`): the cached shards whose checksum changed, for the
+    caller to remove (a cached shard is trusted by its name: NOTE [ cache safety ])."""
+    if not (cached / SHARDS_FILE).is_file():
+        return []
+    try:
+        before, after = (_checksums(folder / SHARDS_FILE) for folder in (cached, fetched))
+    except (EtlError, OSError, KeyError):  # cannot tell which: none is trusted
+        return [f"{SHARDS_DIR}/{p.name}" for p in (root / SHARDS_DIR).glob("*.npy")]
+    return [name for name, checksum in before.items() if after.get(name) != checksum]
+
+
+def _checksums(path: Path) -> dict[str, str]:
+    """shard -> checksum of a version's shards table."""
+    table = load_table(path)
+    names, sums = table.column("shard").to_pylist(), table.column("checksum").to_pylist()
+    return dict(zip(names, sums, strict=True))

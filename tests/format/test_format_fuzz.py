@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -325,6 +326,17 @@ def check(mutation: Mutation, results: dict[str, Any]) -> None:
                 assert results[reader]["code"] == 2, f"{reader}'s probe row missed {mutation}"
 
 
+def fuzz_settings(request: pytest.FixtureRequest, count: int) -> Any:
+    """Hypothesis's settings for `count` drawn cases: the same cases every run, unless
+    --fuzz-long asks for new ones."""
+    return settings(
+        max_examples=count,
+        deadline=None,
+        derandomize=not request.config.getoption("--fuzz-long"),
+        suppress_health_check=list(HealthCheck),
+    )
+
+
 def examples(request: pytest.FixtureRequest) -> int:
     return 2000 if request.config.getoption("--fuzz-long") else 120
 
@@ -371,12 +383,7 @@ def fuzz(
     """`count` drawn mutations of `kind` files of `base`, each read by `readers`: `check`."""
     seen = []
 
-    @settings(
-        max_examples=count,
-        deadline=None,
-        derandomize=not request.config.getoption("--fuzz-long"),
-        suppress_health_check=list(HealthCheck),
-    )
+    @fuzz_settings(request, count)
     @given(mutation=mutations(base.files, kind))
     def one(mutation: Mutation) -> None:
         root, config = case_root(base, tmp_path / "case")
@@ -540,12 +547,7 @@ def test_any_damage_to_a_remote_datasets_mirror_is_named_never_a_crash(
     mirror, driver = mirrored
     seen = []
 
-    @settings(
-        max_examples=examples(request) // 2,
-        deadline=None,
-        derandomize=not request.config.getoption("--fuzz-long"),
-        suppress_health_check=list(HealthCheck),
-    )
+    @fuzz_settings(request, examples(request) // 2)
     @given(mutation=mutations(mirror.files, kind))
     def one(mutation: Mutation) -> None:
         cache, root = mirror_case(mirror, tmp_path / "case")
@@ -559,3 +561,53 @@ def test_any_damage_to_a_remote_datasets_mirror_is_named_never_a_crash(
 
     one()
     assert len(seen) >= examples(request) // 4, "most drawn mutations changed a byte"
+
+
+def test_any_damage_to_a_retirement_record_is_ignored_or_obeyed_never_a_crash(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A retirement record (NOTE [ a grace period ]) damaged as a bad disk damages it: listing,
+    a compaction and opening the latest version end without a crash; a record that no longer
+    parses is ignored (its version listed again, nothing removed); the latest version always
+    reads as packed, byte for byte."""
+    from etl.format.manifest import list_versions
+    from etl.format.retirement import record_name
+    from etl.maintenance.housekeeping import compact
+    from loaders import PackedDataset
+    from tests.helpers.packed import make_packed
+
+    template = tmp_path / "template"
+    packed = make_packed(template, shard_sizes=(4, 3))
+    # the last shard's orphan row makes it sparse: its rewrite is version 2, and 1 retires
+    report = compact(template, keep_last=1, min_dead_fraction=0.2, grace=3600)
+    assert report.new_version == 2 and report.retired_versions == [1]
+    record = record_name(1)
+    seen = []
+
+    @fuzz_settings(request, examples(request) // 2)
+    @given(
+        how=st.sampled_from(["set", "set", "truncate", "extend"]),
+        at=st.integers(0, 200),
+        value=st.integers(0, 255),
+    )
+    def one(how: str, at: int, value: int) -> None:
+        root = tmp_path / "case"
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.copytree(template, root)
+        mutation = Mutation("retirement", f"versions/{record}", how, at, value)
+        if not mutation.apply(root):
+            return
+        seen.append(mutation)
+        listed = list_versions(root)
+        assert listed in ([2], [1, 2]), (mutation, listed)
+        if listed == [1, 2]:  # ignored: nothing may go on its word
+            assert (root / "versions" / "v000001").is_dir()
+        compact(root, keep_last=2, grace=3600)
+        ds = PackedDataset.open(root)
+        assert len(ds) == len(packed.images)
+        for i in range(len(ds)):
+            position = ds.selection.positions[i]
+            np.testing.assert_array_equal(ds[i][0].numpy(), packed.images[position])
+
+    one()
+    assert len(seen) >= examples(request) // 8

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from etl.maintenance.housekeeping import compact
 from etl.maintenance.versions import diff, summaries
 from etl.run import pipeline
 from etl.start.sample_data import make_sample_data
+from tests.helpers.cli import cli
 
 CONFIG = """\
 source: {{kind: folder, path: {source}, split: {{val: 0.25}}}}
@@ -181,7 +184,7 @@ def test_compaction_keeps_kept_versions_byte_identical(tmp_path: Path, source: P
     pipeline.run(config)
     v2 = state(out, 2)
     before = {p.name for p in (out / "shards").iterdir()}
-    report = compact(out, keep_last=1, keep=[1], min_dead_fraction=0.3)
+    report = compact(out, keep_last=1, keep=[1], min_dead_fraction=0.3, grace=0)
     assert report.new_version == 3 and report.rewritten_shards
     assert state(out, 1) == v1 and state(out, 3) == v2
     assert report.deleted_versions == [2]
@@ -190,11 +193,70 @@ def test_compaction_keeps_kept_versions_byte_identical(tmp_path: Path, source: P
     assert not set(read_manifest(out, 1).shards.column("shard").to_pylist()) & set(
         report.deleted_shards
     )
-    report = compact(out, keep_last=1)
+    report = compact(out, keep_last=1, grace=0)
     assert list_versions(out) == [3] and state(out, 3) == v2
     after = {p.name for p in (out / "shards").iterdir()}
     assert after == {n.split("/")[1] for n in read_manifest(out).shards.column("shard").to_pylist()}
     assert len(after) < len(before | after)
+
+
+def test_a_retired_version_stays_whole_for_its_grace_then_goes(
+    tmp_path: Path,
+    source: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """NOTE [ a grace period ]: a compaction retires versions 1 and 2 (records, nothing gone):
+    it is no longer listed, opens pinned with a warning and reads as packed, a loader that
+    opened it before finishes its epoch; a compaction within the grace keeps it; the first
+    after removes its files, its record and the shards only it named. A damaged record is
+    ignored: the version is listed again and nothing goes."""
+    import warnings
+
+    from etl.format import retirement
+    from loaders import PackedDataset, make_loader
+
+    out = tmp_path / "out"
+    config = config_for(tmp_path, source, out)
+    pipeline.run(config)
+    v1 = state(out, 1)
+    for path in sorted(source.rglob("*_0000[0-3].*")):
+        path.unlink()
+    pipeline.run(config)
+    reading = PackedDataset.open(out, version=1)
+    epoch = iter(make_loader(reading, batch_size=2, shuffle=True, seed=1, with_indices=True))
+    seen = len(next(epoch).indices)
+
+    report = compact(out, keep_last=1, min_dead_fraction=0.3, grace=3600)
+    assert report.new_version == 3, "sparse shards rewritten as version 3"
+    assert report.deleted_versions == [] and report.retired_versions == [1, 2]
+    assert report.deleted_shards == [] and list_versions(out) == [3]
+    seen += sum(len(batch.indices) for batch in epoch)  # the epoch begun before ends whole
+    assert seen == len(reading)
+    assert state(out, 1) == v1
+    with pytest.warns(RuntimeWarning, match="version 1 was retired by a compaction"):
+        pinned = PackedDataset.open(out, version=1)
+    assert len(pinned) == len(v1[0])
+    code, listed, err = cli(["versions", str(out), "--json"], capsys)
+    assert code == 0 and [v["version"] for v in json.loads(listed)] == [3], err
+    assert compact(out, keep_last=1, grace=3600).retired_versions == [1, 2]  # in the grace
+    assert state(out, 1) == v1
+
+    record = out / "versions" / retirement.record_name(1)
+    whole = record.read_bytes()
+    record.write_bytes(whole[:-3])  # damaged: never trusted
+    assert list_versions(out) == [1, 3]
+    record.write_bytes(whole)
+    later = time.time() + 3601
+    monkeypatch.setattr(retirement.time, "time", lambda: later)
+    report = compact(out, keep_last=1, grace=3600)
+    assert report.deleted_versions == [1, 2] and report.retired_versions == []
+    assert not (out / "versions" / "v000001").exists() and not record.exists()
+    named = set(read_manifest(out, 3).shards.column("shard").to_pylist())
+    assert {f"shards/{p.name}" for p in (out / "shards").glob("*.npy")} == named
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(PackedDataset.open(out)) == len(state(out, 3)[0])
 
 
 def test_compact_dry_run_changes_nothing(tmp_path: Path, source: Path) -> None:
@@ -205,10 +267,10 @@ def test_compact_dry_run_changes_nothing(tmp_path: Path, source: Path) -> None:
         path.unlink()
     pipeline.run(config)
     listing = sorted(p.relative_to(out) for p in out.rglob("*"))
-    report = compact(out, keep_last=1, min_dead_fraction=0.3, dry_run=True)
+    report = compact(out, keep_last=1, min_dead_fraction=0.3, dry_run=True, grace=0)
     assert report.deleted_versions == [1, 2] and report.deleted_shards
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == listing
-    real = compact(out, keep_last=1, min_dead_fraction=0.3)
+    real = compact(out, keep_last=1, min_dead_fraction=0.3, grace=0)
     assert real.deleted_shards == report.deleted_shards
 
 
@@ -252,13 +314,13 @@ def test_kill_at_every_step_then_rerun_converges(
             crash_after(mp, target, name, step)
             try:
                 pipeline.run(config)
-                compact(out, keep_last=1, min_dead_fraction=0.3)
+                compact(out, keep_last=1, min_dead_fraction=0.3, grace=0)
                 crashed = False
             except Crash:
                 crashed = True
         assert list_versions(out), "no complete version left"
         pipeline.run(config)
-        compact(out, keep_last=1, min_dead_fraction=0.3)
+        compact(out, keep_last=1, min_dead_fraction=0.3, grace=0)
         assert state(out) == expected, f"diverged after a crash at {name} #{step}"
         on_disk = {f"shards/{p.name}" for p in (out / "shards").iterdir()}
         assert on_disk == set(read_manifest(out).shards.column("shard").to_pylist())

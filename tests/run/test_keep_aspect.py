@@ -189,7 +189,9 @@ def test_keep_aspect_repairs_and_compacts(
     for row in doomed:
         (tmp_path / "images" / row["source"]).unlink()
     assert cli(["run", str(config)], capsys)[0] == 0
-    code, out, _ = cli(["compact", str(tmp_path / "out"), "--min-dead", "0.1"], capsys)
+    code, out, _ = cli(
+        ["compact", str(tmp_path / "out"), "--min-dead", "0.1", "--grace", "0"], capsys
+    )
     assert code == 0, out
     latest = max(int(p.name[1:]) for p in (tmp_path / "out/versions").iterdir())
     _, compacted = read_plainly(tmp_path / "out", latest)

@@ -25,6 +25,7 @@ from etl.errors import ConfigError
 from etl.run import pipeline, to_store
 from etl.start.sample_data import make_sample_data
 from etl.storage import publish as publishing
+from etl.storage.location import StoreOptions
 from tests.helpers.cli import cli
 from tests.helpers.stores import faulty_proxy, packed_contents, point_at, stored_in_bucket
 
@@ -362,14 +363,18 @@ def test_compact_on_a_bucket_keeps_what_a_local_compaction_keeps(
     before = stored_in_bucket(bucket)
     assert before == packed_contents(tmp_path / "disk")
     objects = all_objects(bucket)
-    code, out, err = cli(["compact", URL, "--min-dead", "0.3", "--dry-run", "--json"], capsys)
+    code, out, err = cli(
+        ["compact", URL, "--min-dead", "0.3", "--dry-run", "--json", "--grace", "0"], capsys
+    )
     assert code == 0, err
     planned = json.loads(out)
     assert all_objects(bucket) == objects, "a dry run changes nothing in the store"
 
     reports = []
     for where in (str(tmp_path / "disk"), URL):
-        code, out, err = cli(["compact", where, "--min-dead", "0.3", "--json"], capsys)
+        code, out, err = cli(
+            ["compact", where, "--min-dead", "0.3", "--json", "--grace", "0"], capsys
+        )
         assert code == 0, err
         reports.append(json.loads(out))
     local, remote = reports
@@ -392,7 +397,7 @@ def test_compact_on_a_bucket_keeps_what_a_local_compaction_keeps(
     # version 2's record left
     bucket.pipe("published/out/shards/v000004-0badcafe-00000.npy", b"in flight")
     bucket.pipe("published/out/versions/v000002/manifest.arrow", b"left behind")
-    code, out, err = cli(["compact", URL, "--json"], capsys)
+    code, out, err = cli(["compact", URL, "--json", "--grace", "0"], capsys)
     assert code == 0, err
     assert json.loads(out)["deleted_shards"] == []
     leftovers = all_objects(bucket) - named_by_versions(bucket)
@@ -420,7 +425,7 @@ def test_a_version_compacted_away_is_never_published_again(
                 assert pipeline.run(load_config(other_config)).version == 1
                 change_sources(other / "data")
                 assert pipeline.run(load_config(other_config)).version == 2
-                assert cli(["compact", URL], capsys)[0] == 0
+                assert cli(["compact", URL, "--grace", "0"], capsys)[0] == 0
         return step(*args)
 
     monkeypatch.setattr(publishing, "relocated", b_publishes_and_compacts_first)
@@ -582,7 +587,9 @@ def test_a_store_reached_only_through_the_config_is_run_repaired_and_compacted_t
     assert code == 0, out + err
     assert json.loads(out)["repair"]["after"]["version"] == 2
     assert stored_in_bucket(bucket) == packed
-    code, out2, err2 = cli(["compact", URL, "--config", str(config), "--json"], capsys)
+    code, out2, err2 = cli(
+        ["compact", URL, "--config", str(config), "--json", "--grace", "0"], capsys
+    )
     assert code == 0, err2
     assert json.loads(out2)["new_version"] is None and json.loads(out2)["deleted_versions"] == [1]
     assert all_objects(bucket) == named_by_versions(bucket)
@@ -650,3 +657,91 @@ def test_a_put_the_store_answers_late_but_lands_never_publishes_a_version_withou
     assert stored_in_bucket(bucket) == packed_contents(tmp_path / "disk")
     code, out, err = cli(["audit", URL], capsys)
     assert code == 0, out + err
+
+
+def test_a_retired_version_in_a_bucket_stays_whole_for_its_grace_then_goes(
+    bucket: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NOTE [ a grace period ] in a store: `etl compact --grace 1h` retires the old versions
+    (a record each beside them, nothing removed): no longer listed, still whole, a pinned open
+    warns and reads them as packed; the first compaction after the grace removes their
+    objects and records, leaving only what the kept version names."""
+    from etl.format import retirement
+    from loaders import PackedDataset
+
+    make_sample_data(tmp_path / "data", per_class=5, seed=11)
+    config = write_config(tmp_path, URL)
+    assert pipeline.run(load_config(config)).version == 1
+    first = stored_in_bucket(bucket)
+    change_sources(tmp_path / "data")
+    assert pipeline.run(load_config(config)).version == 2
+    code, out, err = cli(["compact", URL, "--grace", "1h", "--json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["deleted_versions"] == [] and report["deleted_shards"] == []
+    retired = report["retired_versions"]
+    assert 1 in retired and set(retired) | set(report["kept_versions"]) >= {1, 2}
+    code, out, err = cli(["versions", URL, "--json"], capsys)
+    assert [v["version"] for v in json.loads(out)] == report["kept_versions"]
+    records = {f"published/out/versions/retired/v{v:06d}.json" for v in retired}
+    assert all_objects(bucket) - named_by_versions(bucket) == records
+    with pytest.warns(RuntimeWarning, match="version 1 was retired"):
+        old = PackedDataset.open(URL, version=1, store=StoreOptions(cache_dir=tmp_path / "c2"))
+    assert len(old) == len(first[0])
+
+    later = time.time() + 3601
+    monkeypatch.setattr(retirement.time, "time", lambda: later)
+    code, out, err = cli(["compact", URL, "--grace", "1h", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["deleted_versions"] == retired
+    assert all_objects(bucket) == named_by_versions(bucket)
+    assert [json.loads(r)["version"] for r in _records(bucket)] == report["kept_versions"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_bucket_run_killed_at_twenty_random_points_converges_on_rerun(
+    bucket: Any, endpoint: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """kill -9 of `etl run` to a bucket at 20 drawn moments (listing, packing, uploading,
+    putting the record, sweeping), one new picture each time: after one rerun the latest
+    version passes `etl audit`, the store holds no object that no version names, and no
+    picture is packed twice (an unchanged one keeps its shard and row)."""
+    rng = np.random.default_rng(20261128)
+    make_sample_data(tmp_path / "data", per_class=3, seed=7)
+    config = write_config(tmp_path, URL)
+    env = {**os.environ, "AWS_ENDPOINT_URL": endpoint}
+    started = time.monotonic()
+    writer = run_etl(["run", str(config)], env, tmp_path)
+    assert writer.wait(120) == 0, writer.communicate()
+    whole = time.monotonic() - started  # what an undisturbed run takes, start-up included
+    placed = _placed(bucket)
+    for attempt in range(20):
+        picture = rng.integers(0, 255, (20, 30, 3), dtype=np.uint8)
+        Image.fromarray(picture).save(tmp_path / "data" / "circle" / f"new_{attempt}.png")
+        writer = run_etl(["run", str(config)], env, tmp_path)
+        time.sleep(float(rng.uniform(0.2, whole)))
+        writer.kill()
+        writer.wait(30)
+        code, out, err = cli(["run", str(config)], capsys)
+        assert code == 0, (attempt, out + err)
+        code, out, err = cli(["audit", URL], capsys)
+        assert code == 0, (attempt, out + err)
+        assert all_objects(bucket) == named_by_versions(bucket), attempt
+        now = _placed(bucket)
+        assert f"circle/new_{attempt}.png" in now
+        moved = {s for s, where in placed.items() if now.get(s) != where}
+        assert not moved, f"attempt {attempt}: packed again: {sorted(moved)[:3]}"
+        placed = now
+
+
+def _placed(fs: Any, prefix: str = "published/out") -> dict[str, tuple[str, int]]:
+    """Each source of the latest version in the bucket: its shard and row."""
+    fs.invalidate_cache()
+    versions = sorted(
+        p.rsplit("/", 1)[1] for p in fs.ls(f"{prefix}/versions") if re.search(r"/v\d{6}$", p)
+    )
+    record = json.loads(fs.cat(f"{prefix}/versions/{versions[-1]}/commit.json"))
+    body = fs.cat(f"{prefix}/versions/{record['files_at']}/manifest.arrow")
+    rows = pa.ipc.open_file(pa.BufferReader(body)).read_all().to_pylist()
+    return {r["source"]: (r["shard"], r["row"]) for r in rows}

@@ -22,6 +22,7 @@ def wait_for(condition: Callable[[], bool], limit: float = 10.0) -> None:
 @pytest.mark.timeout(30)
 def test_a_call_that_never_returns_is_a_timeout_and_its_thread_is_counted_until_it_ends() -> None:
     release = threading.Event()
+    wait_for(lambda: calls.left_behind() == 0, 60)  # what earlier tests left has ended
     before = calls.left_behind()
     started = time.monotonic()
     with pytest.raises(TimeoutError, match=r"no answer from the store in 0\.2 s"):
@@ -36,17 +37,24 @@ def test_a_call_that_never_returns_is_a_timeout_and_its_thread_is_counted_until_
 def test_past_the_cap_a_call_is_refused_at_once_and_starts_no_thread(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(calls, "MAX_LEFT_BEHIND", calls.left_behind() + 3)
+    wait_for(lambda: calls.left_behind() == 0, 60)  # what earlier tests left has ended
+    monkeypatch.setattr(calls, "MAX_LEFT_BEHIND", 3)
     release = threading.Event()
     try:
         for _ in range(3):
             with pytest.raises(TimeoutError):
                 calls.bounded(0.05, release.wait)
-        threads = threading.active_count()
+
+        def ours() -> int:
+            return sum(t.name == "etl-store" for t in threading.enumerate())
+
+        threads = ours()
         ran: list[int] = []
+        started = time.monotonic()
         with pytest.raises(TimeoutError, match="3 calls to the store have not returned"):
             calls.bounded(10, ran.append, 1)
-        assert ran == [] and threading.active_count() == threads
+        assert time.monotonic() - started < 1, "refused at once, not after the timeout"
+        assert ran == [] and ours() <= threads, "no thread was started for it"
     finally:
         release.set()
     wait_for(lambda: calls.left_behind() < calls.MAX_LEFT_BEHIND)

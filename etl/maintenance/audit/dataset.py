@@ -34,6 +34,7 @@ from etl.format.manifest import (
     version_number,
 )
 from etl.format.record import RECORD_FILE
+from etl.format.retirement import RETIRED_DIR
 from etl.format.schema import SHARDS_SCHEMA
 from etl.format.shards import HEADER_BYTES, SHARDS_DIR, shard_version
 from etl.format.table_ops import bool_mask
@@ -201,7 +202,7 @@ def _shard_records(
     versions whose shards.arrow cannot be read (other than the audited one, reported already)."""
     records: dict[int, dict[str, ShardRecord]] = {}
     failed: dict[int, str] = {}
-    for v in list_versions(root):
+    for v in list_versions(root, retired=True):  # a retired one's shards stay: not orphans
         if v == number:
             if manifest is not None:
                 records[v] = shard_records(manifest.shards)
@@ -226,9 +227,9 @@ def _scan_folders(
 ) -> list[Finding]:
     """Orphan shards, leftovers of interrupted runs and files the format does not define."""
     found: list[Finding] = []
-    latest = max(list_versions(root), default=0)
+    latest = max(list_versions(root, retired=True), default=0)
     referenced = {name for shards in records.values() for name in shards}
-    complete = len(records) == len(list_versions(root)) and not unreadable
+    complete = len(records) == len(list_versions(root, retired=True)) and not unreadable
     shards_dir = root / SHARDS_DIR
     for entry in sorted(shards_dir.iterdir()) if shards_dir.is_dir() else []:
         name = f"{SHARDS_DIR}/{entry.name}"
@@ -265,6 +266,8 @@ def _scan_folders(
         elif entry.is_dir() and version_number(entry.name) is not None:
             if not (entry / MANIFEST_FILE).is_file():
                 found.append(Finding("manifest", f"{name}: version folder without manifest"))
+        elif entry.is_dir() and entry.name == RETIRED_DIR:
+            continue  # retirement records (NOTE [ a grace period ]), a compaction's to judge
         else:
             found.append(Finding("stray_file", f"{name}: not a version folder"))
     return found
