@@ -182,7 +182,7 @@ def main() -> None:
             times["limit-1"].append(first)
             times["limit-2"].append(second)
             times["local-blocks"].append(block_epochs(PackedDataset.open(local), 1)[0])
-        mirror = StoreDataset(url, work / "cache").root
+        mirror = StoreDataset(url, work / "cache", options(port)).root
         for name in PackedDataset.open(local).selection.shards.names:
             if not filecmp.cmp(local / name, mirror / name, shallow=False):
                 raise SystemExit(f"{name}: the cached copy differs from the packed shard")

@@ -30,9 +30,13 @@ SECONDS = 60.0
 ROW = "__row"
 
 NODES = frozenset(
-    {"COLUMN_REF", "CONSTANT", "COMPARISON", "CONJUNCTION", "OPERATOR", "BETWEEN", "CASE", "CAST"}
+    {
+        *("COLUMN_REF", "CONSTANT", "COMPARISON", "CONJUNCTION", "OPERATOR", "BETWEEN"),
+        *("CASE", "CAST", "TYPE"),
+    }
 )
-"""Expression nodes a predicate may hold, besides FUNCTION (of `FUNCTIONS` only)."""
+"""Expression nodes a predicate may hold, besides FUNCTION (of `FUNCTIONS` only); TYPE is
+a CAST's target type (duckdb 2 parses it as an expression)."""
 FUNCTIONS = frozenset(
     {
         # LIKE, ILIKE, GLOB and arithmetic, as the parser names them

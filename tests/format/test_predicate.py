@@ -54,6 +54,8 @@ def test_a_predicate_selects_what_numpy_selects(table: pa.Table) -> None:
         & (score <= 0.4),
         "CASE WHEN label = 0 THEN score > 0.1 ELSE false END": (label == 0) & (score > 0.1),
         "samples.label % 2 = 0": label % 2 == 0,
+        "CAST(label AS INTEGER) % 2 = 1 AND CAST(label AS DECIMAL(4, 0)) > 2": (label % 2 == 1)
+        & (label > 2),
     }
     for condition, expected in cases.items():
         got = predicate.sql_mask(table, condition, WHERE)
