@@ -28,11 +28,14 @@ from etl.format.manifest import (
     REJECTS_FILE,
     SHARDS_FILE,
     VERSIONS_DIR,
+    list_versions,
+    load_table,
     table_from_rows,
     version_dir,
     version_name,
 )
 from etl.format.record import write_record
+from etl.format.retirement import record_name, retired_versions
 from etl.format.schema import REJECTS_SCHEMA, SHARDS_SCHEMA, ManifestMeta
 from etl.format.shards import SHARDS_DIR, ShardInfo, fsync_dir, shard_version
 from etl.format.table_ops import rebatched
@@ -167,3 +170,42 @@ def clean_leftovers(root: Path, latest: int) -> list[Path]:
                     entry.unlink(missing_ok=True)
                 removed.append(entry)
     return removed
+
+
+def remove_version(root: Path, number: int) -> None:
+    """Remove version `number`'s folder (renamed away first: a reader never sees half of it),
+    then its retirement record if it has one. Its shards are the caller's to judge."""
+    folder = version_dir(root, number)
+    if folder.is_dir():
+        doomed = folder.with_name(f".tmp-deleted-{folder.name}")
+        folder.rename(doomed)
+        shutil.rmtree(doomed)
+    (root / VERSIONS_DIR / record_name(number)).unlink(missing_ok=True)
+
+
+def remove_due_retirements(root: Path) -> list[int]:
+    """NOTE [ a grace period ]: the retired versions of the dataset at `root` whose grace is
+    over, removed (each folder, then its record), then every shard that no remaining version,
+    listed or still waiting, names and that was written for a version no later than the
+    latest. Returns the versions removed. Call only under the lock (a run or a compaction)."""
+    retired = retired_versions(root / VERSIONS_DIR)
+    due = sorted(number for number, record in retired.items() if record.due())
+    for number in due:
+        remove_version(root, number)
+    if not due:
+        return due
+    remaining = list_versions(root, retired=True)
+    named: set[str] = set()
+    try:
+        for number in remaining:
+            shards = load_table(version_dir(root, number) / SHARDS_FILE)
+            named.update(shards.column("shard").to_pylist())
+    except (ManifestError, KeyError):
+        return due  # a shards table cannot be read: no shard goes on a guess (the audit names it)
+    latest = max(remaining, default=0)
+    for entry in sorted((root / SHARDS_DIR).glob("*.npy")):
+        written_for = shard_version(entry.name)
+        unnamed = f"{SHARDS_DIR}/{entry.name}" not in named
+        if written_for is not None and written_for <= latest and unnamed:
+            entry.unlink(missing_ok=True)
+    return due

@@ -5,7 +5,8 @@ shards a local reader maps as it goes) needs its version's files until its epoch
 compaction retires a version in two steps. First it writes `versions/retired/vNNNNNN.json`
 (its time and when its files may go): from then on nobody lists the version, but it stays
 whole, opens when pinned (with a warning), and its shards are kept. The first compaction
-after `remove_after` removes its files, then the record. `--grace 0` removes them at once.
+after `remove_after` removes its files, then the record (and, for a local dataset, the first
+run: `etl.format.commit.remove_due_retirements`). `--grace 0` removes them at once.
 
 A record that cannot be read is ignored, never trusted: the version counts as live (nothing
 is removed on a damaged record's word).

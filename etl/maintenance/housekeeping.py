@@ -8,7 +8,6 @@ after a kill finishes the job.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,7 +19,7 @@ import pyarrow.compute as pc
 from etl.errors import ManifestError, ShardError
 from etl.format.atomic import replacing
 from etl.format.coherence import RAGGED_COLUMNS
-from etl.format.commit import clean_leftovers, commit_version
+from etl.format.commit import clean_leftovers, commit_version, remove_version
 from etl.format.lock import DatasetLock
 from etl.format.manifest import (
     VERSIONS_DIR,
@@ -28,7 +27,6 @@ from etl.format.manifest import (
     list_versions,
     read_manifest,
     resolve,
-    version_dir,
 )
 from etl.format.ragged import place_of, stored_sample
 from etl.format.retirement import (
@@ -254,12 +252,7 @@ def compact(
                 with replacing(root / VERSIONS_DIR / record_name(record.version)) as tmp:
                     tmp.write_bytes(record.to_bytes())
             for number in removed:
-                folder = version_dir(root, number)
-                if folder.is_dir():
-                    doomed = folder.with_name(f".tmp-deleted-{folder.name}")
-                    folder.rename(doomed)
-                    shutil.rmtree(doomed)
-                (root / VERSIONS_DIR / record_name(number)).unlink(missing_ok=True)
+                remove_version(root, number)
         # Shards are listed from disk, so a shard orphaned by an earlier killed compaction
         # is collected too.
         for entry in sorted((root / SHARDS_DIR).glob("*.npy")):

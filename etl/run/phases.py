@@ -21,7 +21,7 @@ from etl.errors import (
     ManifestError,
 )
 from etl.format import spill
-from etl.format.commit import clean_leftovers, commit_version
+from etl.format.commit import clean_leftovers, commit_version, remove_due_retirements
 from etl.format.manifest import Manifest, list_versions, read_manifest
 from etl.format.mapped import releasing
 from etl.format.sample_columns import type_name
@@ -165,6 +165,7 @@ def open_previous(run: RunState) -> None:
     run.latest = versions[-1] if versions else 0
     if not run.dry_run:
         clean_leftovers(run.root, run.latest)
+        remove_due_retirements(run.root)  # NOTE [ a grace period ]: at a run, as at a compaction
     run.previous = _read_previous(run.root, run.latest, run.rebuild)
     if run.reusable is not None:
         run.config.check_same_output(

@@ -259,13 +259,48 @@ def test_a_retired_version_stays_whole_for_its_grace_then_goes(
         assert len(PackedDataset.open(out)) == len(state(out, 3)[0])
 
 
-def test_compact_dry_run_changes_nothing(tmp_path: Path, source: Path) -> None:
+def test_the_first_run_after_the_grace_removes_a_retired_version(
+    tmp_path: Path, source: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NOTE [ a grace period ]: the retired versions go at the first run after their grace,
+    as at a compaction: their folders, their records and the shards only they named; the
+    latest version reads as before, byte for byte; a run within the grace removes nothing."""
+    from etl.format import retirement
+
     out = tmp_path / "out"
+    config = two_versions(tmp_path, source, out)
+    report = compact(out, keep_last=1, min_dead_fraction=0.3, grace=3600)
+    assert report.retired_versions == [1, 2] and report.new_version == 3
+    latest = state(out, 3)
+    shards = {p.name for p in (out / "shards").glob("*.npy")}
+    assert not pipeline.run(config).committed  # nothing new, and within the grace
+    assert (out / "versions" / "v000001").is_dir()
+    assert {p.name for p in (out / "shards").glob("*.npy")} == shards
+
+    later = time.time() + 3601
+    monkeypatch.setattr(retirement.time, "time", lambda: later)
+    assert not pipeline.run(config).committed
+    assert sorted(p.name for p in (out / "versions").iterdir()) == ["retired", "v000003"]
+    assert not list((out / "versions" / "retired").iterdir())
+    named = set(read_manifest(out, 3).shards.column("shard").to_pylist())
+    assert {f"shards/{p.name}" for p in (out / "shards").glob("*.npy")} == named
+    assert state(out, 3) == latest
+
+
+def two_versions(tmp_path: Path, source: Path, out: Path) -> PipelineConfig:
+    """Version 1 packed from `source`, then version 2 after most rows of the early shards
+    were deleted (shards mostly dead): the config that packed them."""
     config = config_for(tmp_path, source, out)
     pipeline.run(config)
     for path in sorted(source.rglob("*_0000[0-3].*")):
         path.unlink()
     pipeline.run(config)
+    return config
+
+
+def test_compact_dry_run_changes_nothing(tmp_path: Path, source: Path) -> None:
+    out = tmp_path / "out"
+    two_versions(tmp_path, source, out)
     listing = sorted(p.relative_to(out) for p in out.rglob("*"))
     report = compact(out, keep_last=1, min_dead_fraction=0.3, dry_run=True, grace=0)
     assert report.deleted_versions == [1, 2] and report.deleted_shards
