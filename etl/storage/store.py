@@ -117,13 +117,19 @@ class StoreDataset:
         if not self.root.is_relative_to(self.top):
             self.top = self.root
         self.shared = shared_by_default() if shared is None else shared
+        self._safe: set[Path] = set()
         """Whether the cache folder is shared on purpose (NOTE [ a cache nobody can poison ])."""
         self.timeout = timeout
         """Seconds one call to the store (a listing, an open, a chunk's read) may take."""
 
     def folder(self, path: Path) -> Path:
-        """`path`, a folder of the mirror, made and checked safe (`cache_files.safe_folder`)."""
-        return safe_folder(path, self.top, self.shared)
+        """`path`, a folder of the mirror, made and checked safe (`cache_files.safe_folder`)
+        once per process while it stays (a bounded cache asks before every batch's downloads;
+        a work folder is emptied between steps)."""
+        if path not in self._safe or not path.is_dir():
+            safe_folder(path, self.top, self.shared)
+            self._safe.add(path)
+        return path
 
     def in_store(self, *parts: str) -> str:
         """The store's path of a file of the dataset ('shards', 'v000001-00000.npy')."""
@@ -276,16 +282,6 @@ class StoreDataset:
         with locked(final.with_name(final.name + ".lock"), self.shared):
             if is_cached(final):  # another process fetched it while this one waited
                 return
-            self.download_shard(name, checksum, size, algorithm)
-
-    def download_shard(
-        self, name: str, checksum: str, size: int, algorithm: str, partial: Path | None = None
-    ) -> None:
-        """Download shard `name` to a `.tmp-` file (`partial`, or one named for this
-        process), at most its recorded `size` bytes, verify it against `checksum` and rename
-        it into place. The caller holds the shard's `.lock` (NOTE [ cache safety ])."""
-        final = self.root / name
-        if partial is None:
             fd, partial = exclusive_temp(final.parent, final.name, self.shared)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)  # alive while held (`cache_files.abandoned`)
@@ -293,7 +289,14 @@ class StoreDataset:
             finally:
                 partial.unlink(missing_ok=True)
                 os.close(fd)
-            return
+
+    def download_shard(
+        self, name: str, checksum: str, size: int, algorithm: str, partial: Path
+    ) -> None:
+        """Download shard `name` to its `.tmp-` file `partial` (`cache_files.exclusive_temp`),
+        at most its recorded `size` bytes, verify it against `checksum` and rename it into
+        place. The caller holds the shard's `.lock` (NOTE [ cache safety ])."""
+        final = self.root / name
         got = self._get(self._in_store(name), partial, ShardError, algorithm, cap=size)
         if got != checksum:
             partial.unlink(missing_ok=True)
