@@ -2,6 +2,7 @@
 side by side in one run.
 
     python -m benchmarks.bench_workers [--samples 5000] [--size 224] [--rounds 5] [--baseline DIR]
+        [--device cpu|cuda] [--crop]
 
 A synthetic dataset of `--samples` random 224x224x3 uint8 samples (147 KiB; `--size 64` for
 the sample data's 12 KiB; shards of 1,000) is
@@ -9,6 +10,15 @@ read in random batches of 256, one whole epoch per measurement, workers not pers
 pair each epoch, as DataLoader's default) and persistent: samples/s over the whole epoch (its
 start included), the time to the first batch, and the rate after it. Beside them, a
 single-threaded per-row copy of the same rows from `np.load(mmap_mode="r")`.
+
+With `--device cuda` (the default where CUDA is present) each batch is also copied to the GPU
+(`.to("cuda", non_blocking=True)`, one sync at the epoch's end), as a training loop would, and
+two more contenders run: 2 workers whose ring is not page-locked (DataLoader's pin thread copies
+each batch, the path before the ring was pinned in place), and, printed after the table, the
+host-to-device GB/s of a batch in the pinned ring against one in torch's pinned memory (the
+card's copy limit) and the ring's registration time. `--crop` adds a per-sample random resized
+crop to 224 on the CPU (uint8 bilinear with antialias), the work a trainer does in its workers,
+with 0 and 2 workers.
 
 With `--baseline DIR` (another checkout, e.g. `git worktree add /tmp/base HEAD~3`), every round
 measures that tree's loaders and this one's, in alternating fresh processes: the "before and
@@ -36,43 +46,72 @@ HERE = Path(__file__).resolve().parents[1]
 CONTENDERS = ("0 workers", "2 workers", "2 workers, persistent")
 
 
-def measure(data: Path, rounds: int, size: int) -> dict[str, list[list[float]]]:
+def crop_per_sample(image: Any) -> Any:
+    """A random resized crop of one HWC uint8 sample to 224x224, on the CPU (`--crop`)."""
+    import torch
+    import torch.nn.functional as F
+
+    height, width = image.shape[:2]
+    side = int(torch.randint(height // 2, height + 1, ()).item())
+    top = int(torch.randint(0, height - side + 1, ()).item())
+    left = int(torch.randint(0, width - side + 1, ()).item())
+    box = image[top : top + side, left : left + side].permute(2, 0, 1)[None]
+    resized = F.interpolate(box, size=(224, 224), mode="bilinear", antialias=True)
+    return resized[0].permute(1, 2, 0).contiguous()
+
+
+def contenders(device: str, crop: bool) -> dict[str, dict[str, Any]]:
+    """The loaders measured, by name: make_loader's options (and `unpinned`: a ring left as
+    it was before it was page-locked in place)."""
+    chosen: dict[str, dict[str, Any]] = {
+        "0 workers": {"num_workers": 0},
+        "2 workers": {"num_workers": 2},
+        "2 workers, persistent": {"num_workers": 2, "persistent_workers": True},
+    }
+    if device == "cuda":
+        chosen["2 workers, ring not pinned"] = {"num_workers": 2, "unpinned": True}
+    if crop:
+        chosen["0 workers, crop per sample"] = {"num_workers": 0, "crop": True}
+        chosen["2 workers, crop per sample"] = {"num_workers": 2, "crop": True}
+        chosen["2 persistent, crop per sample"] = {
+            "num_workers": 2, "persistent_workers": True, "crop": True,
+        }  # fmt: skip
+    return chosen
+
+
+def measure(
+    data: Path, rounds: int, size: int, device: str = "cpu", crop: bool = False
+) -> dict[str, list[list[float]]]:
     """[epoch seconds, seconds to the first batch] per round, for each contender and the
-    per-row copy; run in a fresh process whose `sys.path` starts with the tree measured."""
+    per-row copy; run in a fresh process whose `sys.path` starts with the tree measured.
+    With CUDA, also "copy GB/s" ([ring batch, torch pinned, registration seconds])."""
     import torch
 
     from loaders import PackedDataset, make_loader
 
     warnings.filterwarnings("ignore", "CUDA is not available", RuntimeWarning)
     torch.set_num_threads(1)
-    ds = PackedDataset.open(data)
     results: dict[str, list[list[float]]] = {}
-    loaders = {
-        name: make_loader(
-            ds,
-            batch_size=BATCH,
-            shuffle=True,
-            num_workers=0 if name.startswith("0") else 2,
-            persistent_workers=name.endswith("persistent"),
-        )
-        for name in CONTENDERS
-    }
+    loaders = {}
+    for name, options in contenders(device, crop).items():
+        options = dict(options)
+        unpinned, cropped = options.pop("unpinned", False), options.pop("crop", False)
+        ds = PackedDataset.open(data, transform=crop_per_sample if cropped else None)
+        loader = make_loader(ds, batch_size=BATCH, shuffle=True, **options)
+        ring = getattr(getattr(loader.dataset, "memory", None), "ring", None)
+        if unpinned and ring is not None:
+            ring.pin_tried = True  # never registered: the pin thread copies every batch
+        loaders[name] = loader
     for loader in loaders.values():  # warm up: pages mapped, persistent workers started
-        for _ in loader:
-            pass
+        _epoch(loader, device)
     shards = [np.load(p, mmap_mode="r") for p in sorted((data / "shards").glob("*.npy"))]
     sizes = np.array([len(s) for s in shards])
     starts = np.cumsum(sizes) - sizes
     for epoch in range(1, rounds + 1):
         for name, loader in loaders.items():
             loader.set_epoch(epoch)
-            start = time.perf_counter()
-            first = None
-            for _ in loader:
-                if first is None:
-                    first = time.perf_counter() - start
-            results.setdefault(name, []).append([time.perf_counter() - start, first or 0.0])
-        order = np.random.default_rng(epoch).permutation(len(ds))
+            results.setdefault(name, []).append(_epoch(loader, device))
+        order = np.random.default_rng(epoch).permutation(int(sizes.sum()))
         out = np.empty((BATCH, size, size, 3), dtype=np.uint8)
         start = time.perf_counter()
         for b in range(0, len(order), BATCH):
@@ -80,17 +119,59 @@ def measure(data: Path, rounds: int, size: int) -> dict[str, list[list[float]]]:
                 s = int(np.searchsorted(starts, i, "right") - 1)
                 out[k] = shards[s][i - starts[s]]
         results.setdefault("per-row copy, 1 thread", []).append([time.perf_counter() - start, 0.0])
+    if device == "cuda":
+        results["copy GB/s"] = [_copy_rates(loaders["2 workers, persistent"])]
     return results
 
 
-def run_tree(tree: Path, data: Path, rounds: int, size: int) -> dict[str, list[list[float]]]:
+def _epoch(loader: Any, device: str) -> list[float]:
+    """[seconds, seconds to the first batch] of one epoch, each batch copied to `device`."""
+    import torch
+
+    start = time.perf_counter()
+    first = None
+    for images, _ in loader:
+        if device == "cuda":
+            images.to(device, non_blocking=True)
+        if first is None:
+            first = time.perf_counter() - start
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return [time.perf_counter() - start, first or 0.0]
+
+
+def _copy_rates(loader: Any, repeats: int = 20) -> list[float]:
+    """Host-to-device GB/s of one batch in the loader's pinned ring, and of as many bytes in
+    torch's own pinned memory (the card's copy limit here); the ring's registration seconds."""
+    import torch
+
+    images = next(iter(loader)).images
+    ring = loader.dataset.memory.ring
+    pinned = torch.empty(images.shape, dtype=torch.uint8, pin_memory=True)
+    target = torch.empty(images.shape, dtype=torch.uint8, device="cuda")
+    rates = []
+    for source in (images, pinned):
+        target.copy_(source, non_blocking=True)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            target.copy_(source, non_blocking=True)
+        torch.cuda.synchronize()
+        rates.append(images.numel() * repeats / (time.perf_counter() - start) / 1e9)
+    registered = getattr(ring, "pinned", None)
+    return [*rates, registered.seconds if registered is not None else float("nan")]
+
+
+def run_tree(
+    tree: Path, data: Path, rounds: int, size: int, device: str, crop: bool
+) -> dict[str, list[list[float]]]:
     # This file's `measure`, run against `tree`'s loaders (first on sys.path).
     code = (
         f"import sys, json, runpy; sys.path.insert(0, {str(tree)!r}); import loaders;"
         f"assert loaders.__file__.startswith({str(tree)!r}), loaders.__file__;"
         f"measure = runpy.run_path({__file__!r})['measure'];"
         "from pathlib import Path;"
-        f"print(json.dumps(measure(Path({str(data)!r}), {rounds}, {size})))"
+        f"print(json.dumps(measure(Path({str(data)!r}), {rounds}, {size}, {device!r}, {crop})))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tree
@@ -105,7 +186,12 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=224, help="samples are size x size x 3")
     parser.add_argument("--rounds", type=int, default=5, help="epochs per contender and tree")
     parser.add_argument("--baseline", type=Path, help="another checkout to measure beside this")
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda where present")
+    parser.add_argument("--crop", action="store_true", help="add a per-sample crop in workers")
     args = parser.parse_args()
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     from benchmarks.bench_loaders import write_synthetic
 
     trees = {"this": HERE} | ({"baseline": args.baseline.resolve()} if args.baseline else {})
@@ -115,20 +201,30 @@ def main() -> None:
         write_synthetic(data, args.samples * int(np.prod(shape)), shape)
         print(
             f"# loader epochs with workers: {args.samples} samples of {shape} uint8, page-cached,"
-            f" random batches of {BATCH}; {os.cpu_count()} CPUs; {args.rounds} rounds\n"
+            f" random batches of {BATCH}; {os.cpu_count()} CPUs; {args.rounds} rounds;"
+            f" batches to {device}\n"
         )
         runs: dict[str, list[dict[str, list[list[float]]]]] = {name: [] for name in trees}
         for _ in range(2):  # two fresh processes per tree, interleaved
             for name, tree in trees.items():
-                runs[name].append(run_tree(tree, data, args.rounds, args.size))
+                runs[name].append(run_tree(tree, data, args.rounds, args.size, device, args.crop))
     print(report(runs, args.samples))
+    for name, results in runs.items():
+        for result in results:
+            if "copy GB/s" in result:
+                ring, pinned, seconds = result["copy GB/s"][0]
+                print(
+                    f"{name}: host-to-device copy of a batch: {ring:.1f} GB/s from the pinned"
+                    f" ring, {pinned:.1f} GB/s from torch's pinned memory; ring registered in"
+                    f" {seconds * 1000:.1f} ms"
+                )
 
 
 def report(runs: dict[str, list[dict[str, list[list[float]]]]], n: int) -> str:
     header = "| tree | contender | samples/s (epoch) | first batch | samples/s after it |"
     lines = [header, "|---|---|---:|---:|---:|"]
     for tree, results in runs.items():
-        names = list(results[0])
+        names = [name for name in results[0] if name != "copy GB/s"]
         for name in names:
             epochs: list[Any] = [e for r in results for e in r[name]]
             whole = statistics.median(n / seconds for seconds, _ in epochs)

@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # The GPU checks, as one script for a lent GPU machine (about 4 minutes on one H100, 2026-11-26):
-#   1. the CUDA tests pass (tests/loaders/test_cuda.py);
+#   1. the CUDA tests pass (tests/loaders/test_cuda.py, test_cuda_ring.py);
 #   2. with each mechanism they guard removed (--break-mechanism), the tests guarding it FAIL;
 #   3. the loader tests pass with CUDA visible (pinning on by default there);
 #   4. the GPU benchmarks: bench_augment (host-to-device GB/s, DeviceLoader + augmentation
-#      samples/s, step time with the side-stream prefetch, GPU memory) and bench_workers.
+#      samples/s, step time with the side-stream prefetch, GPU memory) and bench_workers
+#      (0 against 2 workers with each batch copied to the GPU, the ring pinned and not, a
+#      per-sample crop in the workers; the ring's copy GB/s and registration time).
 #
 #   bash benchmarks/gpu_check.sh            # on the GPU machine, from the repository root
 #   bash benchmarks/gpu_check.sh --dry-run  # here, on the CPU: every step runs, CUDA's skip
 #
 # The GPU machine has python3 with torch, numpy, pyarrow, xxhash, pytest and psutil, and no
 # network: carry what is missing as wheels in .whl/ (blake3, and duckdb for the loader tests'
-# where= filters, for Python 3.12), e.g. here:
+# where= filters, and pydantic with its own needs and simplejpeg for the datasets that etl packs
+# in the tests, for Python 3.12; pydantic-core at the version pydantic pins), e.g. here:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
-#     -d .whl blake3 duckdb
+#     -d .whl blake3 duckdb simplejpeg pydantic==2.14.4 pydantic-core==2.50.5 \
+#     annotated-types typing-inspection
 # Logs go to $OUT (the device tool's folder that comes back) or /tmp/gpu-check; the summary
 # is printed last. Exit 0 when every check held.
 set -uo pipefail
@@ -63,18 +67,23 @@ step() {
 } > "$OUT/machine.txt" 2>&1
 note "$(tail -1 "$OUT/machine.txt")"
 
-step cuda-tests 0 150 $PY -m pytest -p no:cacheprovider -m cuda tests/loaders/test_cuda.py -q -rs
+CUDA_TESTS=(tests/loaders/test_cuda.py tests/loaders/test_cuda_ring.py)
+step cuda-tests 0 240 $PY -m pytest -p no:cacheprovider -m cuda "${CUDA_TESTS[@]}" -q -rs
 for mechanism in record_stream wait_stream pinned_output nonblocking_params bound_device; do
     step "break-$mechanism" 1 90 $PY -m pytest -p no:cacheprovider -m cuda tests/loaders/test_cuda.py \
         -q --break-mechanism "$mechanism"
 done
+for mechanism in ring_pinned freed_after_copy; do
+    step "break-$mechanism" 1 120 $PY -m pytest -p no:cacheprovider -m cuda \
+        tests/loaders/test_cuda_ring.py -q --break-mechanism "$mechanism"
+done
 step loader-tests 0 240 $PY -m pytest -p no:cacheprovider -q -n 8 tests/loaders/test_loaders_*.py
 if [ "$DRY" = 1 ]; then
     step bench-augment 0 300 $PY -m benchmarks.bench_augment --tiny --device cpu
-    step bench-workers 0 120 $PY -m benchmarks.bench_workers --samples 1000 --size 32 --rounds 1
+    step bench-workers 0 120 $PY -m benchmarks.bench_workers --samples 1000 --size 32 --rounds 1 --crop
 else
     step bench-augment 0 300 $PY -m benchmarks.bench_augment --quick
-    step bench-workers 0 150 $PY -m benchmarks.bench_workers --rounds 3
+    step bench-workers 0 200 $PY -m benchmarks.bench_workers --samples 4000 --rounds 2 --crop
 fi
 tail -n 40 "$OUT/bench-augment.log" "$OUT/bench-workers.log"
 echo

@@ -13,7 +13,7 @@ This namespace is what a training job uses; the rest lives in the submodules.
 Modules:
 - `aspect_buckets`: aspect-ratio buckets: batches of one shape, uncropped
 - `augment`:        batched crops, flips and resizes on the device
-- `batches`:        the batch types and the memory batches are gathered into
+- `batches`:        the batch types, and pageable buffers reused between batches
 - `catalog`:        what to read: a manifest version opened, and selections of it
 - `dataset`:        `PackedDataset`: the map-style dataset
 - `device`:         `DeviceLoader`: batches onto the device, prefetched on a side stream
@@ -21,16 +21,19 @@ Modules:
 - `factories`:      `make_loader` and `stream_loader` with this project's defaults
 - `joined_reader`:  one reader over a `Mixture`'s members' shards
 - `loader`:         `PackedLoader`: the DataLoader, with exact and elastic resume
+- `memory`:         where a batch is gathered: pageable, pinned, or a ring slot
 - `mixture`:        `Mixture`: datasets or views read as one by weight
 - `mixture_orders`: a mixture's orders, pure functions as `orders` are
 - `named_orders`:   sample orders by name (`shuffle=`), and a loader's sampler
 - `orders`:         sample orders as pure functions of (data, seed, epoch)
 - `page_cache`:     read-ahead and drop-behind advice to the kernel
+- `pinning`:        host memory page-locked for CUDA in place
 - `quality`:        how well an order shuffles
 - `ragged`:         `RaggedImages`: a batch of ragged samples back to back
 - `ragged_rows`:    ragged samples copied into a padded or back-to-back batch
 - `reader`:         `ShardReader`: shards opened lazily, batches gathered
 - `resume`:         the state a training job saves, and its checks
+- `ring`:           the shared-memory ring workers fill, freed after its copies
 - `row_checks`:     which rows a loader checks, and where their checksums live
 - `samplers`:       torch samplers over the pure orders: distributed, resumable
 - `shard_checks`:   a shard's checksum, its probe row, rows hashed as copied

@@ -27,8 +27,9 @@ from etl.format.manifest import VERSIONS_DIR
 from etl.format.retirement import retired_versions
 from etl.format.views import View
 from etl.storage.location import Location, StoreOptions, open_location
-from loaders.batches import SIZE_COLUMNS, AnyBatch, BatchMemory, Samples, make_batch
+from loaders.batches import SIZE_COLUMNS, AnyBatch, Columns, Samples, make_batch
 from loaders.catalog import Selection, Where, open_catalog
+from loaders.memory import BatchMemory
 from loaders.reader import ShardReader, batch_reads
 from loaders.row_checks import Verify, checked_rows, checks_of, row_checksums
 
@@ -282,17 +283,38 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         if self.transform is None:
             return self.memory.batch(shape, labels, read, given, columns)
         if sel.places is not None:  # each sample at its own size through the transform
-            images = torch.stack([self._own_size(int(i))[0] for i in index % len(self)])
-            if self.memory.pin and get_worker_info() is None:
-                images = images.pin_memory()
+            transformed = [self._own_size(int(i))[0] for i in index % len(self)]
             columns = {k: v for k, v in (columns or {}).items() if k not in SIZE_COLUMNS}
-            return make_batch(images, labels, given, pin=self.memory.pin, columns=columns or None)
+            return self._stacked(transformed, labels, given, columns or None)
         raw = np.empty(shape, dtype=np.uint8)
         read(raw)
-        images = torch.stack([self.transform(torch.from_numpy(x)) for x in raw])
+        transformed = [self.transform(torch.from_numpy(x)) for x in raw]
+        return self._stacked(transformed, labels, given, columns)
+
+    def _stacked(
+        self,
+        images: list[torch.Tensor],
+        labels: NDArray[np.int64],
+        given: NDArray[np.int64] | None,
+        columns: Columns | None,
+    ) -> AnyBatch:
+        """Transformed samples as one batch. uint8 samples of one shape are stacked straight
+        into the batch memory: a ring slot in a worker (pinned in place for CUDA: NOTE [ a
+        ring pinned in place ] in `loaders.pinning`), pinned memory in the main process.
+        Others (floats, several shapes) are stacked anew, and pinned here without workers:
+        what `pin_output` promises, a transform or not."""
+        first = images[0]
+        if first.dtype == torch.uint8 and all(i.shape == first.shape for i in images):
+
+            def fill(out: NDArray[np.uint8]) -> None:
+                torch.stack(images, out=torch.from_numpy(out))
+
+            shape = (len(images), *first.shape)
+            return self.memory.batch(shape, labels, fill, given, columns)
+        stacked = torch.stack(images)
         if self.memory.pin and get_worker_info() is None:
-            images = images.pin_memory()  # what `pin_output` promises, a transform or not
-        return make_batch(images, labels, given, pin=self.memory.pin, columns=columns)
+            stacked = stacked.pin_memory()
+        return make_batch(stacked, labels, given, pin=self.memory.pin, columns=columns)
 
 
 def _check_view_alone(**given: Any) -> None:

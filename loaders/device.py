@@ -110,6 +110,8 @@ class DeviceLoader:
             self.shift = (m / s).view(1, -1, 1, 1).to(self.device, dtype)
         if augment is not None and isinstance(loader, PackedLoader) and self.channels:
             loader.send_back_to_back()
+        if isinstance(loader, PackedLoader) and self.device.type == "cuda":
+            loader.copies_on(self.device)
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]

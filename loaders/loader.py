@@ -9,7 +9,7 @@ shards, and exact, elastic resume.
 - `pin_memory` defaults to on exactly when CUDA is present; with num_workers=0 batches are
   gathered straight into pinned memory instead of being copied there afterwards;
 - with workers, batches travel through a shared-memory ring made for this loader (see
-  `loaders.batches.SharedRing`), not a fresh shared buffer each;
+  `loaders.ring.SharedRing`), not a fresh shared buffer each;
 - `shuffle` picks an order by name from `loaders.named_orders.SHUFFLES` (True means
   "random", False "sequential"); every order is distributed-aware (a `DistributedSampler`)
   and resumable (`state_dict`).
@@ -31,13 +31,14 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler
 from etl.errors import EtlError
 from etl.storage.cache import BoundedCache
 from loaders.aspect_buckets import AspectBuckets
-from loaders.batches import BatchMemory, batch_memory, resolve_pin_memory
 from loaders.dataset import PackedDataset, collate_batch
+from loaders.memory import BatchMemory, batch_memory, resolve_pin_memory
 from loaders.mixture import Mixture
 from loaders.named_orders import OrderOptions, loader_sampler, order_of, order_seed
-from loaders.resume import State, check_state
+from loaders.resume import State, check_global_batch, check_state
+from loaders.ring import SharedRing
 from loaders.samplers import MixtureSampler, OrderSampler
-from loaders.stream import PackedStream
+from loaders.stream import PackedStream, refuse_loader_options
 
 
 def _from_worker(exc: EtlError) -> EtlError:
@@ -158,7 +159,7 @@ class PackedLoader(DataLoader[Any]):
         """The loaders order sampler behind the batches (None: a stream, or a torch sampler)."""
         self._position: Position | None = None
         if isinstance(dataset, PackedStream):
-            _refuse_for_stream(batch_size, shuffle, sampler, batch_sampler, drop_last, generator)
+            refuse_loader_options(batch_size, shuffle, sampler, batch_sampler, drop_last, generator)
             self._init_stream(dataset, pin, with_indices, common)
             return
         sampler = loader_sampler(
@@ -249,6 +250,9 @@ class PackedLoader(DataLoader[Any]):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         position = self._position = self._begin()
         stream = self.stream
+        ring = self._pinned_ring()
+        if ring is not None:
+            ring.settle()  # the last epoch's slots, before this epoch's workers claim them
         batches: Iterator[Any] | None = None
         try:
             if self.num_workers == 0 and self.collate_fn is collate_batch:
@@ -261,7 +265,11 @@ class PackedLoader(DataLoader[Any]):
             for batch in batches:
                 if position is not None:
                     position.batches += 1
+                if ring is not None:
+                    ring.settle()  # NOTE [ freed after the copy ] in loaders.ring
                 yield batch
+            if ring is not None:
+                ring.settle()
         except EtlError as exc:
             _stop_workers(batches, self.persistent_workers)
             raise _from_worker(exc) from None
@@ -269,6 +277,22 @@ class PackedLoader(DataLoader[Any]):
             cache = _bounded_cache(self.dataset)
             if cache is not None:
                 cache.stop_ahead()
+
+    def _pinned_ring(self) -> SharedRing | None:
+        """The ring workers fill, page-locked for CUDA (once, before the first workers start)
+        where batches are pinned: NOTE [ a ring pinned in place ] in `loaders.pinning`."""
+        memory = getattr(self.dataset, "memory", None)
+        ring = memory.ring if isinstance(memory, BatchMemory) else None
+        if ring is None or not self.pin_memory or self.num_workers == 0:
+            return None
+        return ring if ring.pin() else None
+
+    def copies_on(self, device: torch.device) -> None:
+        """Say on which device's current stream the batches' copies are queued (the default:
+        the current device), so a pinned ring slot is freed after the copy there."""
+        memory = getattr(self.dataset, "memory", None)
+        if isinstance(memory, BatchMemory) and memory.ring is not None:
+            memory.ring.copies_on = device
 
     def _fetch_ahead(self, position: Position | None) -> None:
         """For a dataset read through a bounded cache, have its shards downloaded in the
@@ -379,7 +403,7 @@ class PackedLoader(DataLoader[Any]):
         if self.order is not None:
             size = identity.pop("batch_size")
             check_state(state, identity, ("batch_size", "world_size"))
-            _check_global_batch(state, int(size), self.order.world_size)
+            check_global_batch(state, int(size), self.order.world_size)
             self.order.load_state_dict(state)
         else:
             assert stream is not None, "_identity refuses loaders that cannot resume"
@@ -409,40 +433,3 @@ class PackedLoader(DataLoader[Any]):
 
     def _batch_size(self) -> int:
         return int(getattr(self.batch_sampler, "batch_size", None) or 1)
-
-
-def _refuse_for_stream(
-    batch_size: int | None,
-    shuffle: Any,
-    sampler: Any,
-    batch_sampler: Any,
-    drop_last: bool,
-    generator: Any,
-) -> None:
-    """A stream's batch size, order, seed and drop_last are its own; say so for each."""
-    given = {
-        "sampler": sampler is not None,
-        "batch_sampler": batch_sampler is not None,
-        "shuffle": shuffle is not None and shuffle is not False,
-        "drop_last": drop_last,
-        "generator": generator is not None,
-        "batch_size": batch_size not in (None, 1),
-    }
-    for name, is_given in given.items():
-        if is_given:
-            raise ValueError(
-                f"a PackedStream brings its own batch size, order and seed: pass {name}= to "
-                "PackedStream(...), not to the loader"
-            )
-
-
-def _check_global_batch(state: Mapping[str, Any], batch_size: int, world_size: int) -> None:
-    """Refuse a state of another global batch: with the same world size, another batch size;
-    with another, a per-rank batch size that does not keep batch size x world size."""
-    saved, ranks = state["batch_size"], state["world_size"]
-    if saved * ranks != batch_size * world_size:
-        raise ValueError(
-            f"loader state is for batch_size {saved} on {ranks} rank(s) (a global batch of "
-            f"{saved * ranks}), this loader has {batch_size} on {world_size} "
-            f"({batch_size * world_size}): use batch_size={saved * ranks // world_size} per rank"
-        )

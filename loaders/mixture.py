@@ -24,7 +24,6 @@ from etl.format.ragged import channels_of, sides_of
 from loaders.batches import (
     SIZE_COLUMNS,
     AnyBatch,
-    BatchMemory,
     ColumnBatch,
     Columns,
     IndexedBatch,
@@ -32,6 +31,7 @@ from loaders.batches import (
 )
 from loaders.dataset import PackedDataset
 from loaders.joined_reader import join_members
+from loaders.memory import BatchMemory
 from loaders.mixture_orders import schedule_of
 from loaders.orders import Order
 from loaders.samplers import MixtureSampler

@@ -75,3 +75,15 @@ def resume_point(
     if saved_world == world_size:
         return start, position
     return min(start + position * saved_world, length), 0
+
+
+def check_global_batch(state: Mapping[str, Any], batch_size: int, world_size: int) -> None:
+    """Refuse a state of another global batch: with the same world size, another batch size;
+    with another, a per-rank batch size that does not keep batch size x world size."""
+    saved, ranks = state["batch_size"], state["world_size"]
+    if saved * ranks != batch_size * world_size:
+        raise ValueError(
+            f"loader state is for batch_size {saved} on {ranks} rank(s) (a global batch of "
+            f"{saved * ranks}), this loader has {batch_size} on {world_size} "
+            f"({batch_size * world_size}): use batch_size={saved * ranks // world_size} per rank"
+        )

@@ -27,9 +27,10 @@ import torch
 from numpy.typing import NDArray
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loaders.batches import AnyBatch, BatchMemory
+from loaders.batches import AnyBatch
 from loaders.catalog import Selection
 from loaders.dist import rank_and_world
+from loaders.memory import BatchMemory
 from loaders.orders import Order, seeded_rng
 from loaders.page_cache import advise_file
 from loaders.reader import ShardReader, batch_reads
@@ -370,3 +371,28 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
         """
         for shard in shards:
             advise_file(self.selection.shards.path(shard), "WILLNEED")
+
+
+def refuse_loader_options(
+    batch_size: int | None,
+    shuffle: Any,
+    sampler: Any,
+    batch_sampler: Any,
+    drop_last: bool,
+    generator: Any,
+) -> None:
+    """A stream's batch size, order, seed and drop_last are its own; say so for each."""
+    given = {
+        "sampler": sampler is not None,
+        "batch_sampler": batch_sampler is not None,
+        "shuffle": shuffle is not None and shuffle is not False,
+        "drop_last": drop_last,
+        "generator": generator is not None,
+        "batch_size": batch_size not in (None, 1),
+    }
+    for name, is_given in given.items():
+        if is_given:
+            raise ValueError(
+                f"a PackedStream brings its own batch size, order and seed: pass {name}= to "
+                "PackedStream(...), not to the loader"
+            )

@@ -51,13 +51,6 @@ BREAKS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _broken(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    name = request.config.getoption("--break-mechanism")
-    if name is not None:
-        BREAKS[name](monkeypatch)
-
-
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Packed:
     return make_packed(

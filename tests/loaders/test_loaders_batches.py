@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from loaders import DeviceLoader, PackedDataset, PackedStream, make_loader, stream_loader
-from loaders.batches import BatchMemory, BufferPool, SharedRing, _shared_bytes
+from loaders.batches import BufferPool
+from loaders.memory import BatchMemory
+from loaders.ring import SharedRing, shared_bytes
 from loaders.span import prefault
 from tests.helpers.packed import Packed
 
@@ -209,7 +211,7 @@ def test_prefault_maps_a_fresh_shared_slot_in_one_call() -> None:
     """A worker's first copy into a ring slot takes no page fault per page once prefaulted."""
 
     def faults_writing(prefaulted: bool) -> int:
-        slot = _shared_bytes(8 << 20).numpy()
+        slot = shared_bytes(8 << 20).numpy()
         if prefaulted:
             prefault(slot)
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -219,3 +221,93 @@ def test_prefault_maps_a_fresh_shared_slot_in_one_call() -> None:
     pages = (8 << 20) // mmap.PAGESIZE
     assert faults_writing(False) > pages // 2, "a fresh mapping faults as it is written"
     assert faults_writing(True) < pages // 20
+
+
+def _in_ring(ring: SharedRing, images: torch.Tensor) -> bool:
+    """Whether a batch's images lie in the ring's shared memory (no copy was made of them)."""
+    start = ring.data.data_ptr()
+    return start <= images.data_ptr() < start + ring.data.numel()
+
+
+def test_a_uint8_transform_in_workers_fills_ring_slots(packed: Packed) -> None:
+    """A per-sample uint8 transform (a crop in the workers, say) stacks its samples straight
+    into a ring slot, not into a fresh tensor; a float transform still gets its own stack."""
+    ds = PackedDataset.open(packed.root, transform=lambda image: image.flip(0))
+    loader = make_loader(ds, batch_size=4, num_workers=2, with_indices=True)
+    ring = loader.dataset.memory.ring
+    assert ring is not None
+    batches = 0
+    for images, _, indices in loader:
+        assert _in_ring(ring, images)
+        want = images_of(ds, packed, indices.tolist())[:, ::-1]
+        assert np.array_equal(images.numpy(), want)
+        batches += 1
+        del images
+    assert batches == -(-len(ds) // 4)
+    floats = PackedDataset.open(packed.root, transform=lambda image: image.float() / 255)
+    float_loader = make_loader(floats, batch_size=4, num_workers=2, with_indices=True)
+    for images, _, indices in float_loader:
+        want = images_of(floats, packed, indices.tolist()) / 255
+        assert images.dtype == torch.float32 and np.allclose(images.numpy(), want)
+
+
+def test_a_ring_travels_without_what_belongs_to_its_reader() -> None:
+    """What a spawned worker gets: the shared tensors and the lock, not the reader's CUDA
+    registration, its queue of slots waiting for copies, or its thread lock."""
+    ring = SharedRing(2, 64, multiprocessing.get_context("spawn"))
+    ring._dropped.append(1)
+    state = ring.__getstate__()
+    assert {"pinned", "_dropped", "_copying", "_guard", "_numpy"}.isdisjoint(state)
+    twin = SharedRing.__new__(SharedRing)
+    twin.__setstate__(state)
+    assert twin.pinned is None and twin._dropped == [] and not twin._copying
+    assert twin.data.data_ptr() == ring.data.data_ptr()
+
+
+MADV_DONTFORK = 10
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="madvise and /proc/self/smaps are Linux's")
+def test_a_ring_kept_from_forks_is_given_back_to_them() -> None:
+    """A driver may mark page-locked memory not to be inherited on fork; forked workers would
+    then fault writing their batch. The registration undoes it, and a forked child then
+    writes into the ring where the parent reads it."""
+    import ctypes
+    import ctypes.util
+
+    from loaders.pinning import Registration, _dont_fork, _inherited_on_fork
+
+    memory = shared_bytes(4 * mmap.PAGESIZE)
+    registration = Registration(memory, 0.0)
+    assert _dont_fork(registration) is False
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    rc = libc.madvise(
+        ctypes.c_void_p(memory.data_ptr()), ctypes.c_size_t(memory.numel()), MADV_DONTFORK
+    )
+    assert rc == 0, os.strerror(ctypes.get_errno())
+    assert _dont_fork(registration) is True
+    assert _inherited_on_fork(registration)
+    assert _dont_fork(registration) is False
+    pid = os.fork()
+    if pid == 0:
+        memory.numpy()[:] = 7
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert (memory.numpy() == 7).all()
+    registration.closed = True  # never registered with CUDA: nothing to undo
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's answer")
+def test_without_cuda_a_ring_is_not_registered_and_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import loaders.ring
+    from loaders.pinning import register
+
+    monkeypatch.setattr(loaders.ring, "_said_not_pinned", False)
+
+    assert register(shared_bytes(64)) == "CUDA is not available"
+    ring = SharedRing(2, 64, multiprocessing.get_context("fork"))
+    with pytest.warns(RuntimeWarning, match="not page-locked .CUDA is not available"):
+        assert ring.pin() is False
+    assert ring.pin() is False and ring.pinned is None
