@@ -7,10 +7,18 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test check lint bench clean
 
+AZURITE := 3.37.0
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	# Azurite, the Azure Storage emulator the tests start on 127.0.0.1: npm, from Debian if
+	# missing; where neither is to be had, the Azure tests skip and say why
+	command -v npm >/dev/null || (apt-get update -qq && apt-get install -y -qq nodejs npm) \
+		>/dev/null 2>&1 || true
+	if command -v npm >/dev/null; then npm install --silent --no-audit --no-fund \
+		--prefix $(VENV)/azurite azurite@$(AZURITE); fi
 	touch $(STAMP)
 
 ## make run: set up, create the sample data if missing, and pack it (etl run pipeline.yaml)

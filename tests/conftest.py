@@ -10,9 +10,15 @@ GPU path (see `BREAKS` in tests/loaders/test_cuda.py), keeps only the tests mark
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
+
+# gcsfs (2026.x) asks a GCS bucket's type over gRPC before its first call, and against an
+# emulator waits 60 s for that to fail; its plain client needs no such probe. Read when gcsfs
+# is imported, by this process and every `etl` the tests start.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

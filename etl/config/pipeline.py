@@ -23,7 +23,7 @@ from etl.config.fields import ByteSize, Color, Location, StrictModel
 from etl.config.sources import Source
 from etl.errors import ConfigError
 from etl.storage.location import StoreOptions, is_url
-from etl.storage.transport import STORE_TIMEOUT
+from etl.storage.transport import STORE_TIMEOUT, unconditional
 
 if TYPE_CHECKING:
     from etl.format.sample_columns import SampleColumn
@@ -232,6 +232,9 @@ class OutputConfig(StrictModel):
         if self.shard_size is not None and self.samples_per_shard is not None:
             raise ValueError("set shard_size or samples_per_shard, not both")
         given = self.storage_options or self.store_timeout != STORE_TIMEOUT
+        refused = unconditional(str(self.dir)) if is_url(str(self.dir)) else None
+        if refused is not None:
+            raise ValueError(refused)
         if given and not is_url(str(self.dir)):
             raise ValueError(
                 "storage_options and store_timeout are for an output.dir in object storage "

@@ -22,11 +22,9 @@ A training job reading a retired version finishes its epoch within the grace per
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from etl.errors import OutputError
 from etl.format.lock import DatasetLock
@@ -34,18 +32,14 @@ from etl.format.manifest import (
     VERSIONS_DIR,
     Manifest,
     read_manifest,
-    version_name,
     version_number,
 )
-from etl.format.record import FILES_AT, RECORD_FILE
 from etl.format.retirement import (
     GRACE,
-    RETIRED_DIR,
     Retirement,
     record_name,
-    version_of_record,
 )
-from etl.format.shards import SHARDS_DIR, shard_version
+from etl.format.shards import shard_version
 from etl.maintenance.housekeeping import (
     CompactReport,
     check_min_dead,
@@ -59,7 +53,12 @@ from etl.progress import Progress
 from etl.run.to_store import empty_work, finish_killed_attempt, publish_from_work, reached
 from etl.storage.location import StoreOptions
 from etl.storage.publish import sweep
-from etl.storage.records import staging_name_of
+from etl.storage.retired import (
+    remove_objects,
+    remove_version,
+    retirements,
+    stored_shards,
+)
 from etl.storage.store import StoreDataset
 from etl.storage.transport import why
 
@@ -90,7 +89,7 @@ def compact_store(
             report = plan_compaction(
                 url, versions, manifest, keep_last, keep, min_dead_fraction, dry_run
             )
-            records, removed = retire(report, _retirements(store), grace)
+            records, removed = retire(report, retirements(store), grace)
             new_version, sparse = report.new_version, report.rewritten_shards
             if new_version and not dry_run:
                 _publish_rewrite(store, work, manifest, sparse, progress or Progress())
@@ -108,15 +107,15 @@ def compact_store(
                 for record in records:
                     _put(store, store.in_store(VERSIONS_DIR, record_name(record.version)), record)
                 for number in removed:
-                    _retire(store, number)
+                    remove_version(store, number)
                 _remove_unlisted_versions(store, newest, set(report.retired_versions))
-            for name, size in _stored_shards(store).items():
+            for name, size in stored_shards(store).items():
                 written_for = shard_version(PurePosixPath(name).name)
                 if written_for is not None and written_for <= newest and name not in named:
                     report.deleted_shards.append(name)
                     report.freed_bytes += size
             if not dry_run:
-                _remove(store, [store.in_store(name) for name in report.deleted_shards])
+                remove_objects(store, [store.in_store(name) for name in report.deleted_shards])
                 sweep(store)
         finally:
             empty_work(local)
@@ -143,48 +142,6 @@ def _publish_rewrite(
     publish_from_work(store, work, version, writer, progress)
 
 
-def _retire(store: StoreDataset, number: int) -> None:
-    """Remove version `number`: its record first (then no reader lists it), its files after."""
-    folder = store.in_store(VERSIONS_DIR, version_name(number))
-    record = f"{folder}/{RECORD_FILE}"
-    staging = None
-    try:
-        files_at = json.loads(store.bounded(store.fs.cat_file, record)).get(FILES_AT)
-        if isinstance(files_at, str) and staging_name_of(files_at) == number:
-            staging = store.in_store(VERSIONS_DIR, files_at)
-    except (ValueError, AttributeError):
-        pass  # a damaged record names nothing to follow; the folder goes all the same
-    except FileNotFoundError:
-        pass  # gone already (a killed compaction): what is left goes all the same
-    except Exception as exc:
-        raise OutputError(f"{record}: cannot read it ({why(exc)})") from None
-    _remove(store, [record])
-    _remove(store, [p for p in (folder, staging) if p], recursive=True)
-    _remove(store, [store.in_store(VERSIONS_DIR, record_name(number))])
-
-
-def _retirements(store: StoreDataset) -> dict[int, Retirement]:
-    """The retirement records in the store, by version; a damaged one is removed (never
-    trusted: its version is listed again, NOTE [ a grace period ])."""
-    found = {}
-    for path in _listed(store, store.in_store(VERSIONS_DIR, RETIRED_DIR), "retired versions"):
-        number = version_of_record(PurePosixPath(path).name)
-        if number is None:
-            continue
-        try:
-            body = bytes(store.bounded(store.fs.cat_file, path, start=0, end=1 << 16))
-        except FileNotFoundError:
-            continue
-        except Exception as exc:
-            raise OutputError(f"{path}: cannot read it ({why(exc)})") from None
-        retirement = Retirement.parse(body, number)
-        if retirement is None:
-            _remove(store, [path])
-        else:
-            found[number] = retirement
-    return found
-
-
 def _put(store: StoreDataset, path: str, record: Retirement) -> None:
     try:
         store.bounded(store.fs.pipe_file, path, record.to_bytes())
@@ -208,35 +165,4 @@ def _remove_unlisted_versions(store: StoreDataset, newest: int, retired: set[int
         number = version_number(PurePosixPath(path).name)
         if number is not None and number <= newest and number not in listed:
             leftovers.append(path)
-    _remove(store, leftovers, recursive=True)
-
-
-def _stored_shards(store: StoreDataset) -> dict[str, int]:
-    """Every shard object in the store: its dataset-relative name and its size."""
-    found = _listed(store, store.in_store(SHARDS_DIR), "shards")
-    return {
-        f"{SHARDS_DIR}/{PurePosixPath(path).name}": int(info.get("size") or 0)
-        for path, info in found.items()
-    }
-
-
-def _listed(store: StoreDataset, folder: str, what: str) -> dict[str, Any]:
-    """Every object under `folder` as the store lists it now: path -> its details."""
-    try:
-        store.fs.invalidate_cache(folder)
-        return dict(store.bounded(store.fs.find, folder, detail=True))
-    except FileNotFoundError:
-        return {}
-    except Exception as exc:
-        raise OutputError(f"{store.url}: cannot list its {what} ({why(exc)})") from None
-
-
-def _remove(store: StoreDataset, paths: list[str], recursive: bool = False) -> None:
-    if not paths:
-        return
-    try:
-        store.bounded(store.fs.rm, paths, recursive=recursive)
-    except FileNotFoundError:
-        pass
-    except Exception as exc:
-        raise OutputError(f"{store.url}: cannot remove {paths[0]} ({why(exc)})") from None
+    remove_objects(store, leftovers, recursive=True)

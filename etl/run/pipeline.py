@@ -84,7 +84,7 @@ def run(
 
     if not is_url(config.output.dir):
         return _run_in_folder(config, "", dry_run, rebuild, progress, on_plan)
-    with to_store.prepared(config) as work:
+    with to_store.prepared(config, dry_run) as work:
         report = _run_in_folder(work.config, work.writer, dry_run, rebuild, progress, on_plan)
         return to_store.published(work, report, dry_run, progress)
 

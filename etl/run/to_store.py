@@ -7,7 +7,8 @@ publishes, the attempt file (`etl.storage.publish`). A run:
 
 1. takes the work folder's lock (one writer per node and dataset; other nodes are kept out by
    the record's conditional put, NOTE [ publishing to a store ]);
-2. removes what a killed attempt from this folder left in the store, and empties `dataset/`;
+2. removes what a killed attempt from this folder left in the store, and the retired
+   versions whose grace is over (`etl.storage.retired`), and empties `dataset/`;
 3. fetches the store's latest version into `dataset/` and packs there, as into any folder,
    its new shards tagged with a fresh writer tag;
 4. publishes the new version, removes what lost attempts of any node left in the store
@@ -35,6 +36,7 @@ from etl.progress import Progress
 from etl.run.report import RunReport
 from etl.storage.location import StoreOptions
 from etl.storage.publish import ATTEMPT_FILE, Attempt, forget, publish, sweep
+from etl.storage.retired import remove_due_retirements
 from etl.storage.store import StoreDataset, default_cache_dir
 from etl.storage.transport import STORE_TIMEOUT
 
@@ -72,10 +74,11 @@ class StoreWork:
 
 
 @contextmanager
-def prepared(config: PipelineConfig) -> Iterator[StoreWork]:
+def prepared(config: PipelineConfig, dry_run: bool = False) -> Iterator[StoreWork]:
     """Steps 1-3 for a config whose output.dir is a URL: the work folder locked, a killed
-    attempt's leftovers removed, the store's latest version fetched into it; emptied again
-    after a run that ended without an error."""
+    attempt's leftovers removed, retired versions whose grace is over removed (not in a dry
+    run), the store's latest version fetched into it; emptied again after a run that ended
+    without an error."""
     started = time.perf_counter()
     url = str(config.output.dir)
     store, work = reached(url, config.output.store())
@@ -83,6 +86,8 @@ def prepared(config: PipelineConfig) -> Iterator[StoreWork]:
     with DatasetLock(store.folder(work)):
         finish_killed_attempt(store, work)
         empty_work(local)
+        if not dry_run and remove_due_retirements(store):
+            empty_work(local)  # the remaining versions were mirrored to see what they name
         latest = store.committed()
         if latest:
             store.fetch_version(latest[-1])

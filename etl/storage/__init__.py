@@ -13,6 +13,7 @@ Modules:
 - `publish`:   a version uploaded, verified, then published by one conditional put
 - `ranged`:    rows read with ranged GETs, each verified
 - `records`:   what a commit record read from a store may make a reader fetch
+- `retired`:   retired versions in a store, removed once their grace is over
 - `store`:     a dataset in a store, mirrored into a verified local cache
 - `transport`: the fsspec filesystem of a URL
 """

@@ -19,10 +19,11 @@ at any point leaves only tagged objects that no version names: the attempt file 
 folder names them, and the next run from that folder removes them before anything else.
 
 What each backend guarantees: s3fs sends If-None-Match (AWS S3 since 2024, MinIO, moto's
-server), fsspec's local file system opens with O_EXCL: one winner, always. A driver without
-its own create mode falls back to fsspec's check-then-write, which two writers within the same
-moment can both pass; the loser's record then overwrites the winner's, and since each record
-names only its own files, the version stays whole, but it is the loser's.
+server), gcsfs ifGenerationMatch=0, adlfs If-None-Match: * (`overwrite=False`), fsspec's local
+file system opens with O_EXCL: one winner, always (`etl.storage.transport.CONDITIONAL_PUTS`,
+tested against moto, fake-gcs-server and Azurite). Any other protocol is refused as an
+output.dir: fsspec's fallback for a driver without a create mode is a check-then-write, which
+two writers within the same moment can both pass.
 """
 
 from __future__ import annotations

@@ -43,6 +43,34 @@ ENDPOINT_ENV = {
 """Environment variables that point a protocol's driver at another endpoint."""
 PLACE_OPTIONS = ("account_name", "account_host", "project")
 """Driver options (adlfs, gcsfs) that name where a bucket is, never a credential."""
+AZURE = ("az", "abfs", "abfss")
+CONNECTION_PLACES = ("AccountName", "BlobEndpoint")
+"""The parts of an Azure connection string that name where a container is (never its key)."""
+
+CONDITIONAL_PUTS = {
+    "s3": "If-None-Match: *",
+    "s3a": "If-None-Match: *",
+    "gs": "ifGenerationMatch=0",
+    "gcs": "ifGenerationMatch=0",
+    **dict.fromkeys(AZURE, "If-None-Match: * (overwrite=False)"),
+}
+"""The protocols a dataset can be published to, and the precondition each driver sends for
+`pipe_file(..., mode="create")` (s3fs, gcsfs, adlfs): a put that succeeds only while the key
+does not exist (NOTE [ publishing to a store ] in `etl.storage.publish`). Tested against moto,
+fake-gcs-server and Azurite (tests/storage/test_conditional_puts.py)."""
+
+
+def unconditional(url: str) -> str | None:
+    """Why a dataset cannot be published to `url` (a store whose driver has no put-if-absent:
+    two writers could both publish a version), or None where it can."""
+    protocol = url.split("://", 1)[0]
+    if protocol in CONDITIONAL_PUTS:
+        return None
+    known = ", ".join(f"{p}://" for p in ("s3", "gs", "az", "abfs"))
+    return (
+        f"{url}: publishing needs a put that succeeds only if the object is absent, which "
+        f"{protocol}:// does not offer here; publish to {known} or a local folder"
+    )
 
 
 def endpoint_of(url: str, options: Options) -> str | None:
@@ -58,11 +86,23 @@ def endpoint_of(url: str, options: Options) -> str | None:
     for name in ENDPOINT_ENV.get(protocol, ()):
         endpoint = endpoint or os.environ.get(name)
     found = {key: options[key] for key in PLACE_OPTIONS if options.get(key)}
+    if protocol in AZURE:
+        found.update(_connection_places(options))
     if endpoint:
         found["endpoint"] = str(endpoint).rstrip("/")
     if not found:
         return None
     return ";".join(f"{key}={value}" for key, value in sorted(found.items()))
+
+
+def _connection_places(options: Options) -> dict[str, str]:
+    """Where an Azure connection string (given, or adlfs's environment variable) points:
+    its account and blob endpoint, never its key."""
+    text = options.get("connection_string") or os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
+    if not isinstance(text, str):
+        return {}
+    parts = dict(part.split("=", 1) for part in text.split(";") if "=" in part)
+    return {key: parts[key].rstrip("/") for key in CONNECTION_PLACES if parts.get(key)}
 
 
 def why(exc: BaseException) -> str:

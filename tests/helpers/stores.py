@@ -324,3 +324,28 @@ def faulty_proxy(
         release.set()
         server.shutdown()
         server.server_close()
+
+
+def named_by_versions(fs: Any, prefix: str = "published/out") -> set[str]:
+    """Every object some published version names: its record, its files, its shards."""
+    import json
+
+    import pyarrow as pa
+
+    named = set()
+    for folder in fs.ls(f"{prefix}/versions"):
+        if not re.search(r"/v\d{6}$", folder):
+            continue
+        record = json.loads(fs.cat(f"{folder}/commit.json"))
+        named.add(f"{folder}/commit.json")
+        files = f"{prefix}/versions/{record['files_at']}"
+        named.update(f"{files}/{name}" for name in record["files"])
+        shards = pa.ipc.open_file(pa.BufferReader(fs.cat(f"{files}/shards.arrow"))).read_all()
+        named.update(f"{prefix}/{name}" for name in shards.column("shard").to_pylist())
+    return named
+
+
+def all_objects(fs: Any, prefix: str = "published/out") -> set[str]:
+    """Every object under `prefix`."""
+    fs.invalidate_cache()
+    return set(fs.find(prefix))

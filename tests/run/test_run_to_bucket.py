@@ -27,7 +27,14 @@ from etl.start.sample_data import make_sample_data
 from etl.storage import publish as publishing
 from etl.storage.location import StoreOptions
 from tests.helpers.cli import cli
-from tests.helpers.stores import faulty_proxy, packed_contents, point_at, stored_in_bucket
+from tests.helpers.stores import (
+    all_objects,
+    faulty_proxy,
+    named_by_versions,
+    packed_contents,
+    point_at,
+    stored_in_bucket,
+)
 
 s3fs = pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
@@ -57,26 +64,6 @@ def write_config(tmp_path: Path, out: str, name: str = "pipeline.yaml") -> Path:
     config = tmp_path / name
     config.write_text(CONFIG.format(out=out))
     return config
-
-
-def named_by_versions(fs: Any, prefix: str = "published/out") -> set[str]:
-    """Every object some published version names: its record, its files, its shards."""
-    named = set()
-    for folder in fs.ls(f"{prefix}/versions"):
-        if not re.search(r"/v\d{6}$", folder):
-            continue
-        record = json.loads(fs.cat(f"{folder}/commit.json"))
-        named.add(f"{folder}/commit.json")
-        files = f"{prefix}/versions/{record['files_at']}"
-        named.update(f"{files}/{name}" for name in record["files"])
-        shards = pa.ipc.open_file(pa.BufferReader(fs.cat(f"{files}/shards.arrow"))).read_all()
-        named.update(f"{prefix}/{name}" for name in shards.column("shard").to_pylist())
-    return named
-
-
-def all_objects(fs: Any, prefix: str = "published/out") -> set[str]:
-    fs.invalidate_cache()
-    return set(fs.find(prefix))
 
 
 def two_writers(tmp_path: Path) -> tuple[Path, Path, Path]:
@@ -659,13 +646,18 @@ def test_a_put_the_store_answers_late_but_lands_never_publishes_a_version_withou
     assert code == 0, out + err
 
 
+@pytest.mark.parametrize("after", ["compact", "run"])
 def test_a_retired_version_in_a_bucket_stays_whole_for_its_grace_then_goes(
-    bucket: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    bucket: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    after: str,
 ) -> None:
     """NOTE [ a grace period ] in a store: `etl compact --grace 1h` retires the old versions
     (a record each beside them, nothing removed): no longer listed, still whole, a pinned open
-    warns and reads them as packed; the first compaction after the grace removes their
-    objects and records, leaving only what the kept version names."""
+    warns and reads them as packed; the first compaction, or run, after the grace removes
+    their objects and records, leaving only what the kept version names."""
     from etl.format import retirement
     from loaders import PackedDataset
 
@@ -689,12 +681,23 @@ def test_a_retired_version_in_a_bucket_stays_whole_for_its_grace_then_goes(
         old = PackedDataset.open(URL, version=1, store=StoreOptions(cache_dir=tmp_path / "c2"))
     assert len(old) == len(first[0])
 
+    code, out, err = cli(["run", str(config)], capsys)  # within the grace: nothing goes
+    assert code == 0, err
+    assert all_objects(bucket) - named_by_versions(bucket) == records
+
     later = time.time() + 3601
     monkeypatch.setattr(retirement.time, "time", lambda: later)
-    code, out, err = cli(["compact", URL, "--grace", "1h", "--json"], capsys)
-    assert code == 0, err
-    assert json.loads(out)["deleted_versions"] == retired
+    if after == "compact":
+        code, out, err = cli(["compact", URL, "--grace", "1h", "--json"], capsys)
+        assert code == 0, err
+        assert json.loads(out)["deleted_versions"] == retired
+    else:
+        code, out, err = cli(["run", str(config), "--json"], capsys)
+        assert code == 0, err
+        assert json.loads(out)["committed"] is False
     assert all_objects(bucket) == named_by_versions(bucket)
+    code, out, err = cli(["audit", URL], capsys)
+    assert code == 0, out + err
     assert [json.loads(r)["version"] for r in _records(bucket)] == report["kept_versions"]
 
 
