@@ -26,6 +26,21 @@ def redacted(text: str) -> str:
     return _SECRET_PARAMETER.sub(r"\1***", text)
 
 
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)\b")
+
+
+def described(exc: BaseException) -> str:
+    """An exception as one line, "Type: message", for a message that names it. A message of
+    several lines (a driver's error that embeds a traceback, as fsspec's background prefetcher
+    does) keeps its first line and the last error line below it, never the traceback."""
+    text = f"{type(exc).__name__}: {exc}"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else text
+    below = [line for line in lines[1:] if _ERROR_LINE.match(line)]
+    return f"{lines[0]} [{below[-1]}]" if below else lines[0]
+
+
 class EtlError(Exception):
     """Base of all user-facing errors. `exit_code` is what the CLI exits with. A message is
     `redacted` as it is made, whoever makes it."""

@@ -12,7 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from etl.config import CallStage, PipelineConfig
-from etl.errors import WorkerError
+from etl.errors import WorkerError, described
 from etl.format.checksums import digest
 from etl.images.rejects import Reject
 from etl.images.stages import load_function, process_image
@@ -79,7 +79,7 @@ def fill_shard(
             raise  # the shard's write: a read failure is a reject in _store
         except Exception as exc:
             raise WorkerError(
-                f"while packing {source} into {writer.name}: {type(exc).__name__}: {exc}"
+                f"while packing {source} into {writer.name}: {described(exc)}"
             ) from exc
         yield outcome
 

@@ -22,7 +22,7 @@ from joblib.parallel import LokyBackend
 
 from etl.config import Backend, RunConfig
 from etl.engine import cluster, interrupt
-from etl.errors import ExecutionError, WorkerDied
+from etl.errors import ExecutionError, WorkerDied, described
 
 # NOTE [ worker start-up ]: every run waits for its worker processes to start (0.2 s for a
 # bare loky worker here) and to import what their tasks need (0.2 s more). That is
@@ -259,7 +259,7 @@ def engine(
                 raise
             where = run.address or "the local Dask cluster"
             raise ExecutionError(
-                f"lost {where} during the run ({type(exc).__name__}: {exc}); nothing was "
+                f"lost {where} during the run ({described(exc)}); nothing was "
                 "committed and the previous version is intact: run again once it is back"
             ) from exc
 

@@ -17,6 +17,7 @@ import numpy as np
 from PIL import ExifTags, Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from etl.config import DecodeStage, ResizeStage
+from etl.errors import described
 from etl.format.npy import MAX_HEADER_BYTES, NpyHeaderError, parse_header
 from etl.images import formats
 from etl.images.rejects import Reject
@@ -70,7 +71,7 @@ def decode(data: bytes, opts: DecodeStage, next_resize: ResizeStage | None = Non
             # NOTE: Pillow reports a short read as OSError("image file is truncated ..."), the
             # only way to tell it from a damaged stream ("broken data stream ...").
             reason = "truncated" if "truncated" in str(exc) else "corrupt"
-            raise Reject(reason, f"{type(exc).__name__}: {exc}") from None
+            raise Reject(reason, f"{described(exc)}") from None
 
 
 def _decode(data: bytes, opts: DecodeStage, next_resize: ResizeStage | None) -> Decoded:

@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 from PIL import Image, ImageOps
 
 from etl.config import CallStage, PipelineConfig, ResizeStage, ValidateStage
-from etl.errors import ConfigError
+from etl.errors import ConfigError, described
 from etl.images.decode import decode, luminance
 from etl.images.rejects import Reject
 
@@ -178,7 +178,7 @@ def _call(
     except Reject:
         raise  # a user function may reject an image on purpose
     except Exception as exc:
-        raise Reject("stage_error", f"{stage.function}: {type(exc).__name__}: {exc}") from None
+        raise Reject("stage_error", f"{stage.function}: {described(exc)}") from None
     if (
         not isinstance(out, np.ndarray)
         or out.dtype != np.uint8

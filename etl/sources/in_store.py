@@ -21,7 +21,7 @@ from typing import IO, Any
 
 import xxhash
 
-from etl.errors import SourceError
+from etl.errors import SourceError, described
 from etl.format.checksums import new_hasher
 from etl.sources.entries import FileStat
 from etl.sources.safe_files import (
@@ -31,8 +31,9 @@ from etl.sources.safe_files import (
     read_regular_file,
     too_large,
 )
+from etl.storage.calls import listing
 from etl.storage.location import is_url
-from etl.storage.transport import Options, filesystem
+from etl.storage.transport import STORE_TIMEOUT, Options, filesystem
 
 _MTIME = re.compile(r"mtime|LastModified|last_modified|updated", re.I)
 
@@ -43,31 +44,40 @@ def store(url: str, options: Options | None = None) -> tuple[Any, str]:
     return filesystem(url, options, SourceError)
 
 
-def list_objects(url: str, options: Options | None = None) -> Iterator[tuple[str, int, int, int]]:
+def list_objects(
+    url: str, options: Options | None = None, page_timeout: float | None = STORE_TIMEOUT
+) -> Iterator[tuple[str, int, int, int]]:
     """(key relative to `url`, size, mtime in ns, ETag hash) of every object under the prefix,
-    in the store's order. SourceError naming `url` when it cannot be listed."""
+    in the store's order, streamed a page at a time, each page within `page_timeout` seconds
+    (NOTE [ a listing in pages ] in `etl.storage.calls`). SourceError naming `url` when it
+    cannot be listed."""
     fs, root = store(url, options)
     root = root.rstrip("/")
-    try:
-        # NOTE: fsspec keeps one filesystem per process and caches listings in it; a run that
-        # trusted the last run's listing would miss what was added, or read a changed object
-        # at its old size. Each run lists afresh; its reads then see the sizes it listed.
-        fs.invalidate_cache()  # all of it: a path clears neither the folders below it
-        found = fs.find(root, detail=True, withdirs=False)
-    except Exception as exc:  # a driver's own errors (botocore, aiohttp) are no OSError
-        raise SourceError(f"source.path: cannot list {url} ({type(exc).__name__}: {exc})") from None
-    for name, info in found.items():
+    # NOTE: fsspec keeps one filesystem per process and caches listings in it; a run that
+    # trusted the last run's listing would miss what was added, or read a changed object at
+    # its old size. Each run lists afresh; its reads then see the sizes it listed.
+    fs.invalidate_cache()  # all of it: a path clears neither the folders below it
+    found = listing(fs, root, page_timeout)
+    while True:
+        try:
+            name, info = next(found)
+        except StopIteration:
+            return
+        except Exception as exc:  # a driver's own errors (botocore, aiohttp) are no OSError
+            raise SourceError(f"source.path: cannot list {url} ({described(exc)})") from None
         relative = name[len(root) + 1 :] if name.startswith(root + "/") else None
         if relative:
             yield relative, int(info.get("size") or 0), _mtime_ns(info), _etag_key(info)
 
 
-def stats_under(url: str, options: Options | None = None) -> dict[str, FileStat]:
+def stats_under(
+    url: str, options: Options | None = None, page_timeout: float | None = STORE_TIMEOUT
+) -> dict[str, FileStat]:
     """What `list_objects` says of every object under the prefix, by key relative to it: the
     "stat" of each, to look listed keys up in (one listing, not a request per key)."""
     return {
         key: FileStat(size, mtime_ns, 0, etag)
-        for key, size, mtime_ns, etag in list_objects(url, options)
+        for key, size, mtime_ns, etag in list_objects(url, options, page_timeout)
     }
 
 
@@ -89,9 +99,7 @@ def _asks(url: str, options: Options | None, question: str) -> bool:
         fs.invalidate_cache()  # all of it: a path clears neither the folders below it
         return bool(getattr(fs, question)(path))
     except Exception as exc:
-        raise SourceError(
-            f"source.path: cannot reach {url} ({type(exc).__name__}: {exc})"
-        ) from None
+        raise SourceError(f"source.path: cannot reach {url} ({described(exc)})") from None
 
 
 def glob_objects(url: str, pattern: str, options: Options | None = None) -> list[str]:
@@ -104,7 +112,7 @@ def glob_objects(url: str, pattern: str, options: Options | None = None) -> list
         fs.invalidate_cache()  # see list_objects
         found = fs.glob(f"{root}/{pattern}", detail=True)
     except Exception as exc:  # a driver's own errors (botocore, aiohttp) are no OSError
-        raise SourceError(f"source.path: cannot list {url} ({type(exc).__name__}: {exc})") from None
+        raise SourceError(f"source.path: cannot list {url} ({described(exc)})") from None
     keys = []
     for name, info in found.items():
         relative = name[len(root) + 1 :] if name.startswith(root + "/") else ""
@@ -124,7 +132,7 @@ def open_object(url: str, options: Options | None = None) -> IO[bytes]:
     except OSError:
         raise
     except Exception as exc:
-        raise OSError(f"{url}: {type(exc).__name__}: {exc}") from None
+        raise OSError(f"{url}: {described(exc)}") from None
     return io.BufferedReader(_Guarded(opened, url), HASH_CHUNK_BYTES)
 
 
@@ -142,7 +150,7 @@ class _Guarded(io.RawIOBase):
         except OSError:
             raise
         except Exception as exc:
-            raise OSError(f"{self._url}: {type(exc).__name__}: {exc}") from None
+            raise OSError(f"{self._url}: {described(exc)}") from None
 
     def readable(self) -> bool:
         return True
@@ -189,7 +197,7 @@ def read_object(url: str, max_bytes: int, options: Options | None = None) -> byt
             return b""
         if isinstance(exc, OSError):
             raise _named(exc, url) from None
-        raise OSError(f"{url}: {type(exc).__name__}: {exc}") from None
+        raise OSError(f"{url}: {described(exc)}") from None
     if len(data) > max_bytes:
         raise Refused("file_too_large", too_large(len(data), max_bytes))
     return bytes(data)
@@ -265,7 +273,7 @@ def _chunks(
     except OSError as exc:  # FileNotFoundError, PermissionError, ...: the same, naming `url`
         raise _named(exc, url) from None
     except Exception as exc:  # a driver's own errors become an OSError naming the object
-        raise OSError(f"{url}: {type(exc).__name__}: {exc}") from None
+        raise OSError(f"{url}: {described(exc)}") from None
 
 
 def _named(exc: OSError, url: str) -> OSError:

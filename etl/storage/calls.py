@@ -16,9 +16,11 @@ Two rules keep what is left behind harmless:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
@@ -91,3 +93,42 @@ def watched(timeout: float, steps: Callable[[Callable[[], None]], T]) -> T:
     if not ok:
         raise value
     return cast(T, value)
+
+
+def listing(fs: Any, root: str, page_timeout: float | None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every object under `root` as (path, details), streamed page by page where the driver
+    lists in pages (s3fs: 1,000 keys a request), each page within `page_timeout` seconds.
+
+    NOTE [ a listing in pages ]: a prefix of millions of objects is a thousand requests and
+    more; as one call (`fs.find`) it holds every object's details at once and must end
+    within one time limit, which a healthy store that is merely large fails. In pages, only
+    a page is held, a store that stops answering is named within one page's time, and a
+    listing of any length goes on while each page comes. Another driver's listing comes
+    whole, within `page_timeout` (gcsfs and adlfs page inside `find` and expose no pages).
+    `page_timeout` None waits as long as the store takes.
+    """
+    iterdir = getattr(fs, "_iterdir", None)
+    if iterdir is None or getattr(fs, "version_aware", False) or not hasattr(fs, "loop"):
+        if page_timeout is None:
+            found = fs.find(root, detail=True, withdirs=False)
+        else:
+            found = bounded(page_timeout, fs.find, root, detail=True, withdirs=False)
+        yield from found.items()
+        return
+    from fsspec.asyn import sync
+
+    bucket, key, _ = fs.split_path(root)
+    pages = iterdir(bucket, prefix=f"{key.rstrip('/')}/" if key else "", delimiter="")
+    try:
+        while True:
+            try:
+                info = sync(fs.loop, asyncio.wait_for, pages.__anext__(), page_timeout)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise TimeoutError(f"a page of the listing took over {page_timeout:g} s") from None
+            if info.get("type") != "directory":
+                yield info["name"], info
+    finally:
+        with contextlib.suppress(Exception):
+            sync(fs.loop, pages.aclose, timeout=page_timeout)

@@ -391,7 +391,9 @@ class StoreDataset:
         # kept from before (it would refuse a changed object as FileExpired)
         self.fs.invalidate_cache(remote)
         try:
-            src = self.bounded(self.fs.open, remote, "rb", block_size=DOWNLOAD_CHUNK)
+            # no read-ahead: a ranged GET a read, a driver's error as itself (gcsfs's prefetcher
+            # wraps a missing object in an AssertionError)
+            src = self.bounded(self.fs.open, remote, "rb", DOWNLOAD_CHUNK, cache_type="none")
             try:
                 done = 0
                 while chunk := self.bounded(src.read, min(DOWNLOAD_CHUNK, cap + 1 - done)):

@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from etl.errors import EtlError
+from etl.errors import EtlError, described
 
 STORE_TIMEOUT = 60.0
 """Seconds one call to the store may take by default (`StoreOptions.timeout`)."""
@@ -107,4 +107,4 @@ def _connection_places(options: Options) -> dict[str, str]:
 
 def why(exc: BaseException) -> str:
     """An exception as one line: its type and message (a driver's errors are often bare)."""
-    return f"{type(exc).__name__}: {exc}"
+    return described(exc)

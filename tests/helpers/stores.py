@@ -199,8 +199,13 @@ def faulty_proxy(
     - "oversend": a GET answered with its body ten times over, the Content-Length saying so
       (a store that sends more than the manifest records);
     - "swap:<suffix>": a GET answered with the object whose key ends in <suffix> instead;
+    - "stall": any request never answered (until the proxy stops): a store that stops
+      answering mid-listing;
     - any fault + "-once" ("reset-once", "late-once"): the first such request only, per method
       and path (a fault that clears).
+
+    A key "?text" matches requests whose query holds `text` instead (a listing's later pages:
+    "?continuation-token").
     """
     release = threading.Event()
     answered: dict[str, int] = {}
@@ -237,8 +242,15 @@ def faulty_proxy(
                 self.wfile.write(body)
 
         def _forward(self) -> None:
-            path = urlsplit(self.path).path
-            fault = next((f for suffix, f in faults.items() if path.endswith(suffix)), None)
+            path, query = urlsplit(self.path).path, urlsplit(self.path).query
+            fault = next(
+                (
+                    f
+                    for key, f in faults.items()
+                    if (key[1:] in query if key.startswith("?") else path.endswith(key))
+                ),
+                None,
+            )
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
             if fault and fault.endswith("-once"):
@@ -257,6 +269,9 @@ def faulty_proxy(
                         return self._error(503, "SlowDown")
             if fault == "deny":
                 return self._error(403, "AccessDenied")
+            if fault == "stall":
+                release.wait(120)
+                return self._error(503, "SlowDown")
             if fault == "hold" and self.command == "PUT":
                 if held is not None:
                     held.set()

@@ -533,3 +533,29 @@ def test_a_container_the_store_serves_short_is_never_read_as_whole(
                 short.read()
         finally:
             s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_a_listing_streams_page_by_page_each_page_within_its_time(
+    store: Any, endpoint: str
+) -> None:
+    """NOTE [ a listing in pages ]: 2,300 objects are three pages of the store's listing.
+    The keys of the first page come before the second is asked for; a page the store never
+    answers is named within that page's time limit, after the first page was delivered; a
+    page throttled twice, then answered, loses nothing."""
+    from tests.helpers.stores import client_options
+
+    names = [f"photos/c{i % 7}/{i:05d}.png" for i in range(2300)]
+    store.pipe({f"{store.bucket}/{name}": b"x" for name in names})
+    url = f"s3://{store.bucket}/photos"
+    with faulty_proxy(endpoint, {"?continuation-token": "stall"}) as proxy:
+        got = []
+        started = time.monotonic()
+        with pytest.raises(SourceError, match=rf"cannot list {url} .*page of the listing took"):
+            for key, size, _, _ in in_store.list_objects(url, client_options(proxy), 2.0):
+                got.append(key)
+                assert size == 1
+        assert len(got) == 1000, "the first page is handed on before the next one is asked"
+        assert time.monotonic() - started < 30
+    with faulty_proxy(endpoint, {"?continuation-token": "throttle-2"}) as proxy:
+        listed = [key for key, *_ in in_store.list_objects(url, client_options(proxy), 10.0)]
+    assert sorted(listed) == sorted(name.removeprefix("photos/") for name in names)

@@ -52,3 +52,23 @@ def test_keys_in_a_url_are_never_printed(
         assert code == 2, out + err
         assert SECRET not in out + err, command
         assert "creds/missing" in err
+
+
+def test_an_error_that_embeds_a_traceback_is_described_in_one_line() -> None:
+    """fsspec's background prefetcher raises an AssertionError whose message is a whole
+    traceback: a message naming it keeps its first line and the error below, in one line."""
+    from etl.errors import described
+
+    embedded = AssertionError(
+        "Consumer caught an error.\n  Traceback (most recent call last):\n"
+        '    File "gcsfs/core.py", line 1340, in _cat_file_sequential\n'
+        "  FileNotFoundError: http://127.0.0.1:1/download/b/o/out%2Fshards%2Fa.npy\n"
+        "  Exception raised during asynchronous fetch.\n"
+    )
+    line = described(embedded)
+    assert "\n" not in line and "Traceback" not in line
+    assert line.startswith("AssertionError: Consumer caught an error.")
+    assert line.endswith(
+        "[FileNotFoundError: http://127.0.0.1:1/download/b/o/out%2Fshards%2Fa.npy]"
+    )
+    assert described(OSError(5, "I/O error")) == "OSError: [Errno 5] I/O error"

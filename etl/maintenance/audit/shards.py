@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from etl.engine.parallel import parallel_map
-from etl.errors import ShardError, WorkerError
+from etl.errors import ShardError, WorkerError, described
 from etl.format.checksums import TAMPER_DIGEST, new_hasher, row_digest
 from etl.format.manifest import (
     Manifest,
@@ -73,7 +73,7 @@ def audit_shard(
     try:
         return _audit_shard(task, mode, sample_shape, algorithm)
     except Exception as exc:
-        raise WorkerError(f"while auditing {task.shard}: {type(exc).__name__}: {exc}") from exc
+        raise WorkerError(f"while auditing {task.shard}: {described(exc)}") from exc
 
 
 def _audit_shard(

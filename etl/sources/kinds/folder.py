@@ -16,7 +16,7 @@ from etl.format import names
 from etl.sources import in_store
 from etl.sources.kind import SourceKind
 from etl.sources.safe_files import stat_file, too_large
-from etl.sources.timed import check_in_store, read_file, with_time_limit
+from etl.sources.timed import check_in_store, read_file
 
 if TYPE_CHECKING:
     pass
@@ -143,13 +143,9 @@ def _list_prefix(config: FolderSource, url: str, context: ListContext | None) ->
     selected = _selection(config)
     files = FileColumnsBuilder(context.scratch if context is not None else None)
     rejects = RejectsBuilder(context.scratch if context is not None else None)
-    try:
-        options = config.storage_options
-        listed = with_time_limit(
-            lambda: list(in_store.list_objects(url, options)), config.io_timeout, url
-        )
-    except OSError as exc:  # no answer within io_timeout: a hung store stops the run, named
-        raise SourceError(f"source.path: cannot list {url} ({exc})") from None
+    # each page within io_timeout: a hung store stops the run, named (NOTE [ a listing in
+    # pages ] in etl.storage.calls)
+    listed = in_store.list_objects(url, config.storage_options, config.io_timeout)
     for relative, size, mtime_ns, etag in listed:
         found = FileStat(size, mtime_ns, 0, etag)
         parts = relative.split("/")

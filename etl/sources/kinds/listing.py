@@ -19,7 +19,7 @@ from etl.sources.intake import ListingBuilder, Occurrences
 from etl.sources.kind import SourceKind
 from etl.sources.listed_rejects import SourceReject
 from etl.sources.safe_files import stat_file, too_large
-from etl.sources.timed import check_in_store, read_file, with_time_limit
+from etl.sources.timed import check_in_store, read_file
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -299,15 +299,11 @@ def _local_files(config: ListingSource, listing: Path) -> FindFile:
 
 def _store_files(config: ListingSource, listing: str) -> FindFile:
     """Listed paths as objects under the listing's prefix, looked up in one listing of it
-    (`in_store.stats_under`, within io_timeout): its size, time and ETag stand for a stat."""
+    (`in_store.stats_under`, each page within io_timeout): its size, time and ETag stand for
+    a stat."""
     base = listing.rsplit("/", 1)[0]
     options = config.storage_options
-    try:
-        stats = with_time_limit(
-            lambda: in_store.stats_under(base, options), config.io_timeout, base
-        )
-    except OSError as exc:  # no answer within io_timeout
-        raise SourceError(f"source.path: cannot list {base} ({exc})") from None
+    stats = in_store.stats_under(base, options, config.io_timeout)  # each page within it
 
     def find(source: str, relative: str, where: str) -> tuple[str, FileStat | SourceReject]:
         full = f"{base}/{relative}"

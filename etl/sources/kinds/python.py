@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from etl.config import PythonSource
-from etl.errors import SourceError
+from etl.errors import SourceError, described
 from etl.sources.entries import ListContext, SourceListing
 from etl.sources.intake import Occurrences, RecordIntake
 from etl.sources.kind import SourceKind
@@ -34,7 +34,7 @@ def list_python(config: PythonSource, context: ListContext) -> SourceListing:
     try:
         iterator = iter(function(**config.options))
     except Exception as exc:
-        raise SourceError(f"source.function {spec!r} raised {type(exc).__name__}: {exc}") from exc
+        raise SourceError(f"source.function {spec!r} raised {described(exc)}") from exc
     met = Occurrences()
     index = 0
     keys = frozenset(column.key for column in context.columns)
@@ -94,8 +94,7 @@ def _records_function(config: PythonSource) -> Callable[..., Any]:
         ) from None
     except Exception as exc:
         raise SourceError(
-            f"source.function {spec!r}: importing {module_name!r} raised "
-            f"{type(exc).__name__}: {exc}"
+            f"source.function {spec!r}: importing {module_name!r} raised {described(exc)}"
         ) from exc
     finally:
         if added:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from etl.config import LmdbSource
-from etl.errors import SourceError
+from etl.errors import SourceError, described
 from etl.format import names
 from etl.sources.payloads import UNPICKLE_ERRORS, field_of, image_bytes, is_pickle
 
@@ -100,4 +100,4 @@ def read_lmdb(config: LmdbSource, locator: str) -> bytes:
                 raise FileNotFoundError(f"key {locator!r} is no longer in {config.path}")
             return bytes(lmdb_record(value, config)[0])
     except (lmdb.Error, *UNPICKLE_ERRORS) as exc:
-        raise OSError(f"key {locator!r}: {type(exc).__name__}: {exc}") from None
+        raise OSError(f"key {locator!r}: {described(exc)}") from None

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from etl.config import LmdbSource
-from etl.errors import SourceError
+from etl.errors import SourceError, described
 from etl.format import names
 from etl.format.checksums import digest
 from etl.sources.entries import FileStat, ListContext, SourceListing
@@ -70,7 +70,7 @@ def _lmdb_sample(
     try:
         image, record = lmdb_record(value, config)
     except UNPICKLE_ERRORS as exc:
-        return reject("unreadable", f"pickled record: {type(exc).__name__}: {exc}")
+        return reject("unreadable", f"pickled record: {described(exc)}")
     split: str | None = None
     if labels is not None:
         label, split = labels.get(source)
