@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
@@ -30,6 +30,10 @@ MAX_LEFT_BEHIND = 16
 
 _left_behind = 0
 _counted = threading.Lock()
+
+
+Objects = AsyncGenerator[dict[str, Any], None]
+"""A store's objects under a prefix, as fsspec info dicts, fetched a page at a time."""
 
 
 class Abandoned(Exception):
@@ -96,19 +100,19 @@ def watched(timeout: float, steps: Callable[[Callable[[], None]], T]) -> T:
 
 
 def listing(fs: Any, root: str, page_timeout: float | None) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Every object under `root` as (path, details), streamed page by page where the driver
-    lists in pages (s3fs: 1,000 keys a request), each page within `page_timeout` seconds.
+    """Every object under `root` as (path, details), streamed page by page (s3fs, gcsfs,
+    adlfs: 1,000 or so keys a request), each page within `page_timeout` seconds.
 
     NOTE [ a listing in pages ]: a prefix of millions of objects is a thousand requests and
     more; as one call (`fs.find`) it holds every object's details at once and must end
     within one time limit, which a healthy store that is merely large fails. In pages, only
     a page is held, a store that stops answering is named within one page's time, and a
-    listing of any length goes on while each page comes. Another driver's listing comes
-    whole, within `page_timeout` (gcsfs and adlfs page inside `find` and expose no pages).
-    `page_timeout` None waits as long as the store takes.
+    listing of any length goes on while each page comes. The drivers page inside `find` and
+    expose no pages, so each driver's own listing call is used (`_objects`); another
+    driver's listing comes whole, within `page_timeout`. None waits as long as it takes.
     """
-    iterdir = getattr(fs, "_iterdir", None)
-    if iterdir is None or getattr(fs, "version_aware", False) or not hasattr(fs, "loop"):
+    objects = _objects(fs, root)
+    if objects is None:
         if page_timeout is None:
             found = fs.find(root, detail=True, withdirs=False)
         else:
@@ -117,18 +121,64 @@ def listing(fs: Any, root: str, page_timeout: float | None) -> Iterator[tuple[st
         return
     from fsspec.asyn import sync
 
-    bucket, key, _ = fs.split_path(root)
-    pages = iterdir(bucket, prefix=f"{key.rstrip('/')}/" if key else "", delimiter="")
     try:
         while True:
-            try:
-                info = sync(fs.loop, asyncio.wait_for, pages.__anext__(), page_timeout)
+            try:  # an object of the page in hand, or the next page's request
+                info = sync(fs.loop, asyncio.wait_for, objects.__anext__(), page_timeout)
             except StopAsyncIteration:
                 return
             except TimeoutError:
-                raise TimeoutError(f"a page of the listing took over {page_timeout:g} s") from None
-            if info.get("type") != "directory":
-                yield info["name"], info
+                raise TimeoutError(f"a page of the listing took over {page_timeout} s") from None
+            yield info["name"], info
     finally:
         with contextlib.suppress(Exception):
-            sync(fs.loop, pages.aclose, timeout=page_timeout)
+            sync(fs.loop, objects.aclose, timeout=page_timeout)
+
+
+def _objects(fs: Any, root: str) -> Objects | None:
+    """The objects under `root` as the driver's own paged listing gives them (fsspec info
+    dicts), or None for a driver whose pages we do not know."""
+    kind = type(fs).__module__.split(".", 1)[0]
+    if not hasattr(fs, "loop") or getattr(fs, "version_aware", False):
+        return None
+    bucket, key = fs.split_path(root)[:2]
+    prefix = f"{key.rstrip('/')}/" if key else ""
+    if kind == "s3fs":
+        return cast(Objects, fs._iterdir(bucket, prefix=prefix, delimiter=""))
+    if kind == "gcsfs":
+        return _gcs_objects(fs, bucket, prefix)
+    if kind == "adlfs":
+        return _azure_objects(fs, bucket, prefix)
+    return None
+
+
+async def _gcs_objects(fs: Any, bucket: str, prefix: str) -> Objects:
+    token: dict[str, str] = {}
+    while True:
+        page = await fs._call(
+            "GET", "b/{}/o", bucket, json_out=True, prefix=prefix, maxResults=1000, **token
+        )
+        for item in page.get("items", []):
+            yield fs._process_object(bucket, item)
+        if not page.get("nextPageToken"):
+            return
+        token = {"pageToken": page["nextPageToken"]}
+
+
+async def _azure_objects(fs: Any, container: str, prefix: str) -> Objects:
+    client = fs.service_client.get_container_client(container)
+    listed = client.list_blobs(
+        name_starts_with=prefix or None, include=["metadata"], results_per_page=1000
+    )
+    pages = listed.by_page()
+    async for page in pages:
+        async for blob in page:
+            if (blob.metadata or {}).get("is_directory") == "true":
+                continue  # adlfs's marker of an empty folder, no object
+            yield {
+                "name": f"{container}/{blob.name}",
+                "size": blob.size,
+                "type": "file",
+                "last_modified": blob.last_modified,
+                "etag": blob.etag,
+            }
