@@ -2,7 +2,7 @@
 `python -m benchmarks.bench_sources --tiny`, `python -m benchmarks.bench_scale --tiny`,
 `python -m benchmarks.bench_tree --tiny`, `python -m benchmarks.bench_cold --tiny`, and small
 runs of `bench_remote`, `bench_remote_pack`, `bench_pack_grid`, `bench_rejects`,
-`bench_verify_rows`, `bench_columns`, `bench_mixture` and `bench_aspect`.
+`bench_verify_rows`, `bench_columns`, `bench_mixture`, `bench_aspect` and `bench_codecs`.
 
 Numbers from 16 photos mean nothing; the test checks that every part runs (photo generation,
 bare loops, the pipeline on every backend, the memory runs) and that the pipeline's pixels equal
@@ -192,3 +192,13 @@ def test_bench_aspect_small(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "| aspect | " in done.stdout and "aspect / fixed: bytes" in done.stdout
+
+
+def test_bench_codecs_small() -> None:
+    done = run_benchmark("bench_codecs", "--photos", "12", timeout=300)
+    assert done.returncode == 0, done.stderr
+    table = done.stdout
+    assert "| raw | 100.0% | 1.0 |" in table
+    for lossless in ("png level 1 (Pillow)", "zlib level 1 over raw rows"):
+        row = next(line for line in table.splitlines() if line.startswith(f"| {lossless} |"))
+        assert row.endswith("| 0 | exact |"), row  # decoded back byte for byte
