@@ -39,6 +39,7 @@ Modules:
 - `shard_checks`:   a shard's checksum, its probe row, rows hashed as copied
 - `span`:           every shard mapped in one array, so a batch is one numpy call
 - `stream`:         `PackedStream`: whole shards streamed, for data larger than RAM
+- `trace`:          which samples a run read at a step, from its saved states
 """
 
 from etl.errors import ManifestError, SelectionError, ShardError

@@ -39,6 +39,7 @@ from loaders.resume import State, check_global_batch, check_state
 from loaders.ring import SharedRing
 from loaders.samplers import MixtureSampler, OrderSampler
 from loaders.stream import PackedStream, refuse_loader_options
+from loaders.trace import RunSteps
 
 
 def _from_worker(exc: EtlError) -> EtlError:
@@ -158,6 +159,7 @@ class PackedLoader(DataLoader[Any]):
         self.order: OrderSampler | None = None
         """The loaders order sampler behind the batches (None: a stream, or a torch sampler)."""
         self._position: Position | None = None
+        self.steps = RunSteps()  # steps before this iteration, iterations' segments: trace
         if isinstance(dataset, PackedStream):
             refuse_loader_options(batch_size, shuffle, sampler, batch_sampler, drop_last, generator)
             self._init_stream(dataset, pin, with_indices, common)
@@ -248,7 +250,11 @@ class PackedLoader(DataLoader[Any]):
         return super().__len__()
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self._ended()
         position = self._position = self._begin()
+        if position is not None and self.order is not None:  # NOTE [ a run's history ]
+            sizes = (self.order.world_size, self._batch_size())
+            self.steps.began(position.epoch, position.start, position.skip, *sizes)
         stream = self.stream
         ring = self._pinned_ring()
         if ring is not None:
@@ -364,6 +370,12 @@ class PackedLoader(DataLoader[Any]):
         target = self.order if self.order is not None else self.stream
         if target is not None:
             target.set_epoch(epoch)
+        self._ended()
+
+    def _ended(self) -> None:
+        """Count what the last iteration delivered into the run's steps, and forget it."""
+        if self._position is not None:
+            self.steps.ended(self._position.batches - self._position.held)
         self._position = None
 
     def state_dict(self) -> State:
@@ -375,8 +387,10 @@ class PackedLoader(DataLoader[Any]):
         stream = self.stream
         if self.order is not None:
             state = {**identity, **self.order.state_dict()}
+            delivered = 0 if position is None else position.batches - position.held
+            state.update(self.steps.fields(delivered))
             if position is not None and position.epoch == self.order.epoch:
-                done = (position.batches - position.held) * self._batch_size()
+                done = delivered * self._batch_size()
                 state.update(
                     start=position.start, position=position.skip + min(done, position.remaining)
                 )
@@ -405,6 +419,7 @@ class PackedLoader(DataLoader[Any]):
             check_state(state, identity, ("batch_size", "world_size"))
             check_global_batch(state, int(size), self.order.world_size)
             self.order.load_state_dict(state)
+            self.steps.load(state)
         else:
             assert stream is not None, "_identity refuses loaders that cannot resume"
             check_state(state, identity, ("epoch", "batches", "rank"))

@@ -1,0 +1,156 @@
+"""Which samples a run read at step N, and at which steps it read a sample: answered from the
+loader states a run saved, without replaying it.
+
+NOTE [ a run's history ]: a loader's orders are pure functions of (seed, epoch), so what rank r
+read at its k-th batch of an iteration is the k-th batch of `partition(global_order(epoch)
+[start:], r, world_size, drop_last)[position:]`, for the segment the iteration began at. The
+loader records one entry per iteration (`Segment`: the global step it began at, its epoch,
+segment start, position, world size and batch size) and carries them from state to state
+(`state_dict()["history"]`, a compact string: states stay plain ints and strings). A step is
+the loader's global batch index across epochs, counting the batches that reached the training
+loop, as `state_dict` counts them. An iteration resumed from a state (with another world size
+too) begins a new entry, so a question about any step before the state was saved is answered
+exactly, in the time it takes to draw that one epoch's order. At most `HISTORY_LIMIT`
+entries are kept (the oldest go first); a step before them is refused, never guessed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import astuple, dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from loaders.orders import partition
+
+HISTORY_LIMIT = 4096
+"""Iterations a state remembers: one entry (about 25 bytes) each."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One iteration of a loader: where in the run and in its epoch's order it began."""
+
+    step: int
+    """The global step of its first batch."""
+    epoch: int
+    start: int
+    """Where its segment begins in the epoch's global order (after an elastic resume)."""
+    position: int
+    """Samples of each rank's part of the segment that an earlier iteration delivered."""
+    world_size: int
+    batch_size: int
+
+
+def encode(segments: list[Segment]) -> str:
+    """Segments as the state carries them: "step:epoch:start:position:world:batch;..."."""
+    return ";".join(":".join(str(v) for v in astuple(s)) for s in segments[-HISTORY_LIMIT:])
+
+
+def decode(text: object) -> list[Segment]:
+    """The segments a state's "history" field holds (none for a state saved without one).
+    ValueError naming the field for anything that is not what `encode` writes."""
+    if text in (None, ""):
+        return []
+    try:
+        assert isinstance(text, str)
+        segments = [Segment(*(int(v) for v in part.split(":"))) for part in text.split(";")]
+    except (AssertionError, TypeError, ValueError):
+        raise ValueError("loader state field 'history' is damaged: not a run's history") from None
+    if any(min(astuple(s)) < 0 or s.world_size < 1 or s.batch_size < 1 for s in segments):
+        raise ValueError("loader state field 'history' is damaged: a negative or zero field")
+    return segments
+
+
+def samples_at(loader: Any, state: Mapping[str, Any], step: int, rank: int = 0) -> NDArray[Any]:
+    """The dataset indices rank `rank` read at global step `step` of the run whose loader state
+    is `state`, with `loader` built as the run built it (dataset, shuffle=, seed=, drop_last).
+    `loader.dataset.manifest_rows(indices)` names the samples. ValueError for a step the state
+    cannot answer (before its history, not yet read when it was saved) or a rank the segment
+    did not have."""
+    order, segments, end = _run_of(loader, state)
+    if not 0 <= step < end:
+        raise ValueError(f"step {step} was not read: the state was saved after step {end - 1}")
+    index = max((i for i, s in enumerate(segments) if s.step <= step), default=None)
+    if index is None:
+        raise ValueError(
+            f"step {step} is before the state's history (from step {segments[0].step})"
+        )
+    segment = segments[index]
+    if not 0 <= rank < segment.world_size:
+        raise ValueError(f"rank {rank} is not in a world of {segment.world_size} at step {step}")
+    part = _part(order, segment, rank)
+    first = (step - segment.step) * segment.batch_size
+    return part[first : first + segment.batch_size]
+
+
+def steps_of(loader: Any, state: Mapping[str, Any], sample: int) -> list[tuple[int, int]]:
+    """Every (step, rank) at which the run read dataset index `sample`, up to the step the
+    state was saved at: one order drawn per iteration in the history."""
+    order, segments, end = _run_of(loader, state)
+    found = []
+    for i, segment in enumerate(segments):
+        stop = segments[i + 1].step if i + 1 < len(segments) else end
+        for rank in range(segment.world_size):
+            hits = np.flatnonzero(_part(order, segment, rank) == sample)
+            for k in sorted(set((hits // segment.batch_size).tolist())):
+                if segment.step + k < stop:
+                    found.append((segment.step + k, rank))
+    return sorted(found)
+
+
+def _run_of(loader: Any, state: Mapping[str, Any]) -> tuple[Any, list[Segment], int]:
+    """(the loader's order sampler, the state's segments, the steps read) or ValueError."""
+    from loaders.samplers import MixtureSampler
+
+    order = getattr(loader, "order", None)
+    if order is None or isinstance(order, MixtureSampler):
+        raise ValueError(
+            "tracing answers for a loader over a dataset or view with one of the loaders "
+            "orders (shuffle=); a stream, a mixture or a torch sampler is not traced yet"
+        )
+    segments = decode(state.get("history"))
+    end = state.get("step")
+    if not segments or not isinstance(end, int):
+        raise ValueError("the loader state has no history: save it with this version of loaders")
+    return order, segments, end
+
+
+def _part(order: Any, segment: Segment, rank: int) -> NDArray[Any]:
+    """Rank `rank`'s samples of `segment`'s iteration, in the order they were read."""
+    segmented = order.global_order(segment.epoch)[segment.start :]
+    part = partition(segmented, rank, segment.world_size, order.drop_last)[segment.position :]
+    if order.drop_last:  # DataLoader drops the last batch short of batch_size too
+        part = part[: len(part) - len(part) % segment.batch_size]
+    return np.asarray(part)
+
+
+class RunSteps:
+    """A loader's count of the steps it delivered in earlier iterations, and the segment each
+    iteration began at (NOTE [ a run's history ]); `PackedLoader` keeps one."""
+
+    def __init__(self) -> None:
+        self.before = 0
+        self.segments: list[Segment] = []
+
+    def ended(self, delivered: int) -> None:
+        """An iteration ended (or was left) having handed `delivered` batches to the loop."""
+        self.before += delivered
+
+    def began(self, epoch: int, start: int, position: int, world: int, batch: int) -> None:
+        self.segments.append(Segment(self.before, epoch, start, position, world, batch))
+        del self.segments[:-HISTORY_LIMIT]
+
+    def fields(self, delivered: int) -> dict[str, int | str]:
+        """A state's "step" (the iteration in progress delivered `delivered`) and "history"."""
+        return {"step": self.before + delivered, "history": encode(self.segments)}
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        """Carry a loaded state's steps and history on (a state without them starts both)."""
+        step = state.get("step", 0)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"loader state field 'step' must be an int >= 0, got {step!r}")
+        self.segments = decode(state.get("history"))
+        self.before = step

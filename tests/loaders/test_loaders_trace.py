@@ -1,0 +1,134 @@
+"""Which samples a run read at step N (NOTE [ a run's history ] in `loaders.trace`): every
+answer compared with the dataset indices the loaders actually delivered while the run went,
+through resumes with the same and another world size."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from loaders import DeviceLoader, PackedDataset, make_loader
+from loaders.trace import decode, samples_at, steps_of
+from tests.helpers.packed import Packed
+
+
+@pytest.fixture(autouse=True)
+def _quiet_cpu_note() -> None:
+    warnings.filterwarnings("ignore", "CUDA is not available", RuntimeWarning)
+
+
+Read = dict[tuple[int, int], list[int]]
+"""(step, rank) -> the dataset indices delivered there."""
+
+
+def steps(batches: Iterator[Any], read: Read, first: int, rank: int, count: int | None) -> int:
+    """Take `count` batches (all, with None), recording each one's indices; the next step."""
+    step = first
+    for batch in batches:
+        read[(step, rank)] = batch[2].tolist()
+        step += 1
+        if count is not None and step - first == count:
+            break
+    return step
+
+
+def loader_of(ds: PackedDataset, shuffle: Any, drop_last: bool, **options: Any) -> Any:
+    return make_loader(
+        ds, batch_size=options.pop("batch_size", 5), shuffle=shuffle, seed=3,
+        drop_last=drop_last, with_indices=True, **options,
+    )  # fmt: skip
+
+
+def check_traced(read: Read, state: dict[str, Any], tracer: Any) -> None:
+    for (step, rank), indices in read.items():
+        assert samples_at(tracer, state, step, rank).tolist() == indices, (step, rank)
+    for sample in sorted({i for indices in read.values() for i in indices})[:12]:
+        expected = sorted(
+            (s, r) for (s, r), indices in read.items() for i in indices if i == sample
+        )
+        assert steps_of(tracer, state, sample) == expected, sample
+
+
+@pytest.mark.parametrize("shuffle", ["random", False, "blocks"])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("through", ["loader", "DeviceLoader", "2 workers"])
+def test_every_step_of_a_run_resumed_twice_is_traced_to_what_it_read(
+    packed: Packed, shuffle: Any, drop_last: bool, through: str
+) -> None:
+    """Epoch 0 whole, epoch 1 cut after 4 batches and its state saved; a new loader resumes
+    it, reads epoch 2 whole and 2 batches of epoch 3, and saves again: every step of all of
+    it is traced, from that last state, to the indices delivered."""
+    ds = PackedDataset.open(packed.root)
+    workers = 2 if through == "2 workers" else 0
+    read: Read = {}
+
+    def batches(loader: Any) -> Iterator[Any]:
+        return iter(DeviceLoader(loader, device="cpu") if through == "DeviceLoader" else loader)
+
+    first = loader_of(ds, shuffle, drop_last, num_workers=workers)
+    step = steps(batches(first), read, 0, 0, None)
+    first.set_epoch(1)
+    wrapper = DeviceLoader(first, device="cpu") if through == "DeviceLoader" else first
+    step = steps(iter(wrapper), read, step, 0, 4)
+    saved = wrapper.state_dict()
+    assert saved["step"] == step
+
+    second = loader_of(ds, shuffle, drop_last, num_workers=workers)
+    second.load_state_dict(saved)
+    second.set_epoch(1)
+    step = steps(batches(second), read, step, 0, None)
+    second.set_epoch(2)
+    step = steps(batches(second), read, step, 0, None)
+    second.set_epoch(3)
+    step = steps(iter(second), read, step, 0, 2)
+    final = second.state_dict()
+    assert final["step"] == step == len(read)
+    assert [s.epoch for s in decode(final["history"])] == [0, 1, 1, 2, 3]
+
+    check_traced(read, final, loader_of(ds, shuffle, drop_last))
+    with pytest.raises(ValueError, match=f"step {step} was not read"):
+        samples_at(second, final, step)
+
+
+def test_an_elastic_resume_from_two_ranks_to_four_is_traced_per_rank(packed: Packed) -> None:
+    """Two ranks (batches of 4) read 5 steps of epoch 0; four ranks (batches of 2, the same
+    global batch) resume from rank 0's state and read the rest of epoch 0 and all of epoch 1:
+    each rank's every step is traced to what that rank read."""
+    ds = PackedDataset.open(packed.root)
+    read: Read = {}
+    saved = {}
+    for rank in (0, 1):
+        loader = loader_of(ds, "random", False, batch_size=4, rank=rank, world_size=2)
+        steps(iter(loader), read, 0, rank, 5)
+        saved[rank] = loader.state_dict()
+    assert saved[0]["history"] == saved[1]["history"] and saved[0]["step"] == 5
+    final = {}
+    for rank in range(4):
+        loader = loader_of(ds, "random", False, batch_size=2, rank=rank, world_size=4)
+        loader.load_state_dict(saved[0])
+        step = steps(iter(loader), read, 5, rank, None)
+        loader.set_epoch(1)
+        step = steps(iter(loader), read, step, rank, None)
+        final[rank] = loader.state_dict()
+    assert len({f["history"] for f in final.values()}) == 1
+    check_traced(read, final[2], loader_of(ds, "random", False))
+    every = [i for (s, _), indices in read.items() if s < 5 + 8 for i in indices]
+    assert sorted(set(every)) == list(range(len(ds))), "epoch 0: every sample, by some rank"
+
+
+def test_a_state_without_history_or_with_a_damaged_one_is_refused(packed: Packed) -> None:
+    ds = PackedDataset.open(packed.root)
+    loader = loader_of(ds, "random", False)
+    for _ in loader:
+        pass
+    state = loader.state_dict()
+    bare = {k: v for k, v in state.items() if k not in ("step", "history")}
+    loader.load_state_dict(bare)  # a state saved before tracing existed still loads
+    with pytest.raises(ValueError, match="has no history"):
+        samples_at(loader, bare, 0)
+    for damaged in ("1:2:x", "0:0:0:0:0:5", 7, "0:0:0:0:1"):
+        with pytest.raises(ValueError, match="'history' is damaged"):
+            loader.load_state_dict({**state, "history": damaged})
