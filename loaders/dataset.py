@@ -26,7 +26,7 @@ from etl.deprecations import warn_once
 from etl.format.manifest import VERSIONS_DIR
 from etl.format.retirement import retired_versions
 from etl.format.views import View
-from etl.storage.location import Location, StoreOptions, open_location
+from etl.storage.location import Location, StoreOptions, is_url, open_location
 from loaders.batches import SIZE_COLUMNS, AnyBatch, Columns, Samples, make_batch
 from loaders.catalog import Selection, Where, open_catalog
 from loaders.memory import BatchMemory
@@ -81,6 +81,9 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
             selection.shards, verify_shards, release_every, readahead, drop_behind
         )
         self.memory = BatchMemory()
+        self.opened: dict[str, Any] | None = None
+        """How `open` was called (dataset, version, split, classes, where=): what a run's
+        record keeps to open it again (`loaders.trace`); None for a view or a callable where=."""
         """Where batches are gathered (`make_loader` sets pinning and the workers' ring)."""
         self.with_indices = False
         """Whether gathered batches carry each sample's index (an `IndexedBatch`)."""
@@ -151,7 +154,19 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
             )
             shards = replace(shards, url=location.store.url, cache=cache, ranged=ranged)
             selection = replace(selection, shards=shards)
-        return cls(selection, transform, checks == "shards", release_every, readahead, drop_behind)
+        opened = cls(
+            selection, transform, checks == "shards", release_every, readahead, drop_behind
+        )
+        if view is None and (where is None or isinstance(where, str)):
+            given = cast(Path | str, path)
+            opened.opened = {
+                "dataset": str(given) if is_url(given) else str(Path(given).resolve()),
+                "version": selection.version,
+                "split": split if split is None or isinstance(split, str) else list(split),
+                "classes": None if classes is None else list(classes),
+                "where": where,
+            }
+        return opened
 
     @property
     def classes(self) -> tuple[str, ...]:

@@ -388,7 +388,7 @@ class PackedLoader(DataLoader[Any]):
         if self.order is not None:
             state = {**identity, **self.order.state_dict()}
             delivered = 0 if position is None else position.batches - position.held
-            state.update(self.steps.fields(delivered))
+            state.update(self.steps.fields(delivered, self))
             if position is not None and position.epoch == self.order.epoch:
                 done = delivered * self._batch_size()
                 state.update(

@@ -129,5 +129,8 @@ def loader_sampler(
     if batch_sampler is None and sampler is None:
         if batch_size is None:
             raise ValueError("PackedLoader batches: batch_size=None is for a PackedStream")
-        return named_order(shuffle or False)(dataset, options_of())
+        made = named_order(shuffle or False)(dataset, options_of())
+        if isinstance(shuffle, bool | str | None):  # what a run's record rebuilds it from
+            made.named = shuffle or False
+        return made
     return sampler

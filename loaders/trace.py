@@ -16,6 +16,7 @@ entries are kept (the oldest go first); a step before them is refused, never gue
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import astuple, dataclass
 from typing import Any
@@ -143,9 +144,11 @@ class RunSteps:
         self.segments.append(Segment(self.before, epoch, start, position, world, batch))
         del self.segments[:-HISTORY_LIMIT]
 
-    def fields(self, delivered: int) -> dict[str, int | str]:
-        """A state's "step" (the iteration in progress delivered `delivered`) and "history"."""
-        return {"step": self.before + delivered, "history": encode(self.segments)}
+    def fields(self, delivered: int, loader: Any) -> dict[str, int | str]:
+        """A state's "step" (the iteration in progress delivered `delivered`), "history" and
+        "run": what `rebuilt` opens the run's dataset and order from."""
+        step = self.before + delivered
+        return {"step": step, "history": encode(self.segments), "run": describe(loader)}
 
     def load(self, state: Mapping[str, Any]) -> None:
         """Carry a loaded state's steps and history on (a state without them starts both)."""
@@ -154,3 +157,51 @@ class RunSteps:
             raise ValueError(f"loader state field 'step' must be an int >= 0, got {step!r}")
         self.segments = decode(state.get("history"))
         self.before = step
+
+
+def describe(loader: Any) -> str:
+    """The run's record (JSON, a few hundred bytes): the dataset as opened (path or URL,
+    version, split, classes, where=) and the order (shuffle=, seed, batch size, drop_last);
+    "" where the loader cannot be rebuilt from it (a view, a mixture, a sampler of your own)."""
+    opened = getattr(loader.dataset, "opened", None)
+    order = getattr(loader, "order", None)
+    named = getattr(order, "named", None)
+    if opened is None or order is None or named is None:
+        return ""
+    run = {**opened, "shuffle": named, "seed": order.seed, "drop_last": bool(order.drop_last)}
+    return json.dumps({**run, "batch_size": loader._batch_size()}, sort_keys=True)
+
+
+def rebuilt(state: Mapping[str, Any], store: Any = None) -> Any:
+    """A loader over the run's dataset, in the run's order, made from `state["run"]`, checked
+    to be the run's (dataset version, selection, order and seed as the state records them).
+    ValueError in one line where the state has no record or the record does not rebuild it."""
+    from loaders.dataset import PackedDataset
+    from loaders.factories import make_loader
+
+    text = state.get("run")
+    if not isinstance(text, str) or not text:
+        raise ValueError(
+            "the loader state records no run to rebuild (a view, a mixture or a sampler of "
+            "your own, or saved before runs were recorded): build the loader yourself"
+        )
+    try:
+        run = json.loads(text)
+        ds = PackedDataset.open(
+            run["dataset"], split=run["split"], classes=run["classes"], where=run["where"],
+            version=run["version"], verify=False, store=store,
+        )  # fmt: skip
+        loader = make_loader(
+            ds, batch_size=run["batch_size"], shuffle=run["shuffle"], seed=run["seed"],
+            drop_last=run["drop_last"], rank=0, world_size=1, num_workers=0, pin_memory=False,
+        )  # fmt: skip
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"the loader state's run record does not rebuild it ({exc})") from None
+    mine = loader.state_dict()
+    for key in ("dataset_version", "selection", "order", "seed", "drop_last"):
+        if mine.get(key) != state.get(key):
+            raise ValueError(
+                f"the run's dataset and order, opened again, differ in {key} "
+                f"({state.get(key)!r} then, {mine.get(key)!r} now): not traced"
+            )
+    return loader

@@ -8,6 +8,7 @@ Modules:
 - `inspect`:  `etl init`, `etl inspect` and `etl show`
 - `progress`: progress bars with rate and ETA on stderr
 - `run`:      `etl run`, `etl validate` and `etl sample-data`
+- `trace`:    `etl trace`: which samples a run read at a step, from its saved state
 - `versions`: `etl versions`, `etl diff` and `etl compact`
 - `views`:    `etl view`: what a view file selects
 """
@@ -33,6 +34,7 @@ COMMAND_MODULES = {
     "diff": "versions",
     "compact": "versions",
     "view": "views",
+    "trace": "trace",
 }
 """Each command and the module of `etl.cli` that registers it: a command imports its own
 module only (`etl run` skips the audit's, the viewer's, ... imports: about 0.1 s of every

@@ -4,14 +4,17 @@ through resumes with the same and another world size."""
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from loaders import DeviceLoader, PackedDataset, make_loader
 from loaders.trace import decode, samples_at, steps_of
+from tests.helpers.cli import cli
 from tests.helpers.packed import Packed
 
 
@@ -132,3 +135,44 @@ def test_a_state_without_history_or_with_a_damaged_one_is_refused(packed: Packed
     for damaged in ("1:2:x", "0:0:0:0:0:5", 7, "0:0:0:0:1"):
         with pytest.raises(ValueError, match="'history' is damaged"):
             loader.load_state_dict({**state, "history": damaged})
+
+
+def test_etl_trace_answers_from_a_checkpoint_without_the_training_code(
+    packed: Packed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The state inside a checkpoint (torch.save of a trainer's dict) or a JSON file records
+    the run: `etl trace --step` names what was read at that step, `--sample` when a sample
+    was read, each equal to what the loader delivered."""
+    import torch
+
+    ds = PackedDataset.open(packed.root, split="train")
+    loader = loader_of(ds, "random", False)
+    read: Read = {}
+    step = steps(iter(loader), read, 0, 0, None)
+    loader.set_epoch(1)
+    steps(iter(loader), read, step, 0, 3)
+    state = loader.state_dict()
+    checkpoint = tmp_path / "last.ckpt"
+    torch.save({"epoch": 1, "loops": {"fit": {"train_dataloader": state}}}, checkpoint)
+    as_json = tmp_path / "state.json"
+    as_json.write_text(json.dumps(state))
+    table = ds.manifest_rows(list(range(len(ds))))
+    sources = table.column("source").to_pylist()
+    asked = len(read) - 2  # a step of epoch 1
+    for record in (checkpoint, as_json):
+        code, out, err = cli(["trace", str(record), "--step", str(asked), "--json"], capsys)
+        assert code == 0, err
+        answer = json.loads(out)
+        assert [s["index"] for s in answer["samples"]] == read[(asked, 0)]
+        assert [s["source"] for s in answer["samples"]] == [sources[i] for i in read[(asked, 0)]]
+    chosen = read[(2, 0)][0]
+    code, out, err = cli(["trace", str(checkpoint), "--sample", sources[chosen], "--json"], capsys)
+    assert code == 0, err
+    expected = [{"step": s, "rank": r} for (s, r), got in sorted(read.items()) if chosen in got]
+    assert json.loads(out)["read"] == expected
+    code, out, err = cli(["trace", str(checkpoint), "--step", str(len(read))], capsys)
+    assert code == 2 and f"step {len(read)} was not read" in err and "Traceback" not in err
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"epoch": 0}))
+    code, out, err = cli(["trace", str(bare), "--step", "0"], capsys)
+    assert code == 2 and "holds no loader state with a run's history" in err

@@ -1,0 +1,118 @@
+"""`etl trace`: which samples a training run read at a step, and when it read a sample, from a
+loader state it saved (NOTE [ a run's history ] in `loaders.trace`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from etl.cli.app import app, out
+from etl.errors import ConfigError
+
+
+@app.command()
+def trace(
+    record: Annotated[
+        Path,
+        typer.Argument(
+            help="A checkpoint (torch.save, Lightning, accelerate) or a JSON file "
+            "holding a loader's state_dict()."
+        ),
+    ],
+    step: Annotated[int | None, typer.Option("--step", min=0, help="A global step.")] = None,
+    rank: Annotated[int, typer.Option("--rank", min=0, help="The rank asked about.")] = 0,
+    sample: Annotated[
+        str | None, typer.Option("--sample", help="A sample id or source name: when was it read?")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")] = False,
+) -> None:
+    """Say which samples a run read at a step (--step), or at which steps and ranks it read a
+    sample (--sample), from a loader state it saved: the dataset and order are opened again
+    from the state's record, nothing of the training code is needed.
+
+    Example:  etl trace checkpoints/last.ckpt --step 41237 --rank 3
+    """
+    if (step is None) == (sample is None):
+        raise typer.BadParameter("give --step N or --sample ID_OR_SOURCE")
+    try:
+        from loaders.trace import rebuilt, samples_at, steps_of
+    except ModuleNotFoundError as exc:
+        raise ConfigError(
+            f"etl trace opens the run with the loaders ({exc.name} is missing): "
+            "pip install 'etl-memmap[loaders]'"
+        ) from None
+    state = _loader_state(record)
+    try:
+        loader = rebuilt(state)
+        table = loader.dataset.manifest_rows(list(range(len(loader.dataset))))
+        if step is not None:
+            indices = samples_at(loader, state, step, rank).tolist()
+            answer: dict[str, Any] = {"step": step, "rank": rank, "samples": _named(table, indices)}
+        else:
+            assert sample is not None
+            index = _index_of(table, sample)
+            read = [{"step": s, "rank": r} for s, r in steps_of(loader, state, index)]
+            answer = {"sample": _named(table, [index])[0], "read": read}
+    except ValueError as exc:
+        raise ConfigError(f"{record}: {exc}") from None
+    if as_json:
+        print(json.dumps(answer, indent=2))
+        return
+    if step is not None:
+        out.print(f"step {step}, rank {rank}: {len(answer['samples'])} samples", highlight=False)
+        for row in answer["samples"]:
+            out.print(
+                f"  {row['sample_id']}  {row['class_name']:12} {row['source']}", highlight=False
+            )
+    else:
+        row = answer["sample"]
+        out.print(f"{row['sample_id']} {row['source']}: read {len(answer['read'])} times",
+                  highlight=False)  # fmt: skip
+        for at in answer["read"]:
+            out.print(f"  step {at['step']}, rank {at['rank']}", highlight=False)
+
+
+def _loader_state(record: Path) -> Mapping[str, Any]:
+    """The loader state in `record`: the first mapping in it with a run's history."""
+    try:
+        if record.suffix == ".json":
+            loaded: Any = json.loads(record.read_text())
+        else:
+            import torch
+
+            loaded = torch.load(record, map_location="cpu", weights_only=True)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ConfigError(f"{record}: cannot read it ({type(exc).__name__}: {exc})") from None
+    for found in _mappings(loaded):
+        if "history" in found and "step" in found:
+            return found
+    raise ConfigError(f"{record}: holds no loader state with a run's history")
+
+
+def _mappings(value: Any, depth: int = 0) -> Iterator[Mapping[str, Any]]:
+    if depth > 12:
+        return
+    if isinstance(value, Mapping):
+        yield value
+        for item in value.values():
+            yield from _mappings(item, depth + 1)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _mappings(item, depth + 1)
+
+
+def _named(table: Any, indices: list[int]) -> list[dict[str, Any]]:
+    rows = table.take(indices).select(["sample_id", "source", "class_name", "split"])
+    return [{"index": i, **row} for i, row in zip(indices, rows.to_pylist(), strict=True)]
+
+
+def _index_of(table: Any, sample: str) -> int:
+    for column in ("sample_id", "source"):
+        found = [i for i, value in enumerate(table.column(column).to_pylist()) if value == sample]
+        if found:
+            return found[0]
+    raise ValueError(f"no sample of the run's selection has the id or source {sample!r}")
