@@ -49,13 +49,11 @@ def check_traced(read: Read, state: dict[str, Any], tracer: Any) -> None:
     for (step, rank), indices in read.items():
         assert samples_at(tracer, state, step, rank).tolist() == indices, (step, rank)
     for sample in sorted({i for indices in read.values() for i in indices})[:12]:
-        expected = sorted(
-            (s, r) for (s, r), indices in read.items() for i in indices if i == sample
-        )
+        expected = sorted(at for at, indices in read.items() if sample in indices)
         assert steps_of(tracer, state, sample) == expected, sample
 
 
-@pytest.mark.parametrize("shuffle", ["random", False, "blocks"])
+@pytest.mark.parametrize("shuffle", ["random", False, "blocks", "shards", "balanced"])
 @pytest.mark.parametrize("drop_last", [False, True])
 @pytest.mark.parametrize("through", ["loader", "DeviceLoader", "2 workers"])
 def test_every_step_of_a_run_resumed_twice_is_traced_to_what_it_read(
