@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from etl.cli.app import app, out
-from etl.errors import ConfigError
+from etl.errors import ConfigError, described
 
 
 @app.command()
@@ -85,8 +85,9 @@ def _loader_state(record: Path) -> Mapping[str, Any]:
             import torch
 
             loaded = torch.load(record, map_location="cpu", weights_only=True)
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise ConfigError(f"{record}: cannot read it ({type(exc).__name__}: {exc})") from None
+    except Exception as exc:
+        # (a type weights_only does not allow is an UnpicklingError): one line, never a trace
+        raise ConfigError(f"{record}: cannot read it ({described(exc)})") from None
     for found in _mappings(loaded):
         if "history" in found and "step" in found:
             return found

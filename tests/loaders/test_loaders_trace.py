@@ -170,6 +170,10 @@ def test_etl_trace_answers_from_a_checkpoint_without_the_training_code(
     assert json.loads(out)["read"] == expected
     code, out, err = cli(["trace", str(checkpoint), "--step", str(len(read))], capsys)
     assert code == 2 and f"step {len(read)} was not read" in err and "Traceback" not in err
+    unsafe = tmp_path / "unsafe.ckpt"
+    torch.save({"loader": state, "hparams": Path("not/allowed")}, unsafe)  # weights_only refuses
+    code, out, err = cli(["trace", str(unsafe), "--step", "0"], capsys)
+    assert code == 2 and "cannot read it" in err and "Traceback" not in err, err
     bare = tmp_path / "bare.json"
     bare.write_text(json.dumps({"epoch": 0}))
     code, out, err = cli(["trace", str(bare), "--step", "0"], capsys)
