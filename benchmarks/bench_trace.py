@@ -4,8 +4,9 @@ step that read one sample.
     python -m benchmarks.bench_trace [--samples 1281167] [--batch 256] [--step 10000000]
 
 An order sampler over `--samples` indices (the random order, as `shuffle=True` makes it) and a
-state whose history is one iteration per epoch, batches of `--batch` on one rank, up to
-`--step` (about 2,000 epochs at the defaults): `samples_at` of the last step (median of 5),
+state whose history is recorded as the loader records it, every epoch read through and one
+resumed mid-epoch, batches of `--batch` on one rank, up to `--step` (about 2,000 epochs at the
+defaults): `samples_at` of the last step (median of 5),
 and `steps_of` one sample over the first 20 epochs (one order drawn per epoch). No dataset is
 opened: tracing needs the order, not the pixels. Nothing is asserted.
 """
@@ -18,7 +19,7 @@ import time
 from types import SimpleNamespace
 
 from loaders.samplers import ShuffleSampler
-from loaders.trace import Segment, encode, samples_at, steps_of
+from loaders.trace import RunSteps, encode, samples_at, steps_of
 
 
 def main() -> None:
@@ -31,7 +32,12 @@ def main() -> None:
     loader = SimpleNamespace(order=order)
     per_epoch = -(-args.samples // args.batch)
     epochs = args.step // per_epoch + 1
-    segments = [Segment(e * per_epoch, e, 0, 0, 1, args.batch) for e in range(epochs)]
+    run = RunSteps()  # as the loader records them: each epoch read through, one resume
+    for epoch in range(epochs):
+        resumed = epoch == epochs // 2
+        run.began(epoch, 0, 1000 * args.batch if resumed else 0, order, args.batch)
+        run.ended(per_epoch - 1000 if resumed else per_epoch)
+    segments = run.segments
     history = encode(segments)
     state = {"step": args.step + 1, "history": history}
     times = []
@@ -40,13 +46,14 @@ def main() -> None:
         batch = samples_at(loader, state, args.step)
         times.append(time.perf_counter() - start)
     sample = int(batch[0])
-    first = {"step": 20 * per_epoch, "history": encode(segments[:20])}
+    first = {"step": 20 * per_epoch, "history": encode(segments[:1])}
     start = time.perf_counter()
     read = steps_of(loader, first, sample)
     over = time.perf_counter() - start
     print(
         f"{args.samples:,} samples, batches of {args.batch} ({per_epoch:,} a epoch): the "
-        f"history of step {args.step:,} is {epochs:,} iterations, {len(history):,} bytes\n"
+        f"history of step {args.step:,} ({epochs:,} epochs, one resumed mid-epoch) is "
+        f"{len(segments)} entries, {len(history):,} bytes\n"
         f"samples_at(step {args.step:,}): {statistics.median(times) * 1000:.0f} ms (median of 5)\n"
         f"steps_of(one sample, 20 epochs): {over:.2f} s, read {len(read)} times"
     )

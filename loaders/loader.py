@@ -253,7 +253,7 @@ class PackedLoader(DataLoader[Any]):
         self._ended()
         position = self._position = self._begin()
         if position is not None and self.order is not None:  # NOTE [ a run's history ]
-            sizes = (self.order.world_size, self._batch_size())
+            sizes = (self.order, self._batch_size())
             self.steps.began(position.epoch, position.start, position.skip, *sizes)
         stream = self.stream
         ring = self._pinned_ring()

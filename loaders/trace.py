@@ -4,21 +4,23 @@ loader states a run saved, without replaying it.
 NOTE [ a run's history ]: a loader's orders are pure functions of (seed, epoch), so what rank r
 read at its k-th batch of an iteration is the k-th batch of `partition(global_order(epoch)
 [start:], r, world_size, drop_last)[position:]`, for the segment the iteration began at. The
-loader records one entry per iteration (`Segment`: the global step it began at, its epoch,
+loader records an entry per iteration (`Segment`: the global step it began at, its epoch,
 segment start, position, world size and batch size) and carries them from state to state
 (`state_dict()["history"]`, a compact string: states stay plain ints and strings). A step is
 the loader's global batch index across epochs, counting the batches that reached the training
 loop, as `state_dict` counts them. An iteration resumed from a state (with another world size
-too) begins a new entry, so a question about any step before the state was saved is answered
-exactly, in the time it takes to draw that one epoch's order. At most `HISTORY_LIMIT`
-entries are kept (the oldest go first); a step before them is refused, never guessed.
+too), or one after an epoch cut short, begins a new entry; whole epochs read one after another
+are one entry (`Segment.epochs`), so a long run is a few entries. A question about any step
+before the state was saved is answered exactly, in the time it takes to draw that one epoch's
+order. At most `HISTORY_LIMIT` entries are kept (the oldest go first); a step before them is
+refused, never guessed.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -27,7 +29,8 @@ from numpy.typing import NDArray
 from loaders.orders import partition
 
 HISTORY_LIMIT = 4096
-"""Iterations a state remembers: one entry (about 25 bytes) each."""
+"""Entries a state remembers (about 25 bytes each): one per iteration that did not begin a
+whole epoch right after whole epochs (a resume, an epoch cut short, a new world size)."""
 
 
 @dataclass(frozen=True)
@@ -43,11 +46,27 @@ class Segment:
     """Samples of each rank's part of the segment that an earlier iteration delivered."""
     world_size: int
     batch_size: int
+    epochs: int = 1
+    """Whole epochs it stands for, one after another from `epoch`, each read from its start
+    (a run that only calls `set_epoch` and reads each epoch through is one entry)."""
+    span: int = 0
+    """Steps of each of those epochs (when `epochs` > 1)."""
+
+    def epoch_at(self, step: int) -> tuple[int, int]:
+        """(the epoch, the step within its iteration) of a step this entry covers."""
+        k = step - self.step
+        if self.epochs == 1:
+            return self.epoch, k
+        return self.epoch + k // self.span, k % self.span
 
 
 def encode(segments: list[Segment]) -> str:
-    """Segments as the state carries them: "step:epoch:start:position:world:batch;..."."""
-    return ";".join(":".join(str(v) for v in astuple(s)) for s in segments[-HISTORY_LIMIT:])
+    """Segments as the state carries them: "step:epoch:start:position:world:batch;...", with
+    ":epochs:span" after an entry that stands for several whole epochs."""
+    return ";".join(
+        ":".join(str(v) for v in astuple(s)[: 8 if s.epochs > 1 else 6])
+        for s in segments[-HISTORY_LIMIT:]
+    )
 
 
 def decode(text: object) -> list[Segment]:
@@ -60,7 +79,10 @@ def decode(text: object) -> list[Segment]:
         segments = [Segment(*(int(v) for v in part.split(":"))) for part in text.split(";")]
     except (AssertionError, TypeError, ValueError):
         raise ValueError("loader state field 'history' is damaged: not a run's history") from None
-    if any(min(astuple(s)) < 0 or s.world_size < 1 or s.batch_size < 1 for s in segments):
+    if any(
+        min(astuple(s)) < 0 or min(s.world_size, s.batch_size, s.epochs) < 1
+        or (s.epochs > 1 and s.span < 1) for s in segments
+    ):  # fmt: skip
         raise ValueError("loader state field 'history' is damaged: a negative or zero field")
     return segments
 
@@ -82,9 +104,9 @@ def samples_at(loader: Any, state: Mapping[str, Any], step: int, rank: int = 0) 
     segment = segments[index]
     if not 0 <= rank < segment.world_size:
         raise ValueError(f"rank {rank} is not in a world of {segment.world_size} at step {step}")
-    part = _part(order, segment, rank)
-    first = (step - segment.step) * segment.batch_size
-    return part[first : first + segment.batch_size]
+    epoch, k = segment.epoch_at(step)
+    first = k * segment.batch_size
+    return _part(order, segment, rank, epoch)[first : first + segment.batch_size]
 
 
 def steps_of(loader: Any, state: Mapping[str, Any], sample: int) -> list[tuple[int, int]]:
@@ -94,11 +116,15 @@ def steps_of(loader: Any, state: Mapping[str, Any], sample: int) -> list[tuple[i
     found = []
     for i, segment in enumerate(segments):
         stop = segments[i + 1].step if i + 1 < len(segments) else end
-        for rank in range(segment.world_size):
-            hits = np.flatnonzero(_part(order, segment, rank) == sample)
-            for k in sorted(set((hits // segment.batch_size).tolist())):
-                if segment.step + k < stop:
-                    found.append((segment.step + k, rank))
+        for e in range(segment.epochs):
+            first = segment.step + e * segment.span
+            if first >= stop:
+                break
+            for rank in range(segment.world_size):
+                hits = np.flatnonzero(_part(order, segment, rank, segment.epoch + e) == sample)
+                for k in sorted(set((hits // segment.batch_size).tolist())):
+                    if first + k < stop:
+                        found.append((first + k, rank))
     return sorted(found)
 
 
@@ -119,9 +145,9 @@ def _run_of(loader: Any, state: Mapping[str, Any]) -> tuple[Any, list[Segment], 
     return order, segments, end
 
 
-def _part(order: Any, segment: Segment, rank: int) -> NDArray[Any]:
-    """Rank `rank`'s samples of `segment`'s iteration, in the order they were read."""
-    segmented = order.global_order(segment.epoch)[segment.start :]
+def _part(order: Any, segment: Segment, rank: int, epoch: int) -> NDArray[Any]:
+    """Rank `rank`'s samples of `segment`'s iteration of `epoch`, in the order read."""
+    segmented = order.global_order(epoch)[segment.start :]
     part = partition(segmented, rank, segment.world_size, order.drop_last)[segment.position :]
     if order.drop_last:  # DataLoader drops the last batch short of batch_size too
         part = part[: len(part) - len(part) % segment.batch_size]
@@ -140,7 +166,22 @@ class RunSteps:
         """An iteration ended (or was left) having handed `delivered` batches to the loop."""
         self.before += delivered
 
-    def began(self, epoch: int, start: int, position: int, world: int, batch: int) -> None:
+    def began(self, epoch: int, start: int, position: int, order: Any, batch: int) -> None:
+        """An iteration of `order` began; a whole fresh epoch right after the whole fresh
+        epochs of the last entry extends it instead of adding one."""
+        world, whole = order.world_size, order.num_samples
+        span = whole // batch if order.drop_last else -(-whole // batch)
+        last = self.segments[-1] if self.segments else None
+        fresh = start == position == 0
+        if (
+            last is not None and fresh and last.start == last.position == 0
+            and (last.world_size, last.batch_size) == (world, batch)
+            and epoch == last.epoch + last.epochs
+            and self.before == last.step + last.epochs * span
+            and (last.epochs == 1 or last.span == span)
+        ):  # fmt: skip
+            self.segments[-1] = replace(last, epochs=last.epochs + 1, span=span)
+            return
         self.segments.append(Segment(self.before, epoch, start, position, world, batch))
         del self.segments[:-HISTORY_LIMIT]
 

@@ -87,7 +87,9 @@ def test_every_step_of_a_run_resumed_twice_is_traced_to_what_it_read(
     step = steps(iter(second), read, step, 0, 2)
     final = second.state_dict()
     assert final["step"] == step == len(read)
-    assert [s.epoch for s in decode(final["history"])] == [0, 1, 1, 2, 3]
+    # whole epochs read one after another are one entry: epochs 0-1 (1 cut by the save), the
+    # resumed rest of 1, epochs 2-3 (3 cut by the save)
+    assert [(s.epoch, s.epochs) for s in decode(final["history"])] == [(0, 2), (1, 1), (2, 2)]
 
     check_traced(read, final, loader_of(ds, shuffle, drop_last))
     with pytest.raises(ValueError, match=f"step {step} was not read"):
@@ -178,3 +180,18 @@ def test_etl_trace_answers_from_a_checkpoint_without_the_training_code(
     bare.write_text(json.dumps({"epoch": 0}))
     code, out, err = cli(["trace", str(bare), "--step", "0"], capsys)
     assert code == 2 and "holds no loader state with a run's history" in err
+
+
+def test_whole_epochs_are_one_entry_and_an_epoch_cut_short_begins_another(packed: Packed) -> None:
+    """30 epochs, the 21st left after 3 batches: two entries (epochs 0-20, 21-29), whatever
+    the run's length, and every step still traced to what was read."""
+    ds = PackedDataset.open(packed.root)
+    loader = loader_of(ds, "random", False)
+    read: Read = {}
+    step = 0
+    for epoch in range(30):
+        loader.set_epoch(epoch)
+        step = steps(iter(loader), read, step, 0, 3 if epoch == 20 else None)
+    state = loader.state_dict()
+    assert [(s.epoch, s.epochs) for s in decode(state["history"])] == [(0, 21), (21, 9)]
+    check_traced(read, state, loader_of(ds, "random", False))
