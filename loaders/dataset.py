@@ -9,6 +9,7 @@ selection's compact arrays travel to worker processes; each worker maps the shar
 from __future__ import annotations
 
 import copy
+import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -157,15 +158,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         opened = cls(
             selection, transform, checks == "shards", release_every, readahead, drop_behind
         )
-        if view is None and (where is None or isinstance(where, str)):
-            given = cast(Path | str, path)
-            opened.opened = {
-                "dataset": str(given) if is_url(given) else str(Path(given).resolve()),
-                "version": selection.version,
-                "split": split if split is None or isinstance(split, str) else list(split),
-                "classes": None if classes is None else list(classes),
-                "where": where,
-            }
+        opened.opened = _how_opened(path, selection.version, split, classes, where)
         return opened
 
     @property
@@ -330,6 +323,33 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         if self.memory.pin and get_worker_info() is None:
             stacked = stacked.pin_memory()
         return make_batch(stacked, labels, given, pin=self.memory.pin, columns=columns)
+
+
+def _how_opened(
+    path: Path | str | View,
+    version: int,
+    split: str | Sequence[str] | None,
+    classes: Sequence[str | int] | None,
+    where: Where | None,
+) -> dict[str, Any] | None:
+    """What a run's record keeps to open the same selection again (`loaders.trace`): the
+    dataset (absolute, or its URL), version and selection, or a view's chain of predicates;
+    None where a predicate is code (a callable where=, a pyarrow Expression)."""
+    if isinstance(path, View):
+        if any(str(p.get("where", "")).startswith("arrow: ") for p in path.chain()):
+            return None
+        written = os.path.join(path.folder, path.dataset)
+        dataset = path.dataset if is_url(path.dataset) else str(Path(written).resolve())
+        return {"view": {"dataset": dataset, "version": version, "chain": path.chain()}}
+    if where is not None and not isinstance(where, str):
+        return None
+    return {
+        "dataset": str(path) if is_url(path) else str(Path(path).resolve()),
+        "version": version,
+        "split": split if split is None or isinstance(split, str) else list(split),
+        "classes": None if classes is None else list(classes),
+        "where": where,
+    }
 
 
 def _check_view_alone(**given: Any) -> None:

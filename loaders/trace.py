@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from etl.errors import EtlError
 from loaders.orders import partition
 
 HISTORY_LIMIT = 4096
@@ -202,8 +203,9 @@ class RunSteps:
 
 def describe(loader: Any) -> str:
     """The run's record (JSON, a few hundred bytes): the dataset as opened (path or URL,
-    version, split, classes, where=) and the order (shuffle=, seed, batch size, drop_last);
-    "" where the loader cannot be rebuilt from it (a view, a mixture, a sampler of your own)."""
+    version, split, classes, where=; or a view's chain of predicates) and the order
+    (shuffle=, seed, batch size, drop_last); "" where the loader cannot be rebuilt from it
+    (a mixture, a sampler of your own, a predicate that is code)."""
     opened = getattr(loader.dataset, "opened", None)
     order = getattr(loader, "order", None)
     named = getattr(order, "named", None)
@@ -223,26 +225,43 @@ def rebuilt(state: Mapping[str, Any], store: Any = None) -> Any:
     text = state.get("run")
     if not isinstance(text, str) or not text:
         raise ValueError(
-            "the loader state records no run to rebuild (a view, a mixture or a sampler of "
-            "your own, or saved before runs were recorded): build the loader yourself"
+            "the loader state records no run to rebuild (a mixture, a sampler of your own, a "
+            "predicate that is code, or saved before runs were recorded): build the loader "
+            "yourself"
         )
     try:
         run = json.loads(text)
-        ds = PackedDataset.open(
-            run["dataset"], split=run["split"], classes=run["classes"], where=run["where"],
-            version=run["version"], verify=False, store=store,
-        )  # fmt: skip
+        if "view" in run:
+            ds = PackedDataset.open(_view_of(run["view"]), verify=False, store=store)
+        else:
+            ds = PackedDataset.open(
+                run["dataset"], split=run["split"], classes=run["classes"], where=run["where"],
+                version=run["version"], verify=False, store=store,
+            )  # fmt: skip
         loader = make_loader(
             ds, batch_size=run["batch_size"], shuffle=run["shuffle"], seed=run["seed"],
             drop_last=run["drop_last"], rank=0, world_size=1, num_workers=0, pin_memory=False,
         )  # fmt: skip
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, EtlError) as exc:
         raise ValueError(f"the loader state's run record does not rebuild it ({exc})") from None
     mine = loader.state_dict()
-    for key in ("dataset_version", "selection", "order", "seed", "drop_last"):
+    for key in ("dataset_version", "selection", "view", "order", "seed", "drop_last"):
         if mine.get(key) != state.get(key):
             raise ValueError(
                 f"the run's dataset and order, opened again, differ in {key} "
                 f"({state.get(key)!r} then, {mine.get(key)!r} now): not traced"
             )
     return loader
+
+
+def _view_of(record: Mapping[str, Any]) -> Any:
+    """The view a run's record describes: its chain of predicates, from the first base."""
+    from etl.format.views import View
+
+    view = None
+    for predicate in record["chain"]:
+        if view is None:
+            view = View(dataset=record["dataset"], version=record["version"], **predicate)
+        else:
+            view = View(base=view, **predicate)
+    return view

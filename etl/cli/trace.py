@@ -28,6 +28,9 @@ def trace(
     sample: Annotated[
         str | None, typer.Option("--sample", help="A sample id or source name: when was it read?")
     ] = None,
+    sheet: Annotated[
+        Path | None, typer.Option("--sheet", help="With --step: a contact sheet of its samples.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")] = False,
 ) -> None:
     """Say which samples a run read at a step (--step), or at which steps and ranks it read a
@@ -38,6 +41,8 @@ def trace(
     """
     if (step is None) == (sample is None):
         raise typer.BadParameter("give --step N or --sample ID_OR_SOURCE")
+    if sheet is not None and step is None:
+        raise typer.BadParameter("--sheet draws the samples of a --step")
     try:
         from loaders.trace import rebuilt, samples_at, steps_of
     except ModuleNotFoundError as exc:
@@ -59,15 +64,19 @@ def trace(
             answer = {"sample": _named(table, [index])[0], "read": read}
     except ValueError as exc:
         raise ConfigError(f"{record}: {exc}") from None
+    if sheet is not None:
+        _draw(state, answer["samples"], sheet)
+        answer["sheet"] = str(sheet)
     if as_json:
         print(json.dumps(answer, indent=2))
         return
     if step is not None:
         out.print(f"step {step}, rank {rank}: {len(answer['samples'])} samples", highlight=False)
         for row in answer["samples"]:
-            out.print(
-                f"  {row['sample_id']}  {row['class_name']:12} {row['source']}", highlight=False
-            )
+            line = f"  {row['sample_id']}  {row['class_name']:12} {row['source']}"
+            out.print(line, highlight=False)
+        if sheet is not None:
+            out.print(f"wrote {sheet}", highlight=False)
     else:
         row = answer["sample"]
         out.print(f"{row['sample_id']} {row['source']}: read {len(answer['read'])} times",
@@ -117,3 +126,13 @@ def _index_of(table: Any, sample: str) -> int:
         if found:
             return found[0]
     raise ValueError(f"no sample of the run's selection has the id or source {sample!r}")
+
+
+def _draw(state: Mapping[str, Any], samples: list[dict[str, Any]], sheet: Path) -> None:
+    """A contact sheet of a step's samples, in the order read, as `etl show` draws one."""
+    from etl.explore import dataset as explore
+
+    run = json.loads(str(state["run"]))
+    ds = explore.open_dataset(run["dataset"], run["version"])
+    ids = list(dict.fromkeys(row["sample_id"] for row in samples))  # a sample read twice: once
+    ds.contact_sheet(ids=ids, cell=96, columns=min(8, len(ids))).image.save(sheet)

@@ -165,6 +165,14 @@ def test_etl_trace_answers_from_a_checkpoint_without_the_training_code(
         answer = json.loads(out)
         assert [s["index"] for s in answer["samples"]] == read[(asked, 0)]
         assert [s["source"] for s in answer["samples"]] == [sources[i] for i in read[(asked, 0)]]
+    picture = tmp_path / "step.png"
+    asking = ["trace", str(checkpoint), "--step", str(asked), "--sheet", str(picture)]
+    code, out, err = cli(asking, capsys)
+    assert code == 0 and f"wrote {picture}" in out, err
+    from PIL import Image
+
+    with Image.open(picture) as drawn:
+        assert drawn.width >= 96 * len(set(read[(asked, 0)])) and drawn.height >= 96
     chosen = read[(2, 0)][0]
     code, out, err = cli(["trace", str(checkpoint), "--sample", sources[chosen], "--json"], capsys)
     assert code == 0, err
@@ -195,3 +203,26 @@ def test_whole_epochs_are_one_entry_and_an_epoch_cut_short_begins_another(packed
     state = loader.state_dict()
     assert [(s.epoch, s.epochs) for s in decode(state["history"])] == [(0, 21), (21, 9)]
     check_traced(read, state, loader_of(ds, "random", False))
+
+
+def test_a_run_on_a_view_of_a_view_is_traced_from_its_record(
+    packed: Packed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A view's run records its chain of predicates; `etl trace` opens the same view again
+    (its fingerprint checked) and answers as the loader read."""
+    from loaders import View
+
+    train = View(str(packed.root), split="train")
+    view = View(base=train, classes=["ant", "cat"])
+    ds = PackedDataset.open(view)
+    loader = loader_of(ds, "random", False)
+    read: Read = {}
+    steps(iter(loader), read, 0, 0, None)
+    record = tmp_path / "state.json"
+    record.write_text(json.dumps(loader.state_dict()))
+    assert json.loads(loader.state_dict()["run"])["view"]["chain"][1] == {"classes": ["ant", "cat"]}
+    last = len(read) - 1
+    code, out, err = cli(["trace", str(record), "--step", str(last), "--json"], capsys)
+    assert code == 0, err
+    assert [s["index"] for s in json.loads(out)["samples"]] == read[(last, 0)]
+    assert {s["class_name"] for s in json.loads(out)["samples"]} <= {"ant", "cat"}
