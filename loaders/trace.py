@@ -27,6 +27,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from etl.errors import EtlError
+from etl.progress import Progress
 from loaders.orders import partition
 
 HISTORY_LIMIT = 4096
@@ -110,23 +111,42 @@ def samples_at(loader: Any, state: Mapping[str, Any], step: int, rank: int = 0) 
     return _part(order, segment, rank, epoch)[first : first + segment.batch_size]
 
 
-def steps_of(loader: Any, state: Mapping[str, Any], sample: int) -> list[tuple[int, int]]:
+def steps_of(
+    loader: Any, state: Mapping[str, Any], sample: int, progress: Progress | None = None
+) -> list[tuple[int, int]]:
     """Every (step, rank) at which the run read dataset index `sample`, up to the step the
-    state was saved at: one order drawn per iteration in the history."""
+    state was saved at: one order drawn per epoch the history covers (`progress` counts
+    them: phase "trace")."""
     order, segments, end = _run_of(loader, state)
-    found = []
+    covered = []
     for i, segment in enumerate(segments):
         stop = segments[i + 1].step if i + 1 < len(segments) else end
         for e in range(segment.epochs):
-            first = segment.step + e * segment.span
-            if first >= stop:
+            if segment.step + e * segment.span >= stop:
                 break
-            for rank in range(segment.world_size):
-                hits = np.flatnonzero(_part(order, segment, rank, segment.epoch + e) == sample)
-                for k in sorted(set((hits // segment.batch_size).tolist())):
-                    if first + k < stop:
-                        found.append((first + k, rank))
+            covered.append((segment, e, stop))
+    progress = progress or Progress()
+    progress.start("trace", len(covered))
+    found: list[tuple[int, int]] = []
+    try:
+        for segment, e, stop in covered:
+            found += _read_in(order, segment, e, stop, sample)
+            progress.advance(1)
+    finally:
+        progress.stop()
     return sorted(found)
+
+
+def _read_in(order: Any, segment: Segment, e: int, stop: int, sample: int) -> list[tuple[int, int]]:
+    """The (step, rank) pairs of epoch `segment.epoch + e` of `segment` that read `sample`."""
+    found = []
+    first = segment.step + e * segment.span
+    for rank in range(segment.world_size):
+        hits = np.flatnonzero(_part(order, segment, rank, segment.epoch + e) == sample)
+        for k in sorted(set((hits // segment.batch_size).tolist())):
+            if first + k < stop:
+                found.append((first + k, rank))
+    return found
 
 
 def _run_of(loader: Any, state: Mapping[str, Any]) -> tuple[Any, list[Segment], int]:

@@ -38,6 +38,7 @@ class BarProgress(Progress):
         "hash": "hashing sources",
         "pack": "decode, resize, pack",
         "upload": "upload, verify",
+        "trace": "epochs searched",
     }
     BYTE_PHASES: ClassVar[frozenset[str]] = frozenset()
     """Phases counted in bytes (shown as MiB and MiB/s) rather than items."""

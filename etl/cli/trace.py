@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from etl.cli.app import app, out
+from etl.cli.progress import BarProgress
 from etl.errors import ConfigError, described
 
 
@@ -60,7 +61,8 @@ def trace(
         else:
             assert sample is not None
             index = _index_of(table, sample)
-            read = [{"step": s, "rank": r} for s, r in steps_of(loader, state, index)]
+            bar = BarProgress(enabled=not as_json)
+            read = [{"step": s, "rank": r} for s, r in steps_of(loader, state, index, bar)]
             answer = {"sample": _named(table, [index])[0], "read": read}
     except ValueError as exc:
         raise ConfigError(f"{record}: {exc}") from None

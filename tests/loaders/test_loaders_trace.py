@@ -204,6 +204,19 @@ def test_whole_epochs_are_one_entry_and_an_epoch_cut_short_begins_another(packed
     assert [(s.epoch, s.epochs) for s in decode(state["history"])] == [(0, 21), (21, 9)]
     check_traced(read, state, loader_of(ds, "random", False))
 
+    from etl.progress import Progress
+
+    class Counted(Progress):
+        def start(self, phase: str, total: int) -> None:
+            self.total, self.done = total, 0
+
+        def advance(self, n: int) -> None:
+            self.done += n
+
+    counted = Counted()
+    steps_of(loader_of(ds, "random", False), state, 0, counted)
+    assert counted.total == counted.done == 30, "one order drawn per epoch, each counted"
+
 
 def test_a_run_on_a_view_of_a_view_is_traced_from_its_record(
     packed: Packed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
