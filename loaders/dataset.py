@@ -155,11 +155,11 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
             )
             shards = replace(shards, url=location.store.url, cache=cache, ranged=ranged)
             selection = replace(selection, shards=shards)
-        opened = cls(
+        dataset = cls(
             selection, transform, checks == "shards", release_every, readahead, drop_behind
         )
-        opened.opened = _how_opened(path, selection.version, split, classes, where)
-        return opened
+        dataset.opened = _how_opened(path, selection.version, split, classes, where)
+        return dataset
 
     @property
     def classes(self) -> tuple[str, ...]:

@@ -45,11 +45,6 @@ class Registration:
         self.process = os.getpid()
         self.closed = False
 
-    def contains(self, tensor: torch.Tensor) -> bool:
-        """Whether `tensor`'s bytes lie in the registered range."""
-        start = tensor.data_ptr()
-        return self.address <= start < self.address + self.nbytes
-
     def close(self) -> None:
         """Unregister (once). Called when the ring is collected; errors are ignored: at
         interpreter exit CUDA may be unloading, and the process's mappings go with it anyway."""
