@@ -13,6 +13,7 @@ This namespace is what a training job uses; the rest lives in the submodules.
 Modules:
 - `aspect_buckets`: aspect-ratio buckets: batches of one shape, uncropped
 - `augment`:        batched crops, flips and resizes on the device
+- `batch_plan`:     how a batch of a selection is read: its shape, fill and columns
 - `batches`:        the batch types, and pageable buffers reused between batches
 - `catalog`:        what to read: a manifest version opened, and selections of it
 - `dataset`:        `PackedDataset`: the map-style dataset

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from etl.errors import EtlError, SelectionError, ShardError
+from etl.format.coherence import stored_codes
 from etl.format.contents import VersionContents, Where
 from etl.format.manifest import read_manifest
 from etl.format.ragged import channels_of, shape_of
@@ -80,14 +81,22 @@ class ShardSet:
     of several datasets (a `Mixture`'s members, read through one reader); else `root`."""
     versions: tuple[int, ...] = ()
     probe_spans: tuple[tuple[int, int], ...] = ()
-    """Where samples keep their aspect ratio (format version 2), per shard the (byte offset in
-    its data, bytes) of its probe row: rows have no one size there."""
+    """Where shards are flat (format versions 2 and 3), per shard the (byte offset in its
+    data, bytes) of its probe row: rows have no one size there."""
+    encoded: bool = False
+    """Whether samples are stored encoded (format version 3, `etl.format.codecs`): each shard
+    is one flat array of their stored bytes, whatever `sample_shape` says of their pixels."""
 
     @property
     def ragged(self) -> bool:
-        """Whether each sample has its own height and width (format version 2): each shard is
-        one flat array, and a sample's place is its `Selection.places` row."""
-        return 0 in self.sample_shape
+        """Whether each shard is one flat array and a sample's place is its `Selection.places`
+        row: samples that keep their aspect ratio (format version 2) or stored encoded (3)."""
+        return 0 in self.sample_shape or self.encoded
+
+    @property
+    def stored_shape(self) -> tuple[int, ...]:
+        """The shape a shard file is checked against (`etl.format.shards.check_shard`)."""
+        return (0,) if self.encoded else self.sample_shape
 
     def path(self, shard: int) -> Path:
         return (self.roots[shard] if self.roots else self.root) / self.names[shard]
@@ -137,8 +146,18 @@ class Selection:
     """The fingerprint of the view it was selected by (`Catalog.select_view`): a resume state
     records it, so a run resumed on a view that changed is refused."""
     places: NDArray[np.int64] | None = None
-    """Where samples keep their aspect ratio (format version 2): per sample, in this order,
-    (byte offset in its shard's data, stored height, stored width)."""
+    """Where shards are flat (samples that keep their aspect ratio, format version 2, or
+    stored encoded, 3): per sample, in this order, (byte offset in its shard's data, height,
+    width)."""
+    stored: NDArray[np.int64] | None = None
+    """Where samples are stored encoded (format version 3): per sample, in this order, (stored
+    bytes, codec: its index in `etl.format.codecs.CODECS`)."""
+
+    @property
+    def own_sizes(self) -> bool:
+        """Whether each sample has its own height and width (they keep their aspect ratio):
+        batches are padded and carry each one's size (`SIZE_COLUMNS`)."""
+        return 0 in self.shards.sample_shape
 
     @cached_property
     def sample_shape(self) -> tuple[int, ...]:
@@ -260,8 +279,9 @@ class Catalog(VersionContents):
             sizes=tuple(shards.column("bytes").to_numpy()[used].tolist()),
         )
         labels = self.table.column("label").to_numpy()
-        places = None
-        if self.manifest.meta.ragged:
+        places = stored = None
+        meta = self.manifest.meta
+        if meta.ragged:
             taken = pa.array(positions[order], pa.int64())
             columns = self.table.select(["sample_offset", "sample_height", "sample_width"])
             places = np.stack(
@@ -269,8 +289,11 @@ class Catalog(VersionContents):
             ).reshape(-1, 3)
             channels = channels_of(self.sample_shape, self.layout)
             sizes = places[firsts, 1] * places[firsts, 2] * channels
+            if meta.encoded:
+                stored = _stored(self.table.take(taken))
+                sizes = stored[firsts, 0]
             spans = zip(places[firsts, 0].tolist(), sizes.tolist(), strict=True)
-            shard_set = replace(shard_set, probe_spans=tuple(spans))
+            shard_set = replace(shard_set, probe_spans=tuple(spans), encoded=meta.encoded)
         return Selection(
             shards=shard_set,
             shard_idx=_frozen(shard_idx[order].astype(np.int32)),
@@ -281,7 +304,15 @@ class Catalog(VersionContents):
             layout=self.layout,
             version=self.version,
             places=None if places is None else _frozen(places),
+            stored=None if stored is None else _frozen(stored),
         )
+
+
+def _stored(samples: pa.Table) -> NDArray[np.int64]:
+    """[n, 2]: each sample's (stored bytes, codec code) of a version stored encoded."""
+    codes = stored_codes(samples.column("sample_codec")).astype(np.int64)
+    nbytes = samples.column("sample_bytes").to_numpy().astype(np.int64)
+    return np.stack([nbytes, codes], axis=1).reshape(-1, 2)
 
 
 def open_catalog(

@@ -28,10 +28,12 @@ from etl.format.manifest import VERSIONS_DIR
 from etl.format.retirement import retired_versions
 from etl.format.views import View
 from etl.storage.location import Location, StoreOptions, is_url, open_location
+from loaders.batch_plan import batch_reads
 from loaders.batches import SIZE_COLUMNS, AnyBatch, Columns, Samples, make_batch
 from loaders.catalog import Selection, Where, open_catalog
 from loaders.memory import BatchMemory
-from loaders.reader import ShardReader, batch_reads
+from loaders.ragged_rows import stored_lengths
+from loaders.reader import ShardReader
 from loaders.row_checks import Verify, checked_rows, checks_of, row_checksums
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
@@ -209,7 +211,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         """Whether samples keep their aspect ratio, each its own size (format version 2):
         `dataset[i]` is then the sample at its own size, and a batch is padded to its largest
         sides and carries each sample's (`SIZE_COLUMNS`), which `DeviceLoader`'s crops use."""
-        return self.selection.places is not None
+        return self.selection.own_sizes
 
     @property
     def sample_sizes(self) -> NDArray[np.int64]:
@@ -246,8 +248,9 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
             (1, height, width, channels) if sel.layout == "HWC" else (1, channels, height, width)
         )
         out = np.empty(shape, np.uint8)
+        stored = sel.stored[[i]] if sel.stored is not None else None
         self.reader.gather_ragged(
-            sel.shard_idx[[i]], sel.rows[[i]], sel.places[[i]], sel.layout, out
+            sel.shard_idx[[i]], sel.rows[[i]], sel.places[[i]], sel.layout, out, stored
         )
         image = torch.from_numpy(out[0])
         if self.transform is not None:
@@ -270,7 +273,9 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         if not len(index) or index.min() < -len(self) or index.max() >= len(self):
             return
         if sel.places is not None:
-            self.reader.prefetch_places(sel.shard_idx[index], sel.places[index], sel.channels)
+            stored = sel.stored[index] if sel.stored is not None else None
+            lengths = stored_lengths(sel.places[index], stored, sel.channels)
+            self.reader.prefetch_places(sel.shard_idx[index], sel.places[index], lengths)
             return
         self.reader.prefetch(sel.shard_idx[index], sel.rows[index])
 
@@ -282,8 +287,9 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
             labels = sel.labels[index].astype(np.int64)
         except IndexError:
             raise IndexError(f"index out of range for a dataset of {len(self)} samples") from None
-        ragged = sel.places is not None
-        given = index % max(len(self), 1) if self.with_indices or sel.values or ragged else None
+        given = (
+            index % max(len(self), 1) if self.with_indices or sel.values or sel.own_sizes else None
+        )
         columns = sel.values.batch(given) if sel.values is not None and given is not None else None
         shape, read, columns = batch_reads(
             self.reader, sel, index, columns, self.memory.back_to_back

@@ -82,7 +82,7 @@ class Mixture(Dataset[tuple[Any, ...]]):
                 f"members store {sorted(layouts)} samples of {sorted(channels)} channels: a "
                 "batch holds one layout and one channel count; pack them alike"
             )
-        ragged = any(m.selection.places is not None for m in members)
+        ragged = any(m.selection.own_sizes for m in members)
         self.sizes_differ = ragged or len({m.sample_shape for m in members}) > 1
         """Members store samples of several sizes (several shapes, or samples that keep their
         aspect ratio): batches are padded to the largest, or hold them back to back, and carry
@@ -242,17 +242,19 @@ class Mixture(Dataset[tuple[Any, ...]]):
             local = index[start:stop] - self.offsets[m]
             sel = self.members[m].selection
             labels[start:stop] = self._labels[m][sel.labels[local]]
-            places = sel.places[local] if sel.places is not None else None
-            parts.append((m, int(start), int(stop), sel.shard_idx[local], sel.rows[local], places))
+            flat = None
+            if sel.places is not None:
+                flat = sel.places[local], None if sel.stored is None else sel.stored[local]
+            parts.append((m, int(start), int(stop), sel.shard_idx[local], sel.rows[local], flat))
 
         shape = (len(index), *self.sample_shape)
         if not self.sizes_differ:
             given = index if self.with_indices else None
             return self.memory.batch(shape, labels, partial(self._fill_rows, parts), given)
         heights, widths = (np.asarray(v, dtype=np.int64)[member] for v in self._sides())
-        for _, start, stop, _, _, places in parts:
-            if places is not None:
-                heights[start:stop], widths[start:stop] = places[:, 1], places[:, 2]
+        for _, start, stop, _, _, flat in parts:
+            if flat is not None:
+                heights[start:stop], widths[start:stop] = flat[0][:, 1], flat[0][:, 2]
         sizes: Columns = {SIZE_COLUMNS[0]: heights, SIZE_COLUMNS[1]: widths}
         if self.memory.back_to_back:
             channels = channels_of(self.sample_shape, self.layout)
@@ -265,15 +267,23 @@ class Mixture(Dataset[tuple[Any, ...]]):
 
     def _fill_rows(self, parts: list[_Part], out: NDArray[np.uint8]) -> None:
         """Each member's samples of a batch into their rows of `out` (members of one shape)."""
-        for m, start, stop, shard_idx, rows, _ in parts:
-            self.members[m].reader.gather(shard_idx, rows, out[start:stop])
+        for m, start, stop, shard_idx, rows, flat in parts:
+            reader = self.members[m].reader
+            if flat is not None:  # stored encoded: decoded into its rows
+                reader.gather_ragged(
+                    shard_idx, rows, flat[0], self.layout, out[start:stop], flat[1]
+                )
+            else:
+                reader.gather(shard_idx, rows, out[start:stop])
 
     def _fill_padded(self, parts: list[_Part], out: NDArray[np.uint8]) -> None:
         """Each member's samples of a batch into their rows of `out`, padded to its shape."""
-        for m, start, stop, shard_idx, rows, places in parts:
+        for m, start, stop, shard_idx, rows, flat in parts:
             reader = self.members[m].reader
-            if places is not None:  # samples of their own size: padded where they go
-                reader.gather_ragged(shard_idx, rows, places, self.layout, out[start:stop])
+            if flat is not None:  # samples of flat shards: padded where they go
+                reader.gather_ragged(
+                    shard_idx, rows, flat[0], self.layout, out[start:stop], flat[1]
+                )
                 continue
             own = np.empty((stop - start, *self.members[m].sample_shape), dtype=np.uint8)
             reader.gather(shard_idx, rows, own)
@@ -286,11 +296,11 @@ class Mixture(Dataset[tuple[Any, ...]]):
     ) -> None:
         """Each member's samples of a batch into 1-d `out`, one after another, sample k's
         bytes ending at `ends[k + 1]`."""
-        for m, start, stop, shard_idx, rows, places in parts:
+        for m, start, stop, shard_idx, rows, flat in parts:
             reader = self.members[m].reader
             bytes_of = out[int(ends[start]) : int(ends[stop])]
-            if places is not None:
-                reader.gather_ragged(shard_idx, rows, places, self.layout, bytes_of)
+            if flat is not None:
+                reader.gather_ragged(shard_idx, rows, flat[0], self.layout, bytes_of, flat[1])
             else:
                 own = bytes_of.reshape(stop - start, *self.members[m].sample_shape)
                 reader.gather(shard_idx, rows, own)
@@ -313,6 +323,9 @@ class Mixture(Dataset[tuple[Any, ...]]):
             self.members[m].prefetch(index[member == m] - self.offsets[m])
 
 
-_Part = tuple[int, int, int, NDArray[np.int32], NDArray[np.int64], NDArray[np.int64] | None]
-"""One member's samples of a batch: (member, start, stop in the batch, shard_idx, rows, places
-or None where the member's samples are of one stored shape)."""
+_Flat = tuple[NDArray[np.int64], NDArray[np.int64] | None]
+"""A member's samples of flat shards: their places, and (stored encoded) their stored bytes
+and codecs (`Selection.places`, `Selection.stored`)."""
+_Part = tuple[int, int, int, NDArray[np.int32], NDArray[np.int64], _Flat | None]
+"""One member's samples of a batch: (member, start, stop in the batch, shard_idx, rows, and
+where its shards are flat, their places)."""

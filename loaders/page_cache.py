@@ -98,12 +98,14 @@ def drop_read(
 
 
 def advise_places(
-    shard_set: ShardSet, shard: NDArray[np.int64], places: NDArray[np.int64], channels: int
+    shard_set: ShardSet,
+    shard: NDArray[np.int64],
+    places: NDArray[np.int64],
+    lengths: NDArray[np.int64],
 ) -> None:
-    """Read ahead samples of their own size at their `places` (offset, height, width) in
-    `shard_set`'s `shard`: each shard's ranges advised WILLNEED at once."""
+    """Read ahead samples of a flat shard at their `places` (offset, height, width), each
+    `lengths` bytes, in `shard_set`'s `shard`: each shard's ranges advised WILLNEED at once."""
     starts = HEADER_BYTES + places[:, 0]
-    lengths = places[:, 1] * places[:, 2] * channels
     for s in np.unique(shard).tolist():
         mine = shard == s
         ranges = zip(starts[mine].tolist(), lengths[mine].tolist(), strict=True)

@@ -1,6 +1,7 @@
-"""Samples of their own size (ragged, format version 2) copied out of a shard's flat bytes
-into a batch: padded to the batch's largest sides, or back to back in a 1-d batch (what
-`DeviceLoader` asks for, see `loaders.ragged`), each row checked as it is copied."""
+"""Samples of a flat shard (their own size, format version 2; stored encoded, 3) copied out of
+its bytes into a batch: padded to the batch's largest sides, or back to back in a 1-d batch
+(what `DeviceLoader` asks for, see `loaders.ragged`), each row checked as it is copied, and an
+encoded one decoded after its check (`etl.format.codecs`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from etl.errors import ShardError
+from etl.format.codecs import DecodeFailure, decode
 from etl.format.ragged import shape_of
 from etl.format.row_checksums import mismatch
 from loaders.catalog import ShardSet
@@ -35,6 +37,40 @@ def batch_writer(out: NDArray[np.uint8], places: NDArray[np.int64], layout: str)
     return partial(put_padded, out, channels=channels, hwc=hwc), channels
 
 
+def stored_lengths(
+    places: NDArray[np.int64], stored: NDArray[np.int64] | None, channels: int
+) -> NDArray[np.int64]:
+    """Bytes each sample at `places` takes in its shard: its `stored` bytes where samples are
+    stored encoded (`Selection.stored`), else its pixels'."""
+    if stored is not None:
+        return stored[:, 0]
+    return places[:, 1] * places[:, 2] * channels
+
+
+def put_decoded(
+    put: Put,
+    shard_set: ShardSet,
+    shard: int,
+    row: int,
+    j: int,
+    data: NDArray[np.uint8],
+    place: tuple[int, int],
+    codec: int,
+    channels: int,
+    layout: str,
+) -> None:
+    """Sample j's stored bytes, decoded with `codec` to its (height, width) `place`, into the
+    batch with `put`; bytes that do not decode to that sample are a ShardError naming the shard
+    and row (never a crash in the decoder, never a wrong-sized sample)."""
+    height, width = place
+    try:
+        pixels = decode(data, codec, shape_of(height, width, channels, layout))
+    except DecodeFailure as exc:
+        failure = ShardError(f"{shard_set.path(shard)}: row {row} does not decode ({exc})")
+        raise shard_set.unreadable(shard, failure) from None
+    put(j, pixels.reshape(-1), height, width)
+
+
 def copy_ragged(
     arrays: dict[int, NDArray[np.uint8]],
     shard_set: ShardSet,
@@ -43,26 +79,35 @@ def copy_ragged(
     places: NDArray[np.int64],
     put: Put,
     channels: int,
+    stored: NDArray[np.int64] | None = None,
+    layout: str = "HWC",
 ) -> None:
     """Copy each sample (shard[j], row[j]) at places[j] out of its shard's flat array in
-    `arrays` with `put`, one slice a sample; a row the loader checks is hashed as it is
-    copied, and a mismatch or a sample past its shard's end is a ShardError naming it."""
+    `arrays` with `put`, one slice a sample (decoded where `stored` says how: its bytes and
+    codec); a row the loader checks is hashed as it is copied, before any decode, and a
+    mismatch or a sample past its shard's end is a ShardError naming it."""
     sums, seen = shard_set.row_sums, shard_set.seen()
     hashed = np.zeros(len(row), dtype=bool)  # rows checked as they are copied
     at = np.zeros(len(row), dtype=np.int64)
     if sums is not None:
         at, todo = sums.unchecked(shard, row, seen)
         hashed[todo] = True
+    lengths = stored_lengths(places, stored, channels).tolist()
+    codecs = stored[:, 1].tolist() if stored is not None else None
     for j, (s, (offset, height, width)) in enumerate(
         zip(shard.tolist(), places.tolist(), strict=True)
     ):
-        size = height * width * channels
+        size = lengths[j]
         data = arrays[s][offset : offset + size]
         if len(data) != size:
             raise shard_set.unreadable(s, ShardError(f"row {row[j]} runs past its end"))
-        put(j, data, height, width)
         if sums is not None and hashed[j] and not sums.matches(int(at[j]), data):
             raise shard_set.unreadable(s, mismatch(shard_set.path(s), int(row[j])))
+        if codecs is None:
+            put(j, data, height, width)
+        else:
+            where = (height, width)
+            put_decoded(put, shard_set, s, int(row[j]), j, data, where, codecs[j], channels, layout)
     if seen is not None and hashed.any():
         seen[at[hashed]] = True
 

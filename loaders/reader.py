@@ -7,9 +7,8 @@ processes: a pickled reader carries only the shard table and reopens what it nee
 """
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +18,14 @@ from numpy.typing import ArrayLike, NDArray
 from etl.errors import ShardError
 from etl.format.row_checksums import mismatch
 from etl.format.shards import check_shard, open_shard
-from loaders.batches import SIZE_COLUMNS, Columns
-from loaders.catalog import Selection, ShardSet
+from loaders.catalog import ShardSet
 from loaders.page_cache import advise_places, drop_read
 from loaders.ragged_rows import (
-    back_to_back_bytes,
     batch_writer,
     copy_ragged,
-    padded_shape,
     places_resident,
+    put_decoded,
+    stored_lengths,
 )
 from loaders.shard_checks import probe_shard, take_checked, verify_shard
 from loaders.span import SUPPORTED, ShardSpan, copy_rows, no_readahead
@@ -147,7 +145,7 @@ class ShardReader:
     def _open(self, shard: int) -> NDArray[np.uint8]:
         with self._opening(shard):
             path = self._checked_path(shard)
-            mapped = open_shard(path, self.shards.sample_shape, int(self.shards.rows[shard]))
+            mapped = open_shard(path, self.shards.stored_shape, int(self.shards.rows[shard]))
             self._probe(shard, path, mapped.offset)
         # NOTE: a plain ndarray view of the memmap: indexing an np.memmap subclass runs Python
         # code (__array_finalize__) on every row, which costs more than copying the row.
@@ -180,23 +178,29 @@ class ShardReader:
         places: NDArray[np.int64],
         layout: str,
         out: NDArray[np.uint8],
+        stored: NDArray[np.int64] | None = None,
     ) -> None:
-        """Copy samples that keep their aspect ratio (format version 2) into `out`, a padded
-        batch [B, H, W, C] (or [B, C, H, W]) at least as large as each: sample j, (shard_idx[j],
+        """Copy samples of flat shards (format versions 2 and 3) into `out`, a padded batch
+        [B, H, W, C] (or [B, C, H, W]) at least as large as each: sample j, (shard_idx[j],
         rows[j]) at `places[j]` = (byte offset in the shard's data, height, width), into the
         top-left corner of out[j], the rest zero. One slice copy a sample from the shard's
         flat map (memory-mapped, as fixed-size shards are), or with ranged reads one ranged
-        GET a sample.
+        GET a sample; where `stored` gives each one's (bytes, codec), decoded after its check.
 
         A 1-d `out` (`back_to_back_bytes` long) takes the samples back to back instead, each
         in the stored layout: what `DeviceLoader` asks for (see `loaders.ragged`)."""
         shard, row = self._checked_rows(shard_idx, rows)
         put, channels = batch_writer(out, places, layout)
-        sizes = places[:, 1] * places[:, 2] * channels
+        sizes = stored_lengths(places, stored, channels)
         if self.shards.ranged is not None:  # no file: verified as they arrive
             fetched = self.shards.ranged.read_spans(shard, row, places[:, 0], sizes)
             for j, data in enumerate(fetched):
-                put(j, data, int(places[j, 1]), int(places[j, 2]))
+                where = int(places[j, 1]), int(places[j, 2])
+                if stored is None:
+                    put(j, data, *where)
+                    continue
+                s, r, codec = int(shard[j]), int(row[j]), int(stored[j, 1])
+                put_decoded(put, self.shards, s, r, j, data, where, codec, channels, layout)
             return
         with self._lock:
             self._let_go(shard)
@@ -204,8 +208,10 @@ class ShardReader:
                 self._open(s)
             resident = self.readahead and places_resident(self._arrays, shard, places)
             if self.drop_behind or (self.readahead and not resident):
-                self.prefetch_places(shard, places, channels)
-            copy_ragged(self._arrays, self.shards, shard, row, places, put, channels)
+                self.prefetch_places(shard, places, sizes)
+            copy_ragged(
+                self._arrays, self.shards, shard, row, places, put, channels, stored, layout
+            )
             starts = places[:, 0]
             self._count(int(sizes.sum()), shard, starts, starts + sizes)
             self._let_go(())
@@ -284,7 +290,7 @@ class ShardReader:
                 continue
             with self._opening(s):
                 path = self._checked_path(s)
-                offset = check_shard(path, self.shards.sample_shape, int(self.shards.rows[s]))
+                offset = check_shard(path, self.shards.stored_shape, int(self.shards.rows[s]))
                 self._probe(s, path, offset)
             if span is None:
                 try:
@@ -387,17 +393,17 @@ class ShardReader:
             return
 
     def prefetch_places(
-        self, shard_idx: NDArray[np.integer], places: NDArray[np.int64], channels: int
+        self, shard_idx: NDArray[np.integer], places: NDArray[np.int64], lengths: NDArray[np.int64]
     ) -> None:
-        """`prefetch` of samples that keep their aspect ratio, at their `places` (offset,
-        height, width): each shard's ranges advised WILLNEED at once (no residency probe: the
-        kernel skips what it holds). Advice only, as `prefetch`; with `drop_behind` always (its
-        maps read nothing the kernel was not asked for)."""
+        """`prefetch` of samples of flat shards, at their `places` (offset, height, width),
+        each `lengths` bytes (`stored_lengths`): each shard's ranges advised WILLNEED at once
+        (no residency probe: the kernel skips what it holds). Advice only, as `prefetch`; with
+        `drop_behind` always (its maps read nothing the kernel was not asked for)."""
         if not (self.readahead or self.drop_behind) or not len(places):
             return
         if self.shards.cache is not None or self.shards.ranged is not None:
             return  # as `prefetch`'s
-        advise_places(self.shards, np.asarray(shard_idx, dtype=np.int64), places, channels)
+        advise_places(self.shards, np.asarray(shard_idx, dtype=np.int64), places, lengths)
 
     def _checked_rows(
         self, shard_idx: NDArray[np.integer], rows: NDArray[np.integer]
@@ -423,27 +429,3 @@ class ShardReader:
         for s in set(shard.tolist()).difference(self._flat):
             self._open(s)
         copy_rows(self._flat, shard, row, out, self.sample_bytes)
-
-
-def batch_reads(
-    reader: ShardReader,
-    sel: Selection,
-    index: NDArray[np.int64],
-    columns: Columns | None,
-    back_to_back: bool = False,
-) -> tuple[tuple[int, ...], Callable[[NDArray[np.uint8]], None], Columns | None]:
-    """(shape, fill, columns) of the batch of `index` (checked) for `BatchMemory.batch`: rows of
-    the stored shape, or samples that keep their aspect ratio padded to their largest sides
-    (with `back_to_back`, one after another in a 1-d batch), with each one's size in
-    `SIZE_COLUMNS` beside `columns`."""
-    shard_idx, rows = sel.shard_idx[index], sel.rows[index]
-    if sel.places is None:
-        return (len(index), *sel.sample_shape), partial(reader.gather, shard_idx, rows), columns
-    places = sel.places[index]
-    if back_to_back:
-        shape: tuple[int, ...] = (back_to_back_bytes(places, sel.channels),)
-    else:
-        shape = padded_shape(len(index), places, sel.channels, sel.layout)
-    read = partial(reader.gather_ragged, shard_idx, rows, places, sel.layout)
-    sizes = {SIZE_COLUMNS[0]: places[:, 1].copy(), SIZE_COLUMNS[1]: places[:, 2].copy()}
-    return shape, read, {**(columns or {}), **sizes}

@@ -27,13 +27,14 @@ import torch
 from numpy.typing import NDArray
 from torch.utils.data import IterableDataset, get_worker_info
 
+from loaders.batch_plan import batch_reads
 from loaders.batches import AnyBatch
 from loaders.catalog import Selection
 from loaders.dist import rank_and_world
 from loaders.memory import BatchMemory
 from loaders.orders import Order, seeded_rng
 from loaders.page_cache import advise_file
-from loaders.reader import ShardReader, batch_reads
+from loaders.reader import ShardReader
 from loaders.row_checks import Verify, as_verified, checks_of
 
 
@@ -337,7 +338,7 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
                 yield self._sample(int(chunk[0]))
             else:
                 # samples that keep their aspect ratio: padded, their sizes beside (indexed)
-                given = self.with_indices or sel.values or sel.places is not None
+                given = self.with_indices or sel.values or sel.own_sizes
                 columns = sel.values.batch(chunk) if sel.values is not None else None
                 shape, read, columns = batch_reads(
                     self.reader, sel, chunk, columns, self.memory.back_to_back

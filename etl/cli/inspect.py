@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from PIL import Image
@@ -180,6 +180,18 @@ def inspect(
         out.print(f"wrote {plot}", highlight=False)
 
 
+def _storage_line(storage: dict[str, Any], samples: int) -> str:
+    """`codec jpeg q90: 304 jpeg, 2 raw; 1,823 bytes a sample, 14.8% of raw`."""
+    codec = storage.get("codec", {})
+    name = str(codec.get("kind", "raw"))
+    if "quality" in codec:
+        name += f" q{codec['quality']}"
+    counts = ", ".join(f"{n:,} {k}" for k, n in storage.get("samples", {}).items())
+    per = storage.get("bytes", 0) / max(samples, 1)
+    share = storage.get("bytes", 0) / max(storage.get("raw_bytes", 0), 1)
+    return f"codec {name}: {counts}; {per:,.0f} bytes a sample, {share:.1%} of raw"
+
+
 def _print_summary(s: explore.Summary) -> None:
     facts = Table(show_header=False, box=None, pad_edge=False)
     facts.add_column(style="bold")
@@ -199,6 +211,7 @@ def _print_summary(s: explore.Summary) -> None:
         shape += " (each sample its own size: aspect kept)"
     facts.add_row("format", f"{shape} {s.layout} {s.dtype}, checksum {s.checksum}")
     facts.add_row("shards", f"{s.shards}, {s.shard_bytes / 2**20:.1f} MiB")
+    facts.add_row("stored", _storage_line(s.storage, s.samples))
     reasons = ", ".join(f"{k} {v}" for k, v in s.rejects_by_reason.items()) or "none"
     facts.add_row("rejects", f"{s.rejects} ({reasons})")
     if s.columns:
@@ -213,6 +226,9 @@ def _print_summary(s: explore.Summary) -> None:
         facts.add_row("", f"- {stage.get('kind')}: {scaffold.yaml_value(options)}")
     facts.add_row("", f"split: {scaffold.yaml_value(s.config.get('split', {}))}")
     facts.add_row("", f"source kind: {s.config.get('source_kind')}")
+    if "samples" in s.config:  # stored encoded: `output.codec` as pipeline.yaml writes it
+        codec = s.config["samples"].get("codec", {})
+        facts.add_row("", f"output codec: {scaffold.yaml_value(codec)}")
     out.print(facts, highlight=False)
 
     table = Table("class")

@@ -4,29 +4,25 @@ Every other module receives a `PipelineConfig` and never looks at the file again
 the key path and the YAML line (`pipeline.yaml:12: stages[1].resize.size: ...`).
 
 Modules:
+- `codec`:    the `output.codec` section: how samples are stored (raw, JPEG, zlib)
 - `columns`:  the `columns:` section: per-sample columns a source carries
 - `fields`:   what every model shares: strict frozen models, byte sizes, colours, locations
 - `loading`:  `load_config`: pipeline.yaml -> PipelineConfig
-- `pipeline`: the stages, output and run sections, and `PipelineConfig`
+- `pipeline`: the output and run sections, and `PipelineConfig`
 - `sources`:  the `source:` section, one model per source kind
+- `stages`:   the `stages:` section, one model per stage kind
 """
 
+from etl.config.codec import CODEC_KINDS, CodecConfig
 from etl.config.fields import ByteSize, Color, StrictModel, parse_byte_size
 from etl.config.loading import MAX_CONFIG_BYTES, MAX_DEPTH, load_config
 from etl.config.pipeline import (
     BACKENDS,
-    DEFAULT_FORMATS,
-    EXTERNAL_PROGRAM_FORMATS,
     SHARD_BYTES,
     Backend,
-    CallStage,
-    DecodeStage,
     OutputConfig,
     PipelineConfig,
-    ResizeStage,
     RunConfig,
-    Stage,
-    ValidateStage,
     changed_keys,
 )
 from etl.config.sources import (
@@ -43,9 +39,19 @@ from etl.config.sources import (
     SourceConfig,
     WebDatasetSource,
 )
+from etl.config.stages import (
+    DEFAULT_FORMATS,
+    EXTERNAL_PROGRAM_FORMATS,
+    CallStage,
+    DecodeStage,
+    ResizeStage,
+    Stage,
+    ValidateStage,
+)
 
 __all__ = [
     "BACKENDS",
+    "CODEC_KINDS",
     "DEFAULT_FORMATS",
     "DEFAULT_INCLUDE",
     "EXTERNAL_PROGRAM_FORMATS",
@@ -57,6 +63,7 @@ __all__ = [
     "Backend",
     "ByteSize",
     "CallStage",
+    "CodecConfig",
     "Color",
     "DecodeStage",
     "FilePatterns",

@@ -14,6 +14,7 @@ from numpy.typing import NDArray
 from etl.config import CallStage, PipelineConfig
 from etl.errors import WorkerError, described
 from etl.format.checksums import digest
+from etl.format.codecs import encode
 from etl.images.rejects import Reject
 from etl.images.stages import load_function, process_image
 from etl.sources import readers
@@ -49,13 +50,16 @@ class RowWriter(Protocol):
 @dataclass(frozen=True, slots=True)
 class Stored:
     """A source stored in a shard: its row (or slot), the row's checksum, the source's size in
-    pixels, and the stored sample's shape."""
+    pixels, the sample's shape (decoded), and how it is stored: its codec and bytes
+    (`etl.format.codecs`; raw: the pixels' bytes)."""
 
     row: int
     checksum: str
     height: int
     width: int
     shape: tuple[int, ...]
+    codec: str = "raw"
+    nbytes: int = 0
 
 
 def fill_shard(
@@ -103,5 +107,11 @@ def _store(
     except Reject as exc:
         writer.skip()
         return exc
-    row, checksum = writer.append(array)
-    return Stored(row, checksum, height, width, array.shape)
+    codec = config.output.codec
+    if not codec.encoded:
+        row, checksum = writer.append(array)
+        return Stored(row, checksum, height, width, array.shape, "raw", array.nbytes)
+    layout = config.output.layout
+    name, encoded = encode(array, codec.kind, codec.quality, codec.min_ratio, layout)
+    row, checksum = writer.append(encoded)
+    return Stored(row, checksum, height, width, array.shape, name, encoded.size)

@@ -34,9 +34,10 @@ from PIL import Image
 from etl.errors import EtlError, ShardError
 from etl.explore.drawing import Cell, Chart, Sheet, draw_class_balance, draw_sheet
 from etl.explore.reject_sheet import reject_cells
+from etl.format.coherence import RAGGED_COLUMNS
 from etl.format.contents import VersionContents, Where
 from etl.format.manifest import Manifest, list_versions, read_manifest
-from etl.format.ragged import place_of, stored_sample
+from etl.format.ragged import channels_of, encoding_of, place_of, stored_sample
 from etl.format.shards import open_shard
 from etl.storage.location import StoreOptions, open_location
 from etl.storage.store import StoreDataset
@@ -155,9 +156,14 @@ class Dataset(VersionContents):
         place = place_of(row) if self.manifest.meta.ragged else None
         try:
             pixels = stored_sample(
-                self._shard(row["shard"]), row["row"], place, self.sample_shape, self.layout
+                self._shard(row["shard"]),
+                row["row"],
+                place,
+                self.sample_shape,
+                self.layout,
+                encoding_of(row),
             )
-        except ValueError as exc:  # a place past the end: opening checked it, a file changed
+        except ValueError as exc:  # past the end (a file changed since opening), or undecodable
             raise ShardError(f"{self.manifest.shard_path(row['shard'])}: {exc}") from None
         return np.asarray(pixels)
 
@@ -174,7 +180,7 @@ class Dataset(VersionContents):
                 sizes = tuple(shard.column("bytes").to_pylist())
                 self._store.fetch_shards((name,), checksums, self.manifest.meta.checksum, sizes)
             self._shards[name] = open_shard(
-                self.manifest.shard_path(name), self.sample_shape, rows[0]
+                self.manifest.shard_path(name), self.manifest.meta.stored_shape, rows[0]
             )
         return self._shards[name]
 
@@ -209,7 +215,33 @@ class Dataset(VersionContents):
                 name: {"type": text, "values": self.table.num_rows - self.table[name].null_count}
                 for name, text in meta.columns
             },
+            storage=self._storage(),
         )
+
+    def _storage(self) -> dict[str, Any]:
+        """How samples are stored: the codec, samples per codec, stored and raw bytes."""
+        meta, table = self.manifest.meta, self.table
+        channels = channels_of(meta.sample_shape, meta.layout)
+        if meta.ragged:
+            sides = (table.column(c).to_numpy().astype(np.int64) for c in RAGGED_COLUMNS[1:])
+            raw = int(np.prod(np.stack(list(sides)), axis=0).sum()) * channels
+        else:
+            raw = len(self) * int(np.prod(meta.sample_shape))
+        if not meta.encoded:
+            return {
+                "codec": {"kind": "raw"},
+                "samples": {"raw": len(self)},
+                "bytes": raw,
+                "raw_bytes": raw,
+            }
+        counts = Counter(table.column("sample_codec").to_pylist())
+        stored = int(pc.sum(table.column("sample_bytes")).as_py() or 0)
+        return {
+            "codec": dict(meta.codec or {}),
+            "samples": dict(sorted(counts.items())),
+            "bytes": stored,
+            "raw_bytes": raw,
+        }
 
     # -- choosing and drawing ------------------------------------------------------------------
 
@@ -370,6 +402,9 @@ class Summary:
     """The output-shaping config (stages, layout, checksum, split) the version was packed with."""
     columns: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per-sample columns: {name: {type (as pipeline.yaml writes it), values (not null)}}."""
+    storage: dict[str, Any] = field(default_factory=dict)
+    """How samples are stored: {codec: output.codec, samples: {codec: count}, bytes: stored
+    bytes of the samples, raw_bytes: their pixels' bytes}."""
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))

@@ -1,12 +1,14 @@
 """The dataset folder's format: every rule about what lies on disk and how it is read back.
 
-It imports nothing heavier than numpy and pyarrow, so a training node reads a dataset without
-the ETL's dependencies; nothing here imports `etl.storage` or fsspec. docs/FORMAT.md is its
+It imports nothing heavier than numpy and pyarrow (and simplejpeg, only where a JPEG sample is
+decoded), so a training node reads a dataset without the ETL's dependencies; nothing here
+imports `etl.storage` or fsspec. docs/FORMAT.md is its
 prose twin.
 
 Modules:
 - `atomic`:         temp file then rename: a reader sees the old file or the whole new one
 - `checksums`:      every digest algorithm by name
+- `codecs`:         a stored sample's bytes to pixels and back: raw, JPEG, zlib
 - `coherence`:      what a reader may rely on, checked when a version is opened
 - `commit`:         the one way a version is published; leftovers of killed runs
 - `contents`:       what a version holds (classes, shape, splits, counts) and its filters
@@ -17,7 +19,7 @@ Modules:
 - `npy`:            the .npy header, parsed strictly
 - `parts`:          a shard many tasks fill: rows at their slots, then sealed
 - `predicate`:      `where=` as SQL: one checked boolean expression, run within limits
-- `ragged`:         where a ragged sample (its own size, format version 2) lives
+- `ragged`:         where a sample of a flat shard (own size, or stored encoded) lives
 - `record`:         commit.json: the size and BLAKE3 of a version's files
 - `retirement`:     a retired version's record: unlisted, whole for a grace period
 - `row_checksums`:  each sample's recorded checksum, found by (shard, row)

@@ -14,12 +14,16 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from etl.errors import ManifestError
+from etl.format.codecs import CODECS
 from etl.format.ragged import channels_of
 from etl.format.shards import HEADER_BYTES, SHARDS_DIR
 from etl.format.table_ops import positions_in
 
 RAGGED_COLUMNS = ("sample_offset", "sample_height", "sample_width")
 """The manifest columns that place a sample that keeps its aspect ratio (format version 2)."""
+ENCODED_COLUMNS = ("sample_codec", "sample_bytes")
+"""The manifest columns of samples stored encoded (format version 3): each one's codec and
+stored bytes (`etl.format.codecs`)."""
 
 
 class Described(Protocol):
@@ -35,6 +39,8 @@ class Described(Protocol):
     def classes(self) -> Sequence[str]: ...
     @property
     def ragged(self) -> bool: ...
+    @property
+    def encoded(self) -> bool: ...
 
 
 class Version(Protocol):
@@ -97,7 +103,7 @@ def check_coherent(where: Path, manifest: Version) -> None:
         piece = samples.slice(start, CHECK_ROWS)
         index = _check_rows(where, piece, start, len(meta.classes), names, limits)
         if meta.ragged:
-            _check_places(where, piece, start, index, channels, data_bytes)
+            _check_places(where, piece, start, index, channels, data_bytes, meta.encoded)
         manifest.release_pages()
 
 
@@ -135,22 +141,38 @@ def _check_places(
     index: NDArray[np.int64],
     channels: int,
     data_bytes: NDArray[np.int64],
+    encoded: bool = False,
 ) -> None:
-    """Samples that keep their aspect ratio (format version 2): a size and an offset each,
-    whose bytes lie inside their shard's data."""
+    """Samples of a flat shard (format version 2 and 3): a size and an offset each (and where
+    they are stored encoded, a known codec and a byte count), whose bytes lie inside their
+    shard's data."""
     values = {}
-    for name in RAGGED_COLUMNS:
+    for name in (*RAGGED_COLUMNS, *(ENCODED_COLUMNS if encoded else ())):
         column = samples.column(name)
         _refuse_first(
             where, samples, first, column.is_null().to_numpy(zero_copy_only=False),
             f"column {name!r} is empty (null)",
         )  # fmt: skip
-        values[name] = column.to_numpy().astype(np.int64)
+        if name != "sample_codec":
+            values[name] = column.to_numpy().astype(np.int64)
     height, width = values["sample_height"], values["sample_width"]
     _refuse_first(where, samples, first, (height <= 0) | (width <= 0), "a sample has no pixels")
-    offset, end = values["sample_offset"], values["sample_offset"] + height * width * channels
+    stored = height * width * channels
+    if encoded:
+        codes = stored_codes(samples.column("sample_codec"))
+        _refuse_first(where, samples, first, codes < 0, "column 'sample_codec' names no codec")
+        stored = values["sample_bytes"]
+        raw = (codes == 0) & (stored != height * width * channels)
+        _refuse_first(where, samples, first, raw | (stored <= 0), "a sample's bytes do not fit")
+    offset, end = values["sample_offset"], values["sample_offset"] + stored
     bad = (offset < 0) | (end > data_bytes[index])
     _refuse_first(where, samples, first, bad, "column 'sample_offset' is outside its shard")
+
+
+def stored_codes(column: pa.ChunkedArray | pa.Array) -> NDArray[np.int8]:
+    """Each `sample_codec` value's index in `etl.format.codecs.CODECS`; -1 for one it lacks."""
+    found = pc.index_in(column, value_set=pa.array(CODECS, pa.string()))
+    return np.asarray(pc.fill_null(found, -1).to_numpy(zero_copy_only=False), dtype=np.int8)
 
 
 def is_hex(column: pa.ChunkedArray, width: str = "16,64") -> NDArray[np.bool_]:

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from etl.errors import SelectionError
-from etl.format.coherence import RAGGED_COLUMNS
+from etl.format.coherence import ENCODED_COLUMNS, RAGGED_COLUMNS
 from etl.format.manifest import Manifest
 from etl.format.predicate import sql_mask
 from etl.format.schema import ordered_splits
@@ -46,11 +46,10 @@ class VersionContents:
     @cached_property
     def table(self) -> pa.Table:
         """The samples table: one row per packed sample, sorted by `source` (docs/FORMAT.md);
-        a version of fixed-size samples without format version 2's `sample_*` columns."""
-        samples = self.manifest.samples
-        if self.manifest.meta.ragged:
-            return samples
-        return samples.drop_columns([c for c in RAGGED_COLUMNS if c in samples.column_names])
+        without the `sample_*` columns its format version lacks."""
+        samples, meta = self.manifest.samples, self.manifest.meta
+        absent = (() if meta.ragged else RAGGED_COLUMNS) + (() if meta.encoded else ENCODED_COLUMNS)
+        return samples.drop_columns([c for c in absent if c in samples.column_names])
 
     @property
     def rejects(self) -> pa.Table:

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from etl.errors import ManifestError
-from etl.format.coherence import RAGGED_COLUMNS
+from etl.format.coherence import ENCODED_COLUMNS, RAGGED_COLUMNS
 
 FORMAT_VERSION = 1
 """Bumped on any change a reader of an older version would misread; checked on every open."""
@@ -22,7 +22,12 @@ RAGGED_FORMAT_VERSION = 2
 """The format of samples that keep their aspect ratio (`etl.format.ragged`): each shard one
 flat uint8 array, each sample's place and size in its manifest row. A reader of version 1
 refuses it; fixed-size datasets stay version 1."""
-FORMAT_VERSIONS = (FORMAT_VERSION, RAGGED_FORMAT_VERSION)
+ENCODED_FORMAT_VERSION = 3
+"""The format of samples stored encoded (`etl.format.codecs`: JPEG, zlib, or raw where encoding
+would not pay), at a fixed size or each its own: flat shards as in version 2, each row also
+naming its codec and stored bytes. Readers of versions 1 and 2 refuse it in one line instead of
+reading encoded bytes as pixels; datasets stored raw stay version 1 or 2, byte for byte."""
+FORMAT_VERSIONS = (FORMAT_VERSION, RAGGED_FORMAT_VERSION, ENCODED_FORMAT_VERSION)
 
 SAMPLES_SCHEMA = pa.schema(
     [
@@ -44,10 +49,13 @@ SAMPLES_SCHEMA = pa.schema(
         pa.field("sample_offset", pa.int64()),
         pa.field("sample_height", pa.int32()),
         pa.field("sample_width", pa.int32()),
+        pa.field("sample_codec", pa.string()),
+        pa.field("sample_bytes", pa.int64()),
     ]
 )
-"""NOTE: `sample_*` say where a sample that keeps its aspect ratio is (format version 2: byte
-offset in its shard's data, stored height and width); null in a fixed-size dataset."""
+"""NOTE: `sample_*` say where a sample of a flat shard is (format version 2 and 3: byte offset
+in its shard's data, height and width; in version 3 also its codec and stored bytes); null in a
+fixed-size dataset stored raw, whose manifest.arrow has none of them."""
 
 SHARDS_SCHEMA = pa.schema(
     [
@@ -72,10 +80,10 @@ REJECTS_SCHEMA = pa.schema(
     ]
 )
 
-ADDED_COLUMNS = frozenset({"source_ctime_ns", "source_inode", *RAGGED_COLUMNS})
+ADDED_COLUMNS = frozenset({"source_ctime_ns", "source_inode", *RAGGED_COLUMNS, *ENCODED_COLUMNS})
 """Nullable columns added after format version 1 was defined (etl-memmap 0.2.0; `sample_*`
-with format version 2): a manifest without them reads them as nulls (its files are hashed
-once again on the next run)."""
+with format versions 2 and 3): a manifest without them reads them as nulls (its files are
+hashed once again on the next run)."""
 
 
 SPLIT_ORDER = ("train", "val", "test")
@@ -107,6 +115,9 @@ class ManifestMeta:
     """The per-sample columns after SAMPLES_SCHEMA's, as (name, type as a config writes it):
     what `columns:` declared when it was committed. A reader that predates them reads the
     version without them (`_read_table` keeps the columns it knows)."""
+    codec: Mapping[str, Any] | None = None
+    """Format version 3: the codec samples were stored with (`output.codec`, e.g. {"kind":
+    "jpeg", "quality": 90, "min_ratio": 1.0}); each row says what it holds."""
 
     @property
     def column_fields(self) -> tuple[pa.Field, ...]:
@@ -125,23 +136,46 @@ class ManifestMeta:
         of format version 2 in a version of fixed-size samples (format version 1 files stay as
         they were; they read back as nulls)."""
         schema = self.samples_schema
-        if self.ragged:
-            return schema
-        return pa.schema([f for f in schema if f.name not in RAGGED_COLUMNS])
+        dropped = {
+            FORMAT_VERSION: (*RAGGED_COLUMNS, *ENCODED_COLUMNS),
+            RAGGED_FORMAT_VERSION: ENCODED_COLUMNS,
+        }.get(self.format_version, ())
+        return pa.schema([f for f in schema if f.name not in dropped])
 
     @property
     def ragged(self) -> bool:
-        """Whether each sample has its own height and width (format version 2)."""
-        return self.format_version == RAGGED_FORMAT_VERSION
+        """Whether each shard is one flat array and each row says where its sample is: samples
+        that keep their aspect ratio (format version 2) or are stored encoded (3)."""
+        return self.format_version in (RAGGED_FORMAT_VERSION, ENCODED_FORMAT_VERSION)
+
+    @property
+    def encoded(self) -> bool:
+        """Whether rows name their codec and stored bytes (format version 3)."""
+        return self.format_version == ENCODED_FORMAT_VERSION
+
+    @property
+    def stored_shape(self) -> tuple[int, ...]:
+        """The shape its shard files are checked and written in (`etl.format.shards`): the
+        sample shape, or (0,) where samples are stored encoded, each a run of bytes."""
+        return (0,) if self.encoded else self.sample_shape
+
+    @property
+    def own_sizes(self) -> bool:
+        """Whether each sample has its own height and width (0 sides in `sample_shape`)."""
+        return 0 in self.sample_shape
 
     def _checked_shape(self) -> ManifestMeta:
         """ValueError unless the sample shape is what the format version says: three sides
-        (a layout's), height and width 0 in version 2 (each sample its own), none 0 in 1."""
-        shape, ragged = self.sample_shape, self.format_version == RAGGED_FORMAT_VERSION
+        (a layout's), height and width 0 in version 2 (each sample its own), none 0 in 1,
+        either in 3."""
+        shape, fmt = self.sample_shape, self.format_version
         if len(shape) != 3 or any(d < 0 for d in shape):
             raise ValueError(f"sample_shape {list(shape)} is not three sides")
         sides = shape[:2] if self.layout == "HWC" else shape[1:]
         channels = shape[2] if self.layout == "HWC" else shape[0]
+        ragged = fmt == RAGGED_FORMAT_VERSION or (fmt == ENCODED_FORMAT_VERSION and 0 in shape)
+        if fmt == ENCODED_FORMAT_VERSION and not isinstance(self.codec, Mapping):
+            raise ValueError("format version 3 without its codec")
         if channels <= 0 or (sides != (0, 0) if ragged else 0 in sides):
             raise ValueError(
                 f"sample_shape {list(shape)} does not fit format version {self.format_version}"
@@ -164,6 +198,8 @@ class ManifestMeta:
         }
         if self.columns:
             values["columns"] = [list(c) for c in self.columns]
+        if self.codec is not None:
+            values["codec"] = dict(self.codec)
         return {f"etl.{k}".encode(): json.dumps(v).encode() for k, v in values.items()}
 
     @classmethod
@@ -198,14 +234,20 @@ class ManifestMeta:
                 dtype=str(values["dtype"]),
                 format_version=int(fmt),
                 columns=_declared_columns(values.get("columns", [])),
+                codec=values.get("codec"),
             )._checked_shape()
         except (KeyError, TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise ManifestError(f"{where}: schema metadata is incomplete ({exc!r})") from None
 
 
-def sample_shape_of(config_shape: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
-    """(sample_shape, format version) a manifest records for a config's `sample_shape`: a 0
-    side (samples that keep their aspect ratio) is format version 2."""
+def sample_shape_of(
+    config_shape: tuple[int, ...], encoded: bool = False
+) -> tuple[tuple[int, ...], int]:
+    """(sample_shape, format version) a manifest records for a config's `sample_shape`: samples
+    stored encoded are format version 3, else a 0 side (samples that keep their aspect ratio)
+    is format version 2."""
+    if encoded:
+        return tuple(config_shape), ENCODED_FORMAT_VERSION
     fmt = RAGGED_FORMAT_VERSION if 0 in config_shape else FORMAT_VERSION
     return tuple(config_shape), fmt
 

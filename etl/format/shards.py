@@ -122,7 +122,8 @@ class ShardWriter:
     (`fsync_dir`) before committing a manifest that references it.
 
     A `sample_shape` with 0 sides (samples that keep their aspect ratio) writes one flat array
-    of the samples' bytes; `placed` then says where each row went.
+    of the samples' bytes; `placed` then says where each row went. So does (0,): samples stored
+    encoded (`etl.format.codecs`), each a 1-d run of bytes.
     """
 
     def __init__(
@@ -137,7 +138,10 @@ class ShardWriter:
         if capacity <= 0:
             raise ValueError(f"shard capacity must be positive, got {capacity}")
         self.ragged = 0 in sample_shape
-        if any(d < 0 for d in sample_shape) or (self.ragged and not any(sample_shape)):
+        flat_bytes = tuple(sample_shape) == (0,)  # samples stored encoded: runs of bytes
+        if any(d < 0 for d in sample_shape) or (
+            self.ragged and not any(sample_shape) and not flat_bytes
+        ):
             raise ValueError(f"invalid sample shape {sample_shape}")
         self.placed: list[tuple[int, tuple[int, ...]]] = []
         """Per row written, (byte offset in the data, shape)."""

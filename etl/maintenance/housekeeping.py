@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from etl.errors import ManifestError, ShardError
 from etl.format.atomic import replacing
-from etl.format.coherence import RAGGED_COLUMNS
+from etl.format.coherence import ENCODED_COLUMNS, RAGGED_COLUMNS
 from etl.format.commit import clean_leftovers, commit_version, remove_version
 from etl.format.lock import DatasetLock
 from etl.format.manifest import (
@@ -28,7 +28,7 @@ from etl.format.manifest import (
     read_manifest,
     resolve,
 )
-from etl.format.ragged import place_of, stored_sample
+from etl.format.ragged import encoding_of, place_of, stored_bytes
 from etl.format.retirement import (
     GRACE,
     RETIRED_DIR,
@@ -156,23 +156,24 @@ def rewrite(manifest: Manifest, sparse: list[str], version: int, writer: str = "
     )
     relocated: dict[str, tuple[str, int, int | None]] = {}
     new_shards: list[ShardInfo] = []
-    records = moving.select(["sample_id", "shard", "row", "checksum", *RAGGED_COLUMNS]).to_pylist()
+    kept = ["sample_id", "shard", "row", "checksum", *RAGGED_COLUMNS, *ENCODED_COLUMNS]
+    records = moving.select([c for c in kept if c in moving.column_names]).to_pylist()
     for start in range(0, len(records), per_shard):
         chunk = records[start : start + per_shard]
         name = shard_name(version, start // per_shard, writer)
-        with ShardWriter(manifest.root, name, len(chunk), meta.sample_shape, meta.checksum) as w:
+        with ShardWriter(manifest.root, name, len(chunk), meta.stored_shape, meta.checksum) as w:
             opened: dict[str, np.memmap] = {}
             for rec in chunk:
                 source = opened.get(rec["shard"])
                 if source is None:
                     source = open_shard(
-                        manifest.root / rec["shard"], meta.sample_shape, rows_by_shard[rec["shard"]]
+                        manifest.root / rec["shard"], meta.stored_shape, rows_by_shard[rec["shard"]]
                     )
                     opened[rec["shard"]] = source
                 place = place_of(rec) if meta.ragged else None
                 try:
-                    pixels = stored_sample(
-                        source, rec["row"], place, meta.sample_shape, meta.layout
+                    pixels = stored_bytes(
+                        source, rec["row"], place, meta.sample_shape, meta.layout, encoding_of(rec)
                     )
                 except ValueError as exc:
                     raise ShardError(f"{manifest.root / rec['shard']}: {exc}") from None

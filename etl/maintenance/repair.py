@@ -33,7 +33,7 @@ from etl.format.manifest import (
     read_manifest,
     table_from_rows,
 )
-from etl.format.ragged import Place, place_of, sides_of, stored_sample
+from etl.format.ragged import Encoding, Place, encoding_of, place_of, sides_of, stored_bytes
 from etl.format.shards import ShardInfo, ShardWriter, open_shard, shard_name
 from etl.images.rejects import READ_REJECTS, Reject
 from etl.maintenance.audit import (
@@ -56,6 +56,10 @@ HOW: dict[str, str] = {
 """How a repaired sample was stored again (RepairReport.repaired[*]["how"])."""
 
 
+Placed = tuple[Place, Encoding | None]
+"""Where a repaired sample of a flat shard went, and how it is stored there."""
+
+
 @dataclass(frozen=True)
 class RepairItem:
     """One sample to store again: decoded from its source, or copied from its damaged shard."""
@@ -73,7 +77,9 @@ class RepairItem:
     locator: str | None = None
     """Where `readers` reads its source (`etl.sources.locate`); None: copy only."""
     old_place: Place | None = None
-    """Where samples keep their aspect ratio, its place in the damaged shard."""
+    """In a flat shard (format versions 2 and 3), its place in the damaged shard."""
+    old_encoding: Encoding | None = None
+    """Stored encoded (format version 3), its stored bytes and codec."""
 
 
 @dataclass(frozen=True)
@@ -85,9 +91,9 @@ class RepairTask:
 @dataclass(frozen=True)
 class RepairOutcome:
     shard: ShardInfo | None
-    stored: tuple[tuple[str, int, str, str, Place | None], ...]
-    """(sample_id, new row, checksum, how, new place where samples keep their aspect ratio)
-    with how "copied" or "decoded"."""
+    stored: tuple[tuple[str, int, str, str, Placed | None], ...]
+    """(sample_id, new row, checksum, how, new place and encoding in a flat shard) with how
+    "copied" or "decoded"."""
     failed: tuple[tuple[str, str], ...]
     """(sample_id, why it cannot be repaired)."""
 
@@ -230,6 +236,7 @@ def _repair_items(report: AuditReport, manifest: Manifest) -> list[RepairItem]:
                     expected=s["checksum"],
                     copy=s["sample_id"] not in bad,
                     old_place=place_of(s) if manifest.meta.ragged else None,
+                    old_encoding=encoding_of(s),
                 )
             )
     items.sort(key=lambda i: (i.old_shard, i.old_row))
@@ -281,18 +288,17 @@ def repair_shard(
     the sources it decodes again (`etl.engine.fill.fill_shard`, as a run fills a shard)."""
     one_row = row_digest(config.output.checksum)
     opened: dict[str, np.memmap] = {}
-    stored: list[tuple[str, int, str, str, Place | None]] = []
+    stored: list[tuple[str, int, str, str, Placed | None]] = []
     layout = config.output.layout
 
-    def place(row: int) -> Place | None:
+    def place(row: int, sides: tuple[int, int], encoding: Encoding | None) -> Placed | None:
         if not writer.ragged:
             return None
-        offset, shape = writer.placed[row]
-        return (offset, *sides_of(shape, layout))
+        return (writer.placed[row][0], *sides), encoding
 
     failed: list[tuple[str, str]] = []
     writer = ShardWriter(
-        Path(root), task.shard, len(task.items), sample_shape, config.output.checksum
+        Path(root), task.shard, len(task.items), config.stored_shape, config.output.checksum
     )
     with writer:
         decode: list[RepairItem] = []
@@ -300,7 +306,9 @@ def repair_shard(
             pixels = _copy(item, Path(root), sample_shape, layout, opened, one_row)
             if pixels is not None:
                 row, checksum = writer.append(pixels)
-                stored.append((item.sample_id, row, checksum, "copied", place(row)))
+                sides = item.old_place[1:] if item.old_place is not None else (0, 0)
+                kept = place(row, sides, item.old_encoding)
+                stored.append((item.sample_id, row, checksum, "copied", kept))
             elif item.locator is None:
                 failed.append((item.sample_id, "its row fails its check and its source is gone"))
             else:
@@ -311,9 +319,10 @@ def repair_shard(
             if isinstance(outcome, Reject):
                 failed.append((item.sample_id, _why(outcome)))
             else:
-                stored.append(
-                    (item.sample_id, outcome.row, outcome.checksum, "decoded", place(outcome.row))
-                )
+                sides = sides_of(outcome.shape, layout)
+                encoding = (outcome.nbytes, outcome.codec) if item.old_encoding else None
+                new = place(outcome.row, sides, encoding)
+                stored.append((item.sample_id, outcome.row, outcome.checksum, "decoded", new))
         info = writer.finish()
     return RepairOutcome(info, tuple(stored), tuple(failed))
 
@@ -340,14 +349,20 @@ def _copy(
         return None
     if item.old_shard not in opened:
         try:
+            stored_shape = (0,) if item.old_encoding is not None else sample_shape
             opened[item.old_shard] = open_shard(
-                root / item.old_shard, sample_shape, item.old_shard_rows
+                root / item.old_shard, stored_shape, item.old_shard_rows
             )
         except (ShardError, OSError):
             return None
     try:
-        pixels = stored_sample(
-            opened[item.old_shard], item.old_row, item.old_place, sample_shape, layout
+        pixels = stored_bytes(
+            opened[item.old_shard],
+            item.old_row,
+            item.old_place,
+            sample_shape,
+            layout,
+            item.old_encoding,
         )
     except ValueError:
         return None
@@ -363,7 +378,7 @@ def _commit_repair(
 ) -> None:
     items = {i.sample_id: i for i in repaired}
     stored_bytes = {f.sample_id: f.actual for f in report.bad_samples}
-    moved: dict[str, tuple[str, int, str, Place | None]] = {}
+    moved: dict[str, tuple[str, int, str, Placed | None]] = {}
     new_shards: list[ShardInfo] = []
     for outcome in outcomes:
         for sample_id, reason in outcome.failed:
@@ -383,9 +398,9 @@ def _commit_repair(
         new_shards.append(info)
         out.shards_written.append(info.name)
         out.bytes_written += info.bytes
-        for sample_id, row, checksum, how, place in outcome.stored:
+        for sample_id, row, checksum, how, placed in outcome.stored:
             item = items[sample_id]
-            moved[sample_id] = (info.name, row, checksum, place)
+            moved[sample_id] = (info.name, row, checksum, placed)
             if how == "decoded":
                 if checksum == item.expected:
                     how = "restored"
@@ -411,9 +426,12 @@ def _commit_repair(
     rows = manifest.samples.to_pylist()
     for row in rows:
         if row["sample_id"] in moved:
-            row["shard"], row["row"], row["checksum"], place = moved[row["sample_id"]]
-            if place is not None:
+            row["shard"], row["row"], row["checksum"], placed = moved[row["sample_id"]]
+            if placed is not None:
+                place, encoding = placed
                 row["sample_offset"], row["sample_height"], row["sample_width"] = place
+                if encoding is not None:
+                    row["sample_bytes"], row["sample_codec"] = encoding
     meta = replace(manifest.meta, version=manifest.version + 1)
     samples = table_from_rows(rows, meta.samples_schema)
     commit_version(manifest.root, meta, samples, manifest.rejects, new_shards, manifest.shards)

@@ -10,7 +10,6 @@ raises (a full disk, a bug) stops the run, re-raised with the shard and file it 
 
 from __future__ import annotations
 
-import math
 import os
 import secrets
 from collections import deque
@@ -26,6 +25,7 @@ from etl.config import PipelineConfig, RunConfig, SourceConfig
 from etl.engine.fill import fill_shard, read_failure
 from etl.engine.parallel import Starting, parallel_map
 from etl.format import parts
+from etl.format.codecs import CODECS
 from etl.format.ragged import sides_of
 from etl.format.shards import SHARDS_DIR, ShardInfo, fsync_dir
 from etl.images.rejects import Reject
@@ -63,12 +63,14 @@ class PackResult:
     sample_bytes: NDArray[np.int64]
     sample_heights: NDArray[np.int64]
     sample_widths: NDArray[np.int64]
-    """Per source, its stored sample's bytes and size (0 for a reject): each its own where
-    samples keep their aspect ratio."""
+    """Per source, its stored sample's bytes (encoded, where it is) and its size in pixels (0
+    for a reject): each its own where samples keep their aspect ratio."""
     checksums: Texts
     """Per stored source, in order, the checksum of its row."""
     rejects: tuple[tuple[int, str, str], ...]
     """(index in the task, reason, message) of each source that became a reject."""
+    codecs: NDArray[np.int8]
+    """Per source, how its sample is stored: its index in `etl.format.codecs.CODECS`."""
 
     @property
     def items(self) -> int:
@@ -173,6 +175,7 @@ def pack_batch(
     rows = np.full(n, -1, dtype=np.int64)
     heights, widths = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
     stored = np.zeros((3, n), dtype=np.int64)
+    codecs = np.zeros(n, dtype=np.int8)
     layout = config.output.layout
     checksums: list[str] = []
     rejects: list[tuple[int, str, str]] = []
@@ -182,7 +185,7 @@ def pack_batch(
         task.shard,
         temp,
         task.slot,
-        config.sample_shape,
+        config.stored_shape,
         config.output.checksum,
         durable,
         config.slot_bytes,
@@ -195,7 +198,8 @@ def pack_batch(
                 rejects.append((i, outcome.reason, outcome.message))
             else:
                 rows[i], heights[i], widths[i] = outcome.row, outcome.height, outcome.width
-                stored[:, i] = math.prod(outcome.shape), *sides_of(outcome.shape, layout)
+                stored[:, i] = outcome.nbytes, *sides_of(outcome.shape, layout)
+                codecs[i] = CODECS.index(outcome.codec)
                 checksums.append(outcome.checksum)
     return PackResult(
         task.shard,
@@ -210,6 +214,7 @@ def pack_batch(
         stored[2],
         Texts.of(checksums),
         tuple(rejects),
+        codecs,
     )
 
 
@@ -295,7 +300,7 @@ def pack(
         ThreadPoolExecutor(SEAL_THREADS, thread_name_prefix="seal") as sealer,
     ):
         for result in results:
-            state = filling.setdefault(result.shard, _Filling(result.capacity, config.ragged))
+            state = filling.setdefault(result.shard, _Filling(result.capacity, config.flat))
             state.add(result)
             on_progress(result.items)
             yield result

@@ -274,7 +274,7 @@ def pack(
                 if result.shard is not None:
                     new_shards.append(result.shard)
                 continue
-            new_samples.add(packed_samples(plan.packing, result, run.config.ragged))
+            new_samples.add(packed_samples(plan.packing, result, run.config.flat))
             if result.rejects:
                 new_rejects.add(packed_rejects(plan.packing, result))
             plan.release_pages()
@@ -303,7 +303,8 @@ def commit(run: RunState, listed: int, plan: Plan, packed: Packed) -> RunReport:
     if previous is not None and not packed.new_shards and _same_content(previous, plan, rejects):
         notes.append(f"nothing changed since version {run.latest}")
         return run.report(version=run.latest, committed=False, notes=notes, **counts)
-    sample_shape, format_version = sample_shape_of(config.sample_shape)
+    codec = config.output.codec
+    sample_shape, format_version = sample_shape_of(config.sample_shape, codec.encoded)
     meta = ManifestMeta(
         version=plan.version,
         format_version=format_version,
@@ -314,6 +315,7 @@ def commit(run: RunState, listed: int, plan: Plan, packed: Packed) -> RunReport:
         config_digest=config.digest(),
         config=config.output_shaping(),
         columns=tuple((c.name, type_name(c.type)) for c in config.sample_columns),
+        codec=codec.shaping() if codec.encoded else None,
     )
     # deferred: no commit after a signal; none cut short by one
     with run.phase("commit"), interrupt.deferred():

@@ -8,7 +8,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from etl.format.coherence import RAGGED_COLUMNS
+from etl.format.codecs import CODECS
+from etl.format.coherence import ENCODED_COLUMNS, RAGGED_COLUMNS
 from etl.format.names import sample_id
 from etl.format.sample_columns import CARRIED, carried, carried_fields
 from etl.format.schema import REJECTS_SCHEMA, SAMPLES_SCHEMA, samples_schema
@@ -52,16 +53,22 @@ def packed_samples(packing: pa.Table, result: PackResult, ragged: bool = False) 
 def _ragged_columns(
     result: PackResult, stored: NDArray[np.bool_], ragged: bool
 ) -> dict[str, pa.Array]:
-    """The `sample_*` columns (RAGGED_COLUMNS): each stored sample's height and width, its
-    offset still null (`ShardGaps.with_final_rows` sets it once the shard is sealed); all null
-    for fixed-size samples."""
+    """The `sample_*` columns (RAGGED_COLUMNS, ENCODED_COLUMNS) of samples in a flat shard:
+    each one's height and width, codec and stored bytes, its offset still null
+    (`ShardGaps.with_final_rows` sets it once the shard is sealed); all null for fixed-size
+    samples stored raw. (The codec columns of a version stored raw are dropped as it is
+    written: `ManifestMeta.file_schema`.)"""
     count = int(stored.sum())
     if not ragged:
-        return {name: pa.nulls(count, SAMPLES_SCHEMA.field(name).type) for name in RAGGED_COLUMNS}
+        names = (*RAGGED_COLUMNS, *ENCODED_COLUMNS)
+        return {name: pa.nulls(count, SAMPLES_SCHEMA.field(name).type) for name in names}
+    codecs = pa.array(CODECS, pa.string()).take(pa.array(result.codecs[stored]))
     return {
         "sample_offset": pa.nulls(count, pa.int64()),
         "sample_height": pa.array(result.sample_heights[stored].astype(np.int32)),
         "sample_width": pa.array(result.sample_widths[stored].astype(np.int32)),
+        "sample_codec": codecs,
+        "sample_bytes": pa.array(result.sample_bytes[stored].astype(np.int64)),
     }
 
 

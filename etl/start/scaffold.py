@@ -346,6 +346,8 @@ def _output_lines(output_dir: Path, base: Path) -> list[str]:
         _kv(2, "samples_per_shard", output.samples_per_shard, "rows per shard, e.g. 1000"),
         _kv(2, "layout", output.layout, _choices(OutputConfig, "layout", output.layout)),
         _kv(2, "checksum", output.checksum, _choices(OutputConfig, "checksum", output.checksum)),
+        _kv(2, "codec", "raw", "raw rows; jpeg (a tenth of the bytes) or zlib (exact)"),
+        "  # codec: {kind: jpeg, quality: 90, min_ratio: 1.0}   # raw where jpeg saves < min_ratio",
     ]
 
 

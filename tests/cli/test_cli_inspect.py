@@ -30,7 +30,7 @@ from etl.config import (
     ValidateStage,
     load_config,
 )
-from etl.config.pipeline import KEEP_ASPECT_KEYS
+from etl.config.stages import KEEP_ASPECT_KEYS
 from etl.run import pipeline
 from etl.start import scaffold
 from etl.start.sample_data import CLASSES, make_sample_data

@@ -184,6 +184,8 @@ def sample_spans(
     channels = channels_of(meta.sample_shape, meta.layout)
     place = samples.select(["sample_offset", "sample_height", "sample_width"]).take(taken)
     offset, height, width = (c.to_numpy().astype(np.int64) for c in place.columns)
+    if meta.encoded:  # each its stored bytes
+        return offset, samples.column("sample_bytes").take(taken).to_numpy().astype(np.int64)
     return offset, height * width * channels
 
 
@@ -214,7 +216,7 @@ def verify_shards(
     try:
         results = []
         with parallel_map(
-            audit_shard, tasks, run, options.mode, meta.sample_shape, meta.checksum
+            audit_shard, tasks, run, options.mode, meta.stored_shape, meta.checksum
         ) as outcomes:
             if not in_process:
                 # NOTE: joblib dispatches on the call above: workers hash while this process

@@ -1,0 +1,159 @@
+"""How a stored sample's bytes become pixels and back (format version 3): raw rows, JPEG, zlib.
+
+Pure functions over arrays and bytes, no Pillow: a training node decodes with libjpeg-turbo
+(simplejpeg) and the standard library's zlib alone. A sample's manifest row names its codec
+(`sample_codec`), its stored bytes (`sample_bytes`) and its decoded size (`sample_height`,
+`sample_width`); `decode` checks the pixels it makes against that size, so bytes that decode to
+anything else are an error, never a wrong sample.
+
+NOTE [ the codec's choice ]: benchmarks/README.md, "Which codec for stored samples": JPEG q90
+stores ~10% of a 256-px photo's raw bytes and decodes in 0.44 ms a core; zlib level 1 over the
+raw rows is the fastest exact decode (~1 ms) at 1.3-2x smaller.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+CODECS = ("raw", "jpeg", "zlib")
+"""Every `sample_codec` a manifest may name; a sample's position here is its code in the
+loaders' arrays (`codec_codes`)."""
+RAW, JPEG, ZLIB = range(3)
+ZLIB_LEVEL = 1
+"""zlib's fastest level: level 6 saves ~3% more of a photo's bytes at 5x the encode time."""
+
+
+class DecodeFailure(ValueError):
+    """Stored bytes that do not decode to the sample their manifest row describes."""
+
+
+def encode(
+    pixels: NDArray[np.uint8], kind: str, quality: int, min_ratio: float, layout: str
+) -> tuple[str, NDArray[np.uint8]]:
+    """(codec, stored bytes as a flat uint8 array) of one sample in the stored `layout`: encoded
+    with `kind` where that is at least `min_ratio` times smaller than the raw bytes, else raw."""
+    raw = np.ascontiguousarray(pixels).reshape(-1)
+    if kind == "raw":
+        return "raw", raw
+    if kind == "jpeg":
+        data = _encode_jpeg(pixels, quality, layout)
+    elif kind == "zlib":
+        data = zlib.compress(raw.data, ZLIB_LEVEL)
+    else:
+        raise ValueError(f"unknown codec {kind!r}; expected one of {', '.join(CODECS)}")
+    if len(data) * min_ratio > raw.size:
+        return "raw", raw
+    return kind, np.frombuffer(data, np.uint8)
+
+
+def _encode_jpeg(pixels: NDArray[np.uint8], quality: int, layout: str) -> bytes:
+    import simplejpeg
+
+    if layout != "HWC":
+        raise ValueError("JPEG stores HWC samples")
+    channels = pixels.shape[2]
+    if channels == 1:
+        return bytes(simplejpeg.encode_jpeg(np.ascontiguousarray(pixels), quality, "GRAY"))
+    return bytes(
+        simplejpeg.encode_jpeg(np.ascontiguousarray(pixels), quality, "RGB", colorsubsampling="420")
+    )
+
+
+def decode(
+    data: NDArray[np.uint8] | bytes | memoryview,
+    codec: str | int,
+    shape: tuple[int, int, int],
+    out: NDArray[np.uint8] | None = None,
+) -> NDArray[np.uint8]:
+    """The pixels of one stored sample: `shape` (in its stored layout) uint8, written into `out`
+    (C-contiguous, `shape`) where given. DecodeFailure (naming what was wrong) for bytes that are
+    not a sample of `shape`: a corrupt or truncated JPEG, a zlib stream of another length."""
+    name = CODECS[codec] if isinstance(codec, int) else codec
+    size = int(np.prod(shape))
+    if name == "raw":
+        flat = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data
+        if flat.size != size:
+            raise DecodeFailure(f"raw sample of {flat.size} bytes, expected {size}")
+        pixels = flat.reshape(shape)
+    elif name == "zlib":
+        pixels = _inflate(data, size).reshape(shape)
+    elif name == "jpeg":
+        return decode_jpeg(data, shape, out)
+    else:
+        raise DecodeFailure(f"unknown codec {name!r}; this tool reads {', '.join(CODECS)}")
+    if out is None:
+        return pixels
+    out[...] = pixels
+    return out
+
+
+def _inflate(data: Any, size: int) -> NDArray[np.uint8]:
+    """zlib-decompressed `data`, exactly `size` bytes: never more is inflated than asked for (a
+    stream that would inflate further is an error, not a memory bomb)."""
+    inflater = zlib.decompressobj()
+    try:
+        flat = inflater.decompress(bytes(data), size + 1)
+    except zlib.error as exc:
+        raise DecodeFailure(f"zlib stream is corrupt ({exc})") from None
+    if len(flat) != size or not inflater.eof or inflater.unused_data:
+        raise DecodeFailure(f"zlib stream does not inflate to the {size} bytes of its sample")
+    return np.frombuffer(flat, np.uint8)
+
+
+def jpeg_size(data: Any) -> tuple[int, int]:
+    """(height, width) a JPEG's header declares; DecodeFailure if it has none."""
+    import simplejpeg
+
+    try:
+        height, width, _, _ = simplejpeg.decode_jpeg_header(bytes(data))
+    except ValueError as exc:
+        raise DecodeFailure(f"not a JPEG ({exc})") from None
+    return int(height), int(width)
+
+
+def dct_factor(source: tuple[int, int], needed: tuple[int, int], reducing_gap: float) -> int:
+    """The largest of libjpeg's DCT-domain reductions (8, 4, 2, else 1) that leaves an image of
+    `source` (height, width) at least `reducing_gap` times `needed` on both sides: decoding at
+    1/factor costs a fraction of a full decode, and resampling the rest of the way from at
+    least twice the output size is what Pillow's `reducing_gap=2.0` does. Pure, no decoder:
+    the one rule the loaders' decode and packing's draft use."""
+    if reducing_gap < 1:
+        raise ValueError(f"reducing_gap must be at least 1, got {reducing_gap}")
+    for factor in (8, 4, 2):
+        if all(s / factor >= reducing_gap * n for s, n in zip(source, needed, strict=True)):
+            return factor
+    return 1
+
+
+def decode_jpeg(
+    data: Any, shape: tuple[int, int, int], out: NDArray[np.uint8] | None = None, factor: int = 1
+) -> NDArray[np.uint8]:
+    """A stored JPEG's HWC pixels, checked to be `shape` (at 1/`factor` scale: `shape`'s sides
+    divided by `factor`, rounded up, as libjpeg scales); DecodeFailure for any libjpeg warning
+    or error (a truncated file, a garbage scan) or another size."""
+    import simplejpeg
+
+    height, width, channels = shape
+    want = (-(-height // factor), -(-width // factor), channels)
+    found = jpeg_size(data)
+    if found != (height, width):
+        raise DecodeFailure(f"JPEG of {found[0]}x{found[1]}, expected {height}x{width}")
+    space = "GRAY" if channels == 1 else "RGB"
+    try:
+        pixels = simplejpeg.decode_jpeg(
+            bytes(data),
+            space,
+            min_height=want[0],
+            min_width=want[1],
+            buffer=out,
+            strict=True,
+        )
+    except ValueError as exc:
+        raise DecodeFailure(f"JPEG does not decode ({exc})") from None
+    if pixels.shape != want:
+        raise DecodeFailure(f"JPEG decodes to {pixels.shape}, expected {want}")
+    return pixels

@@ -1,0 +1,43 @@
+"""How a batch of a selection is read: its shape, the call that fills it, and the columns it
+carries: rows of the stored shape, or samples of flat shards (their own size, padded or back to
+back; or stored encoded, decoded to one size)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import numpy as np
+from numpy.typing import NDArray
+
+from loaders.batches import SIZE_COLUMNS, Columns
+from loaders.catalog import Selection
+from loaders.ragged_rows import back_to_back_bytes, padded_shape
+from loaders.reader import ShardReader
+
+
+def batch_reads(
+    reader: ShardReader,
+    sel: Selection,
+    index: NDArray[np.int64],
+    columns: Columns | None,
+    back_to_back: bool = False,
+) -> tuple[tuple[int, ...], Callable[[NDArray[np.uint8]], None], Columns | None]:
+    """(shape, fill, columns) of the batch of `index` (checked) for `BatchMemory.batch`: rows of
+    the stored shape, or samples that keep their aspect ratio padded to their largest sides
+    (with `back_to_back`, one after another in a 1-d batch), with each one's size in
+    `SIZE_COLUMNS` beside `columns`."""
+    shard_idx, rows = sel.shard_idx[index], sel.rows[index]
+    if sel.places is None:
+        return (len(index), *sel.sample_shape), partial(reader.gather, shard_idx, rows), columns
+    places = sel.places[index]
+    stored = sel.stored[index] if sel.stored is not None else None
+    read = partial(reader.gather_ragged, shard_idx, rows, places, sel.layout, stored=stored)
+    if not sel.own_sizes:  # stored encoded at one size: a batch as a fixed-size one
+        return (len(index), *sel.sample_shape), read, columns
+    if back_to_back:
+        shape: tuple[int, ...] = (back_to_back_bytes(places, sel.channels),)
+    else:
+        shape = padded_shape(len(index), places, sel.channels, sel.layout)
+    sizes = {SIZE_COLUMNS[0]: places[:, 1].copy(), SIZE_COLUMNS[1]: places[:, 2].copy()}
+    return shape, read, {**(columns or {}), **sizes}
