@@ -101,6 +101,7 @@ def readers(root: str, config: str | None, scratch: Path) -> dict[str, Callable[
         "loaders-verify": lambda: python(lambda: read_all(root, verify="shards")),
         "loaders-rows": lambda: python(lambda: read_all(root, verify="rows")),
         "loaders-lenient": lambda: python(lambda: read_all(root, verify_manifest=False)),
+        "loaders-unchecked": lambda: python(lambda: read_all(root, verify=False)),
         "loaders-workers": lambda: python(lambda: read_all(root, workers=2)),
         "loaders-columns": lambda: python(
             lambda: read_all(root, columns=["caption", "boxes", "meta"], where="score >= 1")

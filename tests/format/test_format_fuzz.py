@@ -54,6 +54,7 @@ EVERY_READER = (
     "loaders-verify",
     "loaders-rows",
     "loaders-lenient",
+    "loaders-unchecked",
     "loaders-workers",
     "loaders-columns",
     "stream",
@@ -66,6 +67,8 @@ EXIT_CODES = {"audit": {0, 1, 2}}
 FIXED = "{size: [12, 16], mode: center_crop}"
 ASPECT = "{mode: keep_aspect, shorter: 12, longer: 20}"
 """Samples that keep their aspect ratio (format version 2): flat shards placed by the manifest."""
+JPEG = ", codec: jpeg"
+"""Samples stored as JPEG (format version 3): flat shards of encoded bytes, decoded on read."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class Base:
     files: dict[str, list[str]]
     """Paths relative to `root` of each kind of file the dataset keeps."""
     resize: str = FIXED
+    codec: str = ""
 
 
 def etl(*args: str) -> None:
@@ -85,7 +89,9 @@ def etl(*args: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def write_config(path: Path, sources: Path, output: Path, resize: str = FIXED) -> None:
+def write_config(
+    path: Path, sources: Path, output: Path, resize: str = FIXED, codec: str = ""
+) -> None:
     """Packs the listing sources/list.csv with per-sample columns of every kind (text, a
     number, ragged lists, a struct), so the manifest's own columns are fuzzed too."""
     path.write_text(
@@ -94,7 +100,7 @@ source: {{kind: listing, path: {json.dumps(str(sources / "list.csv"))}}}
 stages:
   - decode: {{mode: RGB}}
   - resize: {resize}
-output: {{dir: {json.dumps(str(output))}, samples_per_shard: 5}}
+output: {{dir: {json.dumps(str(output))}, samples_per_shard: 5{codec}}}
 run: {{n_jobs: 1, backend: sequential}}
 columns:
   caption: string
@@ -137,13 +143,18 @@ def aspect_base(tmp_path_factory: pytest.TempPathFactory) -> Base:
     return make_base(tmp_path_factory, ASPECT)
 
 
-def make_base(tmp_path_factory: pytest.TempPathFactory, resize: str) -> Base:
+@pytest.fixture(scope="module")
+def jpeg_base(tmp_path_factory: pytest.TempPathFactory) -> Base:
+    return make_base(tmp_path_factory, FIXED, JPEG)
+
+
+def make_base(tmp_path_factory: pytest.TempPathFactory, resize: str, codec: str = "") -> Base:
     work = tmp_path_factory.mktemp("fuzz")
     sources = work / "sources"
     etl("sample-data", str(sources), "--per-class", "3", "--quiet")
     write_listing(sources, sorted(sources.rglob("*.jpg"))[:4])  # version 1 without them
     root = work / "ds"
-    write_config(work / "pipeline.yaml", sources, root, resize)
+    write_config(work / "pipeline.yaml", sources, root, resize, codec)
     etl("run", str(work / "pipeline.yaml"), "--quiet")
     write_listing(sources)  # version 2 with them
     etl("run", str(work / "pipeline.yaml"), "--quiet")
@@ -157,7 +168,7 @@ def make_base(tmp_path_factory: pytest.TempPathFactory, resize: str) -> Base:
         "lock": [".lock"],
     }
     assert len(files["shard"]) >= 3 and (root / ".lock").exists()
-    return Base(work, root, sources, files, resize)
+    return Base(work, root, sources, files, resize, codec)
 
 
 class Driver:
@@ -282,7 +293,7 @@ def case_root(base: Base, tmp: Path) -> tuple[Path, Path]:
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(base.root, root)
     config = tmp / "pipeline.yaml"
-    write_config(config, base.sources, root, base.resize)
+    write_config(config, base.sources, root, base.resize, base.codec)
     return root, config
 
 
@@ -369,6 +380,16 @@ def test_any_damage_to_an_aspect_kept_dataset_is_named_never_a_crash(
     """The same for format version 2, whose shards are flat and placed by the manifest's
     `sample_offset` and sizes."""
     fuzz(aspect_base, driver, tmp_path, request, kind, EVERY_READER, examples(request) // 2)
+
+
+@pytest.mark.parametrize("kind", ["shard", "manifest", "shards-table"])
+def test_any_damage_to_a_jpeg_dataset_is_named_never_a_crash(
+    jpeg_base: Base, driver: Driver, tmp_path: Path, request: pytest.FixtureRequest, kind: str
+) -> None:
+    """The same for format version 3 (samples stored as JPEG): a damaged byte of an encoded
+    sample is a checksum mismatch before any decode, and what the loaders read unchecked goes
+    through libjpeg-turbo without a crash."""
+    fuzz(jpeg_base, driver, tmp_path, request, kind, EVERY_READER, examples(request) // 2)
 
 
 def fuzz(

@@ -19,8 +19,10 @@ import pyarrow.ipc as ipc
 from numpy.typing import NDArray
 
 from etl.format.checksums import digest
+from etl.format.codecs import encode
 from etl.format.commit import commit
 from etl.format.manifest import RECORDED_FILES, table_from_rows
+from etl.format.ragged import sides_of
 from etl.format.record import write_record
 from etl.format.schema import REJECTS_SCHEMA, SAMPLES_SCHEMA, SHARDS_SCHEMA, ManifestMeta
 from etl.format.shards import ShardWriter
@@ -60,9 +62,12 @@ def make_packed(
     seed: int = 0,
     orphans: int = 1,
     split_of: Callable[[int], str] | None = None,
+    codec: str = "raw",
 ) -> Packed:
     """Write shards and commit version 1 of a dataset under `root`; sample i's split is
-    `split_of(i)` (default: every fourth "val", the rest "train")."""
+    `split_of(i)` (default: every fourth "val", the rest "train"). A `codec` other than raw
+    stores every sample encoded with it (format version 3; random pixels do not compress, so
+    no sample falls back to raw here, as `etl run`'s `min_ratio` would have it)."""
     rng = np.random.default_rng(seed)
     n = sum(shard_sizes)
     labels = np.sort(rng.integers(0, len(classes), n))
@@ -76,10 +81,13 @@ def make_packed(
     for k, size in enumerate(shard_sizes):
         name = f"shards/v000001-{k:05d}.npy"
         extra = orphans if k == len(shard_sizes) - 1 else 0
-        with ShardWriter(root, name, size + extra, sample_shape, CHECKSUM) as writer:
+        stored_shape = sample_shape if codec == "raw" else (0,)
+        with ShardWriter(root, name, size + extra, stored_shape, CHECKSUM) as writer:
             for _ in range(size):
-                row, checksum = writer.append(images[i])
-                assert checksum == digest(np.ascontiguousarray(images[i]), CHECKSUM)
+                data = images[i] if codec == "raw" else encode(images[i], codec, 90, 0, layout)[1]
+                row, checksum = writer.append(data)
+                assert checksum == digest(np.ascontiguousarray(data), CHECKSUM)
+                placed = {} if codec == "raw" else _placed(writer, row, sample_shape, layout, codec)
                 sample_rows.append(
                     {
                         "sample_id": f"id-{i:04d}",
@@ -95,13 +103,15 @@ def make_packed(
                         "shard": name,
                         "row": row,
                         "checksum": checksum,
+                        **placed,
                     }
                 )
                 shards.append(name)
                 rows.append(row)
                 i += 1
             for _ in range(extra):
-                writer.append(rng.integers(0, 256, size=sample_shape, dtype=np.uint8))
+                orphan = rng.integers(0, 256, size=sample_shape, dtype=np.uint8)
+                writer.append(orphan if codec == "raw" else orphan.reshape(-1))
             info = writer.finish()
         assert info is not None
         shard_rows.append(
@@ -122,6 +132,8 @@ def make_packed(
         config_digest="test",
         config={"output": {"layout": layout}},
         tool_version="test",
+        format_version=1 if codec == "raw" else 3,
+        codec=None if codec == "raw" else {"kind": codec, "min_ratio": 1.0},
     )
     commit(
         root,
@@ -142,6 +154,21 @@ def make_packed(
         sample_shape=sample_shape,
         layout=layout,
     )
+
+
+def _placed(
+    writer: ShardWriter, row: int, sample_shape: tuple[int, ...], layout: str, codec: str
+) -> dict[str, object]:
+    """The `sample_*` columns of a sample just written encoded (format version 3)."""
+    offset, shape = writer.placed[row]
+    height, width = sides_of(sample_shape, layout)
+    return {
+        "sample_offset": offset,
+        "sample_height": height,
+        "sample_width": width,
+        "sample_codec": codec,
+        "sample_bytes": shape[0],
+    }
 
 
 def commit_subset(packed: Packed, keep: list[int], version: int) -> None:

@@ -48,6 +48,16 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Packed:
     return make_packed(root, shard_sizes=(11, 9, 14, 8), split_of=lambda i: SPLITS[i % 5])
 
 
+@pytest.fixture(scope="module")
+def encoded(tmp_path_factory: pytest.TempPathFactory) -> Packed:
+    """The same kind of dataset with every sample stored zlib-encoded (format version 3): the
+    trainers read it decoded in their workers, and each image is still identified by content."""
+    root = tmp_path_factory.mktemp("trainers-zlib") / "ds"
+    return make_packed(
+        root, shard_sizes=(11, 9, 14, 8), split_of=lambda i: SPLITS[i % 5], codec="zlib"
+    )
+
+
 @pytest.fixture(autouse=True)
 def _quiet_cpu_note() -> None:
     warnings.filterwarnings("ignore", "CUDA is not available", RuntimeWarning)
@@ -196,6 +206,25 @@ def test_accelerate_prepare_keeps_the_shares_and_save_state_resumes_exactly(
     assert_each_once(packed, "train", [positions(packed, part) for part in full])
     for rank in range(2):
         assert len(saved[rank]) == 2 * 4
+        assert saved[rank] + resumed[rank] == full[rank]
+
+
+def test_trainers_take_a_dataset_stored_encoded(encoded: Packed, tmp_path: Path) -> None:
+    """Once with samples stored encoded, decoded in DataLoader workers: Lightning (one process,
+    2 workers) fits and validates over each split's samples each epoch, and accelerate under
+    torchrun (2 processes) keeps each rank's share and resumes exactly from `save_state`."""
+    lightning(encoded, tmp_path / "lightning", "--workers=2")
+    (ranks,) = [seen_by_rank(tmp_path / "lightning", 1)]
+    for epoch in ("0", "1"):
+        assert_each_once(encoded, "train", [positions(encoded, r["train"][epoch]) for r in ranks])
+        assert_each_once(encoded, "val", [positions(encoded, r["val"][epoch]) for r in ranks])
+    script, out = str(SCRIPTS / "accelerate_run.py"), tmp_path / "accelerate"
+    out.mkdir()
+    for phase in (["full"], ["save", "--steps=2"], ["resume"]):
+        check_ok(run([script, str(encoded.root), str(out), *phase, "--workers=2"], 2))
+    full, saved, resumed = (seen_by_rank(out, 2, name) for name in ("full", "save", "resume"))
+    assert_each_once(encoded, "train", [positions(encoded, part) for part in full])
+    for rank in range(2):
         assert saved[rank] + resumed[rank] == full[rank]
 
 

@@ -1,0 +1,143 @@
+"""The stored samples' codecs (`etl.format.codecs`) as pure functions: exact round trips where
+they promise them, JPEG within its error of the pixels (measured against Pillow's decode of the
+same bytes), and every damaged or lying stream one `DecodeFailure`, never another exception, a
+crash in libjpeg-turbo, or pixels of another size."""
+
+from __future__ import annotations
+
+import io
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from etl.format.codecs import CODECS, DecodeFailure, dct_factor, decode, decode_jpeg, encode
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def photo(
+    height: int = 48, width: int = 64, channels: int = 3, seed: int = 0, grain: float = 3
+) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack(
+        [127 + 90 * np.sin(x / (11 + 2 * c) + y / (17 + c) + seed) for c in range(channels)], -1
+    )
+    return np.clip(base + rng.normal(0, grain, base.shape), 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("layout", ["HWC", "CHW"])
+@pytest.mark.parametrize("channels", [1, 3])
+def test_zlib_and_raw_are_exact(layout: str, channels: int) -> None:
+    hwc = np.repeat(np.repeat(photo(6, 8, channels), 8, axis=0), 8, axis=1)  # flat blocks
+    pixels = hwc if layout == "HWC" else np.ascontiguousarray(hwc.transpose(2, 0, 1))
+    for kind in ("raw", "zlib"):
+        codec, data = encode(pixels, kind, 90, 1.0, layout)
+        assert codec == kind and data.dtype == np.uint8 and data.ndim == 1
+        np.testing.assert_array_equal(decode(data, codec, pixels.shape), pixels)
+        assert kind == "raw" or bytes(data) == zlib.compress(pixels.tobytes(), 1)
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_jpeg_decodes_as_pillow_decodes_the_same_bytes(channels: int) -> None:
+    """Our libjpeg-turbo decode and Pillow's of the same bytes agree within 1 level (measured:
+    equal); the JPEG is within q90's error of the pixels."""
+    pixels = photo(channels=channels)
+    codec, data = encode(pixels, "jpeg", 90, 1.0, "HWC")
+    assert codec == "jpeg"
+    ours = decode(data, "jpeg", pixels.shape)
+    with Image.open(io.BytesIO(bytes(data))) as image:
+        theirs = np.asarray(image).reshape(pixels.shape)
+    assert np.abs(ours.astype(np.int16) - theirs).max() <= 1
+    error = np.mean((ours.astype(float) - pixels) ** 2)
+    assert 10 * np.log10(255**2 / error) > 35
+
+
+def test_min_ratio_keeps_raw_where_encoding_does_not_pay() -> None:
+    noise = np.random.default_rng(1).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    assert encode(noise, "zlib", 90, 1.0, "HWC")[0] == "raw"  # noise does not compress
+    smooth = photo()
+    assert encode(smooth, "jpeg", 90, 1.0, "HWC")[0] == "jpeg"
+    assert encode(smooth, "jpeg", 90, 1000.0, "HWC")[0] == "raw"
+    codec, data = encode(smooth, "jpeg", 90, 1000.0, "HWC")
+    np.testing.assert_array_equal(decode(data, codec, smooth.shape), smooth)
+
+
+def test_lying_and_damaged_streams_are_one_named_failure() -> None:
+    pixels = photo()
+    _, jpeg = encode(pixels, "jpeg", 90, 1.0, "HWC")
+    _, deflated = encode(pixels, "zlib", 90, 1.0, "HWC")
+    cases = {
+        "JPEG of 48x64, expected 40x64": (jpeg, "jpeg", (40, 64, 3)),
+        "does not decode": (jpeg[: len(jpeg) // 2], "jpeg", pixels.shape),
+        "not a JPEG": (b"\xff\xd8\xff" + b"0" * 64, "jpeg", pixels.shape),
+        "does not inflate to the": (deflated, "zlib", (40, 64, 3)),
+        "zlib stream is corrupt": (b"\x78\x01garbage", "zlib", pixels.shape),
+        "raw sample of": (pixels.reshape(-1)[:-1], "raw", pixels.shape),
+        "unknown codec 'webp'": (jpeg, "webp", pixels.shape),
+    }
+    for expected, (data, codec, shape) in cases.items():
+        with pytest.raises(DecodeFailure, match=expected):
+            decode(data, codec, shape)
+
+
+def test_a_zlib_bomb_is_refused_without_inflating_it() -> None:
+    """A stream that inflates to 1 GiB, where the row says 12 KiB: refused after inflating
+    at most what the sample holds."""
+    bomb = zlib.compress(bytes(1 << 30), 9)
+    with pytest.raises(DecodeFailure, match="does not inflate"):
+        decode(bomb, "zlib", (64, 64, 3))
+
+
+def _scan_start(data: bytes) -> int:
+    """Where a JPEG's entropy-coded data starts: after the SOS segment."""
+    at = data.index(b"\xff\xda")
+    return at + 2 + int.from_bytes(data[at + 2 : at + 4], "big")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    how=st.sampled_from(["garbage-scan", "flip", "truncate", "insert"]),
+    at=st.integers(0, 1 << 16),
+    value=st.integers(0, 255),
+    seed=st.integers(0, 1 << 16),
+)
+def test_damaged_jpegs_never_crash_the_decoder(how: str, at: int, value: int, seed: int) -> None:
+    """Valid-looking headers over garbage scans, flipped bytes anywhere (the header's sizes
+    too), truncations, inserted bytes: each decodes to pixels of the recorded shape (JPEG has no
+    checksum: the loaders check the row's before decoding) or is one DecodeFailure, at full
+    and at reduced DCT scale."""
+    pixels = photo(seed=seed % 7)
+    data = bytearray(encode(pixels, "jpeg", 90, 1.0, "HWC")[1].tobytes())
+    if how == "garbage-scan":
+        start = _scan_start(bytes(data))
+        garbage = np.random.default_rng(seed).integers(0, 256, len(data) - start - 2, np.uint8)
+        data[start : len(data) - 2] = garbage.tobytes()
+    elif how == "flip":
+        data[at % len(data)] ^= value or 1
+    elif how == "truncate":
+        del data[at % len(data) :]
+    else:
+        data[at % len(data) : at % len(data)] = bytes([value]) * (1 + at % 9)
+    for factor in (1, 2):
+        try:
+            out = decode_jpeg(bytes(data), pixels.shape, factor=factor)
+        except DecodeFailure:
+            continue
+        assert out.shape == (-(-48 // factor), -(-64 // factor), 3) and out.dtype == np.uint8
+
+
+def test_dct_factor_keeps_the_reducing_gap() -> None:
+    """The largest reduction that leaves at least `reducing_gap` times the needed size."""
+    assert dct_factor((3000, 4000), (224, 224), 2.0) == 4  # 750x1000 >= 448
+    assert dct_factor((3000, 4000), (224, 224), 3.0) == 4  # 750 >= 672
+    assert dct_factor((3000, 4000), (224, 224), 4.0) == 2
+    assert dct_factor((256, 341), (224, 224), 2.0) == 1
+    assert dct_factor((4000, 4000), (100, 100), 2.0) == 8
+    with pytest.raises(ValueError, match="reducing_gap"):
+        dct_factor((10, 10), (1, 1), 0.5)
+    assert CODECS == ("raw", "jpeg", "zlib")  # the codes a loader's arrays hold: never reorder
