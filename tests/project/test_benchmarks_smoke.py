@@ -2,8 +2,8 @@
 `python -m benchmarks.bench_sources --tiny`, `python -m benchmarks.bench_scale --tiny`,
 `python -m benchmarks.bench_tree --tiny`, `python -m benchmarks.bench_cold --tiny`, and small
 runs of `bench_remote`, `bench_remote_pack`, `bench_pack_grid`, `bench_rejects`,
-`bench_verify_rows`, `bench_columns`, `bench_mixture`, `bench_aspect`, `bench_codecs` and
-`bench_trace`.
+`bench_verify_rows`, `bench_columns`, `bench_mixture`, `bench_aspect`, `bench_codecs`,
+`bench_encoded` and `bench_trace`.
 
 Numbers from 16 photos mean nothing; the test checks that every part runs (photo generation,
 bare loops, the pipeline on every backend, the memory runs) and that the pipeline's pixels equal
@@ -203,6 +203,13 @@ def test_bench_codecs_small() -> None:
     for lossless in ("png level 1 (Pillow)", "zlib level 1 over raw rows"):
         row = next(line for line in table.splitlines() if line.startswith(f"| {lossless} |"))
         assert row.endswith("| 0 | exact |"), row  # decoded back byte for byte
+
+
+def test_bench_encoded_small() -> None:
+    done = run_benchmark("bench_encoded", "--photos", "24", "--rounds", "1", timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "| 224 fixed | raw |" in done.stdout and "| aspect 256/512 | jpeg |" in done.stdout
+    assert "| jpeg, 2 workers |" in done.stdout and "| bare simplejpeg loop, 1 process |" in done.stdout
 
 
 def test_bench_trace_small() -> None:

@@ -1,0 +1,178 @@
+"""Samples stored encoded (`output.codec`, #58): bytes on disk, pack rate, and the loader's
+decode rate against a bare decode loop, raw beside JPEG and zlib, in one run.
+
+    python -m benchmarks.bench_encoded [--photos 1000] [--rounds 3] [--json FILE]
+
+The photos are `benchmarks.photos` (crops of scikit-image's bundled photographs, 300-640 px
+JPEGs). Each codec packs them with `etl run` twice over, at a fixed 224x224 (center_crop) and
+with the aspect kept (shorter 256, longer 512), in interleaved rounds so a noisy neighbour slows
+every variant alike:
+
+- **bytes**: the shard bytes of each pack, as a fraction of the raw pack's (goal for JPEG q90:
+  at most 1/6 of raw);
+- **pack rate**: photos/s of the whole `etl run` command (interpreter start included), and JPEG's
+  and zlib's as a fraction of raw's (goal: JPEG at least 0.9x);
+- **read**: samples/s of a whole epoch of the fixed-size packs through `make_loader` (batches of
+  256, shuffled, page-cached) with 0 workers and with 2, beside a **bare loop** over the same
+  stored JPEG bytes in one process (`simplejpeg.decode_jpeg` of each into a preallocated batch:
+  the decode limit of one core). A worker's decode rate is compared with it per core.
+
+No result is asserted: the README records the figures with the machine and the date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.ipc as ipc
+
+from benchmarks.common import cpu_model
+from benchmarks.photos import make_photos
+
+CODECS = ("raw", "jpeg", "zlib")
+RESIZES = {
+    "224 fixed": "{size: [224, 224], mode: center_crop}",
+    "aspect 256/512": "{mode: keep_aspect, shorter: 256, longer: 512}",
+}
+
+
+def write_config(folder: Path, photos: Path, codec: str, resize: str) -> Path:
+    path = folder / "pipeline.yaml"
+    path.write_text(
+        f"source: {{kind: folder, path: {json.dumps(str(photos))}}}\n"
+        f"stages: [decode: {{}}, resize: {resize}]\n"
+        f"output: {{dir: {json.dumps(str(folder / 'out'))}, shard_size: 64MiB, codec: {codec}}}\n"
+    )
+    return path
+
+
+def pack(folder: Path, photos: Path, codec: str, resize: str) -> tuple[float, int]:
+    """(seconds of the whole `etl run` command, shard bytes) of one fresh pack."""
+    if (folder / "out").exists():
+        subprocess.run(["rm", "-rf", str(folder / "out")], check=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = write_config(folder, photos, codec, resize)
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "etl", "run", str(config), "--quiet"], check=True)
+    seconds = time.perf_counter() - start
+    shards = sum(p.stat().st_size for p in (folder / "out" / "shards").glob("*.npy"))
+    return seconds, shards
+
+
+def epoch_rate(out: Path, workers: int) -> float:
+    """Samples/s of one shuffled epoch through `make_loader` (after a warm-up epoch)."""
+    from loaders import PackedDataset, make_loader
+
+    ds = PackedDataset.open(out)
+    loader = make_loader(
+        ds, batch_size=256, shuffle=True, num_workers=workers, pin_memory=False,
+        persistent_workers=workers > 0,
+    )  # fmt: skip
+    for _ in loader:  # warm-up: page cache, workers, verify="once" hashes each row once
+        pass
+    start = time.perf_counter()
+    count = sum(len(batch[1]) for batch in loader)
+    return count / (time.perf_counter() - start)
+
+
+def bare_rate(out: Path) -> float:
+    """Samples/s of simplejpeg decoding every stored JPEG of a fixed-size pack into a
+    preallocated batch, in this process: the decode limit of one core."""
+    import simplejpeg
+
+    with ipc.open_file(out / "versions" / "v000001" / "manifest.arrow") as f:
+        rows = f.read_all().select(["shard", "sample_offset", "sample_bytes"]).to_pylist()
+    shards = {name: np.load(out / name, mmap_mode="r") for name in {r["shard"] for r in rows}}
+    blobs = [
+        bytes(shards[r["shard"]][r["sample_offset"] : r["sample_offset"] + r["sample_bytes"]])
+        for r in rows
+    ]
+    batch = np.empty((256, 224, 224, 3), np.uint8)
+    start = time.perf_counter()
+    for i, blob in enumerate(blobs):
+        simplejpeg.decode_jpeg(blob, "RGB", buffer=batch[i % 256])
+    return len(blobs) / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--photos", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "etl-memmap"
+    photos = cache / f"bench-photos-{args.photos}"
+    make_photos(photos, args.photos)
+    results: dict[str, Any] = {"photos": args.photos, "cpu": cpu_model(), "cores": os.cpu_count()}
+    with tempfile.TemporaryDirectory(prefix="bench-encoded-") as tmp:
+        work = Path(tmp)
+        times: dict[str, list[float]] = {}
+        sizes: dict[str, int] = {}
+        for r in range(args.rounds):
+            order = [(n, c) for n in RESIZES for c in CODECS]
+            order = order[r % len(order) :] + order[: r % len(order)]  # rotate each round
+            for name, codec in order:
+                key = f"{name} {codec}"
+                seconds, shard_bytes = pack(
+                    work / key.replace(" ", "-").replace("/", "-"), photos, codec, RESIZES[name]
+                )
+                times.setdefault(key, []).append(seconds)
+                sizes[key] = shard_bytes
+        table = []
+        for name in RESIZES:
+            raw_key = f"{name} raw"
+            for codec in CODECS:
+                key = f"{name} {codec}"
+                ratios = [t_raw / t for t_raw, t in zip(times[raw_key], times[key], strict=True)]
+                table.append({
+                    "samples": name, "codec": codec,
+                    "bytes": sizes[key], "of_raw": sizes[key] / sizes[raw_key],
+                    "pack_photos_per_s": args.photos / statistics.median(times[key]),
+                    "pack_rate_of_raw": statistics.median(ratios),
+                })  # fmt: skip
+        results["pack"] = table
+        fixed = {c: work / f"224-fixed-{c}" / "out" for c in CODECS}
+        reads = []
+        for _ in range(args.rounds):
+            row = {"bare simplejpeg loop, 1 process": bare_rate(fixed["jpeg"])}
+            for codec in CODECS:
+                for workers in (0, 2):
+                    row[f"{codec}, {workers} workers"] = epoch_rate(fixed[codec], workers)
+            reads.append(row)
+        results["read"] = {k: statistics.median(r[k] for r in reads) for k in reads[0]}
+        results["read_of_bare"] = {
+            k: statistics.median(r[k] / r["bare simplejpeg loop, 1 process"] for r in reads)
+            for k in reads[0]
+        }
+    print_tables(results)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+def print_tables(results: dict[str, Any]) -> None:
+    print(f"{results['photos']} photos, {results['cpu']}, {results['cores']} cores")
+    print("| samples | codec | shard bytes | of raw | pack photos/s | pack rate of raw |")
+    print("|---|---|---:|---:|---:|---:|")
+    for r in results["pack"]:
+        print(
+            f"| {r['samples']} | {r['codec']} | {r['bytes'] / 2**20:.1f} MiB | "
+            f"{r['of_raw']:.1%} | {r['pack_photos_per_s']:.0f} | {r['pack_rate_of_raw']:.2f}x |"
+        )
+    print("\n| 224 fixed, one epoch | samples/s | of the bare loop |")
+    print("|---|---:|---:|")
+    for name, rate in results["read"].items():
+        print(f"| {name} | {rate:,.0f} | {results['read_of_bare'][name]:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
