@@ -12,6 +12,10 @@ every variant alike:
   at most 1/6 of raw);
 - **pack rate**: photos/s of the whole `etl run` command (interpreter start included), and JPEG's
   and zlib's as a fraction of raw's (goal: JPEG at least 0.9x);
+- **crop**: samples/s of a whole epoch of the aspect-kept packs cropped to 224 in the workers
+  (`PackedDataset.with_crop(RandomResizedCrop(224))`), raw and JPEG, 0 and 2 workers, beside a
+  bare loop of decode + crop + uint8 resize over the same JPEG bytes in one process (goal:
+  a worker core at least 0.9x of it);
 - **read**: samples/s of a whole epoch of the fixed-size packs through `make_loader` (batches of
   256, shuffled, page-cached) with 0 workers and with 2, beside a **bare loop** over the same
   stored JPEG bytes in one process (`simplejpeg.decode_jpeg` of each into a preallocated batch:
@@ -85,18 +89,63 @@ def epoch_rate(out: Path, workers: int) -> float:
     return count / (time.perf_counter() - start)
 
 
+def crop_rate(out: Path, workers: int) -> float:
+    """Samples/s of one epoch of 224 `RandomResizedCrop`s made in the workers
+    (`PackedDataset.with_crop`), after a warm-up epoch."""
+    from loaders import PackedDataset, RandomResizedCrop, make_loader
+
+    ds = PackedDataset.open(out).with_crop(RandomResizedCrop(224, seed=0))
+    loader = make_loader(
+        ds, batch_size=256, shuffle=True, num_workers=workers, pin_memory=False,
+        persistent_workers=workers > 0,
+    )  # fmt: skip
+    for _ in loader:  # warm-up: page cache, workers, each row checked once
+        pass
+    loader.set_epoch(1)
+    start = time.perf_counter()
+    count = sum(len(batch[1]) for batch in loader)
+    return count / (time.perf_counter() - start)
+
+
+def bare_crop_rate(out: Path) -> float:
+    """Samples/s of a bare loop over an aspect-kept JPEG pack's stored bytes, in this process:
+    simplejpeg decode, a random box (torchvision's rule), crop, uint8 bilinear resize to 224
+    into a preallocated batch: the least a worker must do per sample."""
+    import simplejpeg
+    import torch
+    import torch.nn.functional as F
+
+    from loaders.augment import crop_boxes
+
+    torch.set_num_threads(1)
+    blobs = _stored_jpegs(out)
+    boxes = crop_boxes(0, 0, np.arange(len(blobs)), 256, 256)
+    batch = torch.empty((256, 3, 224, 224), dtype=torch.uint8)
+    start = time.perf_counter()
+    for i, blob in enumerate(blobs):
+        image = torch.from_numpy(simplejpeg.decode_jpeg(blob, "RGB")).permute(2, 0, 1)[None]
+        top, left, h, w = (int(v) for v in boxes[i])
+        region = image[:, :, top : top + h, left : left + w]
+        batch[i % 256] = F.interpolate(region, (224, 224), mode="bilinear", align_corners=False)[0]
+    return len(blobs) / (time.perf_counter() - start)
+
+
+def _stored_jpegs(out: Path) -> list[bytes]:
+    with ipc.open_file(out / "versions" / "v000001" / "manifest.arrow") as f:
+        rows = f.read_all().select(["shard", "sample_offset", "sample_bytes"]).to_pylist()
+    shards = {name: np.load(out / name, mmap_mode="r") for name in {r["shard"] for r in rows}}
+    return [
+        bytes(shards[r["shard"]][r["sample_offset"] : r["sample_offset"] + r["sample_bytes"]])
+        for r in rows
+    ]
+
+
 def bare_rate(out: Path) -> float:
     """Samples/s of simplejpeg decoding every stored JPEG of a fixed-size pack into a
     preallocated batch, in this process: the decode limit of one core."""
     import simplejpeg
 
-    with ipc.open_file(out / "versions" / "v000001" / "manifest.arrow") as f:
-        rows = f.read_all().select(["shard", "sample_offset", "sample_bytes"]).to_pylist()
-    shards = {name: np.load(out / name, mmap_mode="r") for name in {r["shard"] for r in rows}}
-    blobs = [
-        bytes(shards[r["shard"]][r["sample_offset"] : r["sample_offset"] + r["sample_bytes"]])
-        for r in rows
-    ]
+    blobs = _stored_jpegs(out)
     batch = np.empty((256, 224, 224, 3), np.uint8)
     start = time.perf_counter()
     for i, blob in enumerate(blobs):
@@ -154,6 +203,19 @@ def main() -> None:
             k: statistics.median(r[k] / r["bare simplejpeg loop, 1 process"] for r in reads)
             for k in reads[0]
         }
+        aspect = {c: work / f"aspect-256-512-{c}" / "out" for c in ("raw", "jpeg")}
+        crops = []
+        for _ in range(args.rounds):
+            row = {"bare loop: decode + crop + resize, 1 process": bare_crop_rate(aspect["jpeg"])}
+            for codec in ("raw", "jpeg"):
+                for workers in (0, 2):
+                    row[f"{codec}, {workers} workers"] = crop_rate(aspect[codec], workers)
+            crops.append(row)
+        bare = "bare loop: decode + crop + resize, 1 process"
+        results["crop"] = {k: statistics.median(r[k] for r in crops) for k in crops[0]}
+        results["crop_of_bare"] = {
+            k: statistics.median(r[k] / r[bare] for r in crops) for k in crops[0]
+        }
     print_tables(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
@@ -172,6 +234,12 @@ def print_tables(results: dict[str, Any]) -> None:
     print("|---|---:|---:|")
     for name, rate in results["read"].items():
         print(f"| {name} | {rate:,.0f} | {results['read_of_bare'][name]:.2f}x |")
+    print(
+        "\n| aspect 256/512, 224 RandomResizedCrop in the workers | samples/s | of the bare loop |"
+    )
+    print("|---|---:|---:|")
+    for name, rate in results["crop"].items():
+        print(f"| {name} | {rate:,.0f} | {results['crop_of_bare'][name]:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ Modules:
 - `mixture`:        `Mixture`: datasets or views read as one by weight
 - `mixture_orders`: a mixture's orders, pure functions as `orders` are
 - `named_orders`:   sample orders by name (`shuffle=`), and a loader's sampler
+- `opening`:        how `PackedDataset.open` was called: a run's record, former keywords
 - `orders`:         sample orders as pure functions of (data, seed, epoch)
 - `page_cache`:     read-ahead and drop-behind advice to the kernel
 - `pinning`:        host memory page-locked for CUDA in place
@@ -41,6 +42,8 @@ Modules:
 - `span`:           every shard mapped in one array, so a batch is one numpy call
 - `stream`:         `PackedStream`: whole shards streamed, for data larger than RAM
 - `trace`:          which samples a run read at a step, from its saved states
+- `worker_crop`:    crops made where batches are gathered, decoded at a reduced scale
+- `workers`:        DataLoader workers' errors as raised there, and stopping them
 """
 
 from etl.errors import ManifestError, SelectionError, ShardError

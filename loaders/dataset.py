@@ -9,11 +9,9 @@ selection's compact arrays travel to worker processes; each worker maps the shar
 from __future__ import annotations
 
 import copy
-import os
-import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,18 +21,17 @@ import torch
 from numpy.typing import NDArray
 from torch.utils.data import Dataset, get_worker_info
 
-from etl.deprecations import warn_once
-from etl.format.manifest import VERSIONS_DIR
-from etl.format.retirement import retired_versions
 from etl.format.views import View
-from etl.storage.location import Location, StoreOptions, is_url, open_location
+from etl.storage.location import StoreOptions, open_location
 from loaders.batch_plan import batch_reads
 from loaders.batches import SIZE_COLUMNS, AnyBatch, Columns, Samples, make_batch
 from loaders.catalog import Selection, Where, open_catalog
 from loaders.memory import BatchMemory
+from loaders.opening import check_view_alone, how_opened, store_options, warn_if_retired
 from loaders.ragged_rows import stored_lengths
 from loaders.reader import ShardReader
 from loaders.row_checks import Verify, checked_rows, checks_of, row_checksums
+from loaders.worker_crop import REDUCING_GAP, Crop, WorkerCrop, cropped_batch
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 
@@ -90,6 +87,9 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         """Where batches are gathered (`make_loader` sets pinning and the workers' ring)."""
         self.with_indices = False
         """Whether gathered batches carry each sample's index (an `IndexedBatch`)."""
+        self.crop: WorkerCrop | None = None
+        """A crop made as batches are gathered (`with_crop`)."""
+        self._epoch = torch.zeros(1, dtype=torch.int64)
 
     @classmethod
     def open(
@@ -133,17 +133,17 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         """
         view = path if isinstance(path, View) else None
         if view is not None:
-            _check_view_alone(split=split, classes=classes, where=where, version=version)
+            check_view_alone(split=split, classes=classes, where=where, version=version)
             version = view.version
         checks = checks_of(verify)
         location = open_location(
             view.dataset if view else cast(Path | str, path),
-            _store_options(store, renamed),
+            store_options(store, renamed),
             view.folder if view else "",
         )
         version = location.fetch_version(version)
         catalog = open_catalog(location.root, version, verify_manifest)
-        _warn_if_retired(location, catalog.version)
+        warn_if_retired(location, catalog.version)
         selected = catalog.select_view(view) if view else catalog.select(split, classes, where)
         selection = catalog.with_columns(selected, columns)
         sums = None
@@ -160,7 +160,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         dataset = cls(
             selection, transform, checks == "shards", release_every, readahead, drop_behind
         )
-        dataset.opened = _how_opened(path, selection.version, split, classes, where)
+        dataset.opened = how_opened(path, selection.version, split, classes, where)
         return dataset
 
     @property
@@ -193,6 +193,23 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         """Whether batches (images and labels, with a `transform` too) come in pinned memory
         (num_workers=0 with CUDA; with workers DataLoader's pin thread pins them)."""
         return self.memory.pin
+
+    def with_crop(self, crop: Crop | None, reducing_gap: float = REDUCING_GAP) -> PackedDataset:
+        """A shallow copy whose samples are cropped where batches are gathered (DataLoader
+        workers): `RandomResizedCrop` or `CenterCrop` of `loaders.augment`, drawn per (seed,
+        epoch, index), each sample decoded at the smallest scale that covers its crop
+        (`loaders.worker_crop`). Batches are then uint8 of the crop's size; None: no crop."""
+        twin = copy.copy(self)
+        twin.crop = None if crop is None else WorkerCrop(crop, reducing_gap)
+        twin._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+        if self.opened is not None and twin.crop is not None:  # a run's record says how
+            twin.opened = {**self.opened, **twin.crop.record()}
+        return twin
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch a crop is drawn for: set by `PackedLoader` as each epoch begins, and
+        seen by its workers, persistent ones too (shared memory)."""
+        self._epoch[0] = epoch
 
     def with_memory(self, memory: BatchMemory, with_indices: bool = False) -> PackedDataset:
         """A shallow copy that gathers its batches into `memory` (see `loaders.batches`), with
@@ -287,6 +304,8 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
             labels = sel.labels[index].astype(np.int64)
         except IndexError:
             raise IndexError(f"index out of range for a dataset of {len(self)} samples") from None
+        if self.crop is not None:
+            return self._cropped(index % len(self), labels, self.crop)
         given = (
             index % max(len(self), 1) if self.with_indices or sel.values or sel.own_sizes else None
         )
@@ -300,6 +319,24 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
             transformed = [self._own_size(int(i))[0] for i in index % len(self)]
             columns = {k: v for k, v in (columns or {}).items() if k not in SIZE_COLUMNS}
             return self._stacked(transformed, labels, given, columns or None)
+        raw = np.empty(shape, dtype=np.uint8)
+        read(raw)
+        transformed = [self.transform(torch.from_numpy(x)) for x in raw]
+        return self._stacked(transformed, labels, given, columns)
+
+    def _cropped(
+        self, index: NDArray[np.int64], labels: NDArray[np.int64], crop: WorkerCrop
+    ) -> AnyBatch:
+        """`gather` with `with_crop`: fixed-size crops, each sample decoded and cut here (a
+        worker), then through the `transform` if there is one."""
+        sel = self.selection
+        given = index if self.with_indices or sel.values else None
+        columns = sel.values.batch(index) if sel.values is not None else None
+        shape = (len(index), *_crop_shape(crop.size, sel.channels, sel.layout))
+        epoch = int(self._epoch[0])
+        read = partial(cropped_batch, self.reader, sel, index, crop, epoch)
+        if self.transform is None:
+            return self.memory.batch(shape, labels, read, given, columns)
         raw = np.empty(shape, dtype=np.uint8)
         read(raw)
         transformed = [self.transform(torch.from_numpy(x)) for x in raw]
@@ -331,41 +368,8 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         return make_batch(stacked, labels, given, pin=self.memory.pin, columns=columns)
 
 
-def _how_opened(
-    path: Path | str | View,
-    version: int,
-    split: str | Sequence[str] | None,
-    classes: Sequence[str | int] | None,
-    where: Where | None,
-) -> dict[str, Any] | None:
-    """What a run's record keeps to open the same selection again (`loaders.trace`): the
-    dataset (absolute, or its URL), version and selection, or a view's chain of predicates;
-    None where a predicate is code (a callable where=, a pyarrow Expression)."""
-    if isinstance(path, View):
-        if any(str(p.get("where", "")).startswith("arrow: ") for p in path.chain()):
-            return None
-        written = os.path.join(path.folder, path.dataset)
-        dataset = path.dataset if is_url(path.dataset) else str(Path(written).resolve())
-        return {"view": {"dataset": dataset, "version": version, "chain": path.chain()}}
-    if where is not None and not isinstance(where, str):
-        return None
-    return {
-        "dataset": str(path) if is_url(path) else str(Path(path).resolve()),
-        "version": version,
-        "split": split if split is None or isinstance(split, str) else list(split),
-        "classes": None if classes is None else list(classes),
-        "where": where,
-    }
-
-
-def _check_view_alone(**given: Any) -> None:
-    """A view says which rows and version: ValueError for any given beside it."""
-    named = [name for name, value in given.items() if value is not None]
-    if named:
-        raise ValueError(
-            f"a view says which rows and version; narrow it (view.narrowed(split=...)) instead "
-            f"of passing {', '.join(named)}"
-        )
+def _crop_shape(size: tuple[int, int], channels: int, layout: str) -> tuple[int, int, int]:
+    return (*size, channels) if layout == "HWC" else (channels, *size)
 
 
 def _check_index(index: int, length: int) -> int:
@@ -373,44 +377,3 @@ def _check_index(index: int, length: int) -> int:
     if not -length <= i < length:
         raise IndexError(f"index {index} out of range for a dataset of {length} samples")
     return i % length
-
-
-STORE_KEYWORDS = {
-    "cache_dir": "cache_dir",
-    "storage_options": "storage_options",
-    "store_timeout": "timeout",
-    "cache_limit": "cache_limit",
-    "ranged": "ranged",
-}
-"""`PackedDataset.open`'s former keywords -> the `StoreOptions` field each is now."""
-
-
-def _store_options(store: StoreOptions | None, renamed: dict[str, Any]) -> StoreOptions:
-    """`store`, or the options the former keywords in `renamed` give (each warns once)."""
-    unknown = sorted(set(renamed) - set(STORE_KEYWORDS))
-    if unknown:
-        raise TypeError(f"PackedDataset.open() got an unexpected keyword argument {unknown[0]!r}")
-    if not renamed:
-        return store or StoreOptions()
-    if store is not None:
-        raise TypeError(f"give store= or {sorted(renamed)}, not both")
-    for name in renamed:
-        warn_once(f"PackedDataset.open({name}=)", f"store=StoreOptions({STORE_KEYWORDS[name]}=)")
-    fields = {STORE_KEYWORDS[name]: value for name, value in renamed.items()}
-    if fields.get("storage_options") is None:
-        fields.pop("storage_options", None)
-    return StoreOptions(**fields)
-
-
-def _warn_if_retired(location: Location, version: int) -> None:
-    """Say once that `version` is retired (NOTE [ a grace period ]): it reads whole until its
-    grace is over, then its files go at the next compaction."""
-    retirement = retired_versions(location.root / VERSIONS_DIR).get(version)
-    if retirement is not None:
-        until = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(retirement.remove_after))
-        warnings.warn(
-            f"{location.given}: version {version} was retired by a compaction; it reads "
-            f"whole until {until}, when a compaction may remove its files: pin a kept version",
-            RuntimeWarning,
-            stacklevel=3,
-        )

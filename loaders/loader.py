@@ -40,36 +40,13 @@ from loaders.ring import SharedRing
 from loaders.samplers import MixtureSampler, OrderSampler
 from loaders.stream import PackedStream, refuse_loader_options
 from loaders.trace import RunSteps
-
-
-def _from_worker(exc: EtlError) -> EtlError:
-    """An error raised in a DataLoader worker, as it was raised there: DataLoader re-raises it
-    in this process as the same type, its message replaced by "Caught ... Original Traceback"
-    and the worker's whole traceback. Our messages are one line: the traceback's last."""
-    text = str(exc)
-    if not text.startswith("Caught "):
-        return exc
-    last = text.rstrip().splitlines()[-1]
-    return type(exc)(last.partition(f"{type(exc).__name__}: ")[2] or last)
+from loaders.workers import from_worker, stop_workers
 
 
 def _bounded_cache(dataset: object) -> BoundedCache | None:
     """The bounded cache a map-style dataset reads through, if any."""
     shards = getattr(getattr(dataset, "selection", None), "shards", None)
     return getattr(shards, "cache", None)
-
-
-def _stop_workers(batches: Iterator[Any] | None, persistent: bool) -> None:
-    """Stop the workers of an iteration that an error ended, now.
-
-    NOTE: otherwise they stop when the iterator is garbage collected, at some later moment of
-    the training process. Measured in tests/format/test_format_fuzz.py: in a process that had used a
-    joblib (loky) pool before, that collection waited 10 s (two workers' 5 s join timeouts)
-    inside whatever ran next. Persistent workers stay: the next epoch reuses them.
-    """
-    shutdown = getattr(batches, "_shutdown_workers", None)
-    if shutdown is not None and not persistent:
-        shutdown()
 
 
 @dataclass
@@ -256,6 +233,8 @@ class PackedLoader(DataLoader[Any]):
             sizes = (self.order, self._batch_size())
             self.steps.began(position.epoch, position.start, position.skip, *sizes)
         stream = self.stream
+        if position is not None and hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(position.epoch)  # its crops are drawn per epoch
         ring = self._pinned_ring()
         if ring is not None:
             ring.settle()  # the last epoch's slots, before this epoch's workers claim them
@@ -277,8 +256,8 @@ class PackedLoader(DataLoader[Any]):
             if ring is not None:
                 ring.settle()
         except EtlError as exc:
-            _stop_workers(batches, self.persistent_workers)
-            raise _from_worker(exc) from None
+            stop_workers(batches, self.persistent_workers)
+            raise from_worker(exc) from None
         finally:
             cache = _bounded_cache(self.dataset)
             if cache is not None:

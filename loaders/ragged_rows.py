@@ -12,7 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from etl.errors import ShardError
-from etl.format.codecs import DecodeFailure, decode
+from etl.format.codecs import RAW, DecodeFailure, decode
 from etl.format.ragged import shape_of
 from etl.format.row_checksums import mismatch
 from loaders.catalog import ShardSet
@@ -47,28 +47,40 @@ def stored_lengths(
     return places[:, 1] * places[:, 2] * channels
 
 
-def put_decoded(
+Take = Callable[[int, NDArray[np.uint8], int, int, int], None]
+"""take(j, data, height, width, codec): what becomes of sample j's stored bytes once checked
+(`codec`: its index in `etl.format.codecs.CODECS`)."""
+
+
+def decode_failure(shard_set: ShardSet, shard: int, row: int, exc: Exception) -> ShardError:
+    """The error for a row whose checked bytes do not decode: it names the shard and row (and
+    the repair), never a crash in the decoder or a wrong-sized sample."""
+    failure = ShardError(f"{shard_set.path(shard)}: row {row} does not decode ({exc})")
+    return shard_set.unreadable(shard, failure)
+
+
+def pixels_taker(
     put: Put,
     shard_set: ShardSet,
-    shard: int,
-    row: int,
-    j: int,
-    data: NDArray[np.uint8],
-    place: tuple[int, int],
-    codec: int,
+    shard: NDArray[np.int64],
+    row: NDArray[np.int64],
     channels: int,
     layout: str,
-) -> None:
-    """Sample j's stored bytes, decoded with `codec` to its (height, width) `place`, into the
-    batch with `put`; bytes that do not decode to that sample are a ShardError naming the shard
-    and row (never a crash in the decoder, never a wrong-sized sample)."""
-    height, width = place
-    try:
-        pixels = decode(data, codec, shape_of(height, width, channels, layout))
-    except DecodeFailure as exc:
-        failure = ShardError(f"{shard_set.path(shard)}: row {row} does not decode ({exc})")
-        raise shard_set.unreadable(shard, failure) from None
-    put(j, pixels.reshape(-1), height, width)
+) -> Take:
+    """The `Take` that puts each sample's pixels into a batch with `put`: raw bytes as they
+    are, encoded ones decoded to the sample's (height, width) first."""
+
+    def take(j: int, data: NDArray[np.uint8], height: int, width: int, codec: int) -> None:
+        if codec == RAW:
+            put(j, data, height, width)
+            return
+        try:
+            pixels = decode(data, codec, shape_of(height, width, channels, layout))
+        except DecodeFailure as exc:
+            raise decode_failure(shard_set, int(shard[j]), int(row[j]), exc) from None
+        put(j, pixels.reshape(-1), height, width)
+
+    return take
 
 
 def copy_ragged(
@@ -77,15 +89,14 @@ def copy_ragged(
     shard: NDArray[np.int64],
     row: NDArray[np.int64],
     places: NDArray[np.int64],
-    put: Put,
+    take: Take,
     channels: int,
     stored: NDArray[np.int64] | None = None,
-    layout: str = "HWC",
 ) -> None:
-    """Copy each sample (shard[j], row[j]) at places[j] out of its shard's flat array in
-    `arrays` with `put`, one slice a sample (decoded where `stored` says how: its bytes and
-    codec); a row the loader checks is hashed as it is copied, before any decode, and a
-    mismatch or a sample past its shard's end is a ShardError naming it."""
+    """Hand each sample (shard[j], row[j]) at places[j], its bytes sliced out of its shard's
+    flat array in `arrays` (`stored`: each one's bytes and codec), to `take`; a row the loader
+    checks is hashed first, and a mismatch or a sample past its shard's end is a ShardError
+    naming it."""
     sums, seen = shard_set.row_sums, shard_set.seen()
     hashed = np.zeros(len(row), dtype=bool)  # rows checked as they are copied
     at = np.zeros(len(row), dtype=np.int64)
@@ -93,7 +104,7 @@ def copy_ragged(
         at, todo = sums.unchecked(shard, row, seen)
         hashed[todo] = True
     lengths = stored_lengths(places, stored, channels).tolist()
-    codecs = stored[:, 1].tolist() if stored is not None else None
+    codecs = stored[:, 1].tolist() if stored is not None else [RAW] * len(row)
     for j, (s, (offset, height, width)) in enumerate(
         zip(shard.tolist(), places.tolist(), strict=True)
     ):
@@ -103,11 +114,7 @@ def copy_ragged(
             raise shard_set.unreadable(s, ShardError(f"row {row[j]} runs past its end"))
         if sums is not None and hashed[j] and not sums.matches(int(at[j]), data):
             raise shard_set.unreadable(s, mismatch(shard_set.path(s), int(row[j])))
-        if codecs is None:
-            put(j, data, height, width)
-        else:
-            where = (height, width)
-            put_decoded(put, shard_set, s, int(row[j]), j, data, where, codecs[j], channels, layout)
+        take(j, data, height, width, codecs[j])
     if seen is not None and hashed.any():
         seen[at[hashed]] = True
 

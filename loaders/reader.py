@@ -16,15 +16,18 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from etl.errors import ShardError
+from etl.format.codecs import RAW
+from etl.format.ragged import channels_of
 from etl.format.row_checksums import mismatch
 from etl.format.shards import check_shard, open_shard
 from loaders.catalog import ShardSet
 from loaders.page_cache import advise_places, drop_read
 from loaders.ragged_rows import (
+    Take,
     batch_writer,
     copy_ragged,
+    pixels_taker,
     places_resident,
-    put_decoded,
     stored_lengths,
 )
 from loaders.shard_checks import probe_shard, take_checked, verify_shard
@@ -177,8 +180,9 @@ class ShardReader:
         rows: NDArray[np.integer],
         places: NDArray[np.int64],
         layout: str,
-        out: NDArray[np.uint8],
+        out: NDArray[np.uint8] | None,
         stored: NDArray[np.int64] | None = None,
+        take: Take | None = None,
     ) -> None:
         """Copy samples of flat shards (format versions 2 and 3) into `out`, a padded batch
         [B, H, W, C] (or [B, C, H, W]) at least as large as each: sample j, (shard_idx[j],
@@ -188,19 +192,21 @@ class ShardReader:
         GET a sample; where `stored` gives each one's (bytes, codec), decoded after its check.
 
         A 1-d `out` (`back_to_back_bytes` long) takes the samples back to back instead, each
-        in the stored layout: what `DeviceLoader` asks for (see `loaders.ragged`)."""
+        in the stored layout: what `DeviceLoader` asks for (see `loaders.ragged`). A `take`
+        instead of `out` gets each sample's checked stored bytes (`loaders.worker_crop`)."""
         shard, row = self._checked_rows(shard_idx, rows)
-        put, channels = batch_writer(out, places, layout)
+        if take is None:
+            assert out is not None
+            put, channels = batch_writer(out, places, layout)
+            take = pixels_taker(put, self.shards, shard, row, channels, layout)
+        else:
+            channels = channels_of(self.shards.sample_shape, layout)
         sizes = stored_lengths(places, stored, channels)
         if self.shards.ranged is not None:  # no file: verified as they arrive
             fetched = self.shards.ranged.read_spans(shard, row, places[:, 0], sizes)
+            codecs = stored[:, 1].tolist() if stored is not None else [RAW] * len(row)
             for j, data in enumerate(fetched):
-                where = int(places[j, 1]), int(places[j, 2])
-                if stored is None:
-                    put(j, data, *where)
-                    continue
-                s, r, codec = int(shard[j]), int(row[j]), int(stored[j, 1])
-                put_decoded(put, self.shards, s, r, j, data, where, codec, channels, layout)
+                take(j, data, int(places[j, 1]), int(places[j, 2]), codecs[j])
             return
         with self._lock:
             self._let_go(shard)
@@ -209,9 +215,7 @@ class ShardReader:
             resident = self.readahead and places_resident(self._arrays, shard, places)
             if self.drop_behind or (self.readahead and not resident):
                 self.prefetch_places(shard, places, sizes)
-            copy_ragged(
-                self._arrays, self.shards, shard, row, places, put, channels, stored, layout
-            )
+            copy_ragged(self._arrays, self.shards, shard, row, places, take, channels, stored)
             starts = places[:, 0]
             self._count(int(sizes.sum()), shard, starts, starts + sizes)
             self._let_go(())

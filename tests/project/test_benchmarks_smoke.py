@@ -209,7 +209,10 @@ def test_bench_encoded_small() -> None:
     done = run_benchmark("bench_encoded", "--photos", "24", "--rounds", "1", timeout=600)
     assert done.returncode == 0, done.stderr
     assert "| 224 fixed | raw |" in done.stdout and "| aspect 256/512 | jpeg |" in done.stdout
-    assert "| jpeg, 2 workers |" in done.stdout and "| bare simplejpeg loop, 1 process |" in done.stdout
+    assert (
+        "| jpeg, 2 workers |" in done.stdout
+        and "| bare simplejpeg loop, 1 process |" in done.stdout
+    )
 
 
 def test_bench_trace_small() -> None:
