@@ -21,6 +21,12 @@ every variant alike:
   stored JPEG bytes in one process (`simplejpeg.decode_jpeg` of each into a preallocated batch:
   the decode limit of one core). A worker's decode rate is compared with it per core.
 
+`--gpu` (on a CUDA machine, inside `benchmarks/gpu_check.sh`) reads an aspect-kept JPEG pack
+onto the GPU four ways instead: decoded and cropped on the GPU (`DeviceLoader(decode="device")`,
+torchvision's nvJPEG) with 8 and 2 workers gathering the stored bytes, decoded in the workers
+and cropped on the GPU, and decoded and cropped in the workers (`with_crop`); samples/s and the
+peak GPU memory of each of 3 epochs (flat, or the decoder leaks).
+
 No result is asserted: the README records the figures with the machine and the date.
 """
 
@@ -153,15 +159,80 @@ def bare_rate(out: Path) -> float:
     return len(blobs) / (time.perf_counter() - start)
 
 
+def gpu_epochs(out: Path, decode: str, workers: int, crop_in_workers: bool) -> dict[str, Any]:
+    """Samples/s and peak GPU memory of 3 epochs of 224 `RandomResizedCrop`s onto the GPU
+    (the first a warm-up): decoded in the workers or on the device, or cropped in the workers."""
+    import torch
+
+    from loaders import DeviceLoader, PackedDataset, RandomResizedCrop, make_loader
+
+    crop = RandomResizedCrop(224, seed=0)
+    ds = PackedDataset.open(out)
+    if crop_in_workers:
+        ds = ds.with_crop(crop)
+    loader = make_loader(
+        ds, batch_size=256, shuffle=True, num_workers=workers, persistent_workers=workers > 0,
+        with_indices=True,
+    )  # fmt: skip
+    device = DeviceLoader(
+        loader, dtype=torch.float32, augment=None if crop_in_workers else crop, decode=decode
+    )
+    rates, peaks = [], []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        count = 0
+        for batch in device:
+            count += len(batch[1])
+        torch.cuda.synchronize()
+        rates.append(count / (time.perf_counter() - start))
+        peaks.append(torch.cuda.max_memory_allocated() / 2**20)
+    return {"samples_per_s": statistics.median(rates[1:]), "peak_mib": peaks,
+            "decoder": device.decoder_name or "workers"}  # fmt: skip
+
+
+def gpu_main(photos: Path, n: int, work: Path) -> dict[str, Any]:
+    """The GPU table: one aspect-kept JPEG pack read four ways onto the GPU."""
+    import torch
+
+    folder = work / "gpu-jpeg"
+    pack(folder, photos, "jpeg", RESIZES["aspect 256/512"])
+    cores = os.cpu_count() or 2
+    workers = max(2, min(8, cores // 2))
+    runs = {
+        f"decode + crop on the GPU, {workers} workers gather": ("device", workers, False),
+        "decode + crop on the GPU, 2 workers gather": ("device", 2, False),
+        f"decode in {workers} workers, crop on the GPU": ("workers", workers, False),
+        f"decode + crop in {workers} workers": ("workers", workers, True),
+    }
+    table = {name: gpu_epochs(folder / "out", *how) for name, how in runs.items()}
+    print(f"{n} photos, {torch.cuda.get_device_name(0)}, {cores} cores")
+    print("| 224 RandomResizedCrop onto the GPU | samples/s | peak GPU MiB, epochs 1-3 | decoder |")
+    print("|---|---:|---|---|")
+    for name, r in table.items():
+        peaks = ", ".join(f"{p:.0f}" for p in r["peak_mib"])
+        print(f"| {name} | {r['samples_per_s']:,.0f} | {peaks} | {r['decoder']} |")
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--photos", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--gpu", action="store_true", help="only the GPU table (needs CUDA)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "etl-memmap"
     photos = cache / f"bench-photos-{args.photos}"
     make_photos(photos, args.photos)
+    if args.gpu:
+        with tempfile.TemporaryDirectory(prefix="bench-encoded-gpu-") as tmp:
+            table = gpu_main(photos, args.photos, Path(tmp))
+        if args.json:
+            args.json.write_text(json.dumps(table, indent=2))
+        return
     results: dict[str, Any] = {"photos": args.photos, "cpu": cpu_model(), "cores": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="bench-encoded-") as tmp:
         work = Path(tmp)

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The GPU checks, as one script for a lent GPU machine (about 4 minutes on one H100, 2026-11-26):
-#   1. the CUDA tests pass (tests/loaders/test_cuda.py, test_cuda_ring.py);
+#   1. the CUDA tests pass (tests/loaders/test_cuda.py, test_cuda_ring.py, test_cuda_decode.py);
 #   2. with each mechanism they guard removed (--break-mechanism), the tests guarding it FAIL;
 #   3. the loader tests pass with CUDA visible (pinning on by default there);
 #   4. the GPU benchmarks: bench_augment (host-to-device GB/s, DeviceLoader + augmentation
 #      samples/s, step time with the side-stream prefetch, GPU memory) and bench_workers
 #      (0 against 2 workers with each batch copied to the GPU, the ring pinned and not, a
-#      per-sample crop in the workers; the ring's copy GB/s and registration time).
+#      per-sample crop in the workers; the ring's copy GB/s and registration time), and
+#      bench_encoded --gpu (JPEG samples decoded by nvJPEG against the workers' libjpeg-turbo,
+#      224 crops a second and the peak GPU memory of each epoch).
 #
 #   bash benchmarks/gpu_check.sh            # on the GPU machine, from the repository root
 #   bash benchmarks/gpu_check.sh --dry-run  # here, on the CPU: every step runs, CUDA's skip
@@ -67,7 +69,7 @@ step() {
 } > "$OUT/machine.txt" 2>&1
 note "$(tail -1 "$OUT/machine.txt")"
 
-CUDA_TESTS=(tests/loaders/test_cuda.py tests/loaders/test_cuda_ring.py)
+CUDA_TESTS=(tests/loaders/test_cuda.py tests/loaders/test_cuda_ring.py tests/loaders/test_cuda_decode.py)
 step cuda-tests 0 240 $PY -m pytest -p no:cacheprovider -m cuda "${CUDA_TESTS[@]}" -q -rs
 for mechanism in record_stream wait_stream pinned_output nonblocking_params bound_device; do
     step "break-$mechanism" 1 90 $PY -m pytest -p no:cacheprovider -m cuda tests/loaders/test_cuda.py \
@@ -77,15 +79,20 @@ for mechanism in ring_pinned freed_after_copy; do
     step "break-$mechanism" 1 120 $PY -m pytest -p no:cacheprovider -m cuda \
         tests/loaders/test_cuda_ring.py -q --break-mechanism "$mechanism"
 done
-step loader-tests 0 240 $PY -m pytest -p no:cacheprovider -q -n 8 tests/loaders/test_loaders_*.py
+step break-decoded_on_gpu 1 90 $PY -m pytest -p no:cacheprovider -m cuda \
+    tests/loaders/test_cuda_decode.py -q --break-mechanism decoded_on_gpu
+step loader-tests 0 180 $PY -m pytest -p no:cacheprovider -q -n 8 -m "not slow" \
+    tests/loaders/test_loaders_*.py
 if [ "$DRY" = 1 ]; then
+    step bench-encoded 0 300 $PY -m benchmarks.bench_encoded --photos 24 --rounds 1
     step bench-augment 0 300 $PY -m benchmarks.bench_augment --tiny --device cpu
     step bench-workers 0 120 $PY -m benchmarks.bench_workers --samples 1000 --size 32 --rounds 1 --crop
 else
-    step bench-augment 0 300 $PY -m benchmarks.bench_augment --quick
-    step bench-workers 0 200 $PY -m benchmarks.bench_workers --samples 4000 --rounds 2 --crop
+    step bench-encoded 0 120 $PY -m benchmarks.bench_encoded --gpu --photos 2000
+    step bench-augment 0 150 $PY -m benchmarks.bench_augment --quick
+    step bench-workers 0 150 $PY -m benchmarks.bench_workers --samples 4000 --rounds 2 --crop
 fi
-tail -n 40 "$OUT/bench-augment.log" "$OUT/bench-workers.log"
+tail -n 40 "$OUT/bench-encoded.log" "$OUT/bench-augment.log" "$OUT/bench-workers.log"
 echo
 cat "$SUMMARY"
 exit $FAILED

@@ -18,6 +18,7 @@ Modules:
 - `catalog`:        what to read: a manifest version opened, and selections of it
 - `dataset`:        `PackedDataset`: the map-style dataset
 - `device`:         `DeviceLoader`: batches onto the device, prefetched on a side stream
+- `device_decode`:  samples stored encoded, decoded where the batch goes (nvJPEG on CUDA)
 - `dist`:           rank and world size
 - `factories`:      `make_loader` and `stream_loader` with this project's defaults
 - `joined_reader`:  one reader over a `Mixture`'s members' shards

@@ -10,9 +10,9 @@ from functools import partial
 import numpy as np
 from numpy.typing import NDArray
 
-from loaders.batches import SIZE_COLUMNS, Columns
+from loaders.batches import SIZE_COLUMNS, STORED_COLUMNS, Columns
 from loaders.catalog import Selection
-from loaders.ragged_rows import back_to_back_bytes, padded_shape
+from loaders.ragged_rows import Take, back_to_back_bytes, padded_shape
 from loaders.reader import ShardReader
 
 
@@ -22,16 +22,28 @@ def batch_reads(
     index: NDArray[np.int64],
     columns: Columns | None,
     back_to_back: bool = False,
+    encoded: bool = False,
 ) -> tuple[tuple[int, ...], Callable[[NDArray[np.uint8]], None], Columns | None]:
     """(shape, fill, columns) of the batch of `index` (checked) for `BatchMemory.batch`: rows of
     the stored shape, or samples that keep their aspect ratio padded to their largest sides
     (with `back_to_back`, one after another in a 1-d batch), with each one's size in
-    `SIZE_COLUMNS` beside `columns`."""
+    `SIZE_COLUMNS` beside `columns`. With `encoded`, samples stored encoded come as their
+    stored bytes back to back, with `STORED_COLUMNS` too, for the device to decode."""
     shard_idx, rows = sel.shard_idx[index], sel.rows[index]
     if sel.places is None:
         return (len(index), *sel.sample_shape), partial(reader.gather, shard_idx, rows), columns
     places = sel.places[index]
     stored = sel.stored[index] if sel.stored is not None else None
+    if encoded and stored is not None:  # for the device to decode: stored bytes back to back
+        ends = np.cumsum(stored[:, 0])
+        take = partial(_put_stored, ends)
+        sizes = {SIZE_COLUMNS[0]: places[:, 1].copy(), SIZE_COLUMNS[1]: places[:, 2].copy()}
+        kept = {STORED_COLUMNS[0]: stored[:, 0].copy(), STORED_COLUMNS[1]: stored[:, 1].copy()}
+
+        def fill(out: NDArray[np.uint8]) -> None:
+            reader.gather_ragged(shard_idx, rows, places, sel.layout, None, stored, take(out))
+
+        return (int(ends[-1]) if len(ends) else 0,), fill, {**(columns or {}), **sizes, **kept}
     read = partial(reader.gather_ragged, shard_idx, rows, places, sel.layout, stored=stored)
     if not sel.own_sizes:  # stored encoded at one size: a batch as a fixed-size one
         return (len(index), *sel.sample_shape), read, columns
@@ -41,3 +53,12 @@ def batch_reads(
         shape = padded_shape(len(index), places, sel.channels, sel.layout)
     sizes = {SIZE_COLUMNS[0]: places[:, 1].copy(), SIZE_COLUMNS[1]: places[:, 2].copy()}
     return shape, read, {**(columns or {}), **sizes}
+
+
+def _put_stored(ends: NDArray[np.int64], out: NDArray[np.uint8]) -> Take:
+    """The `Take` that puts sample j's checked stored bytes at its place in a 1-d `out`."""
+
+    def take(j: int, data: NDArray[np.uint8], height: int, width: int, codec: int) -> None:
+        out[int(ends[j]) - data.size : int(ends[j])] = data
+
+    return take

@@ -306,12 +306,12 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
             raise IndexError(f"index out of range for a dataset of {len(self)} samples") from None
         if self.crop is not None:
             return self._cropped(index % len(self), labels, self.crop)
-        given = (
-            index % max(len(self), 1) if self.with_indices or sel.values or sel.own_sizes else None
-        )
+        memory = self.memory
+        carried = self.with_indices or sel.values or sel.own_sizes or memory.encoded
+        given = index % max(len(self), 1) if carried else None
         columns = sel.values.batch(given) if sel.values is not None and given is not None else None
         shape, read, columns = batch_reads(
-            self.reader, sel, index, columns, self.memory.back_to_back
+            self.reader, sel, index, columns, memory.back_to_back, memory.encoded
         )
         if self.transform is None:
             return self.memory.batch(shape, labels, read, given, columns)

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from loaders.augment import Augment, Sizes
-from loaders.batches import SIZE_COLUMNS, Batch, ColumnBatch, IndexedBatch
+from loaders.batches import SIZE_COLUMNS, STORED_COLUMNS, Batch, ColumnBatch, IndexedBatch
+from loaders.device_decode import JpegDecoder, decode_batch, jpeg_decoder
 from loaders.loader import PackedLoader
 from loaders.ragged import RaggedImages
 
@@ -67,6 +68,11 @@ class DeviceLoader:
     (`PackedLoader.send_back_to_back`; NOTE [ back to back ] in `loaders.ragged`): each batch
     then moves its own bytes, not its padding. The augmentations here crop from them where
     they lie; another augmentation gets them padded on the device, with `sizes=`.
+
+    `decode="device"` has samples stored encoded (`output.codec`) sent still encoded (a tenth
+    of the bytes through the workers, the pin thread and the copy) and decoded here: on CUDA by
+    torchvision's `decode_jpeg` (`loaders.device_decode`); the default, "workers", decodes them
+    in the loader's processes.
     """
 
     def __init__(
@@ -79,7 +85,10 @@ class DeviceLoader:
         channels_last: bool = False,
         layout: str | None = None,
         augment: Augment | None = None,
+        decode: str = "workers",
     ) -> None:
+        if decode not in ("workers", "device"):
+            raise ValueError(f"decode is 'workers' or 'device', got {decode!r}")
         if augment is not None and dtype is None:
             dtype = torch.float32  # augmentation resamples in floating point
         if (mean is not None or std is not None) and dtype is None:
@@ -110,6 +119,18 @@ class DeviceLoader:
             self.shift = (m / s).view(1, -1, 1, 1).to(self.device, dtype)
         if augment is not None and isinstance(loader, PackedLoader) and self.channels:
             loader.send_back_to_back()
+        self.decoder: JpegDecoder | None = None
+        self.decoder_name = ""
+        """Which decoder makes the pixels of samples stored encoded, with decode="device"."""
+        if decode == "device":
+            if not isinstance(loader, PackedLoader) or not self.channels:
+                raise ValueError("decode='device' takes a PackedLoader (make_loader)")
+            if not loader.send_encoded():
+                raise ValueError(
+                    "decode='device' needs the stored bytes, and this loader's dataset crops "
+                    "in its workers (with_crop) or has another collate_fn"
+                )
+            self.decoder, self.decoder_name = jpeg_decoder(self.device)
         if isinstance(loader, PackedLoader) and self.device.type == "cuda":
             loader.copies_on(self.device)
 
@@ -125,8 +146,12 @@ class DeviceLoader:
     def state_dict(self) -> dict[str, Any]:
         """The wrapped loader's state, which leaves out the batch this one has pulled ahead
         (see `PackedLoader.hold_back`): saved after k batches of the loop, it resumes at
-        batch k + 1, whether asked of this object or of the loader inside."""
-        return self._packed().state_dict()
+        batch k + 1, whether asked of this object or of the loader inside. With
+        decode="device", "decoder" says which decoder made the pixels."""
+        state = self._packed().state_dict()
+        if self.decoder_name:
+            state["decoder"] = self.decoder_name
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._packed().load_state_dict(state)
@@ -194,10 +219,25 @@ class DeviceLoader:
         columns: dict[str, Any] | None = None,
     ) -> Any:
         """Copy to the device and convert (on whichever stream is current); a column that is a
-        tensor is copied too, a list stays as it is."""
-        images = images.to(self.device, non_blocking=True)
+        tensor is copied too, a list stays as it is. Stored bytes (decode="device") are
+        decoded there first."""
+        layout = self.layout
+        if columns is not None and STORED_COLUMNS[0] in columns:
+            images, layout = self._decoded(images, columns), "CHW"
+            columns = {k: v for k, v in columns.items() if k not in STORED_COLUMNS}
+        else:
+            images = images.to(self.device, non_blocking=True)
         labels = labels.to(self.device, non_blocking=True)
         sizes = _sizes(columns)
+        if self.augment is None and images.dim() == 1 and sizes is not None:
+            heights, widths = (np.asarray(side, np.int64) for side in sizes)
+            ragged = RaggedImages(images, heights, widths, self.channels or 1, layout)
+            if len({*sizes[0].tolist()}) == 1 and len({*sizes[1].tolist()}) == 1:
+                images, layout, sizes = ragged.padded(), "CHW", None  # decoded at one size
+                columns = {k: v for k, v in (columns or {}).items() if k not in SIZE_COLUMNS}
+                columns = columns or None
+                if columns is None and not self._with_indices:
+                    indices = None  # carried for the sizes alone
         if self.augment is None:
             if sizes is not None:
                 raise ValueError(
@@ -206,10 +246,10 @@ class DeviceLoader:
                     "augment=RandomResizedCrop(...) or CenterCrop(...) to make them one size"
                 )
             images = prepare_images(
-                images, self.layout, self.dtype, self.scale, self.shift, self.channels_last
+                images, layout, self.dtype, self.scale, self.shift, self.channels_last
             )
         else:
-            images = self._augmented(images, indices, sizes)
+            images = self._augmented(images, indices, sizes, layout)
         if sizes is not None and columns is not None:  # used: the batch is one size now
             columns = {k: v for k, v in columns.items() if k not in SIZE_COLUMNS} or None
             if columns is None and not self._with_indices:
@@ -224,8 +264,22 @@ class DeviceLoader:
             return Batch(images, labels)
         return IndexedBatch(images, labels, indices)  # indices stay on the CPU, for lookups
 
+    def _decoded(self, stored: torch.Tensor, columns: dict[str, Any]) -> torch.Tensor:
+        """A batch's stored bytes (CPU) decoded on the device: CHW samples back to back."""
+        assert self.decoder is not None and self.channels is not None
+        nbytes, codecs = (columns[name].cpu().numpy() for name in STORED_COLUMNS)
+        heights, widths = (columns[name].cpu().numpy() for name in SIZE_COLUMNS)
+        return decode_batch(
+            stored.cpu(), nbytes, codecs, heights, widths, self.channels, self.layout,
+            self.decoder, self.device,
+        )  # fmt: skip
+
     def _augmented(
-        self, images: torch.Tensor, indices: torch.Tensor | None, sizes: Sizes | None = None
+        self,
+        images: torch.Tensor,
+        indices: torch.Tensor | None,
+        sizes: Sizes | None,
+        layout: str,
     ) -> torch.Tensor:
         """Augment NCHW uint8 images on the device, then convert and normalise in place; a
         padded batch's `sizes` tell the augmentation each sample's own size."""
@@ -234,13 +288,11 @@ class DeviceLoader:
         if images.dim() == 1:  # samples back to back, each its own size
             assert sizes is not None and self.channels is not None  # see _check
             heights, widths = (np.asarray(side, np.int64) for side in sizes)
-            ragged = RaggedImages(images, heights, widths, self.channels, self.layout)
+            ragged = RaggedImages(images, heights, widths, self.channels, layout)
             if getattr(self.augment, "takes_ragged", False):
                 out = self.augment(ragged, indices, epoch).to(self.dtype)  # type: ignore[arg-type]
                 return self._normalised(out)
             images, layout = ragged.padded(), "CHW"
-        else:
-            layout = self.layout
         nchw = images.permute(0, 3, 1, 2) if layout == "HWC" else images
         if sizes is None:
             out = self.augment(nchw, indices, epoch).to(self.dtype)

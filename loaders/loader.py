@@ -206,6 +206,18 @@ class PackedLoader(DataLoader[Any]):
         memory.back_to_back = True
         return True
 
+    def send_encoded(self) -> bool:
+        """Have samples stored encoded come still encoded, back to back, with their sizes,
+        stored bytes and codecs (`STORED_COLUMNS`), for `DeviceLoader(decode="device")` to
+        decode there. Whether they will: as `send_back_to_back`, and not where the dataset
+        crops in its workers (`with_crop`), which needs the pixels there."""
+        memory = getattr(self.dataset, "memory", None)
+        if getattr(self.dataset, "crop", None) is not None or not self.send_back_to_back():
+            return False
+        assert isinstance(memory, BatchMemory)
+        memory.encoded = True
+        return True
+
     @property
     def epoch(self) -> int:
         """The epoch `set_epoch` selected (what per-epoch augmentation is drawn from)."""

@@ -47,6 +47,9 @@ class BatchMemory:
         self.back_to_back = False
         """Whether a batch of samples of several sizes comes with its samples one after another
         (1-d images) rather than padded: set by `PackedLoader.send_back_to_back`."""
+        self.encoded = False
+        """Whether samples stored encoded come still encoded, back to back, for the device to
+        decode (`STORED_COLUMNS`): set by `PackedLoader.send_encoded`."""
         self._pool = BufferPool()
 
     def __getstate__(self) -> dict[str, Any]:

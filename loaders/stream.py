@@ -338,10 +338,11 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
                 yield self._sample(int(chunk[0]))
             else:
                 # samples that keep their aspect ratio: padded, their sizes beside (indexed)
-                given = self.with_indices or sel.values or sel.own_sizes
+                memory = self.memory
+                given = self.with_indices or sel.values or sel.own_sizes or memory.encoded
                 columns = sel.values.batch(chunk) if sel.values is not None else None
                 shape, read, columns = batch_reads(
-                    self.reader, sel, chunk, columns, self.memory.back_to_back
+                    self.reader, sel, chunk, columns, memory.back_to_back, memory.encoded
                 )
                 yield self.memory.batch(
                     shape, sel.labels[chunk].astype(np.int64), read, chunk if given else None,

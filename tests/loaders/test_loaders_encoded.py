@@ -328,3 +328,48 @@ def test_a_damaged_sample_under_a_worker_crop_is_named(zlib_packed: Packed, tmp_
     ds = PackedDataset.open(root, verify=False).with_crop(CenterCrop(4))
     with pytest.raises(ShardError, match=r"v000001-00000\.npy: row 2 does not decode"):
         list(make_loader(ds, batch_size=4, num_workers=2))
+
+
+# --- decoded where the batch goes ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_device_decode_makes_the_workers_pixels(photos: tuple[Path, Path], workers: int) -> None:
+    """`DeviceLoader(decode="device")`: the loader ships the stored JPEG bytes (a tenth of the
+    pixels) and they are decoded where the batch goes (on the CPU here, by libjpeg-turbo in the
+    training process; on CUDA by torchvision's decode_jpeg: tests/loaders/test_cuda_decode.py):
+    the same crops as decoding in the workers, batch for batch, and the state names the
+    decoder."""
+    jpeg, _ = photos
+    ds = PackedDataset.open(jpeg)
+    crop = RandomResizedCrop(16, seed=4)
+    made = {}
+    for decode in ("workers", "device"):
+        loader = make_loader(ds, batch_size=4, shuffle=True, num_workers=workers, with_indices=True)
+        device = DeviceLoader(loader, dtype=torch.float32, augment=crop, decode=decode)
+        made[decode] = [(images.clone(), index.clone()) for images, _, index in device]
+        if decode == "device":
+            assert device.state_dict()["decoder"].startswith("simplejpeg ")
+    for (a, i), (b, j) in zip(made["workers"], made["device"], strict=True):
+        assert torch.equal(i, j)
+        torch.testing.assert_close(a, b)
+
+
+def test_device_decode_of_one_size_and_its_refusals(zlib_packed: Packed) -> None:
+    """Samples stored encoded at one size, decoded on the device without an augmentation: the
+    batches of decoding in the workers, (images, labels) as they were. `decode="device"` is
+    refused with a crop made in the workers (the workers need the pixels there) and for a
+    name it does not know."""
+    ds = PackedDataset.open(zlib_packed.root)
+    batches = {}
+    for decode in ("workers", "device"):
+        loader = make_loader(ds, batch_size=5, shuffle=False, num_workers=0)
+        batches[decode] = list(DeviceLoader(loader, dtype=torch.float32, decode=decode))
+    for a, b in zip(batches["workers"], batches["device"], strict=True):
+        assert len(a) == len(b) == 2
+        torch.testing.assert_close(a[0], b[0])
+    cropped = make_loader(ds.with_crop(CenterCrop(4)), batch_size=5)
+    with pytest.raises(ValueError, match="crops in its workers"):
+        DeviceLoader(cropped, decode="device")
+    with pytest.raises(ValueError, match="decode is 'workers' or 'device'"):
+        DeviceLoader(make_loader(ds, batch_size=5), decode="gpu")
