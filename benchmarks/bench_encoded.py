@@ -16,6 +16,9 @@ every variant alike:
   (`PackedDataset.with_crop(RandomResizedCrop(224))`), raw and JPEG, 0 and 2 workers, beside a
   bare loop of decode + crop + uint8 resize over the same JPEG bytes in one process (goal:
   a worker core at least 0.9x of it);
+- **store**: the 224 raw and JPEG packs in moto's S3 server (127.0.0.1), a cold epoch each
+  (empty cache; whole shards, or ranged GETs of the rows): bytes moved from the store and
+  samples/s (goal: JPEG at most a sixth of raw's bytes);
 - **read**: samples/s of a whole epoch of the fixed-size packs through `make_loader` (batches of
   256, shuffled, page-cached) with 0 workers and with 2, beside a **bare loop** over the same
   stored JPEG bytes in one process (`simplejpeg.decode_jpeg` of each into a preallocated batch:
@@ -159,6 +162,61 @@ def bare_rate(out: Path) -> float:
     return len(blobs) / (time.perf_counter() - start)
 
 
+def store_epochs(packs: dict[str, Path], rounds: int) -> dict[str, dict[str, float]]:
+    """Each 224 pack uploaded to moto's S3 server (its own process, 127.0.0.1), then a cold
+    epoch of each (an empty cache; whole shards fetched, or `ranged` GETs of the rows): bytes
+    the epoch moved from the store, samples/s, median of `rounds`."""
+    import fsspec
+
+    from benchmarks.bench_remote import create_bucket, free_port, options, start_server
+    from etl.storage.location import StoreOptions
+    from loaders import PackedDataset, make_loader
+
+    port = free_port()
+    server = start_server(port)
+    found: dict[str, dict[str, list[float]]] = {}
+    try:
+        create_bucket(port, "bench")
+        fs = fsspec.filesystem("s3", **options(port))
+        for codec, out in packs.items():
+            fs.put(str(out), f"bench/{codec}", recursive=True)
+        with tempfile.TemporaryDirectory(prefix="bench-encoded-cache-") as tmp:
+            for r in range(rounds):
+                for codec in packs:
+                    for ranged in (False, True):
+                        cache = Path(tmp) / f"{codec}-{ranged}-{r}"
+                        store = StoreOptions(cache_dir=cache, storage_options=options(port),
+                                             ranged=ranged)  # fmt: skip
+                        start = time.perf_counter()
+                        ds = PackedDataset.open(f"s3://bench/{codec}", store=store)
+                        loader = make_loader(ds, batch_size=256, shuffle=True, pin_memory=False)
+                        count = sum(len(batch[1]) for batch in loader)
+                        seconds = time.perf_counter() - start
+                        moved = _moved(ds, cache, ranged)
+                        key = f"{codec}, {'ranged GETs' if ranged else 'whole shards'}"
+                        row = found.setdefault(key, {"rate": [], "bytes": []})
+                        row["rate"].append(count / seconds)
+                        row["bytes"].append(moved)
+    finally:
+        server.kill()
+        server.wait()
+    return {k: {m: statistics.median(v) for m, v in row.items()} for k, row in found.items()}
+
+
+def _moved(ds: Any, cache: Path, ranged: bool) -> float:
+    """Bytes an epoch took from the store: the shard files in the cache, or with ranged GETs
+    each sample's stored bytes (one GET each), plus the version's files either way."""
+    version = sum(p.stat().st_size for p in cache.rglob("*.arrow"))
+    if not ranged:
+        return float(version + sum(p.stat().st_size for p in cache.rglob("*.npy")))
+    sel = ds.selection
+    if sel.stored is not None:
+        rows = int(sel.stored[:, 0].sum())
+    else:
+        rows = len(sel) * int(np.prod(sel.sample_shape))
+    return float(version + rows)
+
+
 def gpu_epochs(out: Path, decode: str, workers: int, crop_in_workers: bool) -> dict[str, Any]:
     """Samples/s and peak GPU memory of 3 epochs of 224 `RandomResizedCrop`s onto the GPU
     (the first a warm-up): decoded in the workers or on the device, or cropped in the workers."""
@@ -274,6 +332,7 @@ def main() -> None:
             k: statistics.median(r[k] / r["bare simplejpeg loop, 1 process"] for r in reads)
             for k in reads[0]
         }
+        results["store"] = store_epochs({c: fixed[c] for c in ("raw", "jpeg")}, args.rounds)
         aspect = {c: work / f"aspect-256-512-{c}" / "out" for c in ("raw", "jpeg")}
         crops = []
         for _ in range(args.rounds):
@@ -305,6 +364,15 @@ def print_tables(results: dict[str, Any]) -> None:
     print("|---|---:|---:|")
     for name, rate in results["read"].items():
         print(f"| {name} | {rate:,.0f} | {results['read_of_bare'][name]:.2f}x |")
+    print(
+        "\n| 224 fixed, a cold epoch from moto (127.0.0.1) | bytes moved | of raw's | samples/s |"
+    )
+    print("|---|---:|---:|---:|")
+    store = results["store"]
+    for name, row in store.items():
+        raw = store[name.replace("jpeg", "raw")]["bytes"]
+        print(f"| {name} | {row['bytes'] / 2**20:.1f} MiB | {row['bytes'] / raw:.1%} | "
+              f"{row['rate']:,.0f} |")  # fmt: skip
     print(
         "\n| aspect 256/512, 224 RandomResizedCrop in the workers | samples/s | of the bare loop |"
     )
