@@ -198,7 +198,7 @@ class ShardReader:
         if take is None:
             assert out is not None
             put, channels = batch_writer(out, places, layout)
-            take = pixels_taker(put, self.shards, shard, row, channels, layout)
+            take = pixels_taker(put, self.shards, shard, row, channels, layout, out)
         else:
             channels = channels_of(self.shards.sample_shape, layout)
         sizes = stored_lengths(places, stored, channels)

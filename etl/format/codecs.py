@@ -139,13 +139,14 @@ def decode_jpeg(
 
     height, width, channels = shape
     want = (-(-height // factor), -(-width // factor), channels)
-    found = jpeg_size(data)
-    if found != (height, width):
-        raise DecodeFailure(f"JPEG of {found[0]}x{found[1]}, expected {height}x{width}")
+    if out is None or factor != 1:  # into `out`: a larger JPEG overflows it, which libjpeg says
+        found = jpeg_size(data)
+        if found != (height, width):
+            raise DecodeFailure(f"JPEG of {found[0]}x{found[1]}, expected {height}x{width}")
     space = "GRAY" if channels == 1 else "RGB"
     try:
         pixels = simplejpeg.decode_jpeg(
-            bytes(data),
+            data if isinstance(data, np.ndarray | bytes) else bytes(data),
             space,
             min_height=want[0],
             min_width=want[1],
