@@ -122,10 +122,11 @@ def crop_sample(
     hwc = image if layout == "HWC" or codec == JPEG else image.transpose(1, 2, 0)
     top, left, h, w = (_scaled(v, factor) for v in region)
     h, w = max(1, min(h, hwc.shape[0] - top)), max(1, min(w, hwc.shape[1] - left))
-    # a copy of the box alone: writable (a raw sample is a view of the read-only shard), and
-    # contiguous HWC, which is the channels-last layout torch's uint8 resize is fast on
-    box_pixels = np.array(hwc[top : top + h, left : left + w], order="C")
-    source = torch.from_numpy(box_pixels).permute(2, 0, 1)[None]
+    if not hwc.flags.writeable:  # a raw sample is a view of the read-only shard: its box
+        hwc, top, left = hwc[top : top + h, left : left + w].copy(), 0, 0
+    # NOTE: a view of the box; `_resample` copies it channels-last (torch's copy of a box
+    # view: 1.2-1.35x faster a 224 crop than numpy copying it first, measured here)
+    source = torch.from_numpy(hwc).permute(2, 0, 1)[None][:, :, top : top + h, left : left + w]
     if resized is not None:
         scaled = _resample(source, needed)
         top, left = round((needed[0] - oh) / 2.0), round((needed[1] - ow) / 2.0)
