@@ -146,11 +146,17 @@ def photo(index: int, seed: int) -> tuple[str, bytes]:
     return name, buffer.getvalue()
 
 
-def _write(indices: Sequence[int], root: str, seed: int) -> int:
+def _write(
+    indices: Sequence[int],
+    root: str,
+    seed: int,
+    make: Callable[[int, int], tuple[str, bytes]] = photo,
+    prefix: str = "photo",
+) -> int:
     total = 0
     for index in indices:
-        name, data = photo(index, seed)
-        path = Path(root, name, f"photo_{index:06d}.jpg")
+        name, data = make(index, seed)
+        path = Path(root, name, f"{prefix}_{index:06d}.jpg")
         path.write_bytes(data)
         total += len(data)
     return total
@@ -241,3 +247,50 @@ def main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+CAMERA_SIZE = (4032, 3024)
+"""A 12 MP phone photo's (width, height)."""
+
+
+def camera_photo(index: int, seed: int) -> tuple[str, bytes]:
+    """(class name, JPEG bytes) of a 12 MP camera-like photo: benchmark photo `index` upscaled
+    (Lanczos) to 4032x3024 (or 3024x4032 for a portrait one), with sensor-like noise added at
+    full resolution (luma sigma 3, chroma sigma 1.5, per pixel: what a camera's demosaiced
+    file has and an upscale lacks), re-encoded as a quality-92 4:2:0 JPEG: 3-5 MB, as a phone
+    writes. A pure function of (index, seed)."""
+    name, data = photo(index, seed)
+    rng = np.random.default_rng([seed, index, 12])
+    with Image.open(BytesIO(data)) as small:
+        image = small.convert("RGB")
+    size = CAMERA_SIZE if image.width >= image.height else CAMERA_SIZE[::-1]
+    big = np.asarray(image.resize(size, Image.Resampling.LANCZOS), dtype=np.float32)
+    luma = rng.standard_normal(size=(*big.shape[:2], 1), dtype=np.float32) * 3.0
+    chroma = rng.standard_normal(size=big.shape, dtype=np.float32) * 1.5
+    pixels = np.clip(big + luma + chroma, 0, 255).astype(np.uint8)
+    buffer = BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=92, subsampling="4:2:0")
+    return name, buffer.getvalue()
+
+
+def make_camera_photos(root: Path | str, n: int, seed: int = 0, n_jobs: int = -1) -> list[Path]:
+    """Write `n` 12 MP photos (`camera_photo`) into `root/<class>/camera_<index>.jpg`, or reuse
+    the folder if it holds exactly these; about 1 s a photo."""
+    root = Path(root)
+    wanted = {"n": n, "seed": seed, "version": FORMAT_VERSION, "kind": "camera"}
+    found = sorted(root.glob("*/camera_*.jpg"))
+    if _made_with(root) == wanted and len(found) == n:
+        return found
+    if root.exists():
+        shutil.rmtree(root)
+    for name in CLASSES:
+        (root / name).mkdir(parents=True, exist_ok=True)
+    from joblib import Parallel, delayed
+
+    jobs = (os.cpu_count() or 1) if n_jobs == -1 else n_jobs
+    parts = [list(range(n))[k::jobs] for k in range(jobs)]
+    Parallel(n_jobs=jobs)(
+        delayed(_write)(part, str(root), seed, camera_photo, "camera") for part in parts if part
+    )
+    (root / _MARKER).write_text(json.dumps(wanted))
+    return sorted(root.glob("*/camera_*.jpg"))

@@ -77,9 +77,10 @@ def pixels_taker(
             put(j, data, height, width)
             return
         shape = shape_of(height, width, channels, layout)
-        whole = out is not None and out.ndim == 4 and out.shape[1:] == shape
+        slot = out[j] if out is not None and out.ndim == 4 and out.shape[1:] == shape else None
+        whole = slot is not None
         try:  # NOTE: straight into a slot it fills (a fixed-size batch): 15% of a 224 sample
-            pixels = decode(data, codec, shape, out[j] if whole else None)
+            pixels = decode(data, codec, shape, slot)
         except DecodeFailure as exc:
             raise decode_failure(shard_set, int(shard[j]), int(row[j]), exc) from None
         if not whole:

@@ -226,9 +226,12 @@ def _print_summary(s: explore.Summary) -> None:
         facts.add_row("", f"- {stage.get('kind')}: {scaffold.yaml_value(options)}")
     facts.add_row("", f"split: {scaffold.yaml_value(s.config.get('split', {}))}")
     facts.add_row("", f"source kind: {s.config.get('source_kind')}")
-    if "samples" in s.config:  # stored encoded: `output.codec` as pipeline.yaml writes it
-        codec = s.config["samples"].get("codec", {})
-        facts.add_row("", f"output codec: {scaffold.yaml_value(codec)}")
+    samples = s.config.get("samples", {})
+    if "codec" in samples:  # stored encoded: `output.codec` as pipeline.yaml writes it
+        facts.add_row("", f"output codec: {scaffold.yaml_value(samples['codec'])}")
+    if "decode" in samples:  # the reduced JPEG decode (resize draft), and its rule
+        gap = samples["decode"].get("reducing_gap")
+        facts.add_row("", f"decode: JPEG at 1/2-1/8 scale where it keeps {gap}x the output")
     out.print(facts, highlight=False)
 
     table = Table("class")

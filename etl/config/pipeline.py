@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, PrivateAttr, field_validator, model_validator
 
 from etl.config.codec import CodecConfig, parse_codec
 from etl.config.columns import Columns, check_column_names
@@ -16,6 +16,8 @@ from etl.config.fields import ByteSize, Location, StrictModel
 from etl.config.sources import Source
 from etl.config.stages import (
     KEEP_ASPECT_KEYS,
+    LEGACY_REDUCING_GAP,
+    REDUCING_GAP,
     CallStage,
     DecodeStage,
     ResizeStage,
@@ -124,6 +126,14 @@ their digest). Their rejects are not remembered by content (see
 etl.images.rejects.CONTENT_REJECTS)."""
 
 
+def _shaping(stage: Stage) -> dict[str, Any]:
+    """A stage's part of the output-shaping config (an unset draft: true, as for a new dataset)."""
+    dumped = stage.model_dump(mode="json", exclude=_not_output_shaping(stage))
+    if isinstance(stage, ResizeStage) and dumped.get("draft") is None:
+        dumped["draft"] = True
+    return dumped
+
+
 def _not_output_shaping(stage: Stage) -> set[str] | None:
     if isinstance(stage, ResizeStage):
         return set() if stage.mode == "keep_aspect" else set(KEEP_ASPECT_KEYS)
@@ -137,6 +147,8 @@ class PipelineConfig(StrictModel):
     run: RunConfig = Field(default_factory=RunConfig)
     columns: Columns = Field(default_factory=dict)
     """Per-sample columns the source carries into the manifest (etl.config.columns)."""
+    _reducing_gap: float = PrivateAttr(default=REDUCING_GAP)
+    """The reduced decode's gap (`resolved`): 2, or 1 for a dataset drafted before it."""
 
     @field_validator("columns")
     @classmethod
@@ -157,6 +169,36 @@ class PipelineConfig(StrictModel):
         return self
 
     # --- derived values: computed here so every module agrees ---------------------------------
+
+    def resolved(self, recorded: Mapping[str, Any] | None) -> PipelineConfig:
+        """This config with its decode decided: `resize.draft` as pipeline.yaml sets it, else
+        as `recorded` (the output-shaping config of the version a run builds on) was packed,
+        else true; and the reduced decode's rule as the version recorded it (a dataset drafted
+        before the rule kept twice the output kept its own: never below it). A rerun then
+        never mixes two decodes in one version, nor forces a rebuild nobody asked for."""
+        draft, gap = self.resize.draft, REDUCING_GAP
+        if recorded is not None:
+            stages = recorded.get("stages") or []
+            found: Mapping[str, Any] = next((s for s in stages if s.get("kind") == "resize"), {})
+            was = bool(found.get("draft", False))
+            decode = (recorded.get("samples") or {}).get("decode") or {}
+            draft = was if draft is None else draft
+            if draft and was:
+                gap = float(decode.get("reducing_gap", LEGACY_REDUCING_GAP))
+        stages = tuple(
+            s.model_copy(update={"draft": bool(draft) if draft is not None else True})
+            if isinstance(s, ResizeStage)
+            else s
+            for s in self.stages
+        )
+        config = self.model_copy(update={"stages": stages})
+        config._reducing_gap = gap
+        return config
+
+    @property
+    def reducing_gap(self) -> float:
+        """How much larger than the output a reduced JPEG decode stays (`resolved`)."""
+        return self._reducing_gap
 
     @property
     def decode(self) -> DecodeStage:
@@ -244,20 +286,21 @@ class PipelineConfig(StrictModel):
         return min(max(1, target // self.sample_bytes), MAX_SAMPLES_PER_SHARD)
 
     def output_shaping(self) -> dict[str, Any]:
-        """Everything that changes stored bytes, labels or splits; `run` is not part of it."""
+        """Everything that changes stored bytes, labels or splits; `run` is not part of it.
+        An unset `draft` counts as what `resolved` makes it for a new dataset."""
         codec = self.output.codec
+        samples: dict[str, Any] = {"codec": codec.shaping()} if codec.encoded else {}
+        if self.resize.draft is not False and self.reducing_gap != LEGACY_REDUCING_GAP:
+            samples["decode"] = {"reducing_gap": self.reducing_gap}
         return {
-            "stages": [
-                stage.model_dump(mode="json", exclude=_not_output_shaping(stage))
-                for stage in self.stages
-            ],
+            "stages": [_shaping(stage) for stage in self.stages],
             "layout": self.output.layout,
             "checksum": self.output.checksum,
             "split": dict(sorted(self.source.split.items())),
             "source_kind": self.source.kind,
-            # NOTE: only where samples are stored other than raw, so a dataset packed before
-            # codecs existed keeps its digest byte for byte.
-            **({"samples": {"codec": codec.shaping()}} if codec.encoded else {}),
+            # NOTE: only where samples are stored other than raw, or decoded by the reduced
+            # rule, so a dataset packed before either existed keeps its digest byte for byte.
+            **({"samples": samples} if samples else {}),
         }
 
     def digest(self) -> str:

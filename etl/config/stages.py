@@ -57,6 +57,13 @@ class DecodeStage(StrictModel):
         return self
 
 
+REDUCING_GAP = 2.0
+"""A reduced JPEG decode keeps at least this many times the output size (Pillow's
+`Image.thumbnail` default; `etl.format.codecs.dct_factor`)."""
+LEGACY_REDUCING_GAP = 1.0
+"""The rule of `draft: true` before the reduced decode became the default: never below the
+output size. Datasets drafted then keep it (`PipelineConfig.resolved`)."""
+
 Side = Annotated[int, Field(gt=0, le=16384)]
 KEEP_ASPECT_KEYS = frozenset({"shorter", "longer", "upscale"})
 """The keys of mode 'keep_aspect' alone: left out of the other modes' digest, so a dataset
@@ -71,8 +78,11 @@ class ResizeStage(StrictModel):
     filter: Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"] = "bilinear"
     fill: Color = (0, 0, 0)
     """Letterbox colour for mode 'pad'."""
-    draft: bool = False
-    """JPEG only: let libjpeg decode at 1/2, 1/4 or 1/8 scale (never below the output size)."""
+    draft: bool | None = None
+    """JPEG only: decode at 1/2, 1/4 or 1/8 scale in the DCT domain where that leaves at least
+    twice the output size, then resample the rest of the way (`etl.format.codecs.dct_factor`,
+    Pillow's `reducing_gap=2`): a fraction of a full decode for a large photo. Unset: what the
+    dataset was packed with, and for a new dataset true; false: the exact full decode."""
     shorter: Side | None = None
     """Mode 'keep_aspect': the shorter side of every stored sample, e.g. 256 ..."""
     longer: Side | None = None

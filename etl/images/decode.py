@@ -5,6 +5,7 @@ real. Pure: no file I/O. A file that cannot be decoded faithfully is a `Reject` 
 from __future__ import annotations
 
 import io
+import math
 import struct
 import warnings
 import zlib
@@ -17,7 +18,9 @@ import numpy as np
 from PIL import ExifTags, Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from etl.config import DecodeStage, ResizeStage
+from etl.config.stages import REDUCING_GAP
 from etl.errors import described
+from etl.format.codecs import dct_factor
 from etl.format.npy import MAX_HEADER_BYTES, NpyHeaderError, parse_header
 from etl.images import formats
 from etl.images.rejects import Reject
@@ -43,13 +46,20 @@ _DECODER_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, struc
 """What Pillow raises on damaged data (UnidentifiedImageError, an OSError, is caught first)."""
 
 
-def decode(data: bytes, opts: DecodeStage, next_resize: ResizeStage | None = None) -> Decoded:
+def decode(
+    data: bytes,
+    opts: DecodeStage,
+    next_resize: ResizeStage | None = None,
+    reducing_gap: float = REDUCING_GAP,
+) -> Decoded:
     """Decode one encoded image fully, or raise `Reject`.
 
-    `next_resize`: the resize stage that follows, if any; when its `draft` is set and the data is a
-    JPEG, libjpeg decodes at 1/2, 1/4 or 1/8 scale, never below what that resize needs. With a
-    resize named (draft or not), a colour JPEG comes back as "RGBX" (see `formats.decode_jpeg`)
-    for `resize`, which returns "RGB".
+    `next_resize`: the resize stage that follows, if any; unless its `draft` is false and when
+    the data is a JPEG, libjpeg decodes at 1/2, 1/4 or 1/8 scale where that leaves at least
+    `reducing_gap` times what the resize needs (`etl.format.codecs.dct_factor`; 1: never below
+    it, the rule of datasets drafted before the gap). With a resize named (draft or not), a
+    colour JPEG comes back as "RGBX" (see `formats.decode_jpeg`) for `resize`, which returns
+    "RGB".
     """
     if data[: len(NPY_MAGIC)] == NPY_MAGIC:
         return _decode_npy(data, opts)
@@ -62,7 +72,7 @@ def decode(data: bytes, opts: DecodeStage, next_resize: ResizeStage | None = Non
         # header check rejects the same images) but may print the warning once.
         warnings.simplefilter(_bomb_warning_action(opts.max_pixels), Image.DecompressionBombWarning)
         try:
-            return _decode(data, opts, next_resize)
+            return _decode(data, opts, next_resize, reducing_gap)
         except UnidentifiedImageError:
             raise Reject("unreadable", _identify_failure(data)) from None
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
@@ -74,7 +84,9 @@ def decode(data: bytes, opts: DecodeStage, next_resize: ResizeStage | None = Non
             raise Reject(reason, f"{described(exc)}") from None
 
 
-def _decode(data: bytes, opts: DecodeStage, next_resize: ResizeStage | None) -> Decoded:
+def _decode(
+    data: bytes, opts: DecodeStage, next_resize: ResizeStage | None, reducing_gap: float
+) -> Decoded:
     try:
         formats.check_declared_length(data)
     except formats.ShortData as exc:
@@ -97,7 +109,7 @@ def _decode(data: bytes, opts: DecodeStage, next_resize: ResizeStage | None) -> 
         raise Reject("multi_frame", f"{image.format} with {n_frames} frames")
     try:
         if image.format in _JPEG_FORMATS:
-            return _decode_jpeg(data, image, opts, next_resize)
+            return _decode_jpeg(data, image, opts, next_resize, reducing_gap)
         image.load()  # full decode here, inside the caller's try: short data raises
         if image.format == "PNG":
             formats.check_png(data)
@@ -131,25 +143,35 @@ def _open(data: bytes, allowed: tuple[str, ...]) -> ImageFile.ImageFile:
 
 
 def _decode_jpeg(
-    data: bytes, header: ImageFile.ImageFile, opts: DecodeStage, next_resize: ResizeStage | None
+    data: bytes,
+    header: ImageFile.ImageFile,
+    opts: DecodeStage,
+    next_resize: ResizeStage | None,
+    reducing_gap: float,
 ) -> Decoded:
-    """A JPEG through `formats` (libjpeg's warnings are errors), with Pillow's draft semantics:
-    with `next_resize.draft`, the DCT scale Pillow's draft picks, grey from libjpeg for mode L."""
+    """A JPEG through `formats` (libjpeg's warnings are errors), decoded at the DCT scale
+    `dct_factor` picks for what `next_resize` needs (unless its draft is false), grey from
+    libjpeg for mode L; what Pillow's draft picks for the same request, with a gap of 1."""
     stored_w, stored_h = header.size
     orientation = header.getexif().get(_ORIENTATION, 1)
     swap = orientation in _SWAPS_AXES
     request: tuple[int, int] | None = None  # (width, height) as stored
-    if next_resize is not None and next_resize.draft:
+    if next_resize is not None and next_resize.draft is not False:
         want_w, want_h = _draft_request((stored_h, stored_w) if swap else header.size, next_resize)
         request = (want_h, want_w) if swap else (want_w, want_h)
     if formats.decodes_natively(header):
-        scale = formats.draft_scale(header.size, request) if request else 1
+        scale = dct_factor(header.size, request, reducing_gap) if request else 1
         gray = request is not None and opts.mode == "L"
         padded = next_resize is not None and opts.mode == "RGB"
         image = formats.decode_jpeg(data, header, gray, scale, padded)
     else:  # CMYK, YCCK: Pillow converts them; libjpeg's warnings come from a second pass
-        if request is not None:
-            header.draft(opts.mode, request)
+        if request is not None:  # Pillow's draft keeps the request: ask for the gap's
+            (width, height), (want_w, want_h) = header.size, request
+            gapped = (
+                min(width, math.ceil(reducing_gap * want_w)),
+                min(height, math.ceil(reducing_gap * want_h)),
+            )
+            header.draft(opts.mode, gapped)
         header.load()
         formats.check_jpeg(data)
         image = header

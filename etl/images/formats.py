@@ -40,16 +40,6 @@ _HARMLESS_JPEG = ("extraneous bytes before marker", "invalid sos parameters for 
 """Warnings common in camera files whose pixels are nevertheless complete; such a file is
 decoded again without stopping at warnings (its other warnings are then not seen)."""
 
-_DRAFT_SCALES = (8, 4, 2, 1)
-
-
-def draft_scale(size: tuple[int, int], request: tuple[int, int]) -> int:
-    """The DCT scale 1/s Pillow's `JpegImageFile.draft` picks for `request` = (width, height):
-    the largest s in 8, 4, 2, 1 with size // request >= s on both axes (1 when the request is
-    larger than the image)."""
-    scale = min(size[0] // request[0], size[1] // request[1])
-    return next((s for s in _DRAFT_SCALES if scale >= s), 1)
-
 
 def decodes_natively(header: ImageFile.ImageFile) -> bool:
     """True for a JPEG that `decode_jpeg` decodes by itself: one tile of YCbCr or grey data

@@ -217,7 +217,7 @@ def process_image(
     # (validate reads only the source size); a call stage must see the full-resolution image.
     pixel_stages = [stage for stage in stages[1:] if not isinstance(stage, ValidateStage)]
     next_resize = pixel_stages[0] if isinstance(pixel_stages[0], ResizeStage) else None
-    decoded = decode(data, config.decode, next_resize)
+    decoded = decode(data, config.decode, next_resize, config.reducing_gap)
 
     current: Image.Image | NDArray[np.uint8] = decoded.image
     for stage in stages[1:]:

@@ -151,6 +151,7 @@ def repair(
     # NOTE: checked before taking the lock, so a refusal writes nothing (not even .lock); a
     # version never changes once committed, so the check still holds under the lock.
     root, manifest = _repairable(report, config)
+    config = config.resolved(manifest.meta.config)  # decoded as the version was packed
     with DatasetLock(root):
         latest = list_versions(root)[-1]
         if report.version != latest:
@@ -207,7 +208,7 @@ def _repairable(report: AuditReport, config: PipelineConfig) -> tuple[Path, Mani
             "Repack with 'etl run --rebuild' or audit an older version"
         )
     manifest = read_manifest(root, report.version)
-    config.check_same_output(
+    config.resolved(manifest.meta.config).check_same_output(
         manifest.meta.config,
         manifest.meta.config_digest,
         f"{root}: version {report.version}",

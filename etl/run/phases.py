@@ -167,6 +167,8 @@ def open_previous(run: RunState) -> None:
         clean_leftovers(run.root, run.latest)
         remove_due_retirements(run.root)  # NOTE [ a grace period ]: at a run, as at a compaction
     run.previous = _read_previous(run.root, run.latest, run.rebuild)
+    # the decode the version was packed with, unless pipeline.yaml says (NOTE in `resolved`)
+    run.config = run.config.resolved(run.reusable.meta.config if run.reusable else None)
     if run.reusable is not None:
         run.config.check_same_output(
             run.reusable.meta.config,

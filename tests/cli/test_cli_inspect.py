@@ -132,9 +132,9 @@ def test_init_writes_a_config_that_runs(tmp_path: Path, capsys: pytest.CaptureFi
         expected = (
             set(model.model_fields) - {"kind"} - ({"classes"} if model is FolderSource else set())
         )
-        if model is ResizeStage:  # mode keep_aspect's own keys: written as a comment
-            expected -= KEEP_ASPECT_KEYS
-            assert all(f"{key}: " in text for key in KEEP_ASPECT_KEYS)
+        if model is ResizeStage:  # keep_aspect's keys and draft (unset): written as comments
+            expected -= {*KEEP_ASPECT_KEYS, "draft"}
+            assert all(f"{key}: " in text for key in (*KEEP_ASPECT_KEYS, "draft"))
         assert expected <= set(section), (model.__name__, expected - set(section))
     config = load_config(config_path)
     assert config.decode == DecodeStage() and config.validate_stage == ValidateStage()

@@ -551,7 +551,7 @@ def test_mpo_is_a_jpeg_not_an_animation() -> None:
     np.testing.assert_array_equal(np.asarray(decoded.image), np.asarray(opened))
     assert np.abs(np.asarray(decoded.image).astype(int) - photo).mean() < 8
     drafted = decode(data, DecodeStage(), next_resize=ResizeStage(size=(30, 40), draft=True))
-    assert drafted.image.size == (40, 30) and drafted.source_size == (240, 320)
+    assert drafted.image.size == (80, 60) and drafted.source_size == (240, 320)  # 1/4: 2x kept
 
 
 # --- validate -------------------------------------------------------------------------------
@@ -731,11 +731,15 @@ def photo_jpeg() -> bytes:
 def test_draft_is_close_to_a_full_decode(
     photo_jpeg: bytes, resize_mode: str, mode: str, record_property: Any
 ) -> None:
-    full = ResizeStage(size=(64, 64), mode=resize_mode)
+    full = ResizeStage(size=(64, 64), mode=resize_mode, draft=False)
     draft = full.model_copy(update={"draft": True})
     decoded = decode(photo_jpeg, DecodeStage(mode=mode), next_resize=draft)
     assert decoded.source_size == (900, 1200)
-    assert decoded.image.size == (150, 113)  # libjpeg's 1/8 scale, still >= 86x64 / 64x48
+    # 1/4 scale keeps twice what each mode needs (86x64, 64x64, 64x48); 1/8 would not, but for
+    # pad; the rule of datasets drafted before the gap (1) went to 1/8, never below the need
+    assert decoded.image.size == ((150, 113) if resize_mode == "pad" else (300, 225))
+    legacy = decode(photo_jpeg, DecodeStage(mode=mode), next_resize=draft, reducing_gap=1.0)
+    assert legacy.image.size == (150, 113)
     expected, _ = process_image(photo_jpeg, pipeline(DecodeStage(mode=mode), full), {})
     drafted, size = process_image(photo_jpeg, pipeline(DecodeStage(mode=mode), draft), {})
     assert size == (900, 1200) and drafted.shape == expected.shape
@@ -758,7 +762,9 @@ def test_draft_counts_in_turned_coordinates() -> None:
     square = ResizeStage(size=(64, 64), mode="center_crop", draft=True)
     decoded = decode(data, DecodeStage(), next_resize=square)
     assert decoded.source_size == (800, 400)
-    assert decoded.image.size == (100, 200)  # 1/4 scale, turned
+    assert decoded.image.size == (200, 400)  # 1/2 scale: twice what 64x64 needs, turned
+    legacy = decode(data, DecodeStage(), next_resize=square, reducing_gap=1.0)
+    assert legacy.image.size == (100, 200)  # 1/4: never below the need
     full, _ = process_image(
         data, pipeline(DecodeStage(), square.model_copy(update={"draft": False})), {}
     )
@@ -770,8 +776,10 @@ def test_draft_is_ignored_for_png_and_when_not_asked(photo_jpeg: bytes) -> None:
     opts = ResizeStage(size=(64, 64), draft=True)
     png = encode(Image.fromarray(smooth_photo(120, 90)), "PNG")
     assert decode(png, DecodeStage(), next_resize=opts).image.size == (120, 90)
-    no_draft = ResizeStage(size=(64, 64))
+    no_draft = ResizeStage(size=(64, 64), draft=False)
     assert decode(photo_jpeg, DecodeStage(), next_resize=no_draft).image.size == (1200, 900)
+    unset = ResizeStage(size=(64, 64))  # a new dataset's default: the reduced decode
+    assert decode(photo_jpeg, DecodeStage(), next_resize=unset).image.size == (300, 225)
 
 
 def test_draft_still_applies_across_a_validate_stage(photo_jpeg: bytes) -> None:

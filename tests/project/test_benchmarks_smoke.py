@@ -3,7 +3,7 @@
 `python -m benchmarks.bench_tree --tiny`, `python -m benchmarks.bench_cold --tiny`, and small
 runs of `bench_remote`, `bench_remote_pack`, `bench_pack_grid`, `bench_rejects`,
 `bench_verify_rows`, `bench_columns`, `bench_mixture`, `bench_aspect`, `bench_codecs`,
-`bench_encoded` and `bench_trace`.
+`bench_encoded`, `bench_draft` and `bench_trace`.
 
 Numbers from 16 photos mean nothing; the test checks that every part runs (photo generation,
 bare loops, the pipeline on every backend, the memory runs) and that the pipeline's pixels equal
@@ -213,6 +213,16 @@ def test_bench_encoded_small() -> None:
         "| jpeg, 2 workers |" in done.stdout
         and "| bare simplejpeg loop, 1 process |" in done.stdout
     )
+
+
+def test_bench_draft_small() -> None:
+    done = run_benchmark(
+        "bench_draft", "--photos", "8", "--camera", "2", "--rounds", "1", "--size", "64",
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| 2 camera photos")]
+    assert rows and "| 100% |" in rows[0]  # 12 MP to 64 px: every sample took the reduced decode
 
 
 def test_bench_trace_small() -> None:
