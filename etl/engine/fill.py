@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -67,15 +68,16 @@ def fill_shard(
     config: PipelineConfig,
     sources: Sequence[tuple[str, str, str]],
     changed: str,
+    keep: Path | None = None,
 ) -> Iterator[Stored | Reject]:
     """The one way a shard is filled, for run and repair: each (source, locator, content hash)
     is read through `readers`, checked against its hash (else a `changed` reject with the
     message `changed`), run through the stages and appended to `writer` (a reject skipped).
     Yields, in order, what became of each. A read failure is a reject; a failure to write the
     shard (an OSError) is raised as it is; anything else is raised as a WorkerError naming the
-    source."""
+    source. `keep`: where the hash phase kept objects from a store (`etl.sources.kept`)."""
     functions = stage_functions(config)
-    outcomes = readers.read_many(config.source, (locator for _, locator, _ in sources))
+    outcomes = readers.read_many(config.source, (locator for _, locator, _ in sources), keep)
     for (source, _, content_hash), data in zip(sources, outcomes, strict=True):
         try:
             outcome = _store(data, content_hash, writer, config, functions, changed)

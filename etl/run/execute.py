@@ -81,14 +81,20 @@ class PackResult:
 
 
 def _hash_chunk(
-    chunk: tuple[int, Sequence[tuple[str, str, int]]], algorithm: str, source_config: SourceConfig
+    chunk: tuple[int, Sequence[tuple[str, str, int]]],
+    algorithm: str,
+    source_config: SourceConfig,
+    keep: str | None = None,
 ) -> tuple[int, list[tuple[str, str | None, str, str]]]:
     """For a chunk (its start, its (source, locator, listed size)s): its start, and (source,
-    digest or None, reject reason, message) for each file."""
+    digest or None, reject reason, message) for each file. `keep`: where objects are kept for
+    the pack phase (`etl.sources.kept`)."""
     start, files = chunk
     out: list[tuple[str, str | None, str, str]] = []
     sizes = {path: size for _, path, size in files}
-    digests = readers.digest_many(source_config, (path for _, path, _ in files), algorithm, sizes)
+    kept = Path(keep) if keep else None
+    locators = (path for _, path, _ in files)
+    digests = readers.digest_many(source_config, locators, algorithm, sizes, kept)
     for (source, _, _), value in zip(files, digests, strict=True):
         if isinstance(value, OSError):
             out.append((source, None, *read_failure(value)))
@@ -105,6 +111,7 @@ def hash_sources(
     *,
     source_config: SourceConfig,
     starting: Starting | None = None,
+    keep: Path | None = None,
 ) -> tuple[pa.Array, list[SourceReject]]:
     """Content hashes of `files` of `source_config`, one per file in their order (null where
     it could not be read); unreadable files become rejects (io_error, or the reason
@@ -112,7 +119,8 @@ def hash_sources(
 
     Chunks of (source, path) are made as workers take them and their hashes kept as Arrow
     arrays placed by position, so hashing 10M files holds no Python object per file in this
-    process, and no second copy of the sources. `starting`: see `parallel_map`."""
+    process, and no second copy of the sources. `starting`: see `parallel_map`. `keep`: a
+    folder where objects read from a store are kept for the pack phase (`etl.sources.kept`)."""
     import pyarrow as pa  # NOTE: here: workers import this module and never need pyarrow
 
     table = files.table.select(["source", "path", "size"])
@@ -125,7 +133,10 @@ def hash_sources(
     chunks: Chunks[tuple[int, list[tuple[str, str, int]]]] = Chunks(len(table), HASH_CHUNK, chunk)
     found: dict[int, pa.Array] = {}
     failures: list[tuple[str, str, str]] = []
-    hashing = parallel_map(_hash_chunk, chunks, run, algorithm, source_config, starting=starting)
+    kept = str(keep) if keep is not None else None
+    hashing = parallel_map(
+        _hash_chunk, chunks, run, algorithm, source_config, kept, starting=starting
+    )
     with hashing as chunk_results:
         for start, results in chunk_results:
             found[start] = pa.array([value for _, value, _, _ in results], pa.string())
@@ -166,11 +177,16 @@ def _hash_rejects(files: FileColumns, failures: list[tuple[str, str, str]]) -> l
 
 
 def pack_batch(
-    task: PackTask, config: PipelineConfig, root: str, token: str, durable: bool
+    task: PackTask,
+    config: PipelineConfig,
+    root: str,
+    token: str,
+    durable: bool,
+    keep: str | None = None,
 ) -> PackResult:
     """Worker: store `task`'s sources at their slots of the shard's temp file for this run
     (`token`), in order. Runs in a joblib worker process. `durable` fsyncs the rows written
-    (a cluster: see `pack`)."""
+    (a cluster: see `pack`); `keep`: where the hash phase kept objects (`etl.sources.kept`)."""
     n = len(task)
     rows = np.full(n, -1, dtype=np.int64)
     heights, widths = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
@@ -192,7 +208,8 @@ def pack_batch(
     )
     with writer:
         sources = list(zip(task.sources, task.locators, task.hashes, strict=True))
-        outcomes = fill_shard(writer, config, sources, CHANGED_DURING_RUN)
+        kept = Path(keep) if keep else None
+        outcomes = fill_shard(writer, config, sources, CHANGED_DURING_RUN, kept)
         for i, outcome in enumerate(outcomes):
             if isinstance(outcome, Reject):
                 rejects.append((i, outcome.reason, outcome.message))
@@ -267,6 +284,7 @@ def pack(
     root: Path,
     on_progress: Callable[[int], None] = lambda n: None,
     starting: Starting | None = None,
+    keep: Path | None = None,
 ) -> Generator[PackResult | Sealed, None, None]:
     """Run `pack_batch` over every task; yields each task's result as it finishes, and each
     shard once sealed (after the results of all its tasks). Every shard is on disk (fsynced,
@@ -294,7 +312,7 @@ def pack(
         info = parts.seal(root, name, temp, state.capacity, gaps, sample_shape, checksum)
         return Sealed(name, info, gaps)
 
-    args = (config, str(root), token, in_workers)
+    args = (config, str(root), token, in_workers, str(keep) if keep is not None else None)
     with (
         parallel_map(pack_batch, tasks, config.run, *args, starting=starting) as results,
         ThreadPoolExecutor(SEAL_THREADS, thread_name_prefix="seal") as sealer,

@@ -195,6 +195,18 @@ def list_inputs(run: RunState, scratch: Path) -> SourceListing:
         return list_sources(config.source, context)
 
 
+def kept_objects(config: PipelineConfig, folder: Path) -> Path | None:
+    """Where the hash phase keeps objects of a source in a store for the pack phase to read
+    instead of a second GET (`etl.sources.kept`): the run's scratch folder, on this machine's
+    disk (only objects are kept: a local file is read again); None on a Dask cluster (its
+    workers do not share the disk) and for sources read otherwise."""
+    if config.run.backend == "dask" or not kind_of(config.source).by_path:
+        return None
+    keep = folder / "objects"
+    keep.mkdir(exist_ok=True)
+    return keep
+
+
 def plan_run(
     run: RunState, listing: SourceListing, folder: Path, starting: parallel.Starting
 ) -> Plan:
@@ -216,6 +228,7 @@ def plan_run(
                 run.progress.advance,
                 source_config=config.source,
                 starting=starting,
+                keep=kept_objects(config, folder),
             )
         finally:
             hashing[0] += time.perf_counter() - start
@@ -268,7 +281,8 @@ def pack(
         starting.begin()  # a rerun's, unless its hash phase began it
     # closing: an interrupted loop stops the workers before the run cleans up (see
     # NOTE [ stop the workers on the way out ] in etl.engine.parallel).
-    results = execute.pack(plan.tasks, run.config, run.root, run.progress.advance, starting)
+    keep = kept_objects(run.config, folder)
+    results = execute.pack(plan.tasks, run.config, run.root, run.progress.advance, starting, keep)
     with run.phase("pack"), contextlib.closing(results) as packed:
         for result in packed:
             if isinstance(result, execute.Sealed):

@@ -7,6 +7,7 @@ Modules:
 - `entries`:        what a lister returns: files as Arrow columns, the listing
 - `in_store`:       inputs in a store: listing a prefix, reading one object
 - `intake`:         building a listing as a lister meets its inputs
+- `kept`:           objects kept from the hash phase for the pack phase: one GET each
 - `kind`:           `SourceKind`: what a source kind provides
 - `kinds/`:         one unit per source kind
 - `labels`:         a record's label as a class name

@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import IO, Any
 
 import xxhash
@@ -24,6 +25,7 @@ import xxhash
 from etl.errors import SourceError, described
 from etl.format.checksums import new_hasher
 from etl.sources.entries import FileStat
+from etl.sources.kept import keeping, kept_path, room_for, take
 from etl.sources.safe_files import (
     HASH_CHUNK_BYTES,
     Refused,
@@ -217,23 +219,32 @@ def object_digest(
     max_bytes: int,
     options: Options | None = None,
     size: int | None = None,
+    keep: Path | None = None,
 ) -> str:
     """The content hash of one object, streamed in HASH_CHUNK_BYTES pieces. `size`: the size
     it was listed with (else the store is asked first, a request more); fewer bytes than that
-    is an OSError."""
+    is an OSError. `keep`: a folder where the bytes are also kept for the pack phase, where
+    there is room (`etl.sources.kept`)."""
     hasher = new_hasher(algorithm)
-    for chunk in _chunks(url, max_bytes, options, size):
+    chunks = _chunks(url, max_bytes, options, size)
+    if keep is not None and room_for(keep, size):
+        chunks = keeping(chunks, kept_path(keep, url))
+    for chunk in chunks:
         hasher.update(chunk)
     return hasher.hexdigest()
 
 
-def read_located(locator: str, max_bytes: int, options: Options | None = None) -> bytes:
-    """The bytes of a listed file, whether its locator is a local path or an object's URL."""
-    return (
-        read_object(locator, max_bytes, options)
-        if is_url(locator)
-        else read_regular_file(locator, max_bytes)
-    )
+def read_located(
+    locator: str, max_bytes: int, options: Options | None = None, keep: Path | None = None
+) -> bytes:
+    """The bytes of a listed file, whether its locator is a local path or an object's URL (the
+    copy the hash phase kept in `keep`, where it did: `etl.sources.kept`)."""
+    if not is_url(locator):
+        return read_regular_file(locator, max_bytes)
+    kept = take(keep, locator) if keep is not None else None
+    if kept is not None and len(kept) <= max_bytes:
+        return kept
+    return read_object(locator, max_bytes, options)
 
 
 def located_digest(
@@ -242,11 +253,12 @@ def located_digest(
     max_bytes: int,
     options: Options | None = None,
     size: int | None = None,
+    keep: Path | None = None,
 ) -> str:
-    """The content hash of a listed file, a local path or an object's URL (`size`: see
-    `object_digest`), streamed."""
+    """The content hash of a listed file, a local path or an object's URL (`size`, `keep`:
+    see `object_digest`), streamed."""
     if is_url(locator):
-        return object_digest(locator, algorithm, max_bytes, options, size)
+        return object_digest(locator, algorithm, max_bytes, options, size, keep)
     return file_digest(locator, algorithm, max_bytes)
 
 

@@ -58,12 +58,15 @@ def read(config: SourceConfig, locator: str) -> bytes:
     return kind_of(config).read(config, locator)
 
 
-def read_many(config: SourceConfig, locators: Iterable[str]) -> Iterator[bytes | OSError]:
+def read_many(
+    config: SourceConfig, locators: Iterable[str], keep: Path | None = None
+) -> Iterator[bytes | OSError]:
     """`read` of each locator, in order: its bytes, or the OSError it raised. Files are read
-    ahead of the caller (NOTE [ read ahead ] in etl/sources/timed.py)."""
+    ahead of the caller (NOTE [ read ahead ] in etl/sources/timed.py); an object the hash
+    phase kept in `keep` is read from there (`etl.sources.kept`)."""
     kind = kind_of(config)
     if kind.by_path:
-        read_file = partial(read_located, options=config.storage_options)
+        read_file = partial(read_located, options=config.storage_options, keep=keep)
         return file_outcomes(config, locators, read_file)
     return outcomes(partial(kind.read, config, locator) for locator in locators)
 
@@ -73,17 +76,19 @@ def digest_many(
     locators: Iterable[str],
     algorithm: str,
     sizes: Mapping[str, int] | None = None,
+    keep: Path | None = None,
 ) -> Iterator[str | OSError]:
     """The content hash of each input, as `digest(read(...))` gives it, in order, or the
     OSError its read raised; files are streamed and read ahead, never held whole. `sizes`:
     the listed size of a file by locator, which an object in a store must have (a shorter
-    body is an OSError) and which spares asking the store for it."""
+    body is an OSError) and which spares asking the store for it. `keep`: a folder where
+    objects are kept for `read_many` to read again without a GET (`etl.sources.kept`)."""
     if kind_of(config).by_path:
         listed = sizes or {}
 
         def hash_file(path: str, max_bytes: int) -> str:
             size = listed.get(path)
-            return located_digest(path, algorithm, max_bytes, config.storage_options, size)
+            return located_digest(path, algorithm, max_bytes, config.storage_options, size, keep)
 
         return file_outcomes(config, locators, hash_file)
     return (

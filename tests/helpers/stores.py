@@ -180,6 +180,7 @@ def faulty_proxy(
     faults: dict[str, str],
     held: threading.Event | None = None,
     delay: float = 0.0,
+    seen: list[str] | None = None,
 ) -> Iterator[str]:
     """An S3 endpoint on 127.0.0.1 that forwards every request to `upstream` (moto's server),
     except requests for a key ending in one of `faults` (path suffix -> fault):
@@ -205,7 +206,8 @@ def faulty_proxy(
       and path (a fault that clears).
 
     A key "?text" matches requests whose query holds `text` instead (a listing's later pages:
-    "?continuation-token").
+    "?continuation-token"). `seen` gets "METHOD /bucket/key" of every request without a
+    query (what was read or written, not listed).
     """
     release = threading.Event()
     answered: dict[str, int] = {}
@@ -251,6 +253,9 @@ def faulty_proxy(
                 ),
                 None,
             )
+            if seen is not None and not query:
+                with counted:
+                    seen.append(f"{self.command} {path}")
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
             if fault and fault.endswith("-once"):

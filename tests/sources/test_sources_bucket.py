@@ -10,6 +10,7 @@ import json
 import re
 import tarfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -509,6 +510,44 @@ def test_objects_the_store_refuses_or_cuts_short_are_rejects_naming_them(
     on_disk, _ = packed_contents(tmp_path / "from-disk")
     assert got == {source: on_disk[source] for source in got}
     assert "cat/2.png" in got, "a throttle that clears is retried through"
+
+
+def test_each_object_is_read_once_and_a_full_disk_falls_back_to_reading_twice(
+    store: Any, endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counted at a proxy: a first run GETs each object once (hashed and kept on the scratch
+    disk, then packed from there: `etl.sources.kept`), and packs what it packs from disk; a
+    rerun with nothing changed GETs none. Where the scratch disk has no room to spare, nothing
+    is kept and each packed object is read twice, with the same result."""
+    files = tree({f"cat/{i}.png": i for i in range(5)} | {f"dog/{i}.jpg": 10 + i for i in range(4)})
+    put(store, "photos", files, tmp_path / "local")
+    run(tmp_path, tmp_path / "local", tmp_path / "from-disk")
+    expected, _ = packed_contents(tmp_path / "from-disk")
+
+    def counted(out: Path) -> Counter[str]:
+        seen: list[str] = []
+        with faulty_proxy(endpoint, {}, seen=seen) as proxy:
+            monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
+            s3fs.S3FileSystem.clear_instance_cache()
+            try:
+                run(tmp_path, f"s3://{store.bucket}/photos", out)
+            finally:
+                s3fs.S3FileSystem.clear_instance_cache()
+        return Counter(request for request in seen if request.startswith("GET "))
+
+    first = counted(tmp_path / "once")
+    assert first == Counter({f"GET /{store.bucket}/photos/{name}": 1 for name in files})
+    assert (
+        packed_contents(tmp_path / "once")[0]
+        == expected
+        == {k: v for k, v in expected.items() if k in files}
+    )
+    assert counted(tmp_path / "once") == Counter()  # nothing changed: nothing read
+    assert not list((tmp_path / "once" / "versions").glob(".tmp-*")), "the kept copies are gone"
+    monkeypatch.setattr("etl.sources.kept.MIN_FREE_BYTES", 1 << 62)  # a disk with no room
+    twice = counted(tmp_path / "twice")
+    assert twice == Counter({f"GET /{store.bucket}/photos/{name}": 2 for name in files})
+    assert packed_contents(tmp_path / "twice")[0] == expected
 
 
 def test_a_container_the_store_serves_short_is_never_read_as_whole(
