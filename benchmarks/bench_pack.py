@@ -64,12 +64,20 @@ Photos = NDArray[np.uint8]
 # --- the bare loop ----------------------------------------------------------------------------
 
 
+REDUCING_GAP = 2
+"""The reduced decode keeps at least twice what the fit needs (Pillow's `thumbnail` default,
+and `etl`'s draft rule since #60); Pillow's draft keeps exactly what it is asked for."""
+
+
 def _draft_request(width: int, height: int) -> tuple[int, int]:
-    """Smallest (width, height) that ImageOps.fit to WIDTHxHEIGHT does not upscale: the shorter
-    side relative to the target becomes the target; exact integer ceilings."""
+    """REDUCING_GAP times the smallest (width, height) that ImageOps.fit to WIDTHxHEIGHT does
+    not upscale (the shorter side relative to the target becomes the target; exact integer
+    ceilings), capped at the image's own size."""
     if WIDTH * height >= HEIGHT * width:  # width is the binding side
-        return WIDTH, -(-height * WIDTH // width)
-    return -(-width * HEIGHT // height), HEIGHT
+        need = WIDTH, -(-height * WIDTH // width)
+    else:
+        need = -(-width * HEIGHT // height), HEIGHT
+    return min(width, REDUCING_GAP * need[0]), min(height, REDUCING_GAP * need[1])
 
 
 def bare_loop(paths: Sequence[str], draft: bool, out: Photos | None = None) -> Photos:

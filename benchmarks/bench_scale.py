@@ -41,12 +41,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from benchmarks.common import cpu_model, run_measured
-from etl.format.coherence import RAGGED_COLUMNS
+from etl.format.coherence import ENCODED_COLUMNS, RAGGED_COLUMNS
 from etl.format.commit import commit_version
 from etl.format.manifest import read_manifest
 from etl.format.schema import REJECTS_SCHEMA, SAMPLES_SCHEMA, SHARDS_SCHEMA, ManifestMeta
 from etl.format.shards import ShardInfo, shard_name
 
+ADDED_LATER = (*RAGGED_COLUMNS, *ENCODED_COLUMNS)
+"""The nullable columns of format versions 2 and 3: null in a version 1 manifest."""
 CLASSES = 1000
 OPS = ("open", "select", "inspect", "versions", "diff")
 ROWS_PER_SHARD = 10_000
@@ -110,7 +112,7 @@ def synthetic_samples(n: int, seed: int = 0, first: int = 0) -> pa.Table:
             "shard": shard_names.take(pa.array((index - first) // ROWS_PER_SHARD)),
             "row": (index - first) % ROWS_PER_SHARD,
             "checksum": hex16(rng.integers(0, 2**63, n, dtype=np.uint64)),
-            **{f.name: pa.nulls(n, f.type) for f in SAMPLES_SCHEMA if f.name in RAGGED_COLUMNS},
+            **{f.name: pa.nulls(n, f.type) for f in SAMPLES_SCHEMA if f.name in ADDED_LATER},
         },
         schema=SAMPLES_SCHEMA,
     )

@@ -309,4 +309,18 @@ def read_manifest(path: Path | str, version: int | None = None, verify: bool = T
 
 
 def table_from_rows(rows: Sequence[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
-    return pa.Table.from_pylist(list(rows), schema=schema)
+    """Rows (dicts) as a table of `schema`; a nullable column added to the format after the
+    rows' writer knew it (ADDED_COLUMNS: format versions 2 and 3's) may be absent: null."""
+    table = pa.Table.from_pylist(list(rows), schema=_present(rows, schema))
+    for index, column in enumerate(schema):
+        if column.name not in table.column_names:
+            table = table.add_column(index, column, pa.nulls(table.num_rows, column.type))
+    return table
+
+
+def _present(rows: Sequence[Mapping[str, Any]], schema: pa.Schema) -> pa.Schema:
+    """`schema` without the ADDED_COLUMNS that no row has (as a key)."""
+    absent = {
+        name for name in ADDED_COLUMNS if name in schema.names and not any(name in r for r in rows)
+    }
+    return pa.schema([f for f in schema if f.name not in absent])

@@ -276,6 +276,8 @@ def test_opening_a_version_leaves_its_pages_to_the_page_cache(tmp_path: Path) ->
         "sample_offset": pa.nulls(n, pa.int64()),  # format version 2's; null in 1
         "sample_height": pa.nulls(n, pa.int32()),
         "sample_width": pa.nulls(n, pa.int32()),
+        "sample_codec": pa.nulls(n, pa.string()),  # format version 3's
+        "sample_bytes": pa.nulls(n, pa.int64()),
     }
     samples = pa.table(columns, schema=SAMPLES_SCHEMA)
     _, shards, rejects = tables(shard=shard, rows=n)

@@ -264,10 +264,10 @@ def test_hashes_land_on_their_files_whatever_order_chunks_finish(
     monkeypatch.setattr(execute, "HASH_CHUNK", 3)
     real = execute.readers.digest_many
 
-    def shuffled_delay(config: Any, paths: Any, algorithm: str, sizes: Any = None) -> Any:
+    def shuffled_delay(config: Any, paths: Any, algorithm: str, *rest: Any) -> Any:
         paths = list(paths)
         time.sleep(random.Random(paths[0]).random() / 50)  # finish out of order
-        return real(config, paths, algorithm, sizes)
+        return real(config, paths, algorithm, *rest)
 
     monkeypatch.setattr(execute.readers, "digest_many", shuffled_delay)
     hashes, rejects = execute.hash_sources(
