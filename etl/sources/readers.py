@@ -27,7 +27,8 @@ from etl.sources.in_store import located_digest, read_located
 from etl.sources.registry import kind_of, release_all
 from etl.sources.safe_files import Refused
 from etl.sources.spool import NOT_SPOOLED, SpoolWriter, spool_path
-from etl.sources.timed import file_outcomes, outcomes
+from etl.sources.timed import OBJECTS_IN_FLIGHT, file_outcomes, outcomes
+from etl.storage.location import is_url
 
 __all__ = [
     "NOT_SPOOLED",
@@ -90,7 +91,9 @@ def digest_many(
             size = listed.get(path)
             return located_digest(path, algorithm, max_bytes, config.storage_options, size, keep)
 
-        return file_outcomes(config, locators, hash_file)
+        path = getattr(config, "path", None)
+        in_flight = OBJECTS_IN_FLIGHT if isinstance(path, str) and is_url(path) else 1
+        return file_outcomes(config, locators, hash_file, in_flight)
     return (
         data if isinstance(data, OSError) else digest(data, algorithm)
         for data in read_many(config, locators)

@@ -20,6 +20,10 @@ T = TypeVar("T")
 
 READ_AHEAD = 2
 """Files a reader thread may have read beyond the one its caller is waiting for."""
+OBJECTS_IN_FLIGHT = 8
+"""Objects a hashing worker reads from a store at once (`file_outcomes(in_flight=...)`): a GET
+waits on the store, not the CPU, and one at a time a worker got 0.4-0.6x of the endpoint's
+concurrent GET rate (benchmarks/README.md, `bench_remote_pack`)."""
 
 
 class _Job:
@@ -63,42 +67,51 @@ class _TimedReads:
     def __init__(self) -> None:
         self._local = threading.local()
 
-    def _jobs(self) -> queue.SimpleQueue[_Job]:
-        """This thread's reader queue, with a live thread serving it."""
-        jobs: queue.SimpleQueue[_Job] | None = getattr(self._local, "jobs", None)
-        if jobs is None or self._local.pid != os.getpid():  # a forked child has no threads
-            jobs = self._local.jobs = queue.SimpleQueue()
+    def _jobs(self, threads: int) -> queue.SimpleQueue[_Job]:
+        """This thread's reader queue for `threads` readers, with live threads serving it."""
+        queues = getattr(self._local, "queues", None)
+        if queues is None or self._local.pid != os.getpid():  # a forked child has no threads
+            queues = self._local.queues = {}
             self._local.pid = os.getpid()
-            threading.Thread(target=_serve, args=(jobs,), name="etl-read", daemon=True).start()
+        jobs: queue.SimpleQueue[_Job] | None = queues.get(threads)
+        if jobs is None:
+            jobs = queues[threads] = queue.SimpleQueue()
+            for _ in range(threads):
+                threading.Thread(target=_serve, args=(jobs,), name="etl-read", daemon=True).start()
         return jobs
 
     def outcomes(
-        self, reads: Iterable[tuple[Callable[[], T], str]], seconds: float | None
+        self,
+        reads: Iterable[tuple[Callable[[], T], str]],
+        seconds: float | None,
+        threads: int = 1,
     ) -> Iterator[T | OSError]:
         """For each (read, path), in order: what read() returned, or the OSError it raised
         (`Refused('io_timeout')` after `seconds`; None: no limit, read here). Anything else a
-        read raises is raised."""
+        read raises is raised. `threads` reads run at once (objects in a store), and as many
+        more are queued ahead."""
         if seconds is None:
             yield from outcomes(read for read, _ in reads)
             return
         todo = iter(reads)
         pending: deque[_Job] = deque()
+        ahead = max(READ_AHEAD, 2 * threads - 1)
         try:
             while True:
-                while len(pending) <= READ_AHEAD and (item := next(todo, None)) is not None:
+                while len(pending) <= ahead and (item := next(todo, None)) is not None:
                     pending.append(_Job(*item))
-                    self._jobs().put(pending[-1])
+                    self._jobs(threads).put(pending[-1])
                 if not pending:
                     return
                 job = pending.popleft()
                 if not job.done.wait(seconds):
-                    # that thread is stuck: what was queued behind it moves to a new one
-                    self._local.jobs = None
+                    # a reader is stuck: what was queued behind it moves to new readers
+                    self._local.queues.pop(threads, None)
                     for waiting in pending:
                         waiting.cancelled = True
                     pending = deque(_Job(j.read, j.path) for j in pending)
                     for waiting in pending:
-                        self._jobs().put(waiting)
+                        self._jobs(threads).put(waiting)
                     what = "store (or one that throttles)" if is_url(job.path) else "mount"
                     yield Refused(
                         "io_timeout",
@@ -162,9 +175,11 @@ def read_file(config: Any, locator: str) -> bytes:
 
 
 def file_outcomes(
-    config: Any, locators: Iterable[str], read: Callable[[str, int], T]
+    config: Any, locators: Iterable[str], read: Callable[[str, int], T], in_flight: int = 1
 ) -> Iterator[T | OSError]:
-    """read(path, source.max_file_bytes) of each file locator, read ahead with the time limit."""
+    """read(path, source.max_file_bytes) of each file locator, read ahead with the time limit,
+    `in_flight` at once (reads that stream, not hold, what they read: a worker holds at most
+    that many files' bytes at a time otherwise)."""
     limit = config.max_file_bytes
     reads = ((partial(read, locator, limit), locator) for locator in locators)
-    return _TIMED.outcomes(reads, config.io_timeout)
+    return _TIMED.outcomes(reads, config.io_timeout, in_flight)
