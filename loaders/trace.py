@@ -111,6 +111,39 @@ def samples_at(loader: Any, state: Mapping[str, Any], step: int, rank: int = 0) 
     return _part(order, segment, rank, epoch)[first : first + segment.batch_size]
 
 
+def crops_at(
+    loader: Any, state: Mapping[str, Any], step: int, indices: NDArray[Any]
+) -> list[dict[str, Any]] | None:
+    """Each sample's crop at global step `step` where the run's record names a crop made as
+    batches were gathered (`PackedDataset.with_crop`): for a random crop its box (top, left,
+    height, width in the stored sample's pixels) and flip, for a centre crop the size it
+    resized to; a pure function of (seed, epoch, index), drawn again here. None where the
+    record names none: a crop on the device (`DeviceLoader(augment=...)`) is not recorded."""
+    from loaders.augment import CenterCrop, RandomResizedCrop
+    from loaders.worker_crop import WorkerCrop
+
+    run = json.loads(state.get("run") or "{}")
+    recorded = run.get("crop")
+    if not isinstance(recorded, dict):
+        return None
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items()}
+    kinds: dict[str, Any] = {"RandomResizedCrop": RandomResizedCrop, "CenterCrop": CenterCrop}
+    kind = kinds[str(fields.pop("kind"))]
+    crop = WorkerCrop(kind(**fields), float(run.get("reducing_gap", 2.0)))
+    _, segments, _ = _run_of(loader, state)
+    segment = max((s for s in segments if s.step <= step), key=lambda s: s.step)
+    epoch, _ = segment.epoch_at(step)
+    at = np.asarray(indices, np.int64)
+    sides = loader.dataset.sample_sizes[at]
+    boxes, flips, resized = crop.boxes(epoch, at, sides[:, 0], sides[:, 1])
+    if resized is not None:
+        return [{"resized": [int(h), int(w)], "size": list(crop.size)} for h, w in resized]
+    return [
+        {"box": [int(v) for v in box], "flip": bool(flip), "size": list(crop.size)}
+        for box, flip in zip(boxes, flips, strict=True)
+    ]
+
+
 def steps_of(
     loader: Any, state: Mapping[str, Any], sample: int, progress: Progress | None = None
 ) -> list[tuple[int, int]]:

@@ -34,9 +34,10 @@ def trace(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")] = False,
 ) -> None:
-    """Say which samples a run read at a step (--step), or at which steps and ranks it read a
-    sample (--sample), from a loader state it saved: the dataset and order are opened again
-    from the state's record, nothing of the training code is needed.
+    """Say which samples a run read at a step (--step), with each one's crop where the run
+    cropped in its workers, or at which steps and ranks it read a sample (--sample), from a
+    loader state it saved: the dataset and order are opened again from the state's record,
+    nothing of the training code is needed.
 
     Example:  etl trace checkpoints/last.ckpt --step 41237 --rank 3
     """
@@ -45,7 +46,7 @@ def trace(
     if sheet is not None and step is None:
         raise typer.BadParameter("--sheet draws the samples of a --step")
     try:
-        from loaders.trace import rebuilt, samples_at, steps_of
+        from loaders.trace import crops_at, rebuilt, samples_at, steps_of
     except ModuleNotFoundError as exc:
         raise ConfigError(
             f"etl trace opens the run with the loaders ({exc.name} is missing): "
@@ -58,6 +59,8 @@ def trace(
         if step is not None:
             indices = samples_at(loader, state, step, rank).tolist()
             answer: dict[str, Any] = {"step": step, "rank": rank, "samples": _named(table, indices)}
+            crops = crops_at(loader, state, step, indices)
+            answer["crops"] = crops if crops is not None else NOT_RECORDED
         else:
             assert sample is not None
             index = _index_of(table, sample)
@@ -74,9 +77,12 @@ def trace(
         return
     if step is not None:
         out.print(f"step {step}, rank {rank}: {len(answer['samples'])} samples", highlight=False)
-        for row in answer["samples"]:
+        crops = answer["crops"] if isinstance(answer["crops"], list) else None
+        for k, row in enumerate(answer["samples"]):
             line = f"  {row['sample_id']}  {row['class_name']:12} {row['source']}"
-            out.print(line, highlight=False)
+            out.print(line + (f"  {_crop_text(crops[k])}" if crops else ""), highlight=False)
+        if crops is None:
+            out.print(f"  crops: {NOT_RECORDED}", highlight=False)
         if sheet is not None:
             out.print(f"wrote {sheet}", highlight=False)
     else:
@@ -85,6 +91,22 @@ def trace(
                   highlight=False)  # fmt: skip
         for at in answer["read"]:
             out.print(f"  step {at['step']}, rank {at['rank']}", highlight=False)
+
+
+NOT_RECORDED = (
+    "not recorded: the run cropped on the device (DeviceLoader(augment=...)), or not at all; "
+    "crops made in the workers (PackedDataset.with_crop) are"
+)
+
+
+def _crop_text(crop: Mapping[str, Any]) -> str:
+    """`box 12,30 180x200 flipped -> 224x224`, or `centre of 256x341 -> 224x224`."""
+    size = "x".join(str(v) for v in crop["size"])
+    if "resized" in crop:
+        return f"centre of {'x'.join(str(v) for v in crop['resized'])} -> {size}"
+    top, left, height, width = crop["box"]
+    flipped = " flipped" if crop["flip"] else ""
+    return f"box {top},{left} {height}x{width}{flipped} -> {size}"
 
 
 def _loader_state(record: Path) -> Mapping[str, Any]:

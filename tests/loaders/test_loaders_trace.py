@@ -239,3 +239,49 @@ def test_a_run_on_a_view_of_a_view_is_traced_from_its_record(
     assert code == 0, err
     assert [s["index"] for s in json.loads(out)["samples"]] == read[(last, 0)]
     assert {s["class_name"] for s in json.loads(out)["samples"]} <= {"ant", "cat"}
+
+
+def test_etl_trace_gives_each_samples_crop_made_in_the_workers(
+    packed: Packed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run that cropped in its workers (`with_crop(RandomResizedCrop)`): `etl trace --step`
+    gives each sample's box and flip, and the batch the run got at that step is those boxes
+    of the stored samples, resized (within 1 level: the worker rounds to uint8). A run that
+    did not crop there says its crops are not recorded."""
+    import torch
+    import torch.nn.functional as F
+
+    from loaders import RandomResizedCrop
+
+    ds = PackedDataset.open(packed.root, split="train")
+    loader = loader_of(ds.with_crop(RandomResizedCrop((4, 3), seed=9)), "random", False)
+    seen: dict[int, Any] = {}
+    step = 0
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        for images, _, indices in loader:
+            seen[step] = (images.clone(), indices.tolist())
+            step += 1
+    record = tmp_path / "state.json"
+    record.write_text(json.dumps(loader.state_dict()))
+    asked = step - 2  # a step of epoch 1
+    code, out, err = cli(["trace", str(record), "--step", str(asked), "--json"], capsys)
+    assert code == 0, err
+    answer = json.loads(out)
+    images, indices = seen[asked]
+    assert [s["index"] for s in answer["samples"]] == indices
+    for k, (index, crop) in enumerate(zip(indices, answer["crops"], strict=True)):
+        top, left, height, width = crop["box"]
+        stored = torch.from_numpy(packed.images[ds.selection.positions[index]]).permute(2, 0, 1)
+        box = stored[None, :, top : top + height, left : left + width].float()
+        made = F.interpolate(box, size=(4, 3), mode="bilinear", align_corners=False)[0]
+        made = made.flip(-1) if crop["flip"] else made
+        got = images[k].permute(2, 0, 1).float()
+        assert float((got - made).abs().max()) <= 1.0001, (index, crop)
+    code, out, err = cli(["trace", str(record), "--step", str(asked)], capsys)
+    assert code == 0 and " -> 4x3" in out and "box " in out
+    plain = loader_of(ds, "random", False)
+    list(plain)
+    record.write_text(json.dumps(plain.state_dict()))
+    code, out, _ = cli(["trace", str(record), "--step", "1"], capsys)
+    assert code == 0 and "crops: not recorded" in out
