@@ -266,7 +266,7 @@ class DeviceLoader:
 
     def _decoded(self, stored: torch.Tensor, columns: dict[str, Any]) -> torch.Tensor:
         """A batch's stored bytes (CPU) decoded on the device: CHW samples back to back."""
-        assert self.decoder is not None and self.channels is not None
+        assert self.decoder_name and self.channels is not None
         nbytes, codecs = (columns[name].cpu().numpy() for name in STORED_COLUMNS)
         heights, widths = (columns[name].cpu().numpy() for name in SIZE_COLUMNS)
         return decode_batch(

@@ -28,10 +28,11 @@ JpegDecoder = Callable[[Sequence[torch.Tensor], int], list[torch.Tensor]]
 """(encoded JPEGs as CPU uint8 tensors, channels) -> each decoded, CHW uint8, on the device."""
 
 
-def jpeg_decoder(device: torch.device) -> tuple[JpegDecoder, str]:
+def jpeg_decoder(device: torch.device) -> tuple[JpegDecoder | None, str]:
     """The batch JPEG decoder for `device`, and its name (recorded beside a run's state):
-    torchvision's nvJPEG decode on CUDA, else libjpeg-turbo in this process (with one
-    warning where CUDA is there and torchvision is not)."""
+    torchvision's nvJPEG decode on CUDA, else None: libjpeg-turbo in this process, as every
+    other codec (`etl.format.codecs.decode`), with one warning where CUDA is there and
+    torchvision is not."""
     if device.type == "cuda":
         try:
             from torchvision.io import ImageReadMode, decode_jpeg
@@ -52,24 +53,7 @@ def jpeg_decoder(device: torch.device) -> tuple[JpegDecoder, str]:
                 return list(decoded)
 
             return on_gpu, f"torchvision {version} decode_jpeg on {device}"
-    return _on_cpu(device), _cpu_name()
-
-
-def _on_cpu(device: torch.device) -> JpegDecoder:
-    def decode_all(datas: Sequence[torch.Tensor], channels: int) -> list[torch.Tensor]:
-        import simplejpeg
-
-        space = "GRAY" if channels == 1 else "RGB"
-        out = []
-        for data in datas:
-            try:
-                pixels = simplejpeg.decode_jpeg(data.numpy().tobytes(), space, strict=True)
-            except ValueError as exc:
-                raise DecodeFailure(f"JPEG does not decode ({exc})") from None
-            out.append(torch.from_numpy(pixels).permute(2, 0, 1).to(device))
-        return out
-
-    return decode_all
+    return None, _cpu_name()
 
 
 def _cpu_name() -> str:
@@ -86,7 +70,7 @@ def decode_batch(
     widths: NDArray[np.int64],
     channels: int,
     layout: str,
-    decoder: JpegDecoder,
+    decoder: JpegDecoder | None,
     device: torch.device,
 ) -> torch.Tensor:
     """A batch of stored samples back to back in CPU `data` (each `nbytes` long, with its
@@ -94,13 +78,15 @@ def decode_batch(
     sample that decodes to another size than its row's is a ShardError (its bytes were checked
     against their checksum in the worker, unless verification is off)."""
     parts = list(torch.split(data, nbytes.tolist()))
-    jpegs = np.flatnonzero(codecs == JPEG).tolist()
+    on_device = (codecs == JPEG) if decoder is not None else np.zeros(len(parts), bool)
+    jpegs = np.flatnonzero(on_device).tolist()
     decoded: list[torch.Tensor | None] = [None] * len(parts)
     try:
         if jpegs:
+            assert decoder is not None
             for k, pixels in zip(jpegs, decoder([parts[k] for k in jpegs], channels), strict=True):
                 decoded[k] = pixels
-        for k in np.flatnonzero(codecs != JPEG).tolist():
+        for k in np.flatnonzero(~on_device).tolist():  # made on the CPU, then copied
             shape = shape_of(int(heights[k]), int(widths[k]), channels, layout)
             array = decode(parts[k].numpy(), int(codecs[k]), shape)
             pixels = torch.from_numpy(array if array.flags.writeable else array.copy())

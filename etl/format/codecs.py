@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 CODECS = ("raw", "jpeg", "zlib")
 """Every `sample_codec` a manifest may name; a sample's position here is its code in the
-loaders' arrays (`codec_codes`)."""
+loaders' arrays (`etl.format.coherence.stored_codes`)."""
 RAW, JPEG, ZLIB = range(3)
 ZLIB_LEVEL = 1
 """zlib's fastest level: level 6 saves ~3% more of a photo's bytes at 5x the encode time."""

@@ -21,7 +21,7 @@ import loaders.device
 from etl.config import load_config
 from etl.run import pipeline
 from loaders import DeviceLoader, PackedDataset, RandomResizedCrop, make_loader
-from loaders.device_decode import _cpu_name, _on_cpu
+from loaders.device_decode import _cpu_name
 from tests.helpers.codecs import write_config, write_photos
 
 pytestmark = [
@@ -31,7 +31,7 @@ pytestmark = [
 
 BREAKS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "decoded_on_gpu": lambda mp: mp.setattr(
-        loaders.device, "jpeg_decoder", lambda device: (_on_cpu(device), _cpu_name())
+        loaders.device, "jpeg_decoder", lambda device: (None, _cpu_name())
     ),
 }
 
