@@ -26,8 +26,15 @@ run: $(STAMP)
 	test -d data/sample || $(BIN)/etl sample-data data/sample
 	$(BIN)/etl run pipeline.yaml
 
+# Debian's Chromium, for the report's browser tests, where this machine can install it (root
+# and apt-get); elsewhere those tests skip and say what to install
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	-(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
+		>/dev/null 2>&1
+
 ## make test: set up, lint, type-check, and run the whole test suite
-test: $(STAMP) lint
+test: $(STAMP) lint $(CHROMIUM)
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 ## make check: the fast tier while working (under 3 minutes on 2 cores): lint, type-check and

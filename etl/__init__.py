@@ -14,6 +14,7 @@ Modules:
 - `images/`:      pure per-image work: decode, check, resize; the reject reasons
 - `maintenance/`: audit, repair, compaction and a dataset's history
 - `progress`:     what long work tells its caller: phases, totals, advances
+- `report/`:      a version as one self-contained HTML page, for a browser
 - `run/`:         one run: list, hash, plan, pack, commit, and publishing to a store
 - `sources/`:     the inputs: a unit per source kind, one registry, what they share
 - `start/`:       starting a project: `etl init` and the sample images

@@ -7,6 +7,7 @@ Modules:
 - `audit`:    `etl audit`: verify a dataset against its manifest, and repair it
 - `inspect`:  `etl init`, `etl inspect` and `etl show`
 - `progress`: progress bars with rate and ETA on stderr
+- `report`:   `etl report`: a version as one self-contained HTML page
 - `run`:      `etl run`, `etl validate` and `etl sample-data`
 - `trace`:    `etl trace`: which samples a run read at a step, from its saved state
 - `versions`: `etl versions`, `etl diff` and `etl compact`
@@ -18,7 +19,9 @@ from __future__ import annotations
 import importlib
 import sys
 
-ETL_PACKAGES = frozenset({"PIL", "simplejpeg", "yaml", "typer", "joblib", "pydantic", "rich"})
+ETL_PACKAGES = frozenset(
+    {"PIL", "simplejpeg", "yaml", "typer", "joblib", "pydantic", "rich", "jinja2"}
+)
 """Top-level modules of the `etl` extra (pyproject.toml): what packing and the CLI import."""
 
 
@@ -35,6 +38,7 @@ COMMAND_MODULES = {
     "compact": "versions",
     "view": "views",
     "trace": "trace",
+    "report": "report",
 }
 """Each command and the module of `etl.cli` that registers it: a command imports its own
 module only (`etl run` skips the audit's, the viewer's, ... imports: about 0.1 s of every

@@ -11,7 +11,8 @@ from rich.table import Table
 
 from etl.cli.app import app, out
 from etl.cli.progress import BarProgress
-from etl.config import load_config
+from etl.cli.report import check_report_path, describe
+from etl.config import PipelineConfig, load_config
 from etl.errors import EtlError
 from etl.run import pipeline
 from etl.run.plan import Plan
@@ -88,6 +89,14 @@ def run(
             "(list, hash, plan, pack, commit, and upload for a bucket).",
         ),
     ] = False,
+    report_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--report",
+            help="Also write the version's HTML report (etl report) to this file.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Pack the images that pipeline.yaml describes into shards and a new manifest version.
 
@@ -101,6 +110,8 @@ def run(
     if address is not None and backend is None:
         backend = "dask"
     config = load_config(config_path, n_jobs=jobs, backend=backend, address=address)
+    if report_path is not None:
+        check_report_path(report_path)
     show = not (quiet or as_json)
     report = pipeline.run(
         config,
@@ -109,10 +120,29 @@ def run(
         progress=BarProgress(enabled=show),
         on_plan=(lambda plan: _print_plan(plan, verbose)) if (dry_run and not as_json) else None,
     )
+    written = None
+    if report_path is not None and report.version and not dry_run:
+        written = _write_report(config, report.version, report_path, show)
     if as_json:
-        print(json.dumps(report.to_dict(), indent=2))
+        extra = {"report": str(report_path)} if written else {}
+        print(json.dumps({**report.to_dict(), **extra}, indent=2))
     elif not quiet:
         _print_report(report)
+        if written:
+            out.print(written, highlight=False, soft_wrap=True)
+
+
+def _write_report(config: PipelineConfig, version: int, path: Path, show: bool) -> str:
+    """`etl run --report`: the version's report, its rejects read back from the run's source;
+    returns the line to print."""
+    from etl.explore.dataset import open_dataset
+    from etl.report.page import write_report
+
+    ds = open_dataset(config.output.dir, version)
+    data = write_report(
+        ds, path, source=config.source, decode=config.decode, progress=BarProgress(show)
+    )
+    return describe(path, data)
 
 
 @app.command()

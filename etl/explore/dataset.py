@@ -107,6 +107,11 @@ class Dataset(VersionContents):
         """Every committed version of this dataset, oldest first."""
         return self._store.versions() if self._store else list_versions(self.root)
 
+    def at_version(self, version: int) -> Dataset:
+        """Another committed version of the same dataset (fetched first from a store)."""
+        number = self._store.fetch_version(version) if self._store else version
+        return Dataset(read_manifest(self.manifest.root, number), self._store)
+
     def __repr__(self) -> str:
         shape = "x".join(str(d) for d in self.sample_shape)
         return (

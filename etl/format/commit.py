@@ -9,7 +9,9 @@ version, which `clean_leftovers` removes under the lock before the next write.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -49,6 +51,20 @@ def tool_version() -> str:
         return "0+unknown"
 
 
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """This process's command line as a shell would take it back (`etl run pipeline.yaml`):
+    what a version's metadata says made it. The program is named by its file name alone, and
+    `python -m etl` as such, so no home folder or virtual environment's path is recorded."""
+    args = list(sys.argv if argv is None else argv)
+    if not args:
+        return ""
+    program = Path(args[0]).name
+    if program == "__main__.py":
+        program = f"python -m {Path(args[0]).parent.name}"
+        return " ".join([program, shlex.join(args[1:])]).strip()
+    return shlex.join([program, *args[1:]])
+
+
 Rows: TypeAlias = "pa.Table | Iterable[pa.Table | pa.RecordBatch]"
 """A table's rows: the table, or its pieces in order (written as they come, never all held)."""
 
@@ -68,7 +84,10 @@ def commit_version(
     this tool's version and the time of the commit. Returns the metadata committed.
     """
     meta = replace(
-        meta, tool_version=tool_version(), created=datetime.now(UTC).isoformat(timespec="seconds")
+        meta,
+        tool_version=tool_version(),
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        command=command_line(),
     )
 
     def shards_used(referenced: set[str]) -> pa.Table:

@@ -118,6 +118,9 @@ class ManifestMeta:
     codec: Mapping[str, Any] | None = None
     """Format version 3: the codec samples were stored with (`output.codec`, e.g. {"kind":
     "jpeg", "quality": 90, "min_ratio": 1.0}); each row says what it holds."""
+    command: str = ""
+    """The command line that committed it (`etl run pipeline.yaml --rebuild`), stamped by
+    `etl.format.commit`; empty in versions committed before it was recorded."""
 
     @property
     def column_fields(self) -> tuple[pa.Field, ...]:
@@ -200,6 +203,8 @@ class ManifestMeta:
             values["columns"] = [list(c) for c in self.columns]
         if self.codec is not None:
             values["codec"] = dict(self.codec)
+        if self.command:
+            values["command"] = self.command
         return {f"etl.{k}".encode(): json.dumps(v).encode() for k, v in values.items()}
 
     @classmethod
@@ -235,6 +240,7 @@ class ManifestMeta:
                 format_version=int(fmt),
                 columns=_declared_columns(values.get("columns", [])),
                 codec=values.get("codec"),
+                command=str(values.get("command", "")),
             )._checked_shape()
         except (KeyError, TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise ManifestError(f"{where}: schema metadata is incomplete ({exc!r})") from None

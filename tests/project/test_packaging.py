@@ -81,6 +81,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("etl.run",),
     ("etl.explore",),
     ("etl.maintenance", "etl.start", "loaders"),
+    ("etl.report",),
     ("etl.cli",),
     ("etl.__main__", "etl"),
 )
