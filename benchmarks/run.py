@@ -28,6 +28,7 @@ BENCHMARKS = (
     "bench_columns",
     "bench_mixture",
     "bench_aspect",
+    "bench_report",
 )
 
 

@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> None:
             file=sys.stderr,
         )
         raise SystemExit(2) from None
+    from etl.format import commit
+
+    commit.INVOKED_AS = ["etl", *args]  # what a version this command commits says made it
     run_app(argv)
 
 

@@ -86,6 +86,7 @@ class Dataset(VersionContents):
         self._shards: dict[str, np.memmap] = {}
         self._store = store
         """Where shards come from when this is the mirror of a dataset in object storage."""
+        self._others: dict[int, Dataset] = {}
 
     @property
     def url(self) -> str | None:
@@ -108,9 +109,14 @@ class Dataset(VersionContents):
         return self._store.versions() if self._store else list_versions(self.root)
 
     def at_version(self, version: int) -> Dataset:
-        """Another committed version of the same dataset (fetched first from a store)."""
-        number = self._store.fetch_version(version) if self._store else version
-        return Dataset(read_manifest(self.manifest.root, number), self._store)
+        """Another committed version of the same dataset (fetched first from a store), opened
+        once and kept."""
+        if version == self.version:
+            return self
+        if version not in self._others:
+            number = self._store.fetch_version(version) if self._store else version
+            self._others[version] = Dataset(read_manifest(self.manifest.root, number), self._store)
+        return self._others[version]
 
     def __repr__(self) -> str:
         shape = "x".join(str(d) for d in self.sample_shape)

@@ -51,11 +51,17 @@ def tool_version() -> str:
         return "0+unknown"
 
 
+INVOKED_AS: list[str] | None = None
+"""The command this process runs, set by the `etl` command line (`etl.cli.main`): the command
+a version committed by it records, whether it came from a shell or `main([...])`."""
+
+
 def command_line(argv: Sequence[str] | None = None) -> str:
     """This process's command line as a shell would take it back (`etl run pipeline.yaml`):
-    what a version's metadata says made it. The program is named by its file name alone, and
-    `python -m etl` as such, so no home folder or virtual environment's path is recorded."""
-    args = list(sys.argv if argv is None else argv)
+    what a version's metadata says made it. INVOKED_AS where the `etl` command set it, else
+    `sys.argv`; the program is named by its file name alone, and `python -m pkg` as such, so
+    no home folder or virtual environment's path is recorded."""
+    args = list(argv if argv is not None else INVOKED_AS or sys.argv)
     if not args:
         return ""
     program = Path(args[0]).name

@@ -97,7 +97,12 @@ def diff(dataset: Path | str, a: int, b: int, cache_dir: Path | None = None) -> 
     after each step: 10M-row versions cost what their differences cost, not a hash table of
     every source. Every table comes out in source order. `dataset`: see `readable`."""
     root, _ = readable(dataset, (a, b), cache_dir)
-    old, new = read_manifest(root, a), read_manifest(root, b)
+    return diff_manifests(read_manifest(root, a), read_manifest(root, b))
+
+
+def diff_manifests(old: Manifest, new: Manifest) -> VersionDiff:
+    """`diff` of two versions already open (the report's, which has opened both)."""
+    a, b = old.meta.version, new.meta.version
     before, after = _in_source_order(old), _in_source_order(new)
     old_columns, new_columns = set(old.meta.column_fields), set(new.meta.column_fields)
     common = [f.name for f in new.meta.column_fields if f in old_columns]

@@ -194,14 +194,15 @@ def _grid(
     if shown < n_classes:
         notes["grid"] = f"the grid shows the first {shown:,} of {n_classes:,} classes"
     labels = ds.table.column("label").to_numpy()
-    keys = np.random.default_rng(seed).random(len(labels))
-    order = np.lexsort((keys, labels))
-    sorted_labels = labels[order]
-    starts = np.searchsorted(sorted_labels, np.arange(shown + 1))
+    by_label = np.argsort(labels, kind="stable")  # a radix sort of int32: linear in rows
+    starts = np.searchsorted(labels[by_label], np.arange(shown + 1))
+    rng = np.random.default_rng(seed)
     splits, ids, sources = (ds.table.column(c) for c in ("split", "sample_id", "source"))
     grid = []
     for label in range(shown):
-        picked = sorted(int(p) for p in order[starts[label] : starts[label + 1]][:per_class])
+        members = by_label[starts[label] : starts[label + 1]]
+        drawn = rng.choice(len(members), min(per_class, len(members)), replace=False)
+        picked = sorted(int(members[i]) for i in drawn)
         thumbs = []
         for p in picked:
             lines = (str(ids[p]), str(splits[p]), str(sources[p]))
@@ -254,20 +255,26 @@ def _reject_thumbs(
     decode: DecodeStage | None,
 ) -> list[Thumb]:
     if source is None or not rows:
-        return [Thumb(None, (str(r["reason"]),), "not available") for r in rows]
+        return [Thumb(None, (), "not available", str(r["source"])) for r in rows]
     from etl.config import DecodeStage
     from etl.explore.reject_sheet import reject_cells
 
     try:
         cells = reject_cells(source, rows, decode or DecodeStage(), ds.manifest.meta.checksum)
     except (EtlError, OSError) as exc:  # the source is gone, or its store refuses
-        return [Thumb(None, (str(r["reason"]),), f"not available: {exc}") for r in rows]
+        return [Thumb(None, (), f"not available: {exc}", str(r["source"])) for r in rows]
     return [
-        Thumb(to_uri(c.image), c.caption)
+        Thumb(to_uri(c.image), (), alt=str(r["source"]))
         if c.image is not None
-        else Thumb(None, c.caption, f"not available: {c.info.get('note', '')}")
-        for c in cells
+        else Thumb(None, (), _no_picture(str(c.info.get("note", "")), r), str(r["source"]))
+        for c, r in zip(cells, rows, strict=True)
     ]
+
+
+def _no_picture(why: str, reject: dict[str, Any]) -> str:
+    """Why a reject has no thumbnail, unless its message says it already (an unreadable file)."""
+    said = why.split(": ", 1)[-1] in str(reject["message"])
+    return "no picture: see the message" if said or not why else f"no picture: {why}"
 
 
 # --- columns ----------------------------------------------------------------------------------

@@ -13,8 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl.explore.dataset import Dataset
-from etl.maintenance.versions import VersionDiff
-from etl.maintenance.versions import diff as version_diff
+from etl.maintenance.versions import VersionDiff, diff_manifests
 from etl.progress import Progress
 from etl.report.thumbs import Thumb, sample_thumb, value_counts
 
@@ -64,11 +63,11 @@ def timeline(ds: Dataset) -> tuple[tuple[VersionEntry, ...], VersionDiff | None]
     detailed = set(numbers[1:][-TIMELINE_DIFFS:])
     entries, last = [], None
     for i, number in enumerate(numbers):
-        version = ds if number == ds.version else ds.at_version(number)
+        version = ds.at_version(number)
         meta = version.manifest.meta
         change = None
         if number in detailed:
-            last = version_diff(ds.location, numbers[i - 1], number)
+            last = diff_manifests(ds.at_version(numbers[i - 1]).manifest, version.manifest)
             change = _change(last)
         entries.append(
             VersionEntry(

@@ -27,6 +27,8 @@ class Thumb:
     uri: str | None
     lines: tuple[str, ...]
     note: str = ""
+    alt: str = ""
+    """The picture's text for screen readers (its caption lines where empty)."""
 
 
 def to_uri(image: Image.Image) -> str:

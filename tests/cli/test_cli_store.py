@@ -85,6 +85,23 @@ def test_read_only_commands_on_a_bucket_answer_as_on_disk(
     assert cached, "the shards the sheet drew are in the cache"
 
 
+def test_the_report_of_a_bucket_is_the_report_of_the_same_folder(
+    bucket: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`etl report s3://...`: both versions fetched, the shards its thumbnails draw from
+    verified into the cache, the same page as from disk but for where the dataset is."""
+    local = two_versions(tmp_path)
+    bucket.put(str(local), "datasets/out", recursive=True)
+    pages = []
+    for where, name in ((str(local), "local.html"), ("s3://datasets/out", "remote.html")):
+        code, _, err = cli(["report", where, "-o", str(tmp_path / name), "-q"], capsys)
+        assert code == 0, err
+        pages.append((tmp_path / name).read_text().replace(where, "DATASET"))
+    assert pages[0] == pages[1]
+    assert pages[0].count("data:image/jpeg;base64,") >= 12  # the grid and the changes
+    assert "first version" in pages[0] and "(since v1)" in pages[0]
+
+
 def test_a_shard_changed_in_the_store_is_one_clear_error(
     bucket: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

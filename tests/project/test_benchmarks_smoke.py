@@ -3,7 +3,7 @@
 `python -m benchmarks.bench_tree --tiny`, `python -m benchmarks.bench_cold --tiny`, and small
 runs of `bench_remote`, `bench_remote_pack`, `bench_pack_grid`, `bench_rejects`,
 `bench_verify_rows`, `bench_columns`, `bench_mixture`, `bench_aspect`, `bench_codecs`,
-`bench_encoded`, `bench_draft` and `bench_trace`.
+`bench_encoded`, `bench_draft`, `bench_trace` and `bench_report`.
 
 Numbers from 16 photos mean nothing; the test checks that every part runs (photo generation,
 bare loops, the pipeline on every backend, the memory runs) and that the pipeline's pixels equal
@@ -231,3 +231,11 @@ def test_bench_trace_small() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "samples_at(step 20,000)" in done.stdout and "read 20 times" in done.stdout
+
+
+def test_bench_report_tiny(tmp_path: Path) -> None:
+    result = run_tiny("bench_report", tmp_path, timeout=300)
+    # the report of 20,000 synthetic rows was written and named its sample count
+    assert result.returncode == 0, result.stderr
+    assert "| 20,000 |" in result.stdout, result.stdout
+    assert list(tmp_path.iterdir()) == []

@@ -280,7 +280,7 @@ def test_etl_run_report_writes_it_and_records_the_command(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stderr
     assert "wrote r.html" in done.stdout
     command = json.loads(manifest(tmp_path / "out", 1).schema.metadata[b"etl.command"])
-    assert command == "python -m etl run pipeline.yaml --report r.html"
+    assert command == "etl run pipeline.yaml --report r.html"
     text = "".join(Page((tmp_path / "r.html").read_text()).text)
     assert command in text
     assert "thumbnails not available" not in text  # the run's own source gives them
@@ -313,3 +313,20 @@ def test_the_seed_draws_the_samples_and_the_bounds_say_what_is_left_out(
     assert (
         len(data.classes_chart.bars) == 2 and "1 largest and the 1 smallest" in data.notes["chart"]
     )
+
+
+def test_a_missing_shard_is_said_in_place_of_its_thumbnails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A damaged dataset still gets its report: the samples of a deleted shard say why they
+    have no picture; every other section is there."""
+    pack_versions(tmp_path)
+    shards = sorted((tmp_path / "out" / "shards").glob("*.npy"))
+    shards[0].unlink()
+    path = tmp_path / "damaged.html"
+    code, _, err = cli(["report", str(tmp_path / "out"), "-o", str(path), "-q"], capsys)
+    assert code == 0, err
+    html = Page(path.read_text())
+    text = "".join(html.text)
+    assert f"not available: {shards[0]}" in text
+    assert html.tags("img")  # the other shards' samples are drawn

@@ -118,6 +118,60 @@ def test_the_report_renders_offline_with_no_request_no_message_and_no_script(
     page.screenshot(path=str(shot), full_page=False)
     pixels = np.asarray(Image.open(io.BytesIO(shot.read_bytes())).convert("RGB"))
     assert pixels.shape == (900, 1100, 3) and pixels.std() > 20  # drawn, not a blank page
-    if os.environ.get("ETL_REPORT_SCREENSHOT"):  # docs/img/report.png: see docs/report.md
-        shutil.copyfile(shot, os.environ["ETL_REPORT_SCREENSHOT"])
     context.close()
+
+
+def test_the_sample_data_report_renders_and_is_the_docs_screenshot(
+    browser: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The report of `etl sample-data` packed twice (a class relabelled, files added and
+    removed between): what docs/img/report.png shows. With ETL_REPORT_SCREENSHOT=PATH the
+    screenshot is written there (docs/inspecting.md says how it is made)."""
+    from etl.cli import main
+    from etl.start.sample_data import make_sample_data
+
+    keep = os.environ.get("ETL_REPORT_SCREENSHOT")
+    target = Path(keep).resolve() if keep else None
+    make_sample_data(tmp_path / "data", per_class=12, seed=0)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pipeline.yaml").write_text(SAMPLE_CONFIG)
+    for step in range(2):
+        if step:  # version 2: two files gone, one added
+            for old in sorted((tmp_path / "data" / "circle").iterdir())[:2]:
+                old.unlink()
+            (tmp_path / "data" / "square" / "added.png").write_bytes(_square_png())
+        args = ["run", "pipeline.yaml", "-q"] + (["--report", "report.html"] if step else [])
+        with pytest.raises(SystemExit) as done:
+            main(args)
+        assert done.value.code in (0, None)
+    context = browser.new_context(offline=True, viewport={"width": 1100, "height": 1400})  # type: ignore[attr-defined]
+    page = context.new_page()
+    messages: list[str] = []
+    page.on("console", lambda m: messages.append(m.text))
+    page.goto((tmp_path / "report.html").as_uri(), wait_until="load")
+    assert messages == []
+    assert page.locator("#timeline > tbody > tr").count() == 2
+    shot = tmp_path / "shot.png"
+    page.screenshot(path=str(shot))
+    if target is not None:
+        shutil.copyfile(shot, target)
+    context.close()
+
+
+SAMPLE_CONFIG = """\
+source: {kind: folder, path: data}
+stages:
+  - decode: {}
+  - validate: {min_size: [16, 16], duplicates: keep_first}
+  - resize: {size: [64, 64]}
+output: {dir: artifacts, samples_per_shard: 32}
+run: {backend: sequential}
+"""
+
+
+def _square_png() -> bytes:
+    array = np.zeros((80, 80, 3), np.uint8)
+    array[20:60, 20:60] = (240, 200, 40)
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, "PNG")
+    return buffer.getvalue()
