@@ -26,6 +26,7 @@ Modules:
 - `memory`:         where a batch is gathered: pageable, pinned, or a ring slot
 - `mixture`:        `Mixture`: datasets or views read as one by weight
 - `mixture_orders`: a mixture's orders, pure functions as `orders` are
+- `mixture_trace`:  what a run's history keeps of a mixture to draw its orders again
 - `named_orders`:   sample orders by name (`shuffle=`), and a loader's sampler
 - `opening`:        how `PackedDataset.open` was called: a run's record, former keywords
 - `orders`:         sample orders as pure functions of (data, seed, epoch)

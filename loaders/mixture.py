@@ -17,6 +17,7 @@ from itertools import pairwise
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 from numpy.typing import NDArray
 from torch.utils.data import Dataset
 
@@ -197,6 +198,26 @@ class Mixture(Dataset[tuple[Any, ...]]):
             for i, m in enumerate(self.member_of(batch.indices).tolist())
         ]
         return draw_sheet(cells, columns=batch_size, title=f"{batches} batches of {batch_size}")
+
+    def manifest_rows(self, indices: Any) -> pa.Table:
+        """The manifest rows of mixture indices, in their order, each with its `member`."""
+        index = np.asarray(indices, dtype=np.int64)
+        member = self.member_of(index)
+        parts, at = [], []
+        for m, dataset in enumerate(self.members):
+            here = np.flatnonzero(member == m)
+            if len(here):
+                rows = dataset.manifest_rows(index[here] - self.offsets[m])
+                names = ("sample_id", "source", "class_name", "split")
+                rows = rows.select(list(names)).append_column("member", pa.array([m] * len(here)))
+                parts.append(rows)
+                at.append(here)
+        if not parts:
+            return pa.table(
+                {"sample_id": [], "source": [], "class_name": [], "split": [], "member": []}
+            )
+        table = pa.concat_tables(parts)
+        return table.take(np.argsort(np.concatenate(at), kind="stable"))
 
     def member_of(self, indices: Any) -> NDArray[np.int64]:
         """The member each mixture index belongs to."""

@@ -182,26 +182,58 @@ def _read_in(order: Any, segment: Segment, e: int, stop: int, sample: int) -> li
     return found
 
 
-def _run_of(loader: Any, state: Mapping[str, Any]) -> tuple[Any, list[Segment], int]:
-    """(the loader's order sampler, the state's segments, the steps read) or ValueError."""
+class _Run:
+    """A saved run's orders: the loader's order sampler, and for a mixture the contexts its
+    entries began under (NOTE [ tracing a mixture ])."""
+
+    def __init__(self, order: Any, contexts: Mapping[int, str]) -> None:
+        self.order, self.contexts = order, dict(contexts)
+        self.drop_last = order.drop_last
+        self._mixtures: dict[tuple[str, int], Any] = {}
+
+    def global_order(self, segment: Segment, epoch: int) -> NDArray[Any]:
+        if not self.contexts:
+            return np.asarray(self.order.global_order(epoch))
+        from loaders.mixture_trace import order_of
+
+        at = max((k for k in self.contexts if k <= segment.step), default=None)
+        if at is None:
+            raise ValueError(f"the loader state records no mixture for step {segment.step}")
+        key = (self.contexts[at], segment.batch_size * segment.world_size)
+        if key not in self._mixtures:
+            self._mixtures[key] = order_of(key[0], self.order.seed, key[1])
+        return np.asarray(self._mixtures[key].order(epoch))
+
+
+def _run_of(loader: Any, state: Mapping[str, Any]) -> tuple[_Run, list[Segment], int]:
+    """(the run's orders, the state's segments, the steps read) or ValueError."""
+    from loaders import mixture_trace
     from loaders.samplers import MixtureSampler
 
     order = getattr(loader, "order", None)
-    if order is None or isinstance(order, MixtureSampler):
+    if order is None:
         raise ValueError(
-            "tracing answers for a loader over a dataset or view with one of the loaders "
-            "orders (shuffle=); a stream, a mixture or a torch sampler is not traced yet"
+            "tracing answers for a loader over a dataset, view or mixture with one of the "
+            "loaders' orders (shuffle=); a stream or a torch sampler is not traced"
         )
     segments = decode(state.get("history"))
     end = state.get("step")
     if not segments or not isinstance(end, int):
         raise ValueError("the loader state has no history: save it with this version of loaders")
-    return order, segments, end
+    contexts = mixture_trace.decode(state.get("mixtures"))
+    if isinstance(order, MixtureSampler) != bool(contexts):
+        old = not contexts and "cursors" in state
+        raise ValueError(
+            "the loader state records no mixture's orders: save it with this version of loaders"
+            if old
+            else "the loader state is a mixture's and the loader is not, or the other way round"
+        )
+    return _Run(order, contexts), segments, end
 
 
-def _part(order: Any, segment: Segment, rank: int, epoch: int) -> NDArray[Any]:
+def _part(order: _Run, segment: Segment, rank: int, epoch: int) -> NDArray[Any]:
     """Rank `rank`'s samples of `segment`'s iteration of `epoch`, in the order read."""
-    segmented = order.global_order(epoch)[segment.start :]
+    segmented = order.global_order(segment, epoch)[segment.start :]
     part = partition(segmented, rank, segment.world_size, order.drop_last)[segment.position :]
     if order.drop_last:  # DataLoader drops the last batch short of batch_size too
         part = part[: len(part) - len(part) % segment.batch_size]
@@ -215,6 +247,9 @@ class RunSteps:
     def __init__(self) -> None:
         self.before = 0
         self.segments: list[Segment] = []
+        self.mixtures: dict[int, str] = {}
+        """A mixture's context at each entry that began under a new one (NOTE [ tracing a
+        mixture ]), by the entry's step."""
 
     def ended(self, delivered: int) -> None:
         """An iteration ended (or was left) having handed `delivered` batches to the loop."""
@@ -227,8 +262,10 @@ class RunSteps:
         span = whole // batch if order.drop_last else -(-whole // batch)
         last = self.segments[-1] if self.segments else None
         fresh = start == position == 0
+        context = self._context(order)
         if (
             last is not None and fresh and last.start == last.position == 0
+            and context == self._context_at(last.step)
             and (last.world_size, last.batch_size) == (world, batch)
             and epoch == last.epoch + last.epochs
             and self.before == last.step + last.epochs * span
@@ -238,73 +275,139 @@ class RunSteps:
             return
         self.segments.append(Segment(self.before, epoch, start, position, world, batch))
         del self.segments[:-HISTORY_LIMIT]
+        if context is not None and context != self._context_at(self.before):
+            self.mixtures[self.before] = context
+        first = self.segments[0].step
+        kept = self._context_at(first)
+        self.mixtures = {k: v for k, v in self.mixtures.items() if k > first}
+        if kept is not None:
+            self.mixtures[first] = kept
+
+    @staticmethod
+    def _context(order: Any) -> str | None:
+        from loaders.samplers import MixtureSampler
+
+        if not isinstance(order, MixtureSampler):
+            return None
+        from loaders.mixture_trace import context_of
+
+        return context_of(order)
+
+    def _context_at(self, step: int) -> str | None:
+        """The mixture context in effect at `step` (None: not a mixture's run)."""
+        at = max((k for k in self.mixtures if k <= step), default=None)
+        return None if at is None else self.mixtures[at]
 
     def fields(self, delivered: int, loader: Any) -> dict[str, int | str]:
         """A state's "step" (the iteration in progress delivered `delivered`), "history" and
         "run": what `rebuilt` opens the run's dataset and order from."""
+        from loaders import mixture_trace
+
         step = self.before + delivered
-        return {"step": step, "history": encode(self.segments), "run": describe(loader)}
+        fields: dict[str, int | str] = {
+            "step": step,
+            "history": encode(self.segments),
+            "run": describe(loader),
+        }
+        if self.mixtures:
+            fields["mixtures"] = mixture_trace.encode(self.mixtures)
+        return fields
 
     def load(self, state: Mapping[str, Any]) -> None:
         """Carry a loaded state's steps and history on (a state without them starts both)."""
         step = state.get("step", 0)
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"loader state field 'step' must be an int >= 0, got {step!r}")
+        from loaders import mixture_trace
+
         self.segments = decode(state.get("history"))
+        self.mixtures = mixture_trace.decode(state.get("mixtures"))
         self.before = step
 
 
 def describe(loader: Any) -> str:
     """The run's record (JSON, a few hundred bytes): the dataset as opened (path or URL,
-    version, split, classes, where=; or a view's chain of predicates) and the order
-    (shuffle=, seed, batch size, drop_last); "" where the loader cannot be rebuilt from it
-    (a mixture, a sampler of your own, a predicate that is code)."""
-    opened = getattr(loader.dataset, "opened", None)
+    version, split, classes, where=; or a view's chain of predicates; for a mixture each
+    member's, its samples per epoch and replacement: its weights are in the state's
+    "mixtures") and the order (shuffle=, seed, batch size, drop_last); "" where the loader
+    cannot be rebuilt from it (a sampler of your own, a predicate that is code)."""
+    from loaders.samplers import MixtureSampler
+
     order = getattr(loader, "order", None)
-    named = getattr(order, "named", None)
-    if opened is None or order is None or named is None:
-        return ""
-    run = {**opened, "shuffle": named, "seed": order.seed, "drop_last": bool(order.drop_last)}
+    if isinstance(order, MixtureSampler):
+        members = [getattr(m, "opened", None) for m in loader.dataset.members]
+        if any(m is None for m in members):
+            return ""
+        mixture = {
+            "members": members,
+            "samples_per_epoch": order.samples_per_epoch,
+            "replacement": order.replacement,
+        }
+        run: dict[str, Any] = {"mixture": mixture, "shuffle": None}
+    else:
+        opened = getattr(loader.dataset, "opened", None)
+        named = getattr(order, "named", None)
+        if opened is None or order is None or named is None:
+            return ""
+        run = {**opened, "shuffle": named}
+    run.update(seed=order.seed, drop_last=bool(order.drop_last))
     return json.dumps({**run, "batch_size": loader._batch_size()}, sort_keys=True)
 
 
 def rebuilt(state: Mapping[str, Any], store: Any = None) -> Any:
-    """A loader over the run's dataset, in the run's order, made from `state["run"]`, checked
-    to be the run's (dataset version, selection, order and seed as the state records them).
-    ValueError in one line where the state has no record or the record does not rebuild it."""
-    from loaders.dataset import PackedDataset
+    """A loader over the run's dataset (or mixture), in the run's order, made from
+    `state["run"]`, checked to be the run's (dataset version, selection, order and seed, or a
+    mixture's members, as the state records them). ValueError in one line where the state has
+    no record or the record does not rebuild it."""
     from loaders.factories import make_loader
+    from loaders.mixture import Mixture
 
     text = state.get("run")
     if not isinstance(text, str) or not text:
         raise ValueError(
-            "the loader state records no run to rebuild (a mixture, a sampler of your own, a "
-            "predicate that is code, or saved before runs were recorded): build the loader "
-            "yourself"
+            "the loader state records no run to rebuild (a sampler of your own, a predicate "
+            "that is code, or saved before runs were recorded): build the loader yourself"
         )
     try:
         run = json.loads(text)
-        if "view" in run:
-            ds = PackedDataset.open(_view_of(run["view"]), verify=False, store=store)
+        if "mixture" in run:
+            mixture = run["mixture"]
+            members = [_opened(m, store) for m in mixture["members"]]
+            dataset: Any = Mixture(
+                members,
+                weights=[1] * len(members),
+                replacement=mixture["replacement"],
+                samples_per_epoch=mixture["samples_per_epoch"],
+            )  # fmt: skip  (the weights of each stretch are in the state's "mixtures")
         else:
-            ds = PackedDataset.open(
-                run["dataset"], split=run["split"], classes=run["classes"], where=run["where"],
-                version=run["version"], verify=False, store=store,
-            )  # fmt: skip
+            dataset = _opened(run, store)
         loader = make_loader(
-            ds, batch_size=run["batch_size"], shuffle=run["shuffle"], seed=run["seed"],
+            dataset, batch_size=run["batch_size"], shuffle=run["shuffle"], seed=run["seed"],
             drop_last=run["drop_last"], rank=0, world_size=1, num_workers=0, pin_memory=False,
         )  # fmt: skip
     except (KeyError, TypeError, ValueError, EtlError) as exc:
         raise ValueError(f"the loader state's run record does not rebuild it ({exc})") from None
     mine = loader.state_dict()
-    for key in ("dataset_version", "selection", "view", "order", "seed", "drop_last"):
+    keys = ("dataset_version", "selection", "view", "order", "seed", "drop_last")
+    for key in ("members", "order", "seed", "drop_last") if "mixture" in run else keys:
         if mine.get(key) != state.get(key):
             raise ValueError(
                 f"the run's dataset and order, opened again, differ in {key} "
                 f"({state.get(key)!r} then, {mine.get(key)!r} now): not traced"
             )
     return loader
+
+
+def _opened(record: Mapping[str, Any], store: Any) -> Any:
+    """A dataset (or view) as a run's record says it was opened."""
+    from loaders.dataset import PackedDataset
+
+    if "view" in record:
+        return PackedDataset.open(_view_of(record["view"]), verify=False, store=store)
+    return PackedDataset.open(
+        record["dataset"], split=record["split"], classes=record["classes"],
+        where=record["where"], version=record["version"], verify=False, store=store,
+    )  # fmt: skip
 
 
 def _view_of(record: Mapping[str, Any]) -> Any:

@@ -63,7 +63,10 @@ def main(argv: list[str] | None = None) -> None:
     from etl.format import commit
 
     commit.INVOKED_AS = ["etl", *args]  # what a version this command commits says made it
-    run_app(argv)
+    try:
+        run_app(argv)
+    finally:
+        commit.INVOKED_AS = None  # a library call after it, in this process, is not it
 
 
 def _register(args: list[str]) -> None:

@@ -63,14 +63,17 @@ def trace(
             answer["crops"] = crops if crops is not None else NOT_RECORDED
         else:
             assert sample is not None
-            index = _index_of(table, sample)
+            indices = _indices_of(table, sample)
             bar = BarProgress(enabled=not as_json)
-            read = [{"step": s, "rank": r} for s, r in steps_of(loader, state, index, bar)]
-            answer = {"sample": _named(table, [index])[0], "read": read}
+            found = sorted({at for i in indices for at in steps_of(loader, state, i, bar)})
+            read = [{"step": s, "rank": r} for s, r in found]
+            answer = {"sample": _named(table, indices[:1])[0], "read": read}
+            if len(indices) > 1:  # a source in several members of a mixture: read as any
+                answer["indices"] = indices
     except ValueError as exc:
         raise ConfigError(f"{record}: {exc}") from None
     if sheet is not None:
-        _draw(state, answer["samples"], sheet)
+        _draw(state, answer["samples"], sheet, step)
         answer["sheet"] = str(sheet)
     if as_json:
         print(json.dumps(answer, indent=2))
@@ -140,23 +143,43 @@ def _mappings(value: Any, depth: int = 0) -> Iterator[Mapping[str, Any]]:
 
 
 def _named(table: Any, indices: list[int]) -> list[dict[str, Any]]:
-    rows = table.take(indices).select(["sample_id", "source", "class_name", "split"])
+    names = ["sample_id", "source", "class_name", "split"]
+    rows = table.take(indices).select(
+        names + (["member"] if "member" in table.column_names else [])
+    )
     return [{"index": i, **row} for i, row in zip(indices, rows.to_pylist(), strict=True)]
 
 
-def _index_of(table: Any, sample: str) -> int:
+def _indices_of(table: Any, sample: str) -> list[int]:
+    """Every index of `sample` (an id, else a source): one, or one per mixture member."""
     for column in ("sample_id", "source"):
         found = [i for i, value in enumerate(table.column(column).to_pylist()) if value == sample]
         if found:
-            return found[0]
+            return found
     raise ValueError(f"no sample of the run's selection has the id or source {sample!r}")
 
 
-def _draw(state: Mapping[str, Any], samples: list[dict[str, Any]], sheet: Path) -> None:
-    """A contact sheet of a step's samples, in the order read, as `etl show` draws one."""
+def _draw(
+    state: Mapping[str, Any], samples: list[dict[str, Any]], sheet: Path, step: int | None
+) -> None:
+    """A contact sheet of a step's samples, in the order read, as `etl show` draws one: each
+    from its dataset (a mixture's member's) at the version the run read."""
     from etl.explore import dataset as explore
+    from etl.explore.drawing import Cell, draw_sheet
 
     run = json.loads(str(state["run"]))
-    ds = explore.open_dataset(run["dataset"], run["version"])
-    ids = list(dict.fromkeys(row["sample_id"] for row in samples))  # a sample read twice: once
-    ds.contact_sheet(ids=ids, cell=96, columns=min(8, len(ids))).image.save(sheet)
+    records = run["mixture"]["members"] if "mixture" in run else [run]
+    opened: dict[int, explore.Dataset] = {}
+    cells, seen = [], set()
+    for row in samples:
+        member = int(row.get("member", 0))
+        if (member, row["sample_id"]) in seen:  # a sample read twice in a step: drawn once
+            continue
+        seen.add((member, row["sample_id"]))
+        if member not in opened:
+            record = records[member].get("view", records[member])
+            opened[member] = explore.open_dataset(record["dataset"], record["version"])
+        caption = (f"{row['class_name']} ({row['split']})", row["sample_id"])
+        cells.append(Cell(opened[member].image(row["sample_id"]), caption))
+    title = f"step {step}: {len(cells)} samples"
+    draw_sheet(cells, columns=min(8, len(cells)), cell=96, title=title).image.save(sheet)

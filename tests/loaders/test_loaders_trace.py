@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from loaders import DeviceLoader, PackedDataset, make_loader
@@ -239,6 +240,10 @@ def test_a_run_on_a_view_of_a_view_is_traced_from_its_record(
     assert code == 0, err
     assert [s["index"] for s in json.loads(out)["samples"]] == read[(last, 0)]
     assert {s["class_name"] for s in json.loads(out)["samples"]} <= {"ant", "cat"}
+    sheet = tmp_path / "step.png"
+    code, _, err = cli(["trace", str(record), "--step", "0", "--sheet", str(sheet)], capsys)
+    assert code == 0, err
+    assert sheet.read_bytes().startswith(b"\x89PNG")
 
 
 def test_etl_trace_gives_each_samples_crop_made_in_the_workers(
@@ -285,3 +290,133 @@ def test_etl_trace_gives_each_samples_crop_made_in_the_workers(
     record.write_text(json.dumps(plain.state_dict()))
     code, out, _ = cli(["trace", str(record), "--step", "1"], capsys)
     assert code == 0 and "crops: not recorded" in out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_mixture_reweighted_and_resumed_elastically_is_traced_to_what_it_read(
+    packed: Packed, tmp_path: Path, workers: int
+) -> None:
+    """A mixture of three members read for an epoch and a half; resumed with a schedule that
+    gives the third member everything from step 20; resumed again on two ranks (the same
+    global batch) with other weights and a member appended. Every step of every rank is traced,
+    from the last states and a loader over any mixture of those members, to what it read."""
+    from loaders import Mixture, View
+    from tests.helpers.packed import make_packed
+
+    other = make_packed(tmp_path / "b", shard_sizes=(4, 6), classes=("cat", "dog"), seed=2)
+    members = [
+        PackedDataset.open(View(str(packed.root), split="train")),
+        PackedDataset.open(View(str(packed.root), split="val")),
+        PackedDataset.open(other.root),
+    ]
+
+    def mixed(mix: Any, **options: Any) -> Any:
+        return make_loader(
+            mix, batch_size=options.pop("batch_size", 4), seed=2, with_indices=True,
+            num_workers=workers, **options,
+        )  # fmt: skip
+
+    read: Read = {}
+    first = mixed(Mixture(members, weights=[1, 1, 1], samples_per_epoch=30))
+    step = steps(iter(first), read, 0, 0, None)  # epoch 0: 8 steps
+    first.set_epoch(1)
+    step = steps(iter(first), read, step, 0, 5)
+    saved = json.loads(json.dumps(first.state_dict()))
+
+    after = Mixture(members, weights=[1, 1, 1], samples_per_epoch=30, schedule={20: [0, 0, 1]})
+    second = mixed(after)
+    second.load_state_dict(saved)
+    step = steps(iter(second), read, step, 0, None)
+    second.set_epoch(2)
+    step = steps(iter(second), read, step, 0, 3)
+    saved = json.loads(json.dumps(second.state_dict()))
+
+    extra = PackedDataset.open(View(str(other.root), split="train"))
+    grown = Mixture([*members, extra], weights=[3, 1, 0, 1], samples_per_epoch=30)
+    final = {}
+    for rank in (0, 1):
+        loader = mixed(grown, batch_size=2, rank=rank, world_size=2)
+        loader.load_state_dict(saved)
+        at = steps(iter(loader), read, step, rank, None)
+        loader.set_epoch(3)
+        at = steps(iter(loader), read, at, rank, 4)
+        final[rank] = loader.state_dict()
+    assert (
+        final[0]["history"] == final[1]["history"] and final[0]["mixtures"] == final[1]["mixtures"]
+    )
+    assert len(json.loads(final[0]["mixtures"])) == 3  # one context per resume
+    tracer = mixed(Mixture([*members, extra], weights=[1, 1, 1, 1]))
+    check_traced(read, final[1], tracer)
+    with pytest.raises(ValueError, match="mixture's and the loader is not"):
+        samples_at(loader_of(PackedDataset.open(packed.root), "random", False), final[0], 0)
+
+
+def test_a_mixture_reweighted_at_an_epoch_boundary_begins_a_new_entry(packed: Packed) -> None:
+    """Whole epochs read one after another are one entry, but not across a resume that
+    changed the weights: epoch 1, read under other weights, is traced under those."""
+    from loaders import Mixture, View
+
+    members = [PackedDataset.open(View(str(packed.root), split=s)) for s in ("train", "val")]
+    read: Read = {}
+    first = make_loader(Mixture(members, weights=[1, 1]), batch_size=4, seed=1, with_indices=True)
+    step = steps(iter(first), read, 0, 0, None)
+    saved = json.loads(json.dumps(first.state_dict()))
+    second = make_loader(Mixture(members, weights=[0, 1]), batch_size=4, seed=1, with_indices=True)
+    second.load_state_dict(saved)
+    second.set_epoch(1)
+    steps(iter(second), read, step, 0, None)
+    final = second.state_dict()
+    assert [s.epoch for s in decode(final["history"])] == [0, 1]
+    check_traced(read, final, second)
+
+
+def test_etl_trace_answers_for_a_mixture_from_its_record(
+    packed: Packed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A mixture's run records its members as opened and each resume's weights: `etl trace`
+    opens the members again and names what each step read, each sample with its member."""
+    from loaders import Mixture, View
+
+    members = [PackedDataset.open(View(str(packed.root), split=s)) for s in ("train", "val")]
+    members.append(PackedDataset.open(packed.root, classes=["bee"]))
+    read: Read = {}
+    loader = make_loader(
+        Mixture(members, weights=[2, 1, 1]), batch_size=4, seed=7, with_indices=True
+    )
+    step = steps(iter(loader), read, 0, 0, None)
+    saved = json.loads(json.dumps(loader.state_dict()))
+    again = make_loader(
+        Mixture(members, weights=[0, 0, 1]), batch_size=4, seed=7, with_indices=True
+    )
+    again.load_state_dict(saved)
+    again.set_epoch(1)
+    steps(iter(again), read, step, 0, 3)
+    record = tmp_path / "state.json"
+    record.write_text(json.dumps(again.state_dict()))
+    mix = again.dataset
+    for at in (1, step + 2):
+        code, out, err = cli(["trace", str(record), "--step", str(at), "--json"], capsys)
+        assert code == 0, err
+        answer = json.loads(out)["samples"]
+        assert [s["index"] for s in answer] == read[(at, 0)]
+        assert [s["member"] for s in answer] == mix.member_of(read[(at, 0)]).tolist()
+        for s in answer:  # named as the member's own manifest names it
+            local = s["index"] - int(mix.offsets[s["member"]])
+            row = members[s["member"]].manifest_rows([local]).to_pylist()[0]
+            assert (s["sample_id"], s["source"]) == (row["sample_id"], row["source"])
+    assert {s["member"] for s in json.loads(out)["samples"]} == {2}  # weights [0, 0, 1]
+    code, out, err = cli(
+        ["trace", str(record), "--step", "0", "--sheet", str(tmp_path / "s.png")], capsys
+    )
+    assert code == 0, err
+    assert (tmp_path / "s.png").read_bytes().startswith(b"\x89PNG")
+    first = read[(0, 0)][0]
+    source = mix.manifest_rows([first]).to_pylist()[0]["source"]
+    code, out, err = cli(["trace", str(record), "--sample", source, "--json"], capsys)
+    assert code == 0, err
+    every = np.flatnonzero(
+        mix.manifest_rows(range(len(mix))).column("source").to_numpy(zero_copy_only=False) == source
+    )
+    assert len(every) >= 1 and first in every  # a bee is in the train or val member too
+    expected = sorted({at for at, indices in read.items() if set(every) & set(indices)})
+    assert [(r["step"], r["rank"]) for r in json.loads(out)["read"]] == expected

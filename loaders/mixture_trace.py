@@ -1,0 +1,80 @@
+"""What a run's history needs of a mixture to draw its orders again (NOTE [ tracing a mixture ]).
+
+NOTE [ tracing a mixture ]: a mixture's order is a pure function of its members' sizes, its
+schedule, its seed and the anchor of its last resume (NOTE [ resuming a mixture ]); a resume
+may bring other weights, a new schedule or appended members. So each entry of a run's history
+that began under a new mixture context (`context_of`: anchor, schedule, sizes, samples per
+epoch, replacement) records it, keyed by the entry's global step, in the state's "mixtures"
+field; `order_of` makes that entry's order again from it, whatever mixture the tracing loader
+was built with. The weights are written as Python writes floats (`repr`, exact both ways)
+and used as written, never normalised again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from loaders.mixture_orders import Anchor, MixtureOrder
+
+
+def context_of(sampler: Any) -> str:
+    """The mixture context of a `MixtureSampler` as it stands (JSON, sorted keys)."""
+    mix = sampler.mix
+    anchor = mix.anchor
+    return json.dumps(
+        {
+            "anchor": [anchor.epoch, anchor.position, [int(c) for c in anchor.cursors]],
+            "schedule": [
+                [int(first), [float(w) for w in weights]] for first, weights in mix.schedule
+            ],
+            "sizes": list(mix.sizes),
+            "per_epoch": mix.per_epoch,
+            "replacement": mix.replacement,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+
+
+def order_of(context: str, seed: int, step_size: int) -> MixtureOrder:
+    """The mixture order of an entry recorded with `context`, for global batches of
+    `step_size` positions. ValueError naming the field for a context that is not one."""
+    try:
+        found = json.loads(context)
+        epoch, position, cursors = found["anchor"]
+        schedule = tuple(
+            (int(first), np.asarray(weights, dtype=np.float64))
+            for first, weights in found["schedule"]
+        )
+        order = MixtureOrder(
+            [int(s) for s in found["sizes"]], schedule, int(found["per_epoch"]), step_size, seed,
+            bool(found["replacement"]),
+        )  # fmt: skip
+        order.anchor = Anchor(int(epoch), int(position), tuple(int(c) for c in cursors))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"loader state field 'mixtures' is damaged ({exc!r})") from None
+    return order
+
+
+def encode(contexts: Mapping[int, str]) -> str:
+    """The state's "mixtures" field: {step: context} as JSON."""
+    return json.dumps({str(k): json.loads(v) for k, v in sorted(contexts.items())}, sort_keys=True)
+
+
+def decode(text: object) -> dict[int, str]:
+    """{step: context} of a state's "mixtures" field (empty for none); ValueError if damaged."""
+    if text in (None, ""):
+        return {}
+    try:
+        assert isinstance(text, str)
+        found = json.loads(text)
+        assert isinstance(found, dict)
+        return {
+            int(k): json.dumps(v, sort_keys=True, separators=(",", ":")) for k, v in found.items()
+        }
+    except (AssertionError, TypeError, ValueError):
+        raise ValueError("loader state field 'mixtures' is damaged: not a run's mixtures") from None
