@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.ipc as ipc
 import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
@@ -155,11 +156,13 @@ def test_lightning_fits_validates_and_tests_with_the_loaders_as_they_are(
 
 @LIGHTNING_SETUPS
 def test_lightning_killed_mid_epoch_resumes_from_its_own_checkpoint(
-    packed: Packed, tmp_path: Path, world: int, workers: int
+    packed: Packed, tmp_path: Path, world: int, workers: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Checkpoints every 2 steps, SIGKILL during step 5, `fit(ckpt_path=...)` from step 4: the
     resumed run trains on exactly the batches the killed run had not finished, then on whole
-    epochs in the uninterrupted run's order, on every rank."""
+    epochs in the uninterrupted run's order, on every rank. And `etl trace` on the resumed
+    run's last checkpoint names, for every step and rank, what that rank trained on there
+    (the killed run's steps before the checkpoint included)."""
     lightning(packed, tmp_path / "whole", f"--workers={workers}", world=world)
     killed = tmp_path / "killed"
     killed.mkdir()
@@ -172,8 +175,9 @@ def test_lightning_killed_mid_epoch_resumes_from_its_own_checkpoint(
     checkpoint = killed / f"epoch={epoch}-step=4.ckpt"
     assert checkpoint.exists(), sorted(p.name for p in killed.iterdir())
     lightning(
-        packed, tmp_path / "resumed", f"--resume={checkpoint}", f"--workers={workers}", world=world
-    )
+        packed, tmp_path / "resumed", f"--resume={checkpoint}", f"--workers={workers}",
+        "--save-every=2", world=world,
+    )  # fmt: skip
 
     for rank in range(world):
         whole = seen_by_rank(tmp_path / "whole", world)[rank]["train"]
@@ -187,6 +191,34 @@ def test_lightning_killed_mid_epoch_resumes_from_its_own_checkpoint(
         assert {e: v for e, v in resumed.items() if e != str(epoch)} == {
             e: v for e, v in whole.items() if int(e) > epoch
         }, "then whole epochs, in the uninterrupted run's order"
+    check_traced_from_checkpoint(packed, killed, tmp_path / "resumed", world, capsys)
+
+
+def check_traced_from_checkpoint(
+    packed: Packed, killed: Path, resumed: Path, world: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every step of every rank up to the resumed run's last checkpoint, traced by `etl trace`
+    from that checkpoint, is the batch that rank received (identified by content): steps 0-3
+    of the killed run, then the resumed run's."""
+    from tests.helpers.cli import cli
+
+    last = max(resumed.glob("*.ckpt"), key=lambda p: int(p.stem.rsplit("step=", 1)[1]))
+    saved_at = int(last.stem.rsplit("step=", 1)[1])
+    table = ipc.open_file(packed.root / "versions" / "v000001" / "manifest.arrow").read_all()
+    position_of = {sid: p for p, sid in enumerate(table.column("sample_id").to_pylist())}
+    for rank in range(world):
+        steps = []
+        for run_dir, first, stop in ((killed, 0, 4), (resumed, 4, saved_at)):
+            seen = seen_by_rank(run_dir, world)[rank]["train"]
+            flat = [d for e in sorted(seen, key=int) for d in seen[e]]
+            steps += [flat[i : i + 4] for i in range(0, len(flat), 4)][: stop - first]
+        assert len(steps) == saved_at > 4
+        for step, digests in enumerate(steps):
+            args = ["trace", str(last), "--step", str(step), "--rank", str(rank), "--json"]
+            code, out, err = cli(args, capsys)
+            assert code == 0, err
+            traced = [position_of[s["sample_id"]] for s in json.loads(out)["samples"]]
+            assert traced == positions(packed, digests), (rank, step)
 
 
 # --- accelerate ----------------------------------------------------------------------------
