@@ -56,9 +56,14 @@ def trace(
     try:
         loader = rebuilt(state)
         table = loader.dataset.manifest_rows(list(range(len(loader.dataset))))
+        versions = _versions(state)
         if step is not None:
             indices = samples_at(loader, state, step, rank).tolist()
-            answer: dict[str, Any] = {"step": step, "rank": rank, "samples": _named(table, indices)}
+            answer: dict[str, Any] = {
+                "step": step,
+                "rank": rank,
+                "samples": _named(table, indices, versions),
+            }
             crops = crops_at(loader, state, step, indices)
             answer["crops"] = crops if crops is not None else NOT_RECORDED
         else:
@@ -67,7 +72,7 @@ def trace(
             bar = BarProgress(enabled=not as_json)
             found = sorted({at for i in indices for at in steps_of(loader, state, i, bar)})
             read = [{"step": s, "rank": r} for s, r in found]
-            answer = {"sample": _named(table, indices[:1])[0], "read": read}
+            answer = {"sample": _named(table, indices[:1], versions)[0], "read": read}
             if len(indices) > 1:  # a source in several members of a mixture: read as any
                 answer["indices"] = indices
     except ValueError as exc:
@@ -142,12 +147,24 @@ def _mappings(value: Any, depth: int = 0) -> Iterator[Mapping[str, Any]]:
             yield from _mappings(item, depth + 1)
 
 
-def _named(table: Any, indices: list[int]) -> list[dict[str, Any]]:
+def _named(table: Any, indices: list[int], versions: list[int]) -> list[dict[str, Any]]:
+    """Each index's sample: id, source, class, split, the dataset version it was read from
+    (and its member, in a mixture)."""
     names = ["sample_id", "source", "class_name", "split"]
     rows = table.take(indices).select(
         names + (["member"] if "member" in table.column_names else [])
     )
-    return [{"index": i, **row} for i, row in zip(indices, rows.to_pylist(), strict=True)]
+    return [
+        {"index": i, **row, "version": versions[row.get("member", 0)]}
+        for i, row in zip(indices, rows.to_pylist(), strict=True)
+    ]
+
+
+def _versions(state: Mapping[str, Any]) -> list[int]:
+    """The dataset version of the run (of each member, in a mixture), from its record."""
+    run = json.loads(str(state["run"]))
+    records = run["mixture"]["members"] if "mixture" in run else [run]
+    return [int(r.get("view", r)["version"]) for r in records]
 
 
 def _indices_of(table: Any, sample: str) -> list[int]:

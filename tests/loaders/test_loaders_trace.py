@@ -400,6 +400,7 @@ def test_etl_trace_answers_for_a_mixture_from_its_record(
         answer = json.loads(out)["samples"]
         assert [s["index"] for s in answer] == read[(at, 0)]
         assert [s["member"] for s in answer] == mix.member_of(read[(at, 0)]).tolist()
+        assert all(s["version"] == members[s["member"]].selection.version for s in answer)
         for s in answer:  # named as the member's own manifest names it
             local = s["index"] - int(mix.offsets[s["member"]])
             row = members[s["member"]].manifest_rows([local]).to_pylist()[0]
