@@ -35,7 +35,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")
 
 CountOpt = Annotated[int, typer.Option("--count", "-n", min=1, help="Cells to draw.")]
 
-SeedOpt = Annotated[int, typer.Option(help="Seed of the random choice.")]
+SeedOpt = Annotated[int, typer.Option(min=0, help="Seed of the random choice.")]
 
 ClassesOpt = Annotated[
     list[str] | None,

@@ -49,7 +49,7 @@ def report(
         int | None, typer.Option("--version", help="Pinned version (default: the latest).")
     ] = None,
     out_path: ReportPathOpt = Path("report.html"),
-    seed: Annotated[int, typer.Option(help="Seed of the samples and rejects shown.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the samples and rejects shown.")] = 0,
     config_path: Annotated[
         Path | None,
         typer.Option(

@@ -165,7 +165,9 @@ def validate(config_path: ConfigArg) -> None:
 def sample_data(
     directory: Annotated[Path, typer.Argument(help="Folder to create (must not exist).")],
     per_class: Annotated[int, typer.Option(min=1, help="Images per class.")] = 500,
-    seed: Annotated[int, typer.Option(help="Random seed; the same seed gives the same bytes.")] = 0,
+    seed: Annotated[
+        int, typer.Option(min=0, help="Random seed; the same seed gives the same bytes.")
+    ] = 0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:
     """Write a deterministic class-per-folder sample dataset (JPEG and PNG, some broken files).

@@ -22,7 +22,7 @@ def view(
         Path | None, typer.Option("--sheet", help="Also draw a contact sheet of its samples.")
     ] = None,
     count: Annotated[int, typer.Option("--count", "-n", min=1, help="Cells to draw.")] = 16,
-    seed: Annotated[int, typer.Option(help="Seed of the cells' random choice.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the cells' random choice.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
 ) -> None:
     """Show what a view selects: its dataset and version, every predicate of its chain, its

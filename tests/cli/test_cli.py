@@ -9,6 +9,7 @@ import pytest
 
 from etl.cli import main
 from etl.start.sample_data import make_sample_data
+from tests.helpers.cli import cli
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -96,3 +97,11 @@ def test_python_dash_m(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert done.stderr.strip() == f"error: {tmp_path / 'missing.yaml'}: no such config file"
+
+
+@pytest.mark.parametrize("command", ["show", "sample-data", "view"])
+def test_a_negative_seed_is_a_usage_error_not_a_traceback(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = cli([command, str(tmp_path / "x"), "--seed", "-1"], capsys)
+    assert code == 2 and "--seed" in err and "Traceback" not in err

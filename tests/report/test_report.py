@@ -247,6 +247,7 @@ def test_a_pinned_first_version_has_no_changes(
         (["-o", "{tmp}/report.png"], "end the name in .html"),
         (["-o", "{tmp}/missing/report.html"], "no such folder"),
         (["--version", "9", "-o", "{tmp}/r.html"], "9"),
+        (["--seed", "-1", "-o", "{tmp}/r.html"], "--seed"),
     ],
 )
 def test_bad_arguments_are_one_line(
