@@ -82,8 +82,14 @@ def trace(
         answer["sheet"] = str(sheet)
     if as_json:
         print(json.dumps(answer, indent=2))
-        return
-    if step is not None:
+    else:
+        _print_answer(answer, sheet)
+
+
+def _print_answer(answer: Mapping[str, Any], sheet: Path | None) -> None:
+    """`etl trace`'s answer for a reader: a step's samples (with crops), or a sample's reads."""
+    if "step" in answer:
+        step, rank = answer["step"], answer["rank"]
         out.print(f"step {step}, rank {rank}: {len(answer['samples'])} samples", highlight=False)
         crops = answer["crops"] if isinstance(answer["crops"], list) else None
         for k, row in enumerate(answer["samples"]):
@@ -93,12 +99,12 @@ def trace(
             out.print(f"  crops: {NOT_RECORDED}", highlight=False)
         if sheet is not None:
             out.print(f"wrote {sheet}", highlight=False)
-    else:
-        row = answer["sample"]
-        out.print(f"{row['sample_id']} {row['source']}: read {len(answer['read'])} times",
-                  highlight=False)  # fmt: skip
-        for at in answer["read"]:
-            out.print(f"  step {at['step']}, rank {at['rank']}", highlight=False)
+        return
+    row = answer["sample"]
+    out.print(f"{row['sample_id']} {row['source']}: read {len(answer['read'])} times",
+              highlight=False)  # fmt: skip
+    for at in answer["read"]:
+        out.print(f"  step {at['step']}, rank {at['rank']}", highlight=False)
 
 
 NOT_RECORDED = (
