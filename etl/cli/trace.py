@@ -168,9 +168,15 @@ def _named(table: Any, indices: list[int], versions: list[int]) -> list[dict[str
 
 def _versions(state: Mapping[str, Any]) -> list[int]:
     """The dataset version of the run (of each member, in a mixture), from its record."""
+    return [int(r["version"]) for r in _datasets(state)]
+
+
+def _datasets(state: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """What the run's record says of each dataset it read (each member's, in a mixture; a
+    view's base): at least its path or URL, "dataset", and its "version"."""
     run = json.loads(str(state["run"]))
     records = run["mixture"]["members"] if "mixture" in run else [run]
-    return [int(r.get("view", r)["version"]) for r in records]
+    return [r.get("view", r) for r in records]
 
 
 def _indices_of(table: Any, sample: str) -> list[int]:
@@ -190,8 +196,7 @@ def _draw(
     from etl.explore import dataset as explore
     from etl.explore.drawing import Cell, draw_sheet
 
-    run = json.loads(str(state["run"]))
-    records = run["mixture"]["members"] if "mixture" in run else [run]
+    records = _datasets(state)
     opened: dict[int, explore.Dataset] = {}
     cells, seen = [], set()
     for row in samples:
@@ -200,7 +205,7 @@ def _draw(
             continue
         seen.add((member, row["sample_id"]))
         if member not in opened:
-            record = records[member].get("view", records[member])
+            record = records[member]
             opened[member] = explore.open_dataset(record["dataset"], record["version"])
         caption = (f"{row['class_name']} ({row['split']})", row["sample_id"])
         cells.append(Cell(opened[member].image(row["sample_id"]), caption))

@@ -56,12 +56,12 @@ INVOKED_AS: list[str] | None = None
 a version committed by it records, whether it came from a shell or `main([...])`."""
 
 
-def command_line(argv: Sequence[str] | None = None) -> str:
+def command_line() -> str:
     """This process's command line as a shell would take it back (`etl run pipeline.yaml`):
     what a version's metadata says made it. INVOKED_AS where the `etl` command set it, else
     `sys.argv`; the program is named by its file name alone, and `python -m pkg` as such, so
     no home folder or virtual environment's path is recorded."""
-    args = list(argv if argv is not None else INVOKED_AS or sys.argv)
+    args = list(INVOKED_AS or sys.argv)
     if not args:
         return ""
     program = Path(args[0]).name

@@ -20,14 +20,13 @@ import pyarrow.compute as pc
 
 from etl.errors import EtlError
 from etl.explore.dataset import Dataset
-from etl.maintenance.versions import VersionDiff
 from etl.progress import Progress
 from etl.report.charts import BarChart, Histogram, histogram, stacked_bars
 from etl.report.history import (
-    DIFF_EXAMPLES,
     DiffPictures,
     VersionEntry,
     diff_pictures,
+    draw_changes,
     timeline,
 )
 from etl.report.thumbs import Thumb, sample_thumb, to_uri, value_counts
@@ -104,11 +103,17 @@ def gather(
     summary = ds.summary().to_dict()
     rows, chart = _class_counts(ds, notes)
     versions, last = timeline(ds)
-    progress.start("thumbnails", _planned(ds, last))
+    reasons = value_counts(ds.rejects.column("reason"))
+    # drawn first, read after: the progress bar's total is what was drawn
+    grid_picks = _grid_picks(ds, seed, notes)
+    reject_picks = _reject_picks(ds, reasons, seed)
+    changes = draw_changes(last, seed) if last is not None else None
+    total = sum(len(p) for _, p in grid_picks) + sum(len(r) for _, _, r in reject_picks)
+    progress.start("thumbnails", total + (changes.thumbnails if changes else 0))
     try:
-        rejects = _rejects(ds, seed, source, decode, notes, progress)
-        grid = _grid(ds, seed, notes, progress)
-        pictures = diff_pictures(ds, last, seed, progress) if last is not None else None
+        rejects = _rejects(ds, reject_picks, source, decode, notes, progress)
+        grid = _grid(ds, grid_picks, progress)
+        pictures = diff_pictures(ds, changes, progress) if changes is not None else None
     finally:
         progress.stop()
     return ReportData(
@@ -121,7 +126,7 @@ def gather(
         class_rows=rows,
         classes_chart=chart,
         notes=notes,
-        reject_chart=_reject_chart(ds),
+        reject_chart=_reject_chart(reasons),
         reject_groups=rejects,
         grid=grid,
         columns=tuple(
@@ -157,37 +162,15 @@ def _class_counts(
     return table, stacked_bars([c for c, _ in charted], series)
 
 
-def _reject_chart(ds: Dataset) -> BarChart | None:
-    reasons = value_counts(ds.rejects.column("reason"))
+def _reject_chart(reasons: list[tuple[str, int]]) -> BarChart | None:
     if not reasons:
         return None
     return stacked_bars([r for r, _ in reasons], {"rejects": [n for _, n in reasons]})
 
 
-def _planned(ds: Dataset, last: VersionDiff | None) -> int:
-    """The thumbnails `gather` reads, for its progress bar."""
-    shown = min(len(ds.classes), GRID_BUDGET)
-    per_class = max(1, min(PER_CLASS, GRID_BUDGET // max(shown, 1)))
-    sizes = np.bincount(ds.table.column("label").to_numpy(), minlength=shown)[:shown]
-    total = int(np.minimum(sizes, per_class).sum())
-    budget = REJECT_BUDGET
-    for _, n in value_counts(ds.rejects.column("reason")):
-        take = min(REJECT_EXAMPLES, budget, n)
-        budget -= take
-        total += take
-    if last is not None:
-        total += sum(
-            k * min(DIFF_EXAMPLES, t.num_rows)
-            for k, t in ((1, last.added), (1, last.removed), (2, last.changed))
-        )
-    return total
-
-
-def _grid(
-    ds: Dataset, seed: int, notes: dict[str, str], progress: Progress
-) -> tuple[tuple[str, tuple[Thumb, ...]], ...]:
+def _grid_picks(ds: Dataset, seed: int, notes: dict[str, str]) -> list[tuple[str, list[int]]]:
     """A few samples of each class, drawn by `seed`: up to PER_CLASS each, GRID_BUDGET in all
-    (the first classes by label where there are more classes than that)."""
+    (the first classes by label where there are more classes than that), as positions."""
     n_classes = len(ds.classes)
     shown = min(n_classes, GRID_BUDGET)
     per_class = max(1, min(PER_CLASS, GRID_BUDGET // max(shown, 1)))
@@ -197,52 +180,70 @@ def _grid(
     by_label = np.argsort(labels, kind="stable")  # a radix sort of int32: linear in rows
     starts = np.searchsorted(labels[by_label], np.arange(shown + 1))
     rng = np.random.default_rng(seed)
-    splits, ids, sources = (ds.table.column(c) for c in ("split", "sample_id", "source"))
-    grid = []
+    picks = []
     for label in range(shown):
         members = by_label[starts[label] : starts[label + 1]]
         drawn = rng.choice(len(members), min(per_class, len(members)), replace=False)
-        picked = sorted(int(members[i]) for i in drawn)
+        picks.append((ds.classes[label], sorted(int(members[i]) for i in drawn)))
+    return picks
+
+
+def _grid(
+    ds: Dataset, picks: list[tuple[str, list[int]]], progress: Progress
+) -> tuple[tuple[str, tuple[Thumb, ...]], ...]:
+    """The grid's thumbnails, each captioned with its sample id, split and source."""
+    splits, ids, sources = (ds.table.column(c) for c in ("split", "sample_id", "source"))
+    grid = []
+    for name, positions in picks:
         thumbs = []
-        for p in picked:
+        for p in positions:
             lines = (str(ids[p]), str(splits[p]), str(sources[p]))
             thumbs.append(sample_thumb(ds, p, lines))
             progress.advance(1)
-        grid.append((ds.classes[label], tuple(thumbs)))
+        grid.append((name, tuple(thumbs)))
     return tuple(grid)
+
+
+def _reject_picks(
+    ds: Dataset, reasons: list[tuple[str, int]], seed: int
+) -> list[tuple[str, int, list[dict[str, Any]]]]:
+    """Each reason, its count and up to REJECT_EXAMPLES of its rejects drawn by `seed`
+    (REJECT_BUDGET in all)."""
+    table = ds.rejects
+    if table.num_rows == 0:
+        return []
+    column = table.column("reason").to_numpy(zero_copy_only=False)
+    rng = np.random.default_rng(seed)
+    picks, budget = [], REJECT_BUDGET
+    for reason, count in reasons:
+        where = np.flatnonzero(column == reason)
+        take = min(REJECT_EXAMPLES, budget, len(where))
+        budget -= take
+        picked = sorted(int(i) for i in rng.choice(where, take, replace=False))
+        picks.append((reason, count, table.take(pa.array(picked, pa.int64())).to_pylist()))
+    return picks
 
 
 def _rejects(
     ds: Dataset,
-    seed: int,
+    picks: list[tuple[str, int, list[dict[str, Any]]]],
     source: SourceConfig | None,
     decode: DecodeStage | None,
     notes: dict[str, str],
     progress: Progress,
 ) -> tuple[RejectGroup, ...]:
-    """Each reason's count and up to REJECT_EXAMPLES examples drawn by `seed`, with their
-    thumbnails where `source` is given and the file can be read and decoded."""
-    table = ds.rejects
-    if table.num_rows == 0:
-        return ()
-    if source is None:
+    """Each reason's group, with thumbnails where `source` is given and the file can be read
+    and decoded."""
+    if picks and source is None:
         notes["rejects"] = (
             "thumbnails not available: give the source (--config pipeline.yaml or --source DIR)"
         )
-    reasons = table.column("reason").to_numpy(zero_copy_only=False)
-    rng = np.random.default_rng(seed)
-    groups, budget = [], REJECT_BUDGET
-    for reason, count in value_counts(table.column("reason")):
-        where = np.flatnonzero(reasons == reason)
-        take = min(REJECT_EXAMPLES, budget, len(where))
-        budget -= take
-        picked = sorted(int(i) for i in rng.choice(where, take, replace=False))
-        rows = table.take(pa.array(picked, pa.int64()))
-        thumbs = _reject_thumbs(ds, rows.to_pylist(), source, decode)
+    groups = []
+    for reason, count, rows in picks:
+        thumbs = _reject_thumbs(ds, rows, source, decode)
         progress.advance(len(thumbs))
         examples = tuple(
-            (str(r["source"]), str(r["message"]), t)
-            for r, t in zip(rows.to_pylist(), thumbs, strict=True)
+            (str(r["source"]), str(r["message"]), t) for r, t in zip(rows, thumbs, strict=True)
         )
         groups.append(RejectGroup(reason, count, examples))
     return tuple(groups)

@@ -92,16 +92,38 @@ def _change(d: VersionDiff) -> Change:
     return Change(d.a, d.added.num_rows, d.removed.num_rows, d.changed.num_rows, per_class)
 
 
-def diff_pictures(ds: Dataset, d: VersionDiff, seed: int, progress: Progress) -> DiffPictures:
-    """Thumbnails of samples added, changed (before and after) and removed since the previous
-    version: up to DIFF_EXAMPLES of each, drawn by `seed`; a removed or earlier sample whose
-    shard is gone (compacted away) says so."""
-    before = ds.at_version(d.a)
+@dataclass(frozen=True)
+class DrawnChanges:
+    """The rows of a diff the report draws pictures of: up to DIFF_EXAMPLES of each kind."""
+
+    diff: VersionDiff
+    added: pa.Table
+    removed: pa.Table
+    changed: pa.Table
+
+    @property
+    def thumbnails(self) -> int:
+        """Pictures they make: one each, two (before, after) for a changed sample."""
+        return self.added.num_rows + self.removed.num_rows + 2 * self.changed.num_rows
+
+
+def draw_changes(d: VersionDiff, seed: int) -> DrawnChanges:
+    """Up to DIFF_EXAMPLES samples added, removed and changed, drawn by `seed`."""
     rng = np.random.default_rng(seed)
 
     def drawn(table: pa.Table) -> pa.Table:
         picked = rng.choice(table.num_rows, min(DIFF_EXAMPLES, table.num_rows), replace=False)
         return table.take(pa.array(sorted(int(i) for i in picked), pa.int64()))
+
+    added, removed, changed = drawn(d.added), drawn(d.removed), drawn(d.changed)
+    return DrawnChanges(d, added, removed, changed)
+
+
+def diff_pictures(ds: Dataset, drawn: DrawnChanges, progress: Progress) -> DiffPictures:
+    """Thumbnails of the samples `draw_changes` drew: added, changed (before and after) and
+    removed since the previous version; a removed or earlier sample whose shard is gone
+    (compacted away) says so."""
+    before = ds.at_version(drawn.diff.a)
 
     def thumbs(
         version: Dataset, sources: list[str], captions: list[tuple[str, ...]]
@@ -114,17 +136,11 @@ def diff_pictures(ds: Dataset, d: VersionDiff, seed: int, progress: Progress) ->
             progress.advance(1)
         return found
 
-    added, removed, changed = drawn(d.added), drawn(d.removed), drawn(d.changed)
-    old_new = [
-        (
-            (r["source"],),
-            (r["source"], *_what_changed(r)),
-        )
-        for r in changed.to_pylist()
-    ]
+    added, removed, changed = drawn.added, drawn.removed, drawn.changed
+    old_new = [((r["source"],), (r["source"], *_what_changed(r))) for r in changed.to_pylist()]
     sources = changed.column("source").to_pylist()
     return DiffPictures(
-        d.a,
+        drawn.diff.a,
         tuple(thumbs(ds, added.column("source").to_pylist(), _captions(added))),
         tuple(
             zip(
