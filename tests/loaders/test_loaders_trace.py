@@ -421,3 +421,21 @@ def test_etl_trace_answers_for_a_mixture_from_its_record(
     assert len(every) >= 1 and first in every  # a bee is in the train or val member too
     expected = sorted({at for at, indices in read.items() if set(every) & set(indices)})
     assert [(r["step"], r["rank"]) for r in json.loads(out)["read"]] == expected
+
+
+def test_a_damaged_mixtures_field_is_refused_in_one_line(packed: Packed) -> None:
+    """A state's 'mixtures' that is not JSON, not a mapping, or a context missing its keys:
+    one ValueError naming the field, on load or when traced, never a KeyError."""
+    from loaders import Mixture, View
+
+    members = [PackedDataset.open(View(str(packed.root), split=s)) for s in ("train", "val")]
+    loader = make_loader(Mixture(members, weights=[1, 1]), batch_size=4, seed=1)
+    for _ in loader:
+        pass
+    state = json.loads(json.dumps(loader.state_dict()))
+    for damaged in ("{not json", "[1, 2]", 7):
+        with pytest.raises(ValueError, match="'mixtures' is damaged"):
+            loader.load_state_dict({**state, "mixtures": damaged})
+    missing = {**state, "mixtures": json.dumps({"0": {"anchor": [0, 0, [0, 0]]}})}
+    with pytest.raises(ValueError, match="'mixtures' is damaged"):
+        samples_at(loader, missing, 0)
