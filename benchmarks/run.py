@@ -29,6 +29,7 @@ BENCHMARKS = (
     "bench_mixture",
     "bench_aspect",
     "bench_report",
+    "bench_worker_start",
 )
 
 

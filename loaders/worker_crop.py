@@ -30,7 +30,15 @@ import torch
 import torch.nn.functional as F
 from numpy.typing import NDArray
 
-from etl.format.codecs import JPEG, RAW, DecodeFailure, dct_factor, decode, decode_jpeg
+from etl.format.codecs import (
+    JPEG,
+    RAW,
+    REDUCING_GAP,
+    DecodeFailure,
+    dct_factor,
+    decode,
+    decode_jpeg,
+)
 from etl.format.ragged import shape_of
 from loaders.augment import CenterCrop, RandomResizedCrop, crop_boxes, flips, resized_sides
 from loaders.catalog import Selection
@@ -38,9 +46,6 @@ from loaders.ragged_rows import decode_failure
 from loaders.reader import ShardReader
 
 Crop = RandomResizedCrop | CenterCrop
-REDUCING_GAP = 2.0
-"""Decode a JPEG at a reduced scale only where that leaves at least twice the output size (the
-Pillow convention of `Image.thumbnail`, #60's draft rule)."""
 
 
 @dataclass(frozen=True)

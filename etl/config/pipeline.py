@@ -17,7 +17,6 @@ from etl.config.sources import Source
 from etl.config.stages import (
     KEEP_ASPECT_KEYS,
     LEGACY_REDUCING_GAP,
-    REDUCING_GAP,
     CallStage,
     DecodeStage,
     ResizeStage,
@@ -26,6 +25,7 @@ from etl.config.stages import (
     single_key_stage,
 )
 from etl.errors import ConfigError
+from etl.format.codecs import REDUCING_GAP
 from etl.storage.location import StoreOptions, is_url
 from etl.storage.transport import STORE_TIMEOUT, unconditional
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from fractions import Fraction
 from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
@@ -57,9 +56,6 @@ class DecodeStage(StrictModel):
         return self
 
 
-REDUCING_GAP = 2.0
-"""A reduced JPEG decode keeps at least this many times the output size (Pillow's
-`Image.thumbnail` default; `etl.format.codecs.dct_factor`)."""
 LEGACY_REDUCING_GAP = 1.0
 """The rule of `draft: true` before the reduced decode became the default: never below the
 output size. Datasets drafted then keep it (`PipelineConfig.resolved`)."""
@@ -113,22 +109,6 @@ class ResizeStage(StrictModel):
         if self.size is None:
             raise ValueError(f"mode {self.mode} needs size: [height, width]")
         return self
-
-    def output_size(self, height: int, width: int) -> tuple[int, int]:
-        """The stored (height, width) of a (height, width) image: `size`, or for 'keep_aspect'
-        the shorter side scaled to `shorter` (no larger unless `upscale`), then the longer side
-        capped at `longer`; each side rounded to the nearest pixel (half to even), at least 1.
-        Exact arithmetic: the side that was aimed at is exactly `shorter` or `longer`."""
-        if self.mode != "keep_aspect":
-            assert self.size is not None
-            return self.size
-        assert self.shorter is not None and self.longer is not None
-        scale = Fraction(self.shorter, min(height, width))
-        if not self.upscale:
-            scale = min(scale, Fraction(1))
-        if max(height, width) * scale > self.longer:
-            scale = Fraction(self.longer, max(height, width))
-        return max(1, round(height * scale)), max(1, round(width * scale))
 
     @property
     def largest_pixels(self) -> int:

@@ -1,24 +1,31 @@
 """The one way a shard is filled, for a run and for repair alike: each source read back through
 its kind's reader, checked against the content hash the plan recorded, run through the image
-stages and appended to the shard. A bad image is a reject with its reason, not a failure."""
+stages and appended to the shard. A bad image is a reject with its reason, not a failure.
+
+A worker gets a `FillSpec`, the validated config's plain copy (`fill_spec`, in the parent):
+this module and everything it imports at the top leave pydantic and the config models out."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
-from etl.config import CallStage, PipelineConfig
 from etl.errors import WorkerError, described
 from etl.format.checksums import digest
 from etl.format.codecs import encode
+from etl.images.recipe import Recipe, recipe_of
 from etl.images.rejects import Reject
 from etl.images.stages import load_function, process_image
 from etl.sources import readers
+from etl.sources.kind import SourceSpec
+
+if TYPE_CHECKING:
+    from etl.config import PipelineConfig
 
 
 def read_failure(exc: OSError) -> tuple[str, str]:
@@ -28,13 +35,42 @@ def read_failure(exc: OSError) -> tuple[str, str]:
     return "io_error", f"cannot read: {exc.strerror or exc}"
 
 
-def stage_functions(config: PipelineConfig) -> dict[str, Callable[..., Any]]:
-    """The user functions of `config`'s call stages, imported once per worker task."""
-    return {
-        stage.function: load_function(stage.function)
-        for stage in config.stages
-        if isinstance(stage, CallStage)
-    }
+@dataclass(frozen=True)
+class FillSpec:
+    """What filling a shard needs of a validated config, as plain data."""
+
+    recipe: Recipe
+    source: SourceSpec
+    checksum: str
+    """`output.checksum`: the algorithm of content hashes and row checksums."""
+    codec: str
+    quality: int
+    min_ratio: float
+    """`output.codec`: how each sample is stored (`etl.format.codecs.encode`)."""
+
+    @property
+    def encoded(self) -> bool:
+        return self.codec != "raw"
+
+
+def fill_spec(config: PipelineConfig) -> FillSpec:
+    """The plain copy of `config` that `fill_shard` takes, made once in the parent."""
+    from etl.sources.registry import spec_of  # NOTE: here: it imports every kind and the config
+
+    codec = config.output.codec
+    return FillSpec(
+        recipe_of(config),
+        spec_of(config.source),
+        config.output.checksum,
+        codec.kind,
+        codec.quality,
+        codec.min_ratio,
+    )
+
+
+def stage_functions(recipe: Recipe) -> dict[str, Callable[..., Any]]:
+    """The user functions of the recipe's call steps, imported once per worker task."""
+    return {function: load_function(function) for function in recipe.functions}
 
 
 class RowWriter(Protocol):
@@ -65,7 +101,7 @@ class Stored:
 
 def fill_shard(
     writer: RowWriter,
-    config: PipelineConfig,
+    spec: FillSpec,
     sources: Sequence[tuple[str, str, str]],
     changed: str,
     keep: Path | None = None,
@@ -76,11 +112,11 @@ def fill_shard(
     Yields, in order, what became of each. A read failure is a reject; a failure to write the
     shard (an OSError) is raised as it is; anything else is raised as a WorkerError naming the
     source. `keep`: where the hash phase kept objects from a store (`etl.sources.kept`)."""
-    functions = stage_functions(config)
-    outcomes = readers.read_many(config.source, (locator for _, locator, _ in sources), keep)
+    functions = stage_functions(spec.recipe)
+    outcomes = readers.read_many(spec.source, (locator for _, locator, _ in sources), keep)
     for (source, _, content_hash), data in zip(sources, outcomes, strict=True):
         try:
-            outcome = _store(data, content_hash, writer, config, functions, changed)
+            outcome = _store(data, content_hash, writer, spec, functions, changed)
         except OSError:
             raise  # the shard's write: a read failure is a reject in _store
         except Exception as exc:
@@ -94,26 +130,30 @@ def _store(
     data: bytes | OSError,
     content_hash: str,
     writer: RowWriter,
-    config: PipelineConfig,
+    spec: FillSpec,
     functions: dict[str, Callable[..., Any]],
     changed: str,
 ) -> Stored | Reject:
     if isinstance(data, OSError):
         writer.skip()
         return Reject(*read_failure(data))
-    if digest(data, config.output.checksum) != content_hash:
+    if digest(data, spec.checksum) != content_hash:
         writer.skip()
         return Reject("changed", changed)
     try:
-        array, (height, width) = process_image(data, config, functions)
+        array, (height, width) = process_image(data, spec.recipe, functions)
     except Reject as exc:
         writer.skip()
         return exc
-    codec = config.output.codec
-    if not codec.encoded:
+    if not spec.encoded:
         row, checksum = writer.append(array)
         return Stored(row, checksum, height, width, array.shape, "raw", array.nbytes)
-    layout = config.output.layout
-    name, encoded = encode(array, codec.kind, codec.quality, codec.min_ratio, layout)
+    layout = spec.recipe.layout
+    name, encoded = encode(array, spec.codec, spec.quality, spec.min_ratio, layout)
     row, checksum = writer.append(encoded)
     return Stored(row, checksum, height, width, array.shape, name, encoded.size)
+
+
+def warm(_: int) -> None:
+    """Worker: nothing. Unpickling this function imported this module, what filling a shard
+    needs (decoders, stages, readers), while the parent lists: that import is the point."""

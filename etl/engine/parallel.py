@@ -22,6 +22,7 @@ from joblib.parallel import LokyBackend
 
 from etl.config import Backend, RunConfig
 from etl.engine import cluster, interrupt
+from etl.engine.fill import warm
 from etl.errors import ExecutionError, WorkerDied, described
 
 # NOTE [ worker start-up ]: every run waits for its worker processes to start (0.2 s for a
@@ -359,14 +360,8 @@ def workers_starting(run: RunConfig, wanted: bool = True) -> Iterator[Starting]:
 def _start_workers(run: RunConfig) -> None:
     try:
         # a few tasks per worker, so that every worker runs one and imports what packing needs
-        with parallel_map(_started, range(4 * worker_count(run)), run) as results:
+        with parallel_map(warm, range(4 * worker_count(run)), run) as results:
             for _ in results:
                 pass
     except Exception:
         pass  # an early start only: the pack phase starts them again and reports what fails
-
-
-def _started(_: int) -> None:
-    """Worker: import what filling a shard needs (decoders, stages, readers); that import,
-    done now while the parent lists, is the point."""
-    import etl.engine.fill  # noqa: F401

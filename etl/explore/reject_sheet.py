@@ -33,6 +33,7 @@ def reject_cells(
     from etl.sources import readers
     from etl.sources.entries import ListContext
     from etl.sources.locate import locate
+    from etl.sources.registry import released, spec_of
 
     limit = min(source.max_file_bytes, MAX_REJECT_BYTES)
     source = source.model_copy(update={"max_file_bytes": limit})
@@ -40,12 +41,12 @@ def reject_cells(
     hashes = frozenset(str(r["source_hash"]) for r in rejects if r.get("source_hash"))
     with (
         tempfile.TemporaryDirectory(prefix="etl-rejects-") as scratch,
-        readers.released(None),
+        released(None),
     ):
         context = ListContext(checksum, spool=Path(scratch) / "spool.bin", wanted=hashes)
         found = locate(source, set(names), context, root)
         located = [n for n in names if n in found.locators]
-        outcomes = readers.read_many(source, [found.locators[n] for n in located])
+        outcomes = readers.read_many(spec_of(source), [found.locators[n] for n in located])
         data = dict(zip(located, outcomes, strict=True))  # read now, while the spool exists
     return [
         _cell(row, data[name] if name in data else found.missing[name], decode)
@@ -56,6 +57,7 @@ def reject_cells(
 def _cell(reject: Mapping[str, Any], data: bytes | OSError | str, decode: DecodeStage) -> Cell:
     """One reject's thumbnail from its bytes, or a placeholder saying why there is none."""
     from etl.images.decode import decode as decode_image
+    from etl.images.recipe import decode_step
     from etl.images.rejects import Reject
 
     source, reason = str(reject["source"]), str(reject["reason"])
@@ -68,7 +70,7 @@ def _cell(reject: Mapping[str, Any], data: bytes | OSError | str, decode: Decode
         why = data
     else:
         try:
-            image = decode_image(data, decode).image
+            image = decode_image(data, decode_step(decode)).image
         except Reject as exc:
             why = str(exc)
     if why is not None:

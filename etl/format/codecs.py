@@ -115,6 +115,11 @@ def jpeg_size(data: Any) -> tuple[int, int]:
     return int(height), int(width)
 
 
+REDUCING_GAP = 2.0
+"""A reduced JPEG decode keeps at least this many times the output size (Pillow's
+`Image.thumbnail` default): the packing's draft and the loaders' decode alike."""
+
+
 def dct_factor(source: tuple[int, int], needed: tuple[int, int], reducing_gap: float) -> int:
     """The largest of libjpeg's DCT-domain reductions (8, 4, 2, else 1) that leaves an image of
     `source` (height, width) at least `reducing_gap` times `needed` on both sides: decoding at

@@ -17,19 +17,18 @@ from typing import Any
 import numpy as np
 from PIL import ExifTags, Image, ImageFile, ImageOps, UnidentifiedImageError
 
-from etl.config import DecodeStage, ResizeStage
-from etl.config.stages import REDUCING_GAP
 from etl.errors import described
-from etl.format.codecs import dct_factor
+from etl.format.codecs import REDUCING_GAP, dct_factor
 from etl.format.npy import MAX_HEADER_BYTES, NpyHeaderError, parse_header
 from etl.images import formats
+from etl.images.recipe import DecodeStep, ResizeStep
 from etl.images.rejects import Reject
 
 
 @dataclass(frozen=True)
 class Decoded:
     image: Image.Image
-    """Mode "RGB" or "L" as DecodeStage.mode says, EXIF orientation applied; "RGBX" (RGB in
+    """Mode "RGB" or "L" as DecodeStep.mode says, EXIF orientation applied; "RGBX" (RGB in
     Pillow's four-byte layout) only for a caller that named the resize that follows, which
     returns "RGB"."""
     source_size: tuple[int, int]
@@ -48,8 +47,8 @@ _DECODER_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, struc
 
 def decode(
     data: bytes,
-    opts: DecodeStage,
-    next_resize: ResizeStage | None = None,
+    opts: DecodeStep,
+    next_resize: ResizeStep | None = None,
     reducing_gap: float = REDUCING_GAP,
 ) -> Decoded:
     """Decode one encoded image fully, or raise `Reject`.
@@ -85,7 +84,7 @@ def decode(
 
 
 def _decode(
-    data: bytes, opts: DecodeStage, next_resize: ResizeStage | None, reducing_gap: float
+    data: bytes, opts: DecodeStep, next_resize: ResizeStep | None, reducing_gap: float
 ) -> Decoded:
     try:
         formats.check_declared_length(data)
@@ -145,8 +144,8 @@ def _open(data: bytes, allowed: tuple[str, ...]) -> ImageFile.ImageFile:
 def _decode_jpeg(
     data: bytes,
     header: ImageFile.ImageFile,
-    opts: DecodeStage,
-    next_resize: ResizeStage | None,
+    opts: DecodeStep,
+    next_resize: ResizeStep | None,
     reducing_gap: float,
 ) -> Decoded:
     """A JPEG through `formats` (libjpeg's warnings are errors), decoded at the DCT scale
@@ -197,7 +196,7 @@ NPY_MAGIC = b"\x93NUMPY"
 """Raw pixels from an LMDB or Python source arrive as .npy bytes (never pickled)."""
 
 
-def _decode_npy(data: bytes, opts: DecodeStage) -> Decoded:
+def _decode_npy(data: bytes, opts: DecodeStep) -> Decoded:
     """.npy bytes of an HxW or HxWxC (C = 1..4: L, LA, RGB, RGBA) uint8 array -> the image in
     opts.mode, by the same conversions as an encoded image (alpha composited, grey to RGB).
 
@@ -250,7 +249,7 @@ def _identify_failure(data: bytes) -> str:
     return f"cannot identify an image format ({len(data)} bytes starting {data[:8]!r})"
 
 
-def _draft_request(size: tuple[int, int], opts: ResizeStage) -> tuple[int, int]:
+def _draft_request(size: tuple[int, int], opts: ResizeStep) -> tuple[int, int]:
     """Smallest (width, height) from which `resize(image, opts)` upscales no more than from
     `size` = (width, height) itself: every axis at least its share of `opts.size`, capped at
     `size`. center_crop scales both axes by max(tw/w, th/h), pad by the min, stretch each its own.
@@ -266,7 +265,7 @@ def _draft_request(size: tuple[int, int], opts: ResizeStage) -> tuple[int, int]:
     return (min(width, -(-width * scale_w // 1)), min(height, -(-height * scale_h // 1)))
 
 
-def _to_mode(image: Image.Image, opts: DecodeStage) -> Image.Image:
+def _to_mode(image: Image.Image, opts: DecodeStep) -> Image.Image:
     """Any Pillow mode -> opts.mode by an explicit rule per mode, never by accidental clipping."""
     mode = image.mode
     if mode in _SIXTEEN_BIT or mode == "I":
@@ -305,7 +304,7 @@ def _sixteen_bit_to_l(image: Image.Image) -> Image.Image:
     return Image.fromarray(scaled.astype(np.uint8))
 
 
-def _composite(image: Image.Image, opts: DecodeStage) -> Image.Image:
+def _composite(image: Image.Image, opts: DecodeStep) -> Image.Image:
     """Flatten alpha (an alpha band, a transparent palette entry or colour key) onto
     opts.background, in opts.mode so a grey image is blended against the colour's luminance."""
     if image.mode == "La":

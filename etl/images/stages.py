@@ -1,9 +1,10 @@
 """Pure per-image stages: encoded bytes -> decoded image (`etl.images.decode`) -> validated ->
 resized image -> call stages -> uint8 array.
 
-No file I/O, no parallelism, no printing. `etl.engine.fill` loads the call-stage functions once per
-worker with `load_function`, runs `process_image` on each file's bytes, and turns a `Reject` into
-a row of the rejects table (reasons: `etl.images.rejects`).
+No file I/O, no parallelism, no printing. The stages read a `Recipe` (`etl.images.recipe`), the
+config's plain copy, so a worker never imports the config models. `etl.engine.fill` loads the
+call-stage functions once per worker with `load_function`, runs `process_image` on each file's
+bytes, and turns a `Reject` into a row of the rejects table (reasons: `etl.images.rejects`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import numpy as np
 from numpy.typing import NDArray
 from PIL import Image, ImageOps
 
-from etl.config import CallStage, PipelineConfig, ResizeStage, ValidateStage
 from etl.errors import ConfigError, described
 from etl.images.decode import decode, luminance
+from etl.images.recipe import CallStep, Recipe, ResizeStep, ValidateStep
 from etl.images.rejects import Reject
 
 # --- resize ---------------------------------------------------------------------------------
@@ -51,7 +52,7 @@ RESIZE_MODES: dict[str, ResizeFn] = {
     "center_crop": _center_crop,  # crop to the target aspect around the centre, then resize
     "pad": _pad,  # fit inside the target, letterbox with ResizeStage.fill
     "stretch": _stretch,  # resize each axis on its own; distorts the aspect
-    "keep_aspect": _stretch,  # to ResizeStage.output_size, which keeps the aspect ratio
+    "keep_aspect": _stretch,  # to ResizeStep.output_size, which keeps the aspect ratio
 }
 
 FILTERS: dict[str, Image.Resampling] = {
@@ -72,7 +73,7 @@ def _lookup(registry: Mapping[str, Any], name: str, what: str) -> Any:
 
 
 def resize(
-    image: Image.Image, opts: ResizeStage, source_size: tuple[int, int] | None = None
+    image: Image.Image, opts: ResizeStep, source_size: tuple[int, int] | None = None
 ) -> Image.Image:
     """Resize to `opts.output_size` (opts.size, or the aspect kept) by opts.mode with
     opts.filter. `source_size`: the (height, width) the output size is computed from when
@@ -88,7 +89,7 @@ def resize(
 # --- validate -------------------------------------------------------------------------------
 
 
-def check_source(source_size: tuple[int, int], opts: ValidateStage) -> None:
+def check_source(source_size: tuple[int, int], opts: ValidateStep) -> None:
     """Refuse a source by its full-resolution (height, width) after EXIF orientation."""
     height, width = source_size
     if opts.min_size is not None:
@@ -170,7 +171,7 @@ def _image(current: Image.Image | NDArray[np.uint8]) -> Image.Image:
 
 
 def _call(
-    function: Callable[..., Any], stage: CallStage, array: NDArray[np.uint8]
+    function: Callable[..., Any], stage: CallStep, array: NDArray[np.uint8]
 ) -> NDArray[np.uint8]:
     channels = array.shape[2]
     try:
@@ -204,66 +205,64 @@ def _describe(value: Any) -> str:
 
 
 def process_image(
-    data: bytes, config: PipelineConfig, functions: Mapping[str, Callable[..., Any]]
+    data: bytes, recipe: Recipe, functions: Mapping[str, Callable[..., Any]]
 ) -> tuple[NDArray[np.uint8], tuple[int, int]]:
-    """Run config.stages in order on one encoded image -> (array of config.sample_shape,
+    """Run the recipe's stages in order on one encoded image -> (array of recipe.sample_shape,
     source (height, width)); raises `Reject`.
 
-    `functions` maps each CallStage.function spec to its callable (from `load_function`), so a
+    `functions` maps each CallStep.function spec to its callable (from `load_function`), so a
     worker imports user code once, not once per image. The array may be read-only.
     """
-    stages = config.stages
+    steps = recipe.steps
     # NOTE: draft only when resize follows decode with nothing in between that looks at pixels
     # (validate reads only the source size); a call stage must see the full-resolution image.
-    pixel_stages = [stage for stage in stages[1:] if not isinstance(stage, ValidateStage)]
-    next_resize = pixel_stages[0] if isinstance(pixel_stages[0], ResizeStage) else None
-    decoded = decode(data, config.decode, next_resize, config.reducing_gap)
+    pixel_steps = [step for step in steps if not isinstance(step, ValidateStep)]
+    next_resize = pixel_steps[0] if isinstance(pixel_steps[0], ResizeStep) else None
+    decoded = decode(data, recipe.decode, next_resize, recipe.reducing_gap)
 
     current: Image.Image | NDArray[np.uint8] = decoded.image
-    for stage in stages[1:]:
-        if isinstance(stage, ResizeStage):
-            full = decoded.source_size if stage is next_resize else None
-            current = resize(_image(current), stage, full)
-        elif isinstance(stage, ValidateStage):
-            check_source(decoded.source_size, stage)
-        elif isinstance(stage, CallStage):
-            current = _call(functions[stage.function], stage, _hwc(current))
-        else:  # a second decode: config validation forbids it
-            raise AssertionError(f"unexpected stage {stage.kind!r} after decode")
+    for step in steps:
+        if isinstance(step, ResizeStep):
+            full = decoded.source_size if step is next_resize else None
+            current = resize(_image(current), step, full)
+        elif isinstance(step, ValidateStep):
+            check_source(decoded.source_size, step)
+        else:
+            current = _call(functions[step.function], step, _hwc(current))
 
-    layout = config.output.layout
+    layout = recipe.layout
     array = (
         _layout(current, layout) if isinstance(current, np.ndarray) else to_array(current, layout)
     )
-    if not _fits(array.shape, config):
+    if not _fits(array.shape, recipe):
         raise Reject(
             "bad_output",
-            f"sample has shape {array.shape}, expected {_expected(config)} ({layout})",
+            f"sample has shape {array.shape}, expected {_expected(recipe)} ({layout})",
         )
     return array, decoded.source_size
 
 
-def _fits(shape: tuple[int, ...], config: PipelineConfig) -> bool:
+def _fits(shape: tuple[int, ...], recipe: Recipe) -> bool:
     """Whether a sample of `shape` is one the output stores: the configured shape, or for
     samples that keep their aspect ratio, the channels and sides within `shorter` x `longer`."""
-    if not config.ragged:
-        return shape == config.sample_shape
-    resize = config.resize
+    if not recipe.ragged:
+        return shape == recipe.sample_shape
+    resize = recipe.resize
     assert resize.shorter is not None and resize.longer is not None
     if len(shape) != 3:
         return False
-    height, width = shape[:2] if config.output.layout == "HWC" else shape[1:]
-    channels = shape[2] if config.output.layout == "HWC" else shape[0]
+    height, width = shape[:2] if recipe.layout == "HWC" else shape[1:]
+    channels = shape[2] if recipe.layout == "HWC" else shape[0]
     return (
-        channels == config.channels
+        channels == recipe.channels
         and 0 < min(height, width) <= resize.shorter
         and max(height, width) <= resize.longer
     )
 
 
-def _expected(config: PipelineConfig) -> str:
-    if not config.ragged:
-        return str(config.sample_shape)
-    resize, channels = config.resize, config.channels
+def _expected(recipe: Recipe) -> str:
+    if not recipe.ragged:
+        return str(recipe.sample_shape)
+    resize, channels = recipe.resize, recipe.channels
     sides = f"sides at most {resize.shorter} (shorter) and {resize.longer} (longer)"
     return f"{channels} channels, {sides}"

@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from etl.config import Backend, PipelineConfig
-from etl.engine.fill import fill_shard
+from etl.engine.fill import fill_shard, fill_spec
 from etl.engine.parallel import choose_run, engine, parallel_map
 from etl.errors import EtlError, ManifestError, ShardError
 from etl.format.checksums import row_digest
@@ -45,7 +45,7 @@ from etl.progress import Progress
 from etl.sources import readers
 from etl.sources.entries import ListContext
 from etl.sources.locate import CHANGED, locate, location
-from etl.sources.registry import kind_of
+from etl.sources.registry import kind_of, released
 
 HOW: dict[str, str] = {
     "copied": "bytes verified, moved out of a damaged shard",
@@ -166,7 +166,7 @@ def repair(
             return out
         clean_leftovers(root, latest)
         spool = readers.spool_path(root)
-        with readers.released(spool):
+        with released(spool):
             located, unlocated = _located(items, config, source_root, spool)
             tasks = _repair_tasks(located, manifest.version + 1, config.samples_per_shard, writer)
             outcomes = [RepairOutcome(None, (), tuple(unlocated))]
@@ -316,7 +316,8 @@ def repair_shard(
                 decode.append(item)
         opened.clear()
         sources = [(i.source, i.locator or "", i.source_hash) for i in decode]
-        for item, outcome in zip(decode, fill_shard(writer, config, sources, CHANGED), strict=True):
+        filled = fill_shard(writer, fill_spec(config), sources, CHANGED)
+        for item, outcome in zip(decode, filled, strict=True):
             if isinstance(outcome, Reject):
                 failed.append((item.sample_id, _why(outcome)))
             else:

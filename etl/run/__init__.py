@@ -12,5 +12,6 @@ Modules:
 - `results`:      a worker's columns joined back to the plan's rows
 - `staged`:       the plan of any listing, a window and a bucket at a time, on disk
 - `tasks`:        what a worker gets: a batch of one shard's sources
+- `worker`:       what a worker runs: hashing files, packing a task, from plain data
 - `to_store`:     an output in a store: pack in a work folder, then publish
 """

@@ -1,8 +1,8 @@
 """A run's two parallel phases, over `etl.engine.parallel`: hashing the listed files, and
-packing the planned shards (`etl.engine.fill`), a batch of sources a task, each shard sealed
-here once its batches are in (`etl.format.parts`). Workers read, hash, decode and write pixels
-straight into shard files; only small metadata rows travel back to the parent, so its memory
-does not grow with the dataset and the same design runs on a cluster.
+packing the planned shards, a batch of sources a task, each shard sealed here once its batches
+are in (`etl.format.parts`). What the workers run is `etl.run.worker`: they read, hash, decode
+and write pixels straight into shard files; only small metadata rows travel back to the
+parent, so its memory does not grow with the dataset and the same design runs on a cluster.
 
 A bad image is not a failure: it comes back as a reject with its reason. Anything else a worker
 raises (a full disk, a bug) stops the run, re-raised with the shard and file it was working on.
@@ -22,17 +22,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from etl.config import PipelineConfig, RunConfig, SourceConfig
-from etl.engine.fill import fill_shard, read_failure
 from etl.engine.parallel import Starting, parallel_map
 from etl.format import parts
-from etl.format.codecs import CODECS
-from etl.format.ragged import sides_of
 from etl.format.shards import SHARDS_DIR, ShardInfo, fsync_dir
-from etl.images.rejects import Reject
-from etl.run.tasks import Chunks, PackTask, Texts
-from etl.sources import readers
+from etl.run.tasks import Chunks, PackTask
+from etl.run.worker import PackResult, hash_chunk, pack_batch, pack_spec
 from etl.sources.entries import FileColumns
 from etl.sources.listed_rejects import SourceReject
+from etl.sources.registry import spec_of
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -42,65 +39,7 @@ HASH_CHUNK = 256
 """Files per hashing task: large enough to amortise dispatch, small enough to balance load."""
 
 
-@dataclass(frozen=True)
-class PackResult:
-    """What became of one task's sources, as columns: the parent joins them to the rows it
-    planned (`PackTask.start`), so no per-image object travels back or waits here.
-
-    NOTE: a dict per sample cost ~1 KB in the parent for every image of the shards in flight
-    (87k of them in a shard of 32x32 images)."""
-
-    shard: str
-    start: int
-    slot: int
-    capacity: int
-    """As in the task: where its sources sit in the shard, and the shard's planned size."""
-    rows: NDArray[np.int64]
-    """Per source, its slot in the shard, or -1 where it became a reject."""
-    heights: NDArray[np.int64]
-    widths: NDArray[np.int64]
-    """Per source, the decoded image's size (0 for a reject)."""
-    sample_bytes: NDArray[np.int64]
-    sample_heights: NDArray[np.int64]
-    sample_widths: NDArray[np.int64]
-    """Per source, its stored sample's bytes (encoded, where it is) and its size in pixels (0
-    for a reject): each its own where samples keep their aspect ratio."""
-    checksums: Texts
-    """Per stored source, in order, the checksum of its row."""
-    rejects: tuple[tuple[int, str, str], ...]
-    """(index in the task, reason, message) of each source that became a reject."""
-    codecs: NDArray[np.int8]
-    """Per source, how its sample is stored: its index in `etl.format.codecs.CODECS`."""
-
-    @property
-    def items(self) -> int:
-        return len(self.rows)
-
-
 # --- hashing ----------------------------------------------------------------------------------
-
-
-def _hash_chunk(
-    chunk: tuple[int, Sequence[tuple[str, str, int]]],
-    algorithm: str,
-    source_config: SourceConfig,
-    keep: str | None = None,
-) -> tuple[int, list[tuple[str, str | None, str, str]]]:
-    """For a chunk (its start, its (source, locator, listed size)s): its start, and (source,
-    digest or None, reject reason, message) for each file. `keep`: where objects are kept for
-    the pack phase (`etl.sources.kept`)."""
-    start, files = chunk
-    out: list[tuple[str, str | None, str, str]] = []
-    sizes = {path: size for _, path, size in files}
-    kept = Path(keep) if keep else None
-    locators = (path for _, path, _ in files)
-    digests = readers.digest_many(source_config, locators, algorithm, sizes, kept)
-    for (source, _, _), value in zip(files, digests, strict=True):
-        if isinstance(value, OSError):
-            out.append((source, None, *read_failure(value)))
-        else:
-            out.append((source, value, "", ""))
-    return start, out
 
 
 def hash_sources(
@@ -134,9 +73,8 @@ def hash_sources(
     found: dict[int, pa.Array] = {}
     failures: list[tuple[str, str, str]] = []
     kept = str(keep) if keep is not None else None
-    hashing = parallel_map(
-        _hash_chunk, chunks, run, algorithm, source_config, kept, starting=starting
-    )
+    source = spec_of(source_config)
+    hashing = parallel_map(hash_chunk, chunks, run, algorithm, source, kept, starting=starting)
     with hashing as chunk_results:
         for start, results in chunk_results:
             found[start] = pa.array([value for _, value, _, _ in results], pa.string())
@@ -174,68 +112,6 @@ def _hash_rejects(files: FileColumns, failures: list[tuple[str, str, str]]) -> l
 
 
 # --- packing ---------------------------------------------------------------------------------
-
-
-def pack_batch(
-    task: PackTask,
-    config: PipelineConfig,
-    root: str,
-    token: str,
-    durable: bool,
-    keep: str | None = None,
-) -> PackResult:
-    """Worker: store `task`'s sources at their slots of the shard's temp file for this run
-    (`token`), in order. Runs in a joblib worker process. `durable` fsyncs the rows written
-    (a cluster: see `pack`); `keep`: where the hash phase kept objects (`etl.sources.kept`)."""
-    n = len(task)
-    rows = np.full(n, -1, dtype=np.int64)
-    heights, widths = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
-    stored = np.zeros((3, n), dtype=np.int64)
-    codecs = np.zeros(n, dtype=np.int8)
-    layout = config.output.layout
-    checksums: list[str] = []
-    rejects: list[tuple[int, str, str]] = []
-    temp = parts.temp_name(task.shard, token)
-    writer = parts.SlotWriter(
-        Path(root),
-        task.shard,
-        temp,
-        task.slot,
-        config.stored_shape,
-        config.output.checksum,
-        durable,
-        config.slot_bytes,
-    )
-    with writer:
-        sources = list(zip(task.sources, task.locators, task.hashes, strict=True))
-        kept = Path(keep) if keep else None
-        outcomes = fill_shard(writer, config, sources, CHANGED_DURING_RUN, kept)
-        for i, outcome in enumerate(outcomes):
-            if isinstance(outcome, Reject):
-                rejects.append((i, outcome.reason, outcome.message))
-            else:
-                rows[i], heights[i], widths[i] = outcome.row, outcome.height, outcome.width
-                stored[:, i] = outcome.nbytes, *sides_of(outcome.shape, layout)
-                codecs[i] = CODECS.index(outcome.codec)
-                checksums.append(outcome.checksum)
-    return PackResult(
-        task.shard,
-        task.start,
-        task.slot,
-        task.capacity,
-        rows,
-        heights,
-        widths,
-        stored[0],
-        stored[1],
-        stored[2],
-        Texts.of(checksums),
-        tuple(rejects),
-        codecs,
-    )
-
-
-CHANGED_DURING_RUN = "file changed while the run was in progress; run again"
 
 
 @dataclass(frozen=True)
@@ -312,7 +188,8 @@ def pack(
         info = parts.seal(root, name, temp, state.capacity, gaps, sample_shape, checksum)
         return Sealed(name, info, gaps)
 
-    args = (config, str(root), token, in_workers, str(keep) if keep is not None else None)
+    spec = pack_spec(config)
+    args = (spec, str(root), token, in_workers, str(keep) if keep is not None else None)
     with (
         parallel_map(pack_batch, tasks, config.run, *args, starting=starting) as results,
         ThreadPoolExecutor(SEAL_THREADS, thread_name_prefix="seal") as sealer,

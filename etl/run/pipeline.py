@@ -38,7 +38,7 @@ from etl.run.phases import RunState, commit, list_inputs, open_previous, pack, p
 from etl.run.plan import Plan
 from etl.run.report import RunReport, by_reason
 from etl.sources import readers
-from etl.sources.registry import check_columns, check_exists, kind_of
+from etl.sources.registry import check_columns, check_exists, kind_of, released
 from etl.storage.location import is_url
 
 
@@ -112,7 +112,7 @@ def _run_here(run: RunState, on_plan: Callable[[Plan], None] | None) -> RunRepor
         try:
             with (
                 parallel.engine(config.run, readable=_worker_inputs(config)),
-                readers.released(None),
+                released(None),
             ):
                 return _run_locked(run, on_plan)
         except OSError as exc:
@@ -132,7 +132,7 @@ def _run_here(run: RunState, on_plan: Callable[[Plan], None] | None) -> RunRepor
         try:
             with (
                 parallel.engine(config.run, writable_root=root, readable=_worker_inputs(config)),
-                readers.released(spool),
+                released(spool),
             ):
                 return _run_locked(run, on_plan)
         except (interrupt.Interrupted, KeyboardInterrupt) as exc:

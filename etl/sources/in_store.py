@@ -33,7 +33,6 @@ from etl.sources.safe_files import (
     read_regular_file,
     too_large,
 )
-from etl.storage.calls import listing
 from etl.storage.location import is_url
 from etl.storage.transport import STORE_TIMEOUT, Options, filesystem
 
@@ -53,6 +52,8 @@ def list_objects(
     in the store's order, streamed a page at a time, each page within `page_timeout` seconds
     (NOTE [ a listing in pages ] in `etl.storage.calls`). SourceError naming `url` when it
     cannot be listed."""
+    from etl.storage.calls import listing  # NOTE: here: asyncio, which a worker never needs
+
     fs, root = store(url, options)
     root = root.rstrip("/")
     # NOTE: fsspec keeps one filesystem per process and caches listings in it; a run that

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -55,3 +56,16 @@ class SourceKind:
     release: Callable[[], None] | None = None
     """Closes what this process opened of such sources (LMDB environments), at the end of a
     run, so the caller may open them for writing."""
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A source as a worker reads its inputs back (`etl.sources.readers`): its kind's `read`
+    (pickled by reference) and the config's values as plain data, so a worker unpickles it
+    without importing pydantic or the config models (`etl.sources.registry.spec_of`)."""
+
+    kind: str
+    by_path: bool
+    read: Callable[[Any, str], bytes]
+    config: SimpleNamespace
+    """The source config's fields by name, as the kind's `read` takes them."""

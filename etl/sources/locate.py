@@ -29,7 +29,7 @@ CHANGED = "changed since it was packed (content hash differs)"
 @dataclass(frozen=True)
 class Located:
     locators: dict[str, str]
-    """source -> where `readers.read_many(config, ...)` reads it."""
+    """source -> where `readers.read_many(spec_of(config), ...)` reads it."""
     missing: dict[str, str]
     """source -> why it cannot be read back (outside the root, no longer listed, rejected)."""
 

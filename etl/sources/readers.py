@@ -1,7 +1,9 @@
 """How a worker gets an input's bytes from its locator (`SourceFile.path`), whatever its kind.
 
 The registry's kinds list what exists and write locators; this module reads them back, in a
-worker process or a Dask worker, with what each kind's `read` does:
+worker process or a Dask worker, through the `SourceSpec` the parent made of the config
+(`etl.sources.registry.spec_of`: plain data, so a worker never imports the config models),
+with what each kind's `read` does:
 
     folder, listing   locator = a file path                  -> the file's bytes
     lmdb              locator = the key as `source` spells it -> the value (or its image field)
@@ -17,14 +19,12 @@ Reader errors are OSError: the executor turns them into `io_error` rejects, or i
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
-from etl.config import SourceConfig
 from etl.format.checksums import digest
 from etl.sources.in_store import located_digest, read_located
-from etl.sources.registry import kind_of, release_all
+from etl.sources.kind import SourceSpec
 from etl.sources.safe_files import Refused
 from etl.sources.spool import NOT_SPOOLED, SpoolWriter, spool_path
 from etl.sources.timed import OBJECTS_IN_FLIGHT, file_outcomes, outcomes
@@ -33,47 +33,35 @@ from etl.storage.location import is_url
 __all__ = [
     "NOT_SPOOLED",
     "Refused",
+    "SourceSpec",
     "SpoolWriter",
     "digest_many",
     "read",
     "read_many",
-    "released",
     "spool_path",
 ]
 
 
-@contextmanager
-def released(spool: Path | None) -> Iterator[None]:
-    """For the length of a run: afterwards, even after an error, delete the spool and close
-    what this process opened of any source (so the caller may open it for writing)."""
-    try:
-        yield
-    finally:
-        if spool is not None:
-            spool.unlink(missing_ok=True)
-        release_all()
-
-
-def read(config: SourceConfig, locator: str) -> bytes:
+def read(source: SourceSpec, locator: str) -> bytes:
     """The bytes of one input; OSError (with the locator in the message) if it cannot be read."""
-    return kind_of(config).read(config, locator)
+    return source.read(source.config, locator)
 
 
 def read_many(
-    config: SourceConfig, locators: Iterable[str], keep: Path | None = None
+    source: SourceSpec, locators: Iterable[str], keep: Path | None = None
 ) -> Iterator[bytes | OSError]:
     """`read` of each locator, in order: its bytes, or the OSError it raised. Files are read
     ahead of the caller (NOTE [ read ahead ] in etl/sources/timed.py); an object the hash
     phase kept in `keep` is read from there (`etl.sources.kept`)."""
-    kind = kind_of(config)
-    if kind.by_path:
+    config = source.config
+    if source.by_path:
         read_file = partial(read_located, options=config.storage_options, keep=keep)
         return file_outcomes(config, locators, read_file)
-    return outcomes(partial(kind.read, config, locator) for locator in locators)
+    return outcomes(partial(source.read, config, locator) for locator in locators)
 
 
 def digest_many(
-    config: SourceConfig,
+    source: SourceSpec,
     locators: Iterable[str],
     algorithm: str,
     sizes: Mapping[str, int] | None = None,
@@ -84,7 +72,8 @@ def digest_many(
     the listed size of a file by locator, which an object in a store must have (a shorter
     body is an OSError) and which spares asking the store for it. `keep`: a folder where
     objects are kept for `read_many` to read again without a GET (`etl.sources.kept`)."""
-    if kind_of(config).by_path:
+    config = source.config
+    if source.by_path:
         listed = sizes or {}
 
         def hash_file(path: str, max_bytes: int) -> str:
@@ -96,5 +85,5 @@ def digest_many(
         return file_outcomes(config, locators, hash_file, in_flight)
     return (
         data if isinstance(data, OSError) else digest(data, algorithm)
-        for data in read_many(config, locators)
+        for data in read_many(source, locators)
     )

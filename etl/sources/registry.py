@@ -6,10 +6,15 @@ worker reads an input, whether inputs are files under a root) and never test a k
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+
 from etl.config import PipelineConfig, SourceConfig
 from etl.errors import ConfigError
 from etl.sources.entries import ListContext, SourceListing
-from etl.sources.kind import SourceKind
+from etl.sources.kind import SourceKind, SourceSpec
 from etl.sources.kinds import folder, listing, lmdb, parquet, python, webdataset
 
 KINDS: dict[str, SourceKind] = {
@@ -28,6 +33,12 @@ KINDS: dict[str, SourceKind] = {
 def kind_of(config: SourceConfig) -> SourceKind:
     """The kind `config` is of (its `kind` field)."""
     return KINDS[config.kind]
+
+
+def spec_of(config: SourceConfig) -> SourceSpec:
+    """What a worker needs to read `config`'s inputs back, as plain data."""
+    kind = kind_of(config)
+    return SourceSpec(kind.name, kind.by_path, kind.read, SimpleNamespace(**dict(config)))
 
 
 def kind_named(name: object) -> SourceKind | None:
@@ -62,3 +73,15 @@ def release_all() -> None:
     for kind in KINDS.values():
         if kind.release is not None:
             kind.release()
+
+
+@contextmanager
+def released(spool: Path | None) -> Iterator[None]:
+    """For the length of a run: afterwards, even after an error, delete the spool and close
+    what this process opened of any source (so the caller may open it for writing)."""
+    try:
+        yield
+    finally:
+        if spool is not None:
+            spool.unlink(missing_ok=True)
+        release_all()

@@ -35,17 +35,31 @@ from etl.config import (
 )
 from etl.errors import ConfigError
 from etl.format.checksums import HASHERS
+from etl.images import stages
+from etl.images.recipe import decode_step, recipe_of, step_of
 from etl.images.rejects import CONTENT_REJECTS, REJECT_REASONS, Reject
-from etl.images.stages import (
-    FILTERS,
-    RESIZE_MODES,
-    check_source,
-    decode,
-    load_function,
-    process_image,
-    resize,
-    to_array,
-)
+from etl.images.stages import FILTERS, RESIZE_MODES, load_function, to_array
+
+# The stages as a run calls them: with the plain copies (`etl.images.recipe`) of validated
+# config models, which is what the tests below write.
+
+
+def decode(data: bytes, stage: DecodeStage, next_resize: Any = None, **kw: Any) -> Any:
+    step = next_resize and step_of(next_resize)
+    return stages.decode(data, decode_step(stage), step, **kw)
+
+
+def resize(image: Image.Image, stage: ResizeStage, source_size: Any = None) -> Image.Image:
+    return stages.resize(image, step_of(stage), source_size)
+
+
+def check_source(source_size: tuple[int, int], stage: ValidateStage) -> None:
+    stages.check_source(source_size, step_of(stage))
+
+
+def process_image(data: bytes, config: PipelineConfig, functions: Any) -> Any:
+    return stages.process_image(data, recipe_of(config), functions)
+
 
 RED, GREEN, BLUE, WHITE = (255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 255)
 
@@ -306,7 +320,7 @@ def test_keep_aspect_keeps_the_ratio_within_a_pixel(
         upscale or min(height, width) >= shorter
     ):
         assert min(out.height, out.width) == shorter  # the side aimed at, exactly
-    assert opts.output_size(height, width) == (out.height, out.width)
+    assert step_of(opts).output_size(height, width) == (out.height, out.width)
 
 
 def test_keep_aspect_config_errors_name_the_keys() -> None:
@@ -574,8 +588,8 @@ def test_check_source_min_size_and_aspect() -> None:
 def test_validate_uses_the_turned_full_resolution_source() -> None:
     data = with_orientation(Image.fromarray(noise(30, 60)), "JPEG", 6)  # shown 30 wide, 60 high
     opts = ValidateStage(min_size=(50, 25))
-    for stages in [(opts, ResizeStage(size=(8, 8))), (ResizeStage(size=(8, 8), draft=True), opts)]:
-        array, size = process_image(data, pipeline(DecodeStage(), *stages), {})
+    for order in [(opts, ResizeStage(size=(8, 8))), (ResizeStage(size=(8, 8), draft=True), opts)]:
+        array, size = process_image(data, pipeline(DecodeStage(), *order), {})
         assert size == (60, 30) and array.shape == (8, 8, 3)
     too_tall = pipeline(DecodeStage(), ResizeStage(size=(8, 8)), ValidateStage(min_size=(61, 1)))
     assert expect_reject(lambda: process_image(data, too_tall, {})).reason == "too_small"

@@ -3,7 +3,7 @@
 `python -m benchmarks.bench_tree --tiny`, `python -m benchmarks.bench_cold --tiny`, and small
 runs of `bench_remote`, `bench_remote_pack`, `bench_pack_grid`, `bench_rejects`,
 `bench_verify_rows`, `bench_columns`, `bench_mixture`, `bench_aspect`, `bench_codecs`,
-`bench_encoded`, `bench_draft`, `bench_trace` and `bench_report`.
+`bench_encoded`, `bench_draft`, `bench_trace`, `bench_report` and `bench_worker_start`.
 
 Numbers from 16 photos mean nothing; the test checks that every part runs (photo generation,
 bare loops, the pipeline on every backend, the memory runs) and that the pipeline's pixels equal
@@ -239,3 +239,12 @@ def test_bench_report_tiny(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "| 20,000 |" in result.stdout, result.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_worker_start_small() -> None:
+    done = run_benchmark("bench_worker_start", "--rounds", "1", timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = {line.split("|")[1].strip(): line for line in done.stdout.splitlines() if "|" in line}
+    # every phase's first task was captured, and unpickling it imported none of the heavy ones
+    assert {"floor", "hash_chunk", "pack_batch", "warm"} <= set(rows), done.stdout
+    assert all(rows[name].rstrip().endswith("| none |") for name in ("hash_chunk", "pack_batch"))

@@ -262,14 +262,16 @@ def test_hashes_land_on_their_files_whatever_order_chunks_finish(
     for name in gone:
         (source / name).unlink()
     monkeypatch.setattr(execute, "HASH_CHUNK", 3)
-    real = execute.readers.digest_many
+    from etl.run import worker
+
+    real = worker.readers.digest_many
 
     def shuffled_delay(config: Any, paths: Any, algorithm: str, *rest: Any) -> Any:
         paths = list(paths)
         time.sleep(random.Random(paths[0]).random() / 50)  # finish out of order
         return real(config, paths, algorithm, *rest)
 
-    monkeypatch.setattr(execute.readers, "digest_many", shuffled_delay)
+    monkeypatch.setattr(worker.readers, "digest_many", shuffled_delay)
     hashes, rejects = execute.hash_sources(
         listing.files,
         "sha256",

@@ -23,6 +23,7 @@ from etl.config import FolderSource, load_config
 from etl.format.manifest import read_manifest
 from etl.run import pipeline
 from etl.sources import in_store, readers, timed
+from etl.sources.registry import spec_of
 
 
 @pytest.fixture
@@ -115,8 +116,8 @@ def test_many_reads_keep_their_order_and_each_files_own_outcome(tmp_path: Path) 
     locators = [str(p) for p in (small, tmp_path / "absent", fifo, large, folder, empty, small)]
     config = FolderSource(path=tmp_path, max_file_bytes=50, io_timeout=5)
 
-    outcomes = list(readers.read_many(config, locators))
-    digests = list(readers.digest_many(config, locators, "sha256"))
+    outcomes = list(readers.read_many(spec_of(config), locators))
+    digests = list(readers.digest_many(spec_of(config), locators, "sha256"))
 
     assert outcomes[0] == outcomes[6] == b"a" * 10
     assert outcomes[5] == b""
@@ -148,7 +149,7 @@ def test_a_stalled_file_among_many_is_cut_off_and_the_others_are_read(
     config = FolderSource(path=tmp_path, io_timeout=0.3)
     started = time.monotonic()
     try:
-        outcomes = list(readers.read_many(config, [str(p) for p in paths]))
+        outcomes = list(readers.read_many(spec_of(config), [str(p) for p in paths]))
     finally:
         release.set()
     assert time.monotonic() - started < 10
@@ -175,7 +176,7 @@ def test_reading_ahead_holds_at_most_a_few_files(
     for i in range(40):
         paths.append(tmp_path / f"{i}.bin")
         paths[-1].write_bytes(b"x")
-    outcomes = readers.read_many(FolderSource(path=tmp_path), [str(p) for p in paths])
+    outcomes = readers.read_many(spec_of(FolderSource(path=tmp_path)), [str(p) for p in paths])
     for taken in range(1, 4):
         assert next(outcomes) == b"x"
         time.sleep(0.2)  # the caller decodes slowly; the thread has all the time it wants
