@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from etl.engine.fill import FillSpec, fill_shard, fill_spec, read_failure
+from etl.engine.fill import (
+    FillSpec,
+    fill_shard,
+    fill_spec,
+    prepare_kept,
+    read_failure,
+    stage_functions,
+)
 from etl.format import parts
 from etl.format.codecs import CODECS
 from etl.format.ragged import sides_of
@@ -88,21 +95,26 @@ def hash_chunk(
     algorithm: str,
     source_spec: SourceSpec,
     keep: str | None = None,
+    prepare: FillSpec | None = None,
 ) -> tuple[int, list[tuple[str, str | None, str, str]]]:
     """Worker: for a chunk (its start, its (source, locator, listed size)s): its start, and
     (source, digest or None, reject reason, message) for each file. `keep`: where objects are
-    kept for the pack phase (`etl.sources.kept`)."""
+    kept for the pack phase (`etl.sources.kept`); with `prepare`, each kept object is decoded
+    here, while the next ones download, and its sample kept instead (`etl.engine.prepared`)."""
     start, files = chunk
     out: list[tuple[str, str | None, str, str]] = []
     sizes = {path: size for _, path, size in files}
     kept = Path(keep) if keep else None
+    functions = stage_functions(prepare.recipe) if prepare is not None and kept else {}
     locators = (path for _, path, _ in files)
     digests = readers.digest_many(source_spec, locators, algorithm, sizes, kept)
-    for (source, _, _), value in zip(files, digests, strict=True):
+    for (source, locator, _), value in zip(files, digests, strict=True):
         if isinstance(value, OSError):
             out.append((source, None, *read_failure(value)))
-        else:
-            out.append((source, value, "", ""))
+            continue
+        out.append((source, value, "", ""))
+        if prepare is not None and kept is not None:
+            prepare_kept(kept, locator, value, prepare, functions)
     return start, out
 
 
