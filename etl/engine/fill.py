@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from etl.engine.prepared import Prepared, prepared_path, take_prepared, write_prepared
 from etl.errors import WorkerError, described
 from etl.format.checksums import digest
 from etl.format.codecs import encode
@@ -23,9 +22,7 @@ from etl.images.recipe import Recipe, recipe_of
 from etl.images.rejects import Reject
 from etl.images.stages import load_function, process_image
 from etl.sources import readers
-from etl.sources.kept import kept_path, room_for
 from etl.sources.kind import SourceSpec
-from etl.storage.location import is_url
 
 if TYPE_CHECKING:
     from etl.config import PipelineConfig
@@ -114,23 +111,14 @@ def fill_shard(
     message `changed`), run through the stages and appended to `writer` (a reject skipped).
     Yields, in order, what became of each. A read failure is a reject; a failure to write the
     shard (an OSError) is raised as it is; anything else is raised as a WorkerError naming the
-    source. `keep`: where the hash phase kept objects from a store (`etl.sources.kept`), and
-    the samples it made of them (`etl.engine.prepared`), used where their hash is the plan's."""
+    source. `keep`: where the hash phase kept objects from a store (`etl.sources.kept`)."""
     functions = stage_functions(spec.recipe)
-    ready = [_prepared_file(keep, locator) for _, locator, _ in sources]
-    unread = (locator for (_, locator, _), path in zip(sources, ready, strict=True) if not path)
-    outcomes = readers.read_many(spec.source, unread, keep)
-    for (source, locator, content_hash), path in zip(sources, ready, strict=True):
+    outcomes = readers.read_many(spec.source, (locator for _, locator, _ in sources), keep)
+    for (source, _, content_hash), data in zip(sources, outcomes, strict=True):
         try:
-            kept = take_prepared(path) if path is not None else None
-            if kept is not None and kept[0] == content_hash:
-                sample = kept[1]
-            else:
-                data = next(outcomes) if path is None else _read(spec, locator, keep)
-                sample = make_sample(data, content_hash, spec, functions, changed)
-            outcome = _append(writer, sample)
+            outcome = _store(data, content_hash, writer, spec, functions, changed)
         except OSError:
-            raise  # the shard's write: a read failure is a reject in make_sample
+            raise  # the shard's write: a read failure is a reject in _store
         except Exception as exc:
             raise WorkerError(
                 f"while packing {source} into {writer.name}: {described(exc)}"
@@ -138,80 +126,32 @@ def fill_shard(
         yield outcome
 
 
-def make_sample(
+def _store(
     data: bytes | OSError,
     content_hash: str,
+    writer: RowWriter,
     spec: FillSpec,
     functions: dict[str, Callable[..., Any]],
     changed: str,
-) -> Prepared | Reject:
-    """One source's read -> its stored row (pixels, or encoded bytes), or why it is none."""
+) -> Stored | Reject:
     if isinstance(data, OSError):
+        writer.skip()
         return Reject(*read_failure(data))
     if digest(data, spec.checksum) != content_hash:
+        writer.skip()
         return Reject("changed", changed)
     try:
         array, (height, width) = process_image(data, spec.recipe, functions)
     except Reject as exc:
+        writer.skip()
         return exc
     if not spec.encoded:
-        return Prepared(array, array.shape, "raw", height, width)
+        row, checksum = writer.append(array)
+        return Stored(row, checksum, height, width, array.shape, "raw", array.nbytes)
     layout = spec.recipe.layout
     name, encoded = encode(array, spec.codec, spec.quality, spec.min_ratio, layout)
-    return Prepared(encoded, array.shape, name, height, width)
-
-
-def _append(writer: RowWriter, sample: Prepared | Reject) -> Stored | Reject:
-    if isinstance(sample, Reject):
-        writer.skip()
-        return sample
-    row, checksum = writer.append(sample.stored)
-    return Stored(
-        row, checksum, sample.height, sample.width, sample.shape, sample.codec, sample.stored.nbytes
-    )
-
-
-def _read(spec: FillSpec, locator: str, keep: Path | None) -> bytes | OSError:
-    return next(readers.read_many(spec.source, [locator], keep))
-
-
-def _prepared_file(keep: Path | None, locator: str) -> Path | None:
-    """The sample the hash phase made of the object at `locator`, where there is one."""
-    if keep is None or not is_url(locator):
-        return None
-    path = prepared_path(kept_path(keep, locator))
-    return path if path.is_file() else None
-
-
-def prepare_kept(
-    keep: Path,
-    locator: str,
-    content_hash: str,
-    spec: FillSpec,
-    functions: dict[str, Callable[..., Any]],
-) -> None:
-    """Hash phase: make the sample of the object the hash phase just kept (`content_hash`:
-    of the bytes it kept) and keep that instead, where the scratch disk has room. Anything that
-    goes wrong leaves the object as it was, for the pack phase to decode and report."""
-    path = kept_path(keep, locator)
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return  # not kept: no room, or a local file
-    try:
-        sample = make_sample(data, content_hash, spec, functions, "")
-    except Exception:
-        return
-    if isinstance(sample, Reject) and sample.reason == "changed":
-        return
-    nbytes = 0 if isinstance(sample, Reject) else sample.stored.nbytes
-    if not room_for(keep, nbytes):
-        return
-    try:
-        write_prepared(prepared_path(path), content_hash, sample)
-    except OSError:
-        return
-    path.unlink(missing_ok=True)  # the sample stands for the object now
+    row, checksum = writer.append(encoded)
+    return Stored(row, checksum, height, width, array.shape, name, encoded.size)
 
 
 def warm(_: int) -> None:

@@ -20,11 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from etl.config import PipelineConfig, RunConfig, SourceConfig
-from etl.engine.fill import FillSpec
 from etl.engine.parallel import Starting, parallel_map
 from etl.format import parts
 from etl.format.shards import SHARDS_DIR, ShardInfo, fsync_dir
@@ -35,6 +32,7 @@ from etl.sources.listed_rejects import SourceReject
 from etl.sources.registry import spec_of
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from numpy.typing import NDArray
 
 HASH_CHUNK = 256
@@ -53,7 +51,6 @@ def hash_sources(
     source_config: SourceConfig,
     starting: Starting | None = None,
     keep: Path | None = None,
-    prepare: FillSpec | None = None,
 ) -> tuple[pa.Array, list[SourceReject]]:
     """Content hashes of `files` of `source_config`, one per file in their order (null where
     it could not be read); unreadable files become rejects (io_error, or the reason
@@ -62,8 +59,9 @@ def hash_sources(
     Chunks of (source, path) are made as workers take them and their hashes kept as Arrow
     arrays placed by position, so hashing 10M files holds no Python object per file in this
     process, and no second copy of the sources. `starting`: see `parallel_map`. `keep`: a
-    folder where objects read from a store are kept for the pack phase (`etl.sources.kept`),
-    with `prepare` decoded there too (`etl.engine.prepared`)."""
+    folder where objects read from a store are kept for the pack phase (`etl.sources.kept`)."""
+    import pyarrow as pa  # NOTE: here: workers import this module and never need pyarrow
+
     table = files.table.select(["source", "path", "size"])
 
     def chunk(start: int, stop: int) -> tuple[int, list[tuple[str, str, int]]]:
@@ -76,8 +74,7 @@ def hash_sources(
     failures: list[tuple[str, str, str]] = []
     kept = str(keep) if keep is not None else None
     source = spec_of(source_config)
-    args = (algorithm, source, kept, prepare)
-    hashing = parallel_map(hash_chunk, chunks, run, *args, starting=starting)
+    hashing = parallel_map(hash_chunk, chunks, run, algorithm, source, kept, starting=starting)
     with hashing as chunk_results:
         for start, results in chunk_results:
             found[start] = pa.array([value for _, value, _, _ in results], pa.string())
@@ -93,6 +90,9 @@ def _hash_rejects(files: FileColumns, failures: list[tuple[str, str, str]]) -> l
     """Rejects of the files that could not be hashed, with their listed stat."""
     if not failures:
         return []
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     failed = pa.array([source for source, _, _ in failures], pa.string())
     rows = FileColumns(files.table.filter(pc.is_in(files.table.column("source"), value_set=failed)))
     stat = {f.source: f for f in rows}

@@ -17,7 +17,6 @@ import pyarrow as pa
 
 from etl.config import PipelineConfig
 from etl.engine import interrupt, parallel
-from etl.engine.fill import fill_spec
 from etl.errors import (
     ManifestError,
 )
@@ -221,7 +220,6 @@ def plan_run(
         start = time.perf_counter()
         if parallel.worth_processes(config.run, files.num_rows):
             starting.begin()  # a rerun's: files to hash are likely files to pack
-        keep = kept_objects(config, folder)
         try:
             return execute.hash_sources(
                 FileColumns(files),
@@ -230,8 +228,7 @@ def plan_run(
                 run.progress.advance,
                 source_config=config.source,
                 starting=starting,
-                keep=keep,
-                prepare=fill_spec(config) if keep is not None else None,
+                keep=kept_objects(config, folder),
             )
         finally:
             hashing[0] += time.perf_counter() - start

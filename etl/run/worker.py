@@ -14,14 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from etl.engine.fill import (
-    FillSpec,
-    fill_shard,
-    fill_spec,
-    prepare_kept,
-    read_failure,
-    stage_functions,
-)
+from etl.engine.fill import FillSpec, fill_shard, fill_spec, read_failure
 from etl.format import parts
 from etl.format.codecs import CODECS
 from etl.format.ragged import sides_of
@@ -95,26 +88,21 @@ def hash_chunk(
     algorithm: str,
     source_spec: SourceSpec,
     keep: str | None = None,
-    prepare: FillSpec | None = None,
 ) -> tuple[int, list[tuple[str, str | None, str, str]]]:
     """Worker: for a chunk (its start, its (source, locator, listed size)s): its start, and
     (source, digest or None, reject reason, message) for each file. `keep`: where objects are
-    kept for the pack phase (`etl.sources.kept`); with `prepare`, each kept object is decoded
-    here, while the next ones download, and its sample kept instead (`etl.engine.prepared`)."""
+    kept for the pack phase (`etl.sources.kept`)."""
     start, files = chunk
     out: list[tuple[str, str | None, str, str]] = []
     sizes = {path: size for _, path, size in files}
     kept = Path(keep) if keep else None
-    functions = stage_functions(prepare.recipe) if prepare is not None and kept else {}
     locators = (path for _, path, _ in files)
     digests = readers.digest_many(source_spec, locators, algorithm, sizes, kept)
-    for (source, locator, _), value in zip(files, digests, strict=True):
+    for (source, _, _), value in zip(files, digests, strict=True):
         if isinstance(value, OSError):
             out.append((source, None, *read_failure(value)))
-            continue
-        out.append((source, value, "", ""))
-        if prepare is not None and kept is not None:
-            prepare_kept(kept, locator, value, prepare, functions)
+        else:
+            out.append((source, value, "", ""))
     return start, out
 
 

@@ -550,61 +550,6 @@ def test_each_object_is_read_once_and_a_full_disk_falls_back_to_reading_twice(
     assert packed_contents(tmp_path / "twice")[0] == expected
 
 
-WHERE_DECODED = """\
-import sys
-
-def where(array):
-    frame, names = sys._getframe(1), set()
-    while frame is not None:
-        names.add(frame.f_code.co_name)
-        frame = frame.f_back
-    with open({log!r}, "a") as f:
-        f.write(("hash" if "hash_chunk" in names else "pack") + "\\n")
-    return array
-"""
-
-
-def test_objects_from_a_store_are_decoded_while_the_next_ones_download(
-    store: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """#60: the hash phase decodes each object it keeps, while its read-ahead fetches the next
-    ones, and the pack phase stores those samples (`etl.engine.prepared`): every object is
-    decoded once, in the hash phase (a call stage asks its own stack), and the dataset is the
-    one packed from local disk, a broken image's reject and a duplicate's included. Without
-    room on the scratch disk the pack phase decodes them, with the same dataset."""
-    files = tree({f"cat/{i}.png": i for i in range(5)} | {f"dog/{i}.jpg": 10 + i for i in range(4)})
-    files["cat/broken.png"] = picture(3)[:60]
-    files["dog/again.jpg"] = files["dog/0.jpg"]
-    put(store, "photos", files, tmp_path / "local")
-    log = tmp_path / "decoded.txt"
-    (tmp_path / "wheredecoded.py").write_text(WHERE_DECODED.format(log=str(log)))
-    monkeypatch.syspath_prepend(str(tmp_path))
-
-    def packed(source: str | Path, out: str) -> tuple[Any, Counter[str]]:
-        log.write_text("")
-        config = tmp_path / f"{out}.yaml"
-        config.write_text(
-            f"source: {{kind: folder, path: {source}}}\n"
-            "stages: [decode: {}, validate: {duplicates: keep_first}, resize: {size: [16, 16]},"
-            " call: {function: 'wheredecoded:where'}]\n"
-            f"output: {{dir: {tmp_path / out}, samples_per_shard: 5}}\n"
-            "run: {n_jobs: 2, backend: threading}\n"
-        )
-        pipeline.run(load_config(config))
-        return packed_contents(tmp_path / out), Counter(log.read_text().split())
-
-    expected, on_disk = packed(tmp_path / "local", "from-disk")
-    assert expected[1] == {"cat/broken.png": "truncated", "dog/again.jpg": "duplicate"}
-    assert on_disk == Counter({"pack": 9})
-    got, decoded = packed(f"s3://{store.bucket}/photos", "from-bucket")
-    assert got == expected
-    assert decoded == Counter({"hash": 10})  # the duplicate too: the plan decides after hashing
-    monkeypatch.setattr("etl.sources.kept.MIN_FREE_BYTES", 1 << 62)  # a disk with no room
-    got, decoded = packed(f"s3://{store.bucket}/photos", "no-room")
-    assert got == expected
-    assert decoded == Counter({"pack": 9})
-
-
 def test_a_container_the_store_serves_short_is_never_read_as_whole(
     store: Any, endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
