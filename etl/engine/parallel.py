@@ -26,10 +26,11 @@ from etl.engine.fill import warm
 from etl.errors import ExecutionError, WorkerDied, described
 
 # NOTE [ worker start-up ]: every run waits for its worker processes to start (0.2 s for a
-# bare loky worker here) and to import what their tasks need (0.2 s more). That is
-# most of the fixed cost of a small run, so nothing a worker imports pulls in pyarrow: the
-# tasks it unpickles live in etl.run.tasks, shard naming in etl.format.shards, and
-# the source kinds (etl.sources.registry) import pyarrow inside the functions that read tables.
+# bare loky worker here) and to import what their tasks need. That is most of the fixed cost
+# of a small run, so a worker imports only what reading, decoding and writing need: the
+# functions it runs live in etl.run.worker, the tasks in etl.run.tasks, and what it is sent
+# with them is plain data made once here (PackSpec, SourceSpec, Recipe), never the config
+# models; pyarrow, pydantic and PyYAML stay out (tests/run/test_worker_start.py).
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from etl.config import PipelineConfig, RunConfig, SourceConfig
 from etl.engine.parallel import Starting, parallel_map
@@ -32,7 +34,6 @@ from etl.sources.listed_rejects import SourceReject
 from etl.sources.registry import spec_of
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from numpy.typing import NDArray
 
 HASH_CHUNK = 256
@@ -60,8 +61,6 @@ def hash_sources(
     arrays placed by position, so hashing 10M files holds no Python object per file in this
     process, and no second copy of the sources. `starting`: see `parallel_map`. `keep`: a
     folder where objects read from a store are kept for the pack phase (`etl.sources.kept`)."""
-    import pyarrow as pa  # NOTE: here: workers import this module and never need pyarrow
-
     table = files.table.select(["source", "path", "size"])
 
     def chunk(start: int, stop: int) -> tuple[int, list[tuple[str, str, int]]]:
@@ -90,9 +89,6 @@ def _hash_rejects(files: FileColumns, failures: list[tuple[str, str, str]]) -> l
     """Rejects of the files that could not be hashed, with their listed stat."""
     if not failures:
         return []
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     failed = pa.array([source for source, _, _ in failures], pa.string())
     rows = FileColumns(files.table.filter(pc.is_in(files.table.column("source"), value_set=failed)))
     stat = {f.source: f for f in rows}

@@ -198,19 +198,6 @@ def test_the_report_says_where_the_time_went(workdir: Path) -> None:
     assert list(again.phases) == ["list", "hash", "plan", "pack"]
 
 
-def test_a_pack_worker_imports_no_pyarrow() -> None:
-    """Every run waits for its workers to start (NOTE [ worker start-up ] in etl.engine.parallel); a
-    worker imports etl.run.execute and unpickles tasks, the config and sources' records."""
-    code = (
-        "import sys, etl.run.execute, etl.run.tasks, etl.config, etl.sources.registry\n"
-        "print([m for m in ('pyarrow', 'pandas', 'torch') if m in sys.modules])\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert result.stdout.strip() == "[]"
-
-
 def test_rerun_without_changes_commits_nothing(workdir: Path) -> None:
     config = make_config(workdir)
     first = pipeline.run(config)

@@ -16,8 +16,8 @@ from etl.sources.spool import read_slice
 
 
 def _list(config: ParquetSource, context: ListContext) -> SourceListing:
-    # NOTE: imported here: `tables` imports pyarrow, and pack workers import this package
-    # (NOTE [ worker start-up ] in etl/engine/parallel.py)
+    # NOTE: imported here: `tables` imports pyarrow, which importing the registry (every kind)
+    # need not pay for
     from etl.sources.kinds.parquet.tables import list_parquet
 
     return list_parquet(config, context)
