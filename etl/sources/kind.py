@@ -19,13 +19,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SourceKind:
-    """One source kind. The functions take the kind's own config model (typed `Any` here: the
-    registry pairs each kind with its model, and a test checks the pairs)."""
+    """One source kind. The functions take the kind's own config model, the one in
+    etl/config/sources.py whose `kind` is its name (typed `Any` here; a test checks that every
+    model has its kind). No kind module needs the models at import: a worker reads through a
+    kind's `read` without them (`SourceSpec`)."""
 
     name: str
     """The config's `source.kind`."""
-    model: type[Any]
-    """Its config model in etl/config/sources.py."""
     list: Callable[[Any, ListContext], SourceListing]
     """Every input, sorted by `source`: a `SourceFile` with its locator, or a `SourceReject`
     saying why it cannot be a sample. Runs in the parent, once a run."""

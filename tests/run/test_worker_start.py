@@ -113,11 +113,10 @@ def test_what_each_phase_sends_a_worker_is_plain_data(tmp_path: Path) -> None:
         "{kind: python, function: 'records:make'}",
         "{kind: webdataset, path: tars}",
         "{kind: parquet, path: tables}",
+        "{kind: lmdb, path: env, label_field: label, allow_pickle: true}",
     ],
 )
-def test_every_kind_but_lmdb_reads_without_the_config_models(source: str, tmp_path: Path) -> None:
-    """An LMDB worker imports its kind's package (and with it the config models): the one kind
-    whose read is not a spool slice or a file."""
+def test_every_kind_reads_without_the_config_models(source: str, tmp_path: Path) -> None:
     (tmp_path / "list.csv").write_text("path,label\n")
     for folder in ("tars", "tables"):
         (tmp_path / folder).mkdir()

@@ -174,7 +174,6 @@ def _check(config: FolderSource) -> None:
 
 KIND = SourceKind(
     name="folder",
-    model=FolderSource,
     list=list_folder,
     read=read_file,
     check=_check,

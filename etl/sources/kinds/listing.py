@@ -334,7 +334,6 @@ def _folder_of(config: ListingSource) -> Path | str:
 
 KIND = SourceKind(
     name="listing",
-    model=ListingSource,
     list=list_listing,
     read=read_file,
     check=_check,

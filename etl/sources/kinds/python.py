@@ -154,7 +154,6 @@ def _parse_record(
 
 KIND = SourceKind(
     name="python",
-    model=PythonSource,
     list=list_python,
     read=read_slice,
     check=lambda config: None,  # its function is imported, and checked, when it is listed

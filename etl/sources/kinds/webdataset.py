@@ -241,7 +241,6 @@ def _label_value(data: bytes, config: WebDatasetSource) -> Any:
 
 KIND = SourceKind(
     name="webdataset",
-    model=WebDatasetSource,
     list=list_webdataset,
     read=read_slice,  # an uncompressed tar's member in place, a compressed one's from the spool
     check=check_container_folder,

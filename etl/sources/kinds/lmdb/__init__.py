@@ -9,11 +9,23 @@ Modules:
 
 from __future__ import annotations
 
-from etl.config import LmdbSource
+from typing import TYPE_CHECKING
+
 from etl.errors import SourceError
 from etl.sources.kind import SourceKind
 from etl.sources.kinds.lmdb.environment import close_lmdb, read_lmdb
-from etl.sources.kinds.lmdb.listing import list_lmdb
+
+if TYPE_CHECKING:
+    from etl.config import LmdbSource
+    from etl.sources.entries import ListContext, SourceListing
+
+
+def _list(config: LmdbSource, context: ListContext) -> SourceListing:
+    # NOTE: imported here: listing reads the labels' tables (pyarrow), and a worker that reads
+    # keys (`read_lmdb`) imports this package
+    from etl.sources.kinds.lmdb.listing import list_lmdb
+
+    return list_lmdb(config, context)
 
 
 def _check(config: LmdbSource) -> None:
@@ -23,8 +35,7 @@ def _check(config: LmdbSource) -> None:
 
 KIND = SourceKind(
     name="lmdb",
-    model=LmdbSource,
-    list=list_lmdb,
+    list=_list,
     read=read_lmdb,
     check=_check,
     by_path=False,

@@ -6,12 +6,14 @@ import os
 import pickle
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from etl.config import LmdbSource
 from etl.errors import SourceError, described
 from etl.format import names
 from etl.sources.payloads import UNPICKLE_ERRORS, field_of, image_bytes, is_pickle
+
+if TYPE_CHECKING:
+    from etl.config import LmdbSource
 
 
 def lmdb_record(value: bytes | memoryview, config: LmdbSource) -> tuple[bytes | memoryview, Any]:

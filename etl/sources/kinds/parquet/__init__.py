@@ -25,7 +25,6 @@ def _list(config: ParquetSource, context: ListContext) -> SourceListing:
 
 KIND = SourceKind(
     name="parquet",
-    model=ParquetSource,
     list=_list,
     read=read_slice,
     check=check_container_folder,
