@@ -32,11 +32,16 @@ class CodecConfig(StrictModel):
     """A sample is stored encoded only where that is at least this many times smaller than
     its raw bytes; otherwise it is stored raw (its manifest row says so). 1: raw only where
     the encoding would be larger."""
+    original: bool = False
+    """JPEG only: a JPEG source that needs no resize is stored as its own bytes (metadata
+    stripped: `etl.format.codecs.jpeg_as_stored`) wherever those decode to exactly the pixels
+    the run validated; any other source is encoded at `quality`. No generation loss."""
 
     @model_validator(mode="after")
     def _keys_of_the_kind(self) -> CodecConfig:
-        if self.kind != "jpeg" and "quality" in self.model_fields_set:
-            raise ValueError(f"quality is for kind jpeg, not {self.kind}")
+        for key in ("quality", "original"):
+            if self.kind != "jpeg" and key in self.model_fields_set:
+                raise ValueError(f"{key} is for kind jpeg, not {self.kind}")
         if self.kind == "raw" and "min_ratio" in self.model_fields_set:
             raise ValueError("min_ratio is for an encoding codec (jpeg, zlib), not raw")
         return self
@@ -51,6 +56,8 @@ class CodecConfig(StrictModel):
         values: dict[str, Any] = {"kind": self.kind, "min_ratio": self.min_ratio}
         if self.kind == "jpeg":
             values["quality"] = self.quality
+        if self.original:  # only when set: datasets packed before the key keep their digest
+            values["original"] = True
         return values
 
 

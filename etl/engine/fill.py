@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 
 from etl.errors import WorkerError, described
 from etl.format.checksums import digest
-from etl.format.codecs import encode
+from etl.format.codecs import DecodeFailure, decode, encode, jpeg_as_stored
 from etl.images.recipe import Recipe, recipe_of
 from etl.images.rejects import Reject
 from etl.images.stages import load_function, process_image
@@ -46,6 +46,7 @@ class FillSpec:
     codec: str
     quality: int
     min_ratio: float
+    original: bool
     """`output.codec`: how each sample is stored (`etl.format.codecs.encode`)."""
 
     @property
@@ -65,6 +66,7 @@ def fill_spec(config: PipelineConfig) -> FillSpec:
         codec.kind,
         codec.quality,
         codec.min_ratio,
+        codec.original,
     )
 
 
@@ -148,10 +150,31 @@ def _store(
     if not spec.encoded:
         row, checksum = writer.append(array)
         return Stored(row, checksum, height, width, array.shape, "raw", array.nbytes)
-    layout = spec.recipe.layout
-    name, encoded = encode(array, spec.codec, spec.quality, spec.min_ratio, layout)
+    original = _original_jpeg(data, array, spec) if spec.original else None
+    if original is not None:
+        name, encoded = "jpeg", original
+    else:
+        layout = spec.recipe.layout
+        name, encoded = encode(array, spec.codec, spec.quality, spec.min_ratio, layout)
     row, checksum = writer.append(encoded)
     return Stored(row, checksum, height, width, array.shape, name, encoded.size)
+
+
+def _original_jpeg(
+    data: bytes, array: NDArray[np.uint8], spec: FillSpec
+) -> NDArray[np.uint8] | None:
+    """The source's own JPEG bytes, metadata stripped, where they pay `min_ratio` and decode
+    (as the loaders decode) to exactly the validated `array`: a source that was resized,
+    rotated by its EXIF orientation, converted or changed by a call stage decodes to other
+    pixels, and is encoded again. None otherwise."""
+    stored = jpeg_as_stored(data)
+    if stored is None or len(stored) * spec.min_ratio > array.nbytes:
+        return None
+    try:
+        pixels = decode(stored, "jpeg", array.shape)
+    except DecodeFailure:
+        return None
+    return np.frombuffer(stored, np.uint8) if np.array_equal(pixels, array) else None
 
 
 def warm(_: int) -> None:

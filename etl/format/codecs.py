@@ -50,6 +50,53 @@ def encode(
     return kind, np.frombuffer(data, np.uint8)
 
 
+KEPT_APPS = (0xE0, 0xEE)
+"""The application segments a source JPEG keeps when it is stored as its own bytes: JFIF, and
+Adobe's (its transform flag says how the colours are coded). EXIF (its orientation, a camera's
+GPS position), XMP, ICC and comments go: the stored sample is its pixels and nothing else."""
+BASELINE_FRAMES = (0xC0, 0xC1)
+"""SOF0 and SOF1: sequential, Huffman-coded, what every JPEG decoder reads (GPU ones too)."""
+
+
+def jpeg_as_stored(data: bytes) -> bytes | None:
+    """A source JPEG's bytes as a sample may store them (`output.codec.original`): its frame,
+    tables and scans as they are, without metadata segments (all but `KEPT_APPS`) or anything
+    after the end of the image. None where it is not a baseline 8-bit JPEG of 1 or 3 components
+    (progressive, arithmetic-coded, 12-bit, CMYK) or its segments do not parse: such a source is
+    encoded again. Pure: the caller checks that the bytes decode to the pixels it validated."""
+    if data[:2] != b"\xff\xd8":
+        return None
+    kept, at, framed = [b"\xff\xd8"], 2, False
+    while at + 4 <= len(data):
+        if data[at] != 0xFF:
+            return None
+        marker = data[at + 1]
+        if marker == 0xFF:  # a fill byte before a marker
+            at += 1
+            continue
+        length = int.from_bytes(data[at + 2 : at + 4], "big")
+        end = at + 2 + length
+        if length < 2 or end > len(data) or 0xD0 <= marker <= 0xD9 or marker == 0x01:
+            return None
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # a frame (SOFn)
+            if marker not in BASELINE_FRAMES or length < 8 or data[at + 4] != 8:
+                return None
+            if data[at + 9] not in (1, 3):
+                return None
+            framed = True
+        if marker == 0xDA:  # the first scan: it, and all up to the end of the image, as is
+            last = data.find(b"\xff\xd9", end)
+            if not framed or last < 0:
+                return None
+            kept.append(data[at : last + 2])
+            return b"".join(kept)
+        metadata = marker == 0xFE or (0xE0 <= marker <= 0xEF and marker not in KEPT_APPS)
+        if not metadata:
+            kept.append(data[at:end])
+        at = end
+    return None
+
+
 def _encode_jpeg(pixels: NDArray[np.uint8], quality: int, layout: str) -> bytes:
     import simplejpeg
 

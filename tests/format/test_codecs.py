@@ -14,7 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from etl.format.codecs import CODECS, DecodeFailure, dct_factor, decode, decode_jpeg, encode
+from etl.format.codecs import (
+    CODECS,
+    DecodeFailure,
+    dct_factor,
+    decode,
+    decode_jpeg,
+    encode,
+    jpeg_as_stored,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -141,3 +149,50 @@ def test_dct_factor_keeps_the_reducing_gap() -> None:
     with pytest.raises(ValueError, match="reducing_gap"):
         dct_factor((10, 10), (1, 1), 0.5)
     assert CODECS == ("raw", "jpeg", "zlib")  # the codes a loader's arrays hold: never reorder
+
+
+def _baseline_jpeg() -> bytes:
+    buffer = io.BytesIO()
+    rng = np.random.default_rng(7)
+    Image.fromarray(rng.integers(0, 255, (16, 24, 3), dtype=np.uint8)).save(
+        buffer, "JPEG", quality=80, comment="note"
+    )
+    return buffer.getvalue()
+
+
+def test_a_stored_source_jpeg_is_its_segments_without_metadata() -> None:
+    """`jpeg_as_stored`, read back by Pillow: the same pixels, no comment, nothing after the
+    image; a progressive or CMYK file, or no JPEG at all, is not stored as itself."""
+    data = _baseline_jpeg()
+    stored = jpeg_as_stored(data + b"trailing bytes")
+    assert stored is not None and b"note" not in stored and stored.endswith(b"\xff\xd9")
+    assert np.array_equal(
+        np.asarray(Image.open(io.BytesIO(stored))), np.asarray(Image.open(io.BytesIO(data)))
+    )
+    image = Image.open(io.BytesIO(data))
+    for options in ({"progressive": True}, {}):
+        buffer = io.BytesIO()
+        (image if options else image.convert("CMYK")).save(buffer, "JPEG", **options)
+        assert jpeg_as_stored(buffer.getvalue()) is None
+    assert jpeg_as_stored(b"") is None and jpeg_as_stored(b"\x89PNG\r\n") is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_a_damaged_source_jpeg_is_bytes_or_none_never_an_error(data: st.DataObject) -> None:
+    """Flips, cuts and insertions anywhere in a JPEG's segments: `jpeg_as_stored` returns None
+    or a file from its start to an end-of-image marker, and never raises."""
+    original = bytearray(_baseline_jpeg())
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, len(original) - 1))
+        what = data.draw(st.sampled_from(["flip", "cut", "insert"]))
+        if what == "flip":
+            original[at] ^= data.draw(st.integers(1, 255))
+        elif what == "cut":
+            del original[at : at + data.draw(st.integers(1, 64))]
+        else:
+            original[at:at] = data.draw(st.binary(min_size=1, max_size=16))
+        if not original:
+            break
+    stored = jpeg_as_stored(bytes(original))
+    assert stored is None or (stored.startswith(b"\xff\xd8") and stored.endswith(b"\xff\xd9"))
