@@ -59,14 +59,20 @@ def write_sources(folder: Path) -> dict[str, bytes]:
     return sources
 
 
-def pack(folder: Path, codec: str, capsys: pytest.CaptureFixture[str]) -> dict[str, bytes]:
-    """Each source's stored bytes, by file name, after `etl run` with `codec`."""
-    (folder / "pipeline.yaml").write_text(
+def write_config(folder: Path, codec: str, name: str = "pipeline.yaml") -> Path:
+    """pipeline.yaml of the sources in `folder`, resized to SIZE and stored with `codec`."""
+    path = folder / name
+    path.write_text(
         "source: {kind: folder, path: images}\n"
         f"stages: [decode: {{}}, resize: {{size: [{SIZE[0]}, {SIZE[1]}]}}]\n"
         f"output: {{dir: out, codec: {codec}}}\n"
     )
-    code, _, err = cli(["run", str(folder / "pipeline.yaml"), "--quiet"], capsys)
+    return path
+
+
+def pack(folder: Path, codec: str, capsys: pytest.CaptureFixture[str]) -> dict[str, bytes]:
+    """Each source's stored bytes, by file name, after `etl run` with `codec`."""
+    code, _, err = cli(["run", str(write_config(folder, codec)), "--quiet"], capsys)
     assert code == 0, err
     _, rows = read_plainly(folder / "out")
     assert {row["sample_codec"] for row in rows} == {"jpeg"}
@@ -111,14 +117,10 @@ def test_without_the_key_every_source_is_encoded_again_and_the_digest_is_unchang
     sources = write_sources(tmp_path)
     stored = pack(tmp_path, "jpeg", capsys)
     assert all(scan_of(sources[name]) not in stored[name] for name in sources)
-    digests = {}
-    for codec in ("jpeg", "{kind: jpeg, original: false}", "{kind: jpeg, original: true}"):
-        (tmp_path / "digest.yaml").write_text(
-            "source: {kind: folder, path: images}\n"
-            "stages: [decode: {}, resize: {size: [32, 40]}]\n"
-            f"output: {{dir: out, codec: {codec}}}\n"
-        )
-        digests[codec] = load_config(tmp_path / "digest.yaml").digest()
+    digests = {
+        codec: load_config(write_config(tmp_path, codec, "digest.yaml")).digest()
+        for codec in ("jpeg", "{kind: jpeg, original: false}", "{kind: jpeg, original: true}")
+    }
     assert digests["jpeg"] == digests["{kind: jpeg, original: false}"]
     assert digests["jpeg"] != digests["{kind: jpeg, original: true}"]
 
