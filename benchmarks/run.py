@@ -30,6 +30,7 @@ BENCHMARKS = (
     "bench_aspect",
     "bench_report",
     "bench_worker_start",
+    "bench_original",
 )
 
 

@@ -3,7 +3,8 @@
 `python -m benchmarks.bench_tree --tiny`, `python -m benchmarks.bench_cold --tiny`, and small
 runs of `bench_remote`, `bench_remote_pack`, `bench_pack_grid`, `bench_rejects`,
 `bench_verify_rows`, `bench_columns`, `bench_mixture`, `bench_aspect`, `bench_codecs`,
-`bench_encoded`, `bench_draft`, `bench_trace`, `bench_report` and `bench_worker_start`.
+`bench_encoded`, `bench_draft`, `bench_trace`, `bench_report`, `bench_worker_start` and
+`bench_original`.
 
 Numbers from 16 photos mean nothing; the test checks that every part runs (photo generation,
 bare loops, the pipeline on every backend, the memory runs) and that the pipeline's pixels equal
@@ -248,3 +249,10 @@ def test_bench_worker_start_small() -> None:
     # every phase's first task was captured, and unpickling it imported none of the heavy ones
     assert {"floor", "hash_chunk", "pack_batch", "warm"} <= set(rows), done.stdout
     assert all(rows[name].rstrip().endswith("| none |") for name in ("hash_chunk", "pack_batch"))
+
+
+def test_bench_original_small() -> None:
+    done = run_benchmark("bench_original", "--photos", "6", "--rounds", "1", timeout=300)
+    assert done.returncode == 0, done.stderr
+    # sources already 224x224: every one stored as its own scan, the pixels identical
+    assert "| original |" in done.stdout and "| 100% | identical | 0 |" in done.stdout

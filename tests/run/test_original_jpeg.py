@@ -125,6 +125,33 @@ def test_without_the_key_every_source_is_encoded_again_and_the_digest_is_unchang
     assert digests["jpeg"] != digests["{kind: jpeg, original: true}"]
 
 
+@pytest.mark.timeout(120)
+def test_a_source_within_keep_aspects_sides_is_stored_as_itself(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Samples that keep their aspect ratio: a source already within `shorter` and `longer`
+    (no upscale) needs no resize and is stored as its own scan; a larger one is encoded again
+    at its new size."""
+    small, large = jpeg(photo(30, 50, 7)), jpeg(photo(90, 120, 8))
+    (tmp_path / "images" / "all").mkdir(parents=True)
+    (tmp_path / "images" / "all" / "small.jpg").write_bytes(small)
+    (tmp_path / "images" / "all" / "large.jpg").write_bytes(large)
+    (tmp_path / "pipeline.yaml").write_text(
+        "source: {kind: folder, path: images}\n"
+        "stages: [decode: {}, resize: {mode: keep_aspect, shorter: 32, longer: 64}]\n"
+        "output: {dir: out, codec: {kind: jpeg, original: true}}\n"
+    )
+    code, _, err = cli(["run", str(tmp_path / "pipeline.yaml"), "--quiet"], capsys)
+    assert code == 0, err
+    _, rows = read_plainly(tmp_path / "out")
+    stored = {Path(r["source"]).name: (r, stored_of(tmp_path / "out", r)) for r in rows}
+    row, data = stored["small.jpg"]
+    assert (row["sample_height"], row["sample_width"]) == (30, 50) and scan_of(small) in data
+    row, data = stored["large.jpg"]
+    assert (row["sample_height"], row["sample_width"]) == (32, 43) and scan_of(large) not in data
+    assert Image.open(io.BytesIO(data)).size == (43, 32)
+
+
 def test_original_is_for_jpeg_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "images").mkdir()
     (tmp_path / "pipeline.yaml").write_text(
