@@ -60,41 +60,53 @@ BASELINE_FRAMES = (0xC0, 0xC1)
 
 def jpeg_as_stored(data: bytes) -> bytes | None:
     """A source JPEG's bytes as a sample may store them (`output.codec.original`): its frame,
-    tables and scans as they are, without metadata segments (all but `KEPT_APPS`) or anything
-    after the end of the image. None where it is not a baseline 8-bit JPEG of 1 or 3 components
-    (progressive, arithmetic-coded, 12-bit, CMYK) or its segments do not parse: such a source is
-    encoded again. Pure: the caller checks that the bytes decode to the pixels it validated."""
+    tables and scans as they are, without metadata segments (all but `KEPT_APPS`, before or
+    between the scans) or anything after the end of the image. None where it is not a baseline
+    8-bit JPEG of 1 or 3 components (progressive, arithmetic-coded, 12-bit, CMYK) or its
+    segments do not parse: such a source is encoded again. Pure: the caller checks that the
+    bytes decode to the pixels it validated."""
     if data[:2] != b"\xff\xd8":
         return None
-    kept, at, framed = [b"\xff\xd8"], 2, False
-    while at + 4 <= len(data):
+    kept, at, framed, scanned = [b"\xff\xd8"], 2, False, False
+    while at + 2 <= len(data):
         if data[at] != 0xFF:
             return None
         marker = data[at + 1]
         if marker == 0xFF:  # a fill byte before a marker
             at += 1
             continue
+        if marker == 0xD9:  # the end of the image: nothing after it is kept
+            return b"".join([*kept, b"\xff\xd9"]) if scanned else None
         length = int.from_bytes(data[at + 2 : at + 4], "big")
         end = at + 2 + length
-        if length < 2 or end > len(data) or 0xD0 <= marker <= 0xD9 or marker == 0x01:
+        if length < 2 or end > len(data) or 0xD0 <= marker <= 0xD8 or marker == 0x01:
             return None
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # a frame (SOFn)
-            if marker not in BASELINE_FRAMES or length < 8 or data[at + 4] != 8:
+            if framed or marker not in BASELINE_FRAMES or length < 8 or data[at + 4] != 8:
                 return None
             if data[at + 9] not in (1, 3):
                 return None
             framed = True
-        if marker == 0xDA:  # the first scan: it, and all up to the end of the image, as is
-            last = data.find(b"\xff\xd9", end)
-            if not framed or last < 0:
+        if marker == 0xDA:  # a scan: its header and its entropy-coded data, as they are
+            if not framed:
                 return None
-            kept.append(data[at : last + 2])
-            return b"".join(kept)
-        metadata = marker == 0xFE or (0xE0 <= marker <= 0xEF and marker not in KEPT_APPS)
-        if not metadata:
+            end, scanned = _scan_end(data, end), True
+            kept.append(data[at:end])
+        elif not (marker == 0xFE or (0xE0 <= marker <= 0xEF and marker not in KEPT_APPS)):
             kept.append(data[at:end])
         at = end
     return None
+
+
+def _scan_end(data: bytes, at: int) -> int:
+    """Where the entropy-coded data from `at` ends: the next marker that is neither a stuffed
+    0xFF (FF 00) nor a restart marker (FF D0-D7); the end of `data` where there is none."""
+    while (at := data.find(b"\xff", at)) >= 0 and at + 1 < len(data):
+        following = data[at + 1]
+        if following != 0x00 and not 0xD0 <= following <= 0xD7 and following != 0xFF:
+            return at
+        at += 1 if following == 0xFF else 2
+    return len(data)
 
 
 def _encode_jpeg(pixels: NDArray[np.uint8], quality: int, layout: str) -> bytes:

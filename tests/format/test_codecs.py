@@ -177,6 +177,25 @@ def test_a_stored_source_jpeg_is_its_segments_without_metadata() -> None:
     assert jpeg_as_stored(b"") is None and jpeg_as_stored(b"\x89PNG\r\n") is None
 
 
+def test_metadata_between_the_scan_and_the_end_goes_too() -> None:
+    """A comment after the entropy-coded data (before the end-of-image marker, where libjpeg
+    reads it too) is metadata like any other; restart markers inside the scan are kept."""
+    buffer = io.BytesIO()
+    rng = np.random.default_rng(3)
+    Image.fromarray(rng.integers(0, 255, (32, 48, 3), dtype=np.uint8)).save(
+        buffer, "JPEG", quality=80, restart_marker_blocks=1
+    )
+    data = buffer.getvalue()
+    assert b"\xff\xd0" in data  # the scan has restart markers
+    late = data[:-2] + b"\xff\xfe\x00\x08secret" + b"\xff\xd9"
+    stored = jpeg_as_stored(late)
+    assert stored is not None and b"secret" not in stored and stored == jpeg_as_stored(data)
+    assert np.array_equal(
+        np.asarray(Image.open(io.BytesIO(stored))), np.asarray(Image.open(io.BytesIO(late)))
+    )
+    assert jpeg_as_stored(data[:-2]) is None  # no end of the image
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_a_damaged_source_jpeg_is_bytes_or_none_never_an_error(data: st.DataObject) -> None:
