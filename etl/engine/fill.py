@@ -150,7 +150,10 @@ def _store(
     if not spec.encoded:
         row, checksum = writer.append(array)
         return Stored(row, checksum, height, width, array.shape, "raw", array.nbytes)
-    original = _original_jpeg(data, array, spec) if spec.original else None
+    # NOTE: only a source the stages left at its own size can be its own sample: the others
+    # skip the walk of their bytes
+    same_size = array.shape[:2] == (height, width)
+    original = _original_jpeg(data, array, spec) if spec.original and same_size else None
     if original is not None:
         name, encoded = "jpeg", original
     else:
