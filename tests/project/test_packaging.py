@@ -12,7 +12,12 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from etl.cli import ETL_PACKAGES
+from etl.config import load_config
+from etl.run import pipeline
+from tests.helpers.codecs import write_config, write_photos
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,18 +35,57 @@ def imported_by(code: str) -> set[str]:
     return {name.split(".")[0] for name in json.loads(proc.stdout)}
 
 
+def _extra(name: str | None) -> set[str]:
+    """Top-level modules of one extra of pyproject.toml (None: the core), by import name."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    listed = project["dependencies"] if name is None else project["optional-dependencies"][name]
+    names = {re.split(r"[<>=\[ ]", d)[0].lower() for d in listed}
+    return {IMPORT_NAMES.get(n, n) for n in names}
+
+
 def test_the_etl_extra_is_what_the_cli_checks_for() -> None:
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    names = {re.split(r"[<>=\[ ]", d)[0].lower() for d in extras["optional-dependencies"]["etl"]}
-    assert {IMPORT_NAMES.get(n, n) for n in names} == ETL_PACKAGES
-    core = {re.split(r"[<>=\[ ]", d)[0].lower() for d in extras["dependencies"]}
-    assert core == {"numpy", "pyarrow", "xxhash", "blake3"}  # the format, nothing more
+    assert _extra("etl") == ETL_PACKAGES
+    assert _extra(None) == {"numpy", "pyarrow", "xxhash", "blake3"}  # the format, nothing more
 
 
 def test_a_training_node_needs_only_the_format_and_torch() -> None:
     found = imported_by("import loaders\nfrom loaders import open_catalog, PackedDataset")
     assert "torch" in found
     assert not found & ETL_PACKAGES, found & ETL_PACKAGES
+
+
+@pytest.mark.timeout(180)
+def test_a_training_node_decodes_stored_samples_with_its_own_extra(tmp_path: Path) -> None:
+    """A JPEG and a zlib dataset read on a node that installed `[loaders]` alone: every ETL
+    package that extra lacks is made unimportable in a fresh interpreter, which then reads
+    every sample whole, cropped in two workers, and sent encoded for the device's decode."""
+    for codec in ("jpeg", "zlib"):
+        write_photos(tmp_path / codec / "images", count=6)
+        config = write_config(tmp_path / codec, codec)
+        assert pipeline.run(load_config(config)).committed
+    missing = sorted(ETL_PACKAGES - _extra("loaders"))
+    assert "PIL" in missing and "simplejpeg" not in missing  # libjpeg-turbo joins [loaders]
+    code = "\n".join(
+        [
+            "import sys",
+            *(f"sys.modules[{name!r}] = None" for name in missing),
+            "from loaders import DeviceLoader, PackedDataset, RandomResizedCrop, make_loader",
+            "for codec in ('jpeg', 'zlib'):",
+            f"    ds = PackedDataset.open({str(tmp_path)!r} + '/' + codec + '/out')",
+            "    assert all(tuple(ds[i][0].shape) == (32, 40, 3) for i in range(len(ds)))",
+            "    cropped = make_loader(ds.with_crop(RandomResizedCrop(16)), batch_size=3,",
+            "                          num_workers=2)",
+            "    assert sum(len(images) for images, _ in cropped) == len(ds)",
+            "    device = DeviceLoader(make_loader(ds, batch_size=3), device='cpu',",
+            "                          augment=RandomResizedCrop(16), decode='device')",
+            "    assert sum(len(batch[1]) for batch in device) == len(ds)",
+            "print('read')",
+        ]
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=150, cwd=ROOT
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "read", proc.stderr
 
 
 def test_a_packing_node_never_imports_torch() -> None:
