@@ -15,7 +15,7 @@ import torch
 
 from loaders.augment import Augment, Sizes
 from loaders.batches import SIZE_COLUMNS, STORED_COLUMNS, Batch, ColumnBatch, IndexedBatch
-from loaders.device_decode import JpegDecoder, decode_batch, jpeg_decoder
+from loaders.device_decode import JpegDecoder, decode_batch, in_batch, jpeg_decoder
 from loaders.loader import PackedLoader
 from loaders.ragged import RaggedImages
 
@@ -71,8 +71,8 @@ class DeviceLoader:
 
     `decode="device"` has samples stored encoded (`output.codec`) sent still encoded (a tenth
     of the bytes through the workers, the pin thread and the copy) and decoded here: on CUDA by
-    torchvision's `decode_jpeg` (`loaders.device_decode`); the default, "workers", decodes them
-    in the loader's processes.
+    torchvision's `decode_jpeg`, or NVIDIA nvImageCodec's with `decoder="nvimgcodec"`
+    (`loaders.device_decode`); the default, "workers", decodes them in the loader's processes.
     """
 
     def __init__(
@@ -86,9 +86,12 @@ class DeviceLoader:
         layout: str | None = None,
         augment: Augment | None = None,
         decode: str = "workers",
+        decoder: str | None = None,
     ) -> None:
         if decode not in ("workers", "device"):
             raise ValueError(f"decode is 'workers' or 'device', got {decode!r}")
+        if decoder is not None and decode != "device":
+            raise ValueError("decoder= chooses the library of decode='device'")
         if augment is not None and dtype is None:
             dtype = torch.float32  # augmentation resamples in floating point
         if (mean is not None or std is not None) and dtype is None:
@@ -130,7 +133,7 @@ class DeviceLoader:
                     "decode='device' needs the stored bytes, and this loader's dataset crops "
                     "in its workers (with_crop) or has another collate_fn"
                 )
-            self.decoder, self.decoder_name = jpeg_decoder(self.device)
+            self.decoder, self.decoder_name = jpeg_decoder(self.device, decoder)
         if isinstance(loader, PackedLoader) and self.device.type == "cuda":
             loader.copies_on(self.device)
 
@@ -223,7 +226,7 @@ class DeviceLoader:
         decoded there first."""
         layout = self.layout
         if columns is not None and STORED_COLUMNS[0] in columns:
-            images, layout = self._decoded(images, columns), "CHW"
+            images, layout = self._decoded(images, columns, indices), "CHW"
             columns = {k: v for k, v in columns.items() if k not in STORED_COLUMNS}
         else:
             images = images.to(self.device, non_blocking=True)
@@ -264,14 +267,26 @@ class DeviceLoader:
             return Batch(images, labels)
         return IndexedBatch(images, labels, indices)  # indices stay on the CPU, for lookups
 
-    def _decoded(self, stored: torch.Tensor, columns: dict[str, Any]) -> torch.Tensor:
-        """A batch's stored bytes (CPU) decoded on the device: CHW samples back to back."""
+    def _decoded(
+        self, stored: torch.Tensor, columns: dict[str, Any], indices: torch.Tensor | None
+    ) -> torch.Tensor:
+        """A batch's stored bytes (CPU) decoded on the device: CHW samples back to back; a
+        sample that does not decode is named by its shard and row."""
         assert self.decoder_name and self.channels is not None
         nbytes, codecs = (columns[name].cpu().numpy() for name in STORED_COLUMNS)
         heights, widths = (columns[name].cpu().numpy() for name in SIZE_COLUMNS)
+        name = in_batch
+        rows_of = getattr(getattr(self.loader, "dataset", None), "manifest_rows", None)
+        if indices is not None and rows_of is not None:
+            positions = indices.tolist()
+
+            def name(k: int) -> str:
+                row = rows_of([positions[k]]).to_pylist()[0]
+                return f"{row['shard']}: row {row['row']} (index {positions[k]})"
+
         return decode_batch(
             stored.cpu(), nbytes, codecs, heights, widths, self.channels, self.layout,
-            self.decoder, self.device,
+            self.decoder, self.device, name,
         )  # fmt: skip
 
     def _augmented(

@@ -5,6 +5,7 @@ shard, Pillow for the JPEG bytes. None of it calls this project's readers."""
 from __future__ import annotations
 
 import io
+import shutil
 import zlib
 from pathlib import Path
 from typing import Any
@@ -70,3 +71,21 @@ def pixels_of(out: Path, row: dict[str, Any], channels: int = 3) -> np.ndarray:
         return np.frombuffer(zlib.decompress(data), np.uint8).reshape(shape)
     assert row["sample_codec"] == "raw", row["sample_codec"]
     return np.frombuffer(data, np.uint8).reshape(shape)
+
+
+def zeroed_copy(
+    out: Path, dest: Path, index: int, start: int, stop: int | None = None
+) -> dict[str, Any]:
+    """A copy of the pack `out` at `dest` with bytes [start, stop) of manifest row `index`'s
+    stored bytes zeroed (negative: from their end; None: to it), as a damaged disk would
+    leave them: its shard's checksum no longer holds. The row, as pyarrow reads it."""
+    shutil.copytree(out, dest)
+    _, rows = read_plainly(dest)
+    row = rows[index]
+    path = dest / row["shard"]
+    data = bytearray(path.read_bytes())
+    first = 128 + row["sample_offset"]  # the flat array after its .npy header
+    span = slice(*slice(start, stop).indices(row["sample_bytes"])[:2])
+    data[first + span.start : first + span.stop] = bytes(span.stop - span.start)
+    path.write_bytes(bytes(data))
+    return row

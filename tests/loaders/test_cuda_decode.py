@@ -1,5 +1,6 @@
-"""Samples stored as JPEG, decoded on the GPU (`DeviceLoader(decode="device")`, torchvision's
-`decode_jpeg` on CUDA: `loaders.device_decode`). Skipped without CUDA.
+"""Samples stored as JPEG, decoded on the GPU (`DeviceLoader(decode="device")`: torchvision's
+`decode_jpeg` on CUDA, the default, and NVIDIA nvImageCodec's with `decoder="nvimgcodec"`, where
+installed: `loaders.device_decode`). Skipped without CUDA.
 
 As in tests/loaders/test_cuda.py, `--break-mechanism NAME` removes one mechanism (`BREAKS`)
 and runs only the tests guarding it, which must then fail. The oracle is the workers' decode
@@ -9,7 +10,6 @@ and runs only the tests guarding it, which must then fail. The oracle is the wor
 from __future__ import annotations
 
 import gc
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,7 +31,7 @@ pytestmark = [
 
 BREAKS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "decoded_on_gpu": lambda mp: mp.setattr(
-        loaders.device, "jpeg_decoder", lambda device: (None, _cpu_name())
+        loaders.device, "jpeg_decoder", lambda device, library=None: (None, _cpu_name())
     ),
 }
 
@@ -45,64 +45,88 @@ def jpeg(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder / "out"
 
 
-def _epoch(ds: PackedDataset, decode: str, epoch: int = 0, workers: int = 2) -> list[torch.Tensor]:
+def _has_nvimgcodec() -> bool:
+    try:
+        import nvidia.nvimgcodec  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+DECODERS = [
+    pytest.param(None, id="torchvision"),
+    pytest.param(
+        "nvimgcodec",
+        marks=pytest.mark.skipif(not _has_nvimgcodec(), reason="nvImageCodec is not installed"),
+    ),
+]
+NAMES = {None: "torchvision ", "nvimgcodec": "nvImageCodec "}
+
+
+def _epoch(
+    ds: PackedDataset, decode: str, epoch: int = 0, workers: int = 2, decoder: str | None = None
+) -> list[torch.Tensor]:
     loader = make_loader(ds, batch_size=8, shuffle=True, num_workers=workers, with_indices=True)
     loader.set_epoch(epoch)
-    device = DeviceLoader(loader, augment=RandomResizedCrop(64, seed=1), decode=decode)
+    crop = RandomResizedCrop(64, seed=1)
+    device = DeviceLoader(loader, augment=crop, decode=decode, decoder=decoder)
     return [images.clone() for images, _, _ in device]
 
 
 @pytest.mark.guards("decoded_on_gpu")
-def test_gpu_decode_matches_the_workers_decode(jpeg: Path) -> None:
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_gpu_decode_matches_the_workers_decode(jpeg: Path, decoder: str | None) -> None:
     """Crops of samples decoded on the GPU are those of the same samples decoded by the
     workers' libjpeg-turbo, within the two decoders' IDCT differences (PSNR above 40 dB), and
-    the decoder named in the state is torchvision's on CUDA."""
+    the decoder named in the state is the library asked for, on CUDA."""
     ds = PackedDataset.open(jpeg)
     loader = make_loader(ds, batch_size=8, num_workers=0, with_indices=True)
-    device = DeviceLoader(loader, augment=RandomResizedCrop(64, seed=1), decode="device")
-    assert device.decoder_name.startswith("torchvision ") and "cuda" in device.decoder_name
-    on_gpu, in_workers = _epoch(ds, "device"), _epoch(ds, "workers")
+    crop = RandomResizedCrop(64, seed=1)
+    device = DeviceLoader(loader, augment=crop, decode="device", decoder=decoder)
+    assert device.decoder_name.startswith(NAMES[decoder]) and "cuda" in device.decoder_name
+    on_gpu, in_workers = _epoch(ds, "device", decoder=decoder), _epoch(ds, "workers")
     for a, b in zip(on_gpu, in_workers, strict=True):
         assert a.is_cuda and a.shape == b.shape
         error = torch.mean((a.float() - b.float()) ** 2).item() * 255**2
         assert error == 0 or 10 * np.log10(255**2 / error) > 40
 
 
-def test_gpu_memory_is_flat_over_epochs(jpeg: Path) -> None:
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_gpu_memory_is_flat_over_epochs(jpeg: Path, decoder: str | None) -> None:
     """Five epochs decoded on the GPU: the memory allocated after each is what it was after
-    the first (a known failure of GPU decoders is memory that grows per epoch until OOM), and
-    the allocator reserves no more after the second."""
+    the first (a known failure of GPU decoders is memory that grows per epoch until OOM), the
+    allocator reserves no more after the second, and the device's used memory (which sees a
+    library's own allocations, outside torch's) grows by no more than 16 MiB after it."""
     ds = PackedDataset.open(jpeg)
-    allocated, reserved = [], []
+    allocated, reserved, used = [], [], []
     for epoch in range(5):
-        images = _epoch(ds, "device", epoch, workers=0)
+        images = _epoch(ds, "device", epoch, workers=0, decoder=decoder)
         del images
         gc.collect()
         torch.cuda.synchronize()
         allocated.append(torch.cuda.memory_allocated())
         reserved.append(torch.cuda.memory_reserved())
+        free, total = torch.cuda.mem_get_info()
+        used.append(total - free)
     assert max(allocated[1:]) <= allocated[0] + (1 << 20), allocated
     assert max(reserved[2:]) <= reserved[1] + (8 << 20), reserved
+    assert max(used[2:]) <= used[1] + (16 << 20), used
 
 
-def test_a_damaged_jpeg_is_named_not_a_crash_on_the_gpu(jpeg: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_a_damaged_jpeg_is_named_not_a_crash_on_the_gpu(
+    jpeg: Path, tmp_path: Path, decoder: str | None
+) -> None:
     """Unchecked (verify=False) bytes with a garbage scan reach nvJPEG: the batch decodes to
     something or is one ShardError, never a crash of the process or a wrong-sized sample."""
     from etl.errors import ShardError
-    from tests.helpers.codecs import read_plainly
+    from tests.helpers.codecs import zeroed_copy
 
     root = tmp_path / "ds"
-    shutil.copytree(jpeg, root)
-    _, rows = read_plainly(root)
-    victim = rows[0]
-    path = root / victim["shard"]
-    data = bytearray(path.read_bytes())
-    start = 128 + victim["sample_offset"]
-    data[start + 20 : start + victim["sample_bytes"] - 2] = bytes(victim["sample_bytes"] - 22)
-    path.write_bytes(bytes(data))
+    zeroed_copy(jpeg, root, 0, 20, -2)  # a garbage scan between its headers and its end
     ds = PackedDataset.open(root, verify=False)
     try:
-        for images in _epoch(ds, "device", workers=0):
+        for images in _epoch(ds, "device", workers=0, decoder=decoder):
             assert images.shape[1:] == (3, 64, 64)
     except ShardError as exc:
         assert "does not decode" in str(exc) or "decodes to" in str(exc)
