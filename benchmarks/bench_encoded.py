@@ -25,8 +25,9 @@ every variant alike:
   the decode limit of one core). A worker's decode rate is compared with it per core.
 
 `--gpu` (on a CUDA machine, inside `benchmarks/gpu_check.sh`) reads an aspect-kept JPEG pack
-onto the GPU four ways instead: decoded and cropped on the GPU (`DeviceLoader(decode="device")`,
-torchvision's nvJPEG) with 8 and 2 workers gathering the stored bytes, decoded in the workers
+onto the GPU five ways instead: decoded and cropped on the GPU (`DeviceLoader(decode="device")`,
+torchvision's nvJPEG) with 8 and 2 workers gathering the stored bytes, the same with
+nvImageCodec's (`decoder="nvimgcodec"`, where installed), decoded in the workers
 and cropped on the GPU, and decoded and cropped in the workers (`with_crop`); samples/s and the
 peak GPU memory of each of 3 epochs (flat, or the decoder leaks).
 
@@ -217,9 +218,12 @@ def _moved(ds: Any, cache: Path, ranged: bool) -> float:
     return float(version + rows)
 
 
-def gpu_epochs(out: Path, decode: str, workers: int, crop_in_workers: bool) -> dict[str, Any]:
+def gpu_epochs(
+    out: Path, decode: str, workers: int, crop_in_workers: bool, decoder: str | None = None
+) -> dict[str, Any]:
     """Samples/s and peak GPU memory of 3 epochs of 224 `RandomResizedCrop`s onto the GPU
-    (the first a warm-up): decoded in the workers or on the device, or cropped in the workers."""
+    (the first a warm-up): decoded in the workers or on the device (by `decoder`), or cropped
+    in the workers."""
     import torch
 
     from loaders import DeviceLoader, PackedDataset, RandomResizedCrop, make_loader
@@ -233,8 +237,9 @@ def gpu_epochs(out: Path, decode: str, workers: int, crop_in_workers: bool) -> d
         with_indices=True,
     )  # fmt: skip
     device = DeviceLoader(
-        loader, dtype=torch.float32, augment=None if crop_in_workers else crop, decode=decode
-    )
+        loader, dtype=torch.float32, augment=None if crop_in_workers else crop, decode=decode,
+        decoder=decoder,
+    )  # fmt: skip
     rates, peaks = [], []
     for epoch in range(3):
         loader.set_epoch(epoch)
@@ -259,9 +264,15 @@ def gpu_main(photos: Path, n: int, work: Path) -> dict[str, Any]:
     pack(folder, photos, "jpeg", RESIZES["aspect 256/512"])
     cores = os.cpu_count() or 2
     workers = max(2, min(8, cores // 2))
-    runs = {
+    runs: dict[str, tuple[Any, ...]] = {
         f"decode + crop on the GPU, {workers} workers gather": ("device", workers, False),
         "decode + crop on the GPU, 2 workers gather": ("device", 2, False),
+        f"the same by nvImageCodec, {workers} workers gather": (
+            "device",
+            workers,
+            False,
+            "nvimgcodec",
+        ),
         f"decode in {workers} workers, crop on the GPU": ("workers", workers, False),
         f"decode + crop in {workers} workers": ("workers", workers, True),
     }

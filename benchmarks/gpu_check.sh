@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The GPU checks, as one script for a lent GPU machine (about 4 minutes on one H100, 2026-11-26):
+# The GPU checks, as one script for a lent GPU machine (7 minutes on one H100, 2026-11-28):
 #   1. the CUDA tests pass (tests/loaders/test_cuda.py, test_cuda_ring.py, test_cuda_decode.py);
 #   2. with each mechanism they guard removed (--break-mechanism), the tests guarding it FAIL;
 #   3. the loader tests pass with CUDA visible (pinning on by default there);
-#   4. the GPU benchmarks: bench_augment (host-to-device GB/s, DeviceLoader + augmentation
-#      samples/s, step time with the side-stream prefetch, GPU memory) and bench_workers
-#      (0 against 2 workers with each batch copied to the GPU, the ring pinned and not, a
-#      per-sample crop in the workers; the ring's copy GB/s and registration time), and
-#      bench_encoded --gpu (JPEG samples decoded by nvJPEG against the workers' libjpeg-turbo,
-#      224 crops a second and the peak GPU memory of each epoch).
+#   4. the GPU benchmarks: bench_device_decode (torchvision's decode_jpeg against nvImageCodec
+#      on the same stored JPEGs: samples/s, difference from Pillow, GPU memory per epoch),
+#      bench_encoded --gpu (JPEG samples decoded on the GPU against the workers'
+#      libjpeg-turbo, 224 crops a second and the GPU memory of each epoch), bench_augment
+#      (host-to-device GB/s, DeviceLoader + augmentation samples/s, step time with the
+#      side-stream prefetch, GPU memory) and bench_workers (0 against 2 workers with each
+#      batch copied to the GPU, the ring pinned and not, the ring's copy GB/s and registration
+#      time; then with --jpeg, JPEG decode + 224 crop in the workers).
 #
 #   bash benchmarks/gpu_check.sh            # on the GPU machine, from the repository root
 #   bash benchmarks/gpu_check.sh --dry-run  # here, on the CPU: every step runs, CUDA's skip
@@ -21,6 +23,11 @@
 #     --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
 #     -d .whl blake3 duckdb simplejpeg pydantic==2.14.4 pydantic-core==2.50.5 \
 #     annotated-types typing-inspection
+# and nvImageCodec's in .whl-nvimgcodec/ (installed apart, below):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_28_x86_64 -d .whl-nvimgcodec \
+#     nvidia-nvimgcodec-cu13 nvidia-nvjpeg
+# and name both folders in the device tool's carry.
 # Logs go to $OUT (the device tool's folder that comes back) or /tmp/gpu-check; the summary
 # is printed last. Exit 0 when every check held.
 set -uo pipefail
@@ -34,6 +41,21 @@ PY=${PYTHON:-python3}
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
     $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
         && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+# NVIDIA nvImageCodec, #58's second GPU JPEG decoder, with its nvJPEG runtime: wheels carried in
+# .whl-nvimgcodec/ (nvidia-nvimgcodec-cu13, nvidia-nvjpeg). Its wheel ships nvidia/__init__.py,
+# which at the front of the path would hide torch's own nvidia.* libraries: so it goes in a
+# folder of its own, without that file, at the end of the path; where torch's nvidia folder is a
+# regular package (which hides a second one), the wheels are installed beside it instead.
+if [ -d .whl-nvimgcodec ] && ls .whl-nvimgcodec/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-nvimgcodec \
+        .whl-nvimgcodec/*.whl && rm -f /tmp/site-nvimgcodec/nvidia/__init__.py
+    export PYTHONPATH=${PYTHONPATH:-}${PYTHONPATH:+:}/tmp/site-nvimgcodec
+    if ! $PY -c "import torch, nvidia.nvimgcodec" >/dev/null 2>&1; then
+        $PY -m pip install -q --no-index --no-deps --no-compile .whl-nvimgcodec/*.whl \
+            || $PY -m pip install -q --no-index --no-deps --no-compile --break-system-packages \
+                .whl-nvimgcodec/*.whl
+    fi
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -68,6 +90,8 @@ step() {
             torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
 } > "$OUT/machine.txt" 2>&1
 note "$(tail -1 "$OUT/machine.txt")"
+note "nvImageCodec: $($PY -c 'import torch, nvidia.nvimgcodec as n; print(n.__version__)' 2>/dev/null \
+    | tail -1 || true)"
 
 CUDA_TESTS=(tests/loaders/test_cuda.py tests/loaders/test_cuda_ring.py tests/loaders/test_cuda_decode.py)
 step cuda-tests 0 240 $PY -m pytest -p no:cacheprovider -m cuda "${CUDA_TESTS[@]}" -q -rs
@@ -84,15 +108,20 @@ step break-decoded_on_gpu 1 90 $PY -m pytest -p no:cacheprovider -m cuda \
 step loader-tests 0 180 $PY -m pytest -p no:cacheprovider -q -n 8 -m "not slow" \
     tests/loaders/test_loaders_*.py
 if [ "$DRY" = 1 ]; then
+    step bench-device-decode 0 120 $PY -m benchmarks.bench_device_decode --photos 24 --epochs 2
     step bench-encoded 0 300 $PY -m benchmarks.bench_encoded --photos 24 --rounds 1
     step bench-augment 0 300 $PY -m benchmarks.bench_augment --tiny --device cpu
-    step bench-workers 0 120 $PY -m benchmarks.bench_workers --samples 1000 --size 32 --rounds 1 --crop
+    step bench-workers 0 120 $PY -m benchmarks.bench_workers --samples 1000 --size 32 --rounds 1
+    step bench-workers-jpeg 0 120 $PY -m benchmarks.bench_workers --jpeg --samples 300 --rounds 1
 else
+    step bench-device-decode 0 90 $PY -m benchmarks.bench_device_decode --photos 2000 --epochs 3
     step bench-encoded 0 120 $PY -m benchmarks.bench_encoded --gpu --photos 2000
     step bench-augment 0 150 $PY -m benchmarks.bench_augment --quick
-    step bench-workers 0 150 $PY -m benchmarks.bench_workers --samples 4000 --rounds 2 --crop
+    step bench-workers 0 120 $PY -m benchmarks.bench_workers --samples 4000 --rounds 2
+    step bench-workers-jpeg 0 120 $PY -m benchmarks.bench_workers --jpeg --samples 2000 --rounds 2
 fi
-tail -n 40 "$OUT/bench-encoded.log" "$OUT/bench-augment.log" "$OUT/bench-workers.log"
+tail -n 40 "$OUT/bench-device-decode.log" "$OUT/bench-encoded.log" "$OUT/bench-augment.log" \
+    "$OUT/bench-workers.log" "$OUT/bench-workers-jpeg.log"
 echo
 cat "$SUMMARY"
 exit $FAILED

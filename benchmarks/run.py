@@ -31,6 +31,7 @@ BENCHMARKS = (
     "bench_report",
     "bench_worker_start",
     "bench_original",
+    "bench_device_decode",
 )
 
 

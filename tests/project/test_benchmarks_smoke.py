@@ -3,8 +3,8 @@
 `python -m benchmarks.bench_tree --tiny`, `python -m benchmarks.bench_cold --tiny`, and small
 runs of `bench_remote`, `bench_remote_pack`, `bench_pack_grid`, `bench_rejects`,
 `bench_verify_rows`, `bench_columns`, `bench_mixture`, `bench_aspect`, `bench_codecs`,
-`bench_encoded`, `bench_draft`, `bench_trace`, `bench_report`, `bench_worker_start` and
-`bench_original`.
+`bench_encoded`, `bench_draft`, `bench_trace`, `bench_report`, `bench_worker_start`,
+`bench_original` and `bench_device_decode`.
 
 Numbers from 16 photos mean nothing; the test checks that every part runs (photo generation,
 bare loops, the pipeline on every backend, the memory runs) and that the pipeline's pixels equal
@@ -256,3 +256,14 @@ def test_bench_original_small() -> None:
     assert done.returncode == 0, done.stderr
     # sources already 224x224: every one stored as its own scan, the pixels identical
     assert "| original |" in done.stdout and "| 100% | identical | 0 |" in done.stdout
+
+
+def test_bench_device_decode_small() -> None:
+    done = run_benchmark("bench_device_decode", "--photos", "12", "--epochs", "2", timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = {line.split("|")[1].strip(): line for line in done.stdout.splitlines() if "|" in line}
+    assert rows["simplejpeg, this process"].startswith("| simplejpeg, this process | ")
+    # nvImageCodec's CPU backend ran here, and decoded as Pillow does (libjpeg-turbo both)
+    cells = [cell.strip() for cell in rows["nvimgcodec"].split("|")]
+    assert cells[4] == "0" and "nvImageCodec" in cells[7] and "CPU backend" in cells[7], cells
+    assert "torchvision" in rows  # measured where installed, else a row saying why not
