@@ -2,7 +2,7 @@
 side by side in one run.
 
     python -m benchmarks.bench_workers [--samples 5000] [--size 224] [--rounds 5] [--baseline DIR]
-        [--device cpu|cuda] [--crop]
+        [--device cpu|cuda] [--crop | --jpeg]
 
 A synthetic dataset of `--samples` random 224x224x3 uint8 samples (147 KiB; `--size 64` for
 the sample data's 12 KiB; shards of 1,000) is
@@ -19,6 +19,13 @@ host-to-device GB/s of a batch in the pinned ring against one in torch's pinned 
 card's copy limit) and the ring's registration time. `--crop` adds a per-sample random resized
 crop to 224 on the CPU (uint8 bilinear with antialias), the work a trainer does in its workers,
 with 0 and 2 workers.
+
+`--jpeg` measures the work the workers exist for instead (#59): `--samples` photos
+(`benchmarks.photos`) packed by `etl run` as JPEG with the aspect kept (shorter side 256,
+longer 512), each epoch decoded and cropped to 224 (`RandomResizedCrop`) in the workers
+(`PackedDataset.with_crop`): every contender is that, and the per-row copy gives way to a bare
+loop of decode + crop + resize over the same stored bytes in one process (the decode limit of
+one core).
 
 With `--baseline DIR` (another checkout, e.g. `git worktree add /tmp/base HEAD~3`), every round
 measures that tree's loaders and this one's, in alternating fresh processes: the "before and
@@ -80,14 +87,15 @@ def contenders(device: str, crop: bool) -> dict[str, dict[str, Any]]:
 
 
 def measure(
-    data: Path, rounds: int, size: int, device: str = "cpu", crop: bool = False
+    data: Path, rounds: int, size: int, device: str = "cpu", crop: bool = False, jpeg: bool = False
 ) -> dict[str, list[list[float]]]:
     """[epoch seconds, seconds to the first batch] per round, for each contender and the
-    per-row copy; run in a fresh process whose `sys.path` starts with the tree measured.
-    With CUDA, also "copy GB/s" ([ring batch, torch pinned, registration seconds])."""
+    per-row copy (with `jpeg`, the bare decode loop); run in a fresh process whose `sys.path`
+    starts with the tree measured. With CUDA, also "copy GB/s" ([ring batch, torch pinned,
+    registration seconds])."""
     import torch
 
-    from loaders import PackedDataset, make_loader
+    from loaders import PackedDataset, RandomResizedCrop, make_loader
 
     warnings.filterwarnings("ignore", "CUDA is not available", RuntimeWarning)
     torch.set_num_threads(1)
@@ -97,6 +105,8 @@ def measure(
         options = dict(options)
         unpinned, cropped = options.pop("unpinned", False), options.pop("crop", False)
         ds = PackedDataset.open(data, transform=crop_per_sample if cropped else None)
+        if jpeg:
+            ds = ds.with_crop(RandomResizedCrop(224, seed=0))
         loader = make_loader(ds, batch_size=BATCH, shuffle=True, **options)
         ring = getattr(getattr(loader.dataset, "memory", None), "ring", None)
         if unpinned and ring is not None:
@@ -111,6 +121,13 @@ def measure(
         for name, loader in loaders.items():
             loader.set_epoch(epoch)
             results.setdefault(name, []).append(_epoch(loader, device))
+        if jpeg:
+            from benchmarks.bench_encoded import bare_crop_rate
+
+            bare = "bare loop: decode + crop + resize, 1 process"
+            seconds = len(PackedDataset.open(data)) / bare_crop_rate(data)
+            results.setdefault(bare, []).append([seconds, 0.0])
+            continue
         order = np.random.default_rng(epoch).permutation(int(sizes.sum()))
         out = np.empty((BATCH, size, size, 3), dtype=np.uint8)
         start = time.perf_counter()
@@ -163,7 +180,7 @@ def _copy_rates(loader: Any, repeats: int = 20) -> list[float]:
 
 
 def run_tree(
-    tree: Path, data: Path, rounds: int, size: int, device: str, crop: bool
+    tree: Path, data: Path, rounds: int, size: int, device: str, crop: bool, jpeg: bool
 ) -> dict[str, list[list[float]]]:
     # This file's `measure`, run against `tree`'s loaders (first on sys.path).
     code = (
@@ -171,7 +188,8 @@ def run_tree(
         f"assert loaders.__file__.startswith({str(tree)!r}), loaders.__file__;"
         f"measure = runpy.run_path({__file__!r})['measure'];"
         "from pathlib import Path;"
-        f"print(json.dumps(measure(Path({str(data)!r}), {rounds}, {size}, {device!r}, {crop})))"
+        f"print(json.dumps(measure(Path({str(data)!r}), {rounds}, {size}, {device!r}, {crop},"
+        f" {jpeg})))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tree
@@ -188,7 +206,10 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="another checkout to measure beside this")
     parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda where present")
     parser.add_argument("--crop", action="store_true", help="add a per-sample crop in workers")
+    parser.add_argument("--jpeg", action="store_true", help="photos stored as JPEG, cropped")
     args = parser.parse_args()
+    if args.crop and args.jpeg:
+        parser.error("--crop and --jpeg are two different datasets: give one")
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -198,16 +219,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-workers-") as tmp:
         data = Path(tmp) / "ds"
         shape = (args.size, args.size, 3)
-        write_synthetic(data, args.samples * int(np.prod(shape)), shape)
+        if args.jpeg:
+            data = _jpeg_pack(Path(tmp), args.samples)
+            what = f"{args.samples} photos stored as JPEG, decoded + cropped to 224 in the workers"
+        else:
+            write_synthetic(data, args.samples * int(np.prod(shape)), shape)
+            what = f"{args.samples} samples of {shape} uint8"
         print(
-            f"# loader epochs with workers: {args.samples} samples of {shape} uint8, page-cached,"
-            f" random batches of {BATCH}; {os.cpu_count()} CPUs; {args.rounds} rounds;"
-            f" batches to {device}\n"
+            f"# loader epochs with workers: {what}, page-cached, random batches of {BATCH};"
+            f" {os.cpu_count()} CPUs; {args.rounds} rounds; batches to {device}\n"
         )
         runs: dict[str, list[dict[str, list[list[float]]]]] = {name: [] for name in trees}
         for _ in range(2):  # two fresh processes per tree, interleaved
             for name, tree in trees.items():
-                runs[name].append(run_tree(tree, data, args.rounds, args.size, device, args.crop))
+                runs[name].append(
+                    run_tree(tree, data, args.rounds, args.size, device, args.crop, args.jpeg)
+                )
     print(report(runs, args.samples))
     for name, results in runs.items():
         for result in results:
@@ -218,6 +245,18 @@ def main() -> None:
                     f" ring, {pinned:.1f} GB/s from torch's pinned memory; ring registered in"
                     f" {seconds * 1000:.1f} ms"
                 )
+
+
+def _jpeg_pack(work: Path, photos: int) -> Path:
+    """`photos` benchmark photos packed by `etl run` as JPEG, aspect kept: the out dir."""
+    from benchmarks.bench_encoded import RESIZES, pack
+    from benchmarks.photos import make_photos
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "etl-memmap"
+    source = cache / f"bench-photos-{photos}"
+    make_photos(source, photos)
+    pack(work / "jpeg", source, "jpeg", RESIZES["aspect 256/512"])
+    return work / "jpeg" / "out"
 
 
 def report(runs: dict[str, list[dict[str, list[list[float]]]]], n: int) -> str:

@@ -108,6 +108,16 @@ def test_bench_workers_measures_two_trees_side_by_side() -> None:
             assert f"| {tree} | {contender}" in result.stdout, result.stdout
 
 
+def test_bench_workers_jpeg_small() -> None:
+    """`--jpeg`: photos stored as JPEG, decoded and cropped in the workers, beside the bare
+    decode + crop loop (no per-row copy: the rows are encoded)."""
+    done = run_benchmark("bench_workers", "--jpeg", "--samples", "40", "--rounds", "1", timeout=300)
+    assert done.returncode == 0, done.stderr
+    for contender in ("0 workers", "2 workers", "2 workers, persistent", "bare loop: decode"):
+        assert f"| this | {contender}" in done.stdout, done.stdout
+    assert "per-row copy" not in done.stdout and "photos stored as JPEG" in done.stdout
+
+
 def test_bench_remote_small(tmp_path: Path) -> None:
     pytest.importorskip("moto")
     small = ["--samples", "300", "--size", "16", "--rounds", "1"]
