@@ -173,6 +173,35 @@ def test_a_slot_outlives_lightnings_own_batch_transfer(packed: Packed, tmp_path:
         assert torch.equal(images.cpu(), written(packed, ds, indices))
 
 
+@pytest.mark.guards("freed_after_copy")
+def test_a_slot_outlives_a_copy_in_an_accelerate_loop(packed: Packed) -> None:
+    """accelerate on the GPU: `prepare` keeps the loader as it is (it is split between ranks
+    already: `_is_accelerate_prepared`), and the loop copies each batch to the accelerator's
+    device itself, non-blocking, behind a long kernel; every batch a step sees is the one
+    written, over fresh workers' epochs."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    ds = PackedDataset.open(packed.root)
+    loader = make_loader(ds, batch_size=8, shuffle=True, num_workers=2, with_indices=True)
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    model, optimizer, prepared = accelerator.prepare(model, optimizer, loader)
+    assert prepared is loader and accelerator.device.type == "cuda"
+    arrived, expected = [], []
+    for epoch in (0, 1):
+        prepared.set_epoch(epoch)
+        for images, _, indices in prepared:
+            torch.cuda._sleep(SLEEP)
+            arrived.append(images.to(accelerator.device, non_blocking=True))
+            expected.append(written(packed, ds, indices))
+            del images
+    torch.cuda.synchronize()
+    assert ring_of(loader).pinned is not None and len(arrived) == 2 * len(loader)
+    for got, want in zip(arrived, expected, strict=True):
+        assert torch.equal(got.cpu(), want)
+
+
 def test_an_augmented_device_loader_over_workers_equals_the_cpu(packed: Packed) -> None:
     """DeviceLoader's side-stream copy and batched crop over batches pinned in the ring: what
     the CPU computes from the images written."""
