@@ -38,6 +38,8 @@ from etl.cli import main as etl_main  # noqa: E402
 from etl.errors import EtlError  # noqa: E402
 from etl.storage.location import StoreOptions  # noqa: E402
 from loaders import (  # noqa: E402
+    CenterCrop,
+    DeviceLoader,
     PackedDataset,
     PackedStream,
     make_loader,
@@ -81,6 +83,18 @@ def read_all(root: str, workers: int = 0, **options: Any) -> None:
     assert count == len(dataset), f"read {count} of {len(dataset)} samples"
 
 
+def decode_all(root: str, **options: Any) -> None:
+    """Every sample sent still encoded and decoded where the batch goes (on the CPU here, by
+    nvImageCodec's native decoder: the GPU path's library), then cropped."""
+    dataset = PackedDataset.open(root, **options)
+    loader = make_loader(dataset, batch_size=16, shuffle=True, with_indices=True)
+    device = DeviceLoader(
+        loader, device="cpu", augment=CenterCrop(8), decode="device", decoder="nvimgcodec"
+    )
+    count = sum(len(batch[1]) for batch in device)
+    assert count == len(dataset), f"decoded {count} of {len(dataset)} samples"
+
+
 def stream_all(root: str, workers: int) -> None:
     selection = open_catalog(root).select()
     loader = stream_loader(PackedStream(selection, batch_size=8, window=2), num_workers=workers)
@@ -103,6 +117,8 @@ def readers(root: str, config: str | None, scratch: Path) -> dict[str, Callable[
         "loaders-lenient": lambda: python(lambda: read_all(root, verify_manifest=False)),
         "loaders-unchecked": lambda: python(lambda: read_all(root, verify=False)),
         "loaders-workers": lambda: python(lambda: read_all(root, workers=2)),
+        "loaders-device": lambda: python(lambda: decode_all(root)),
+        "loaders-device-unchecked": lambda: python(lambda: decode_all(root, verify=False)),
         "loaders-columns": lambda: python(
             lambda: read_all(root, columns=["caption", "boxes", "meta"], where="score >= 1")
         ),

@@ -6,7 +6,9 @@ its files mutated: a byte set to another value, the file cut short, garbage appe
 swapped with another of its kind. Each reader then runs in a long-lived subprocess
 (tests/format/fuzz_driver.py) under a time limit: `etl audit`, `inspect`, `versions`, `diff`,
 `show`, `compact`, the next `etl run`, and the loaders at open and at read (plain, with
-`verify="shards"` and with `verify="rows"`), in the main process and in workers. Each must end
+`verify="shards"` and with `verify="rows"`), in the main process and in workers, and with the
+samples decoded where the batch goes (`decode="device"`, by nvImageCodec's native decoder,
+checked and unchecked). Each must end
 with an exit code and, for an error, one line: never a traceback, a signal or a hang. What can
 know of the damage must say so: the audit always, the loaders for a shard (each row checked
 the first time it is read, by default; `verify="shards"` and "rows" too), the loaders for a version
@@ -56,6 +58,8 @@ EVERY_READER = (
     "loaders-lenient",
     "loaders-unchecked",
     "loaders-workers",
+    "loaders-device",
+    "loaders-device-unchecked",
     "loaders-columns",
     "stream",
     "stream-workers",
@@ -328,7 +332,7 @@ def check(mutation: Mutation, results: dict[str, Any]) -> None:
     if shard and results.get("loaders-rows", {}).get("code") == 2:
         # what every row checked finds, each row checked once (the default) finds: no reader
         # of every sample hands out a changed one
-        for reader in ("loaders", "loaders-workers", "stream", "stream-workers"):
+        for reader in ("loaders", "loaders-workers", "loaders-device", "stream", "stream-workers"):
             if reader in results:
                 assert results[reader]["code"] == 2, f"{reader} read a changed row: {mutation}"
     if shard and mutation.how == "swap":
@@ -388,7 +392,8 @@ def test_any_damage_to_a_jpeg_dataset_is_named_never_a_crash(
 ) -> None:
     """The same for format version 3 (samples stored as JPEG): a damaged byte of an encoded
     sample is a checksum mismatch before any decode, and what the loaders read unchecked goes
-    through libjpeg-turbo without a crash."""
+    through libjpeg-turbo, and through nvImageCodec's decoder on the device path, without a
+    crash."""
     fuzz(jpeg_base, driver, tmp_path, request, kind, EVERY_READER, examples(request) // 2)
 
 
