@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from etl.errors import ShardError
+from etl.errors import ShardError, described
 from etl.format.codecs import JPEG, DecodeFailure, decode
 from etl.format.ragged import shape_of
 
@@ -60,7 +60,7 @@ def _missing(package: str, install: str) -> None:
         f"the CPU in the training process; pip install {install} to decode them on the GPU, "
         "or decode in the workers (the default)",
         RuntimeWarning,
-        stacklevel=4,
+        stacklevel=5,
     )
 
 
@@ -99,9 +99,13 @@ def _nvimgcodec(device: torch.device) -> tuple[JpegDecoder, str] | None:
         )  # fmt: skip
     else:
         index, kinds = nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY, (nvimgcodec.CPU_ONLY,)
-    decoder = nvimgcodec.Decoder(
-        device_id=index, backends=[nvimgcodec.Backend(kind) for kind in kinds]
-    )
+    where = str(device) if on_gpu else "the CPU backend (libjpeg-turbo)"
+    try:
+        backends = [nvimgcodec.Backend(kind) for kind in kinds]
+        decoder = nvimgcodec.Decoder(device_id=index, backends=backends)
+    except RuntimeError as exc:  # e.g. a CUDA failure as it starts
+        _cannot(where, described(exc))
+        return None
     params = {
         channels: nvimgcodec.DecodeParams(
             apply_exif_orientation=False,  # the stored bytes carry no EXIF: as written
@@ -124,17 +128,19 @@ def _nvimgcodec(device: torch.device) -> tuple[JpegDecoder, str] | None:
             decoded.append(pixels.to(device, non_blocking=True))
         return decoded
 
-    where = str(device) if on_gpu else "the CPU backend (libjpeg-turbo)"
     if not _decodes(decode):
-        warnings.warn(
-            f"DeviceLoader(decode='device'): nvImageCodec cannot decode a JPEG on {where} "
-            "(on CUDA it needs nvJPEG: pip install 'etl-memmap[gpu-decode]'), so JPEGs are "
-            "decoded on the CPU in the training process",
-            RuntimeWarning,
-            stacklevel=4,
-        )
+        _cannot(where, "on CUDA it needs nvJPEG: pip install 'etl-memmap[gpu-decode]'")
         return None
     return decode, f"nvImageCodec {nvimgcodec.__version__} on {where}"
+
+
+def _cannot(where: str, why: str) -> None:
+    warnings.warn(
+        f"DeviceLoader(decode='device'): nvImageCodec cannot decode a JPEG on {where} ({why}), "
+        "so JPEGs are decoded on the CPU in the training process",
+        RuntimeWarning,
+        stacklevel=5,
+    )
 
 
 def _decodes(decode: JpegDecoder) -> bool:

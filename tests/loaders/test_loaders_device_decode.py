@@ -7,6 +7,7 @@ stored bytes, and Pillow's decode of them read with pyarrow and numpy."""
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 import warnings
@@ -186,3 +187,36 @@ def test_nvimgcodec_loads_without_lines_about_codecs_it_does_not_need() -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("nvImageCodec ") and proc.stdout.count("\n") == 1
     assert proc.stderr == "", proc.stderr
+
+
+def test_nvimgcodec_that_cannot_decode_here_is_one_warning_and_the_cpu_path(
+    jpeg: Path, tmp_path: Path
+) -> None:
+    """nvImageCodec installed but without a JPEG decoder (its extensions folder empty, as on
+    a GPU node without nvJPEG): one warning naming the line that asked for it, and the crops
+    of the workers' decode, from the CPU path."""
+    (tmp_path / "no-extensions").mkdir()
+    code = f"""
+import warnings, torch
+from loaders import DeviceLoader, PackedDataset, RandomResizedCrop, make_loader
+ds = PackedDataset.open({str(jpeg)!r})
+crops = {{}}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for decode, decoder in (("workers", None), ("device", "nvimgcodec")):
+        loader = make_loader(ds, batch_size=4, with_indices=True)
+        device = DeviceLoader(loader, augment=RandomResizedCrop(16, seed=2), decode=decode,
+                              decoder=decoder)
+        crops[decode] = [images for images, _, _ in device]
+said = [w for w in caught if "nvImageCodec cannot decode" in str(w.message)]
+assert len(said) == 1 and said[0].lineno == 10, [(str(w.message), w.lineno) for w in caught]
+assert device.decoder_name.startswith("simplejpeg "), device.decoder_name
+for a, b in zip(crops["workers"], crops["device"], strict=True):
+    torch.testing.assert_close(a, b)
+print("ok")
+"""
+    env = {**os.environ, "NVIMGCODEC_EXTENSIONS_PATH": str(tmp_path / "no-extensions")}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
