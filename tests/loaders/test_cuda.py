@@ -21,6 +21,7 @@ import loaders.augment
 import loaders.device
 from loaders import DeviceLoader, PackedDataset, RandomResizedCrop, make_loader
 from loaders.augment import crop_boxes, flips, resized_crop
+from tests.helpers.cuda import batches_without_a_sync
 from tests.helpers.packed import Packed, make_packed
 
 pytestmark = [
@@ -158,21 +159,7 @@ def test_an_augmented_epoch_never_blocks_the_host(packed: Packed) -> None:
     ds = PackedDataset.open(packed.root)
     loader = make_loader(ds, batch_size=16, shuffle=True, with_indices=True)
     device = DeviceLoader(loader, augment=RandomResizedCrop(24), mean=MEAN, std=STD)
-    assert _batches_without_a_sync(device) == len(loader)
-
-
-def _batches_without_a_sync(device: DeviceLoader) -> int:
-    """Batches of epoch 1 of `device` (after a warm-up epoch that fills the allocators and
-    loads the kernels), any host sync an error."""
-    for _ in device:
-        pass
-    device.set_epoch(1)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        return sum(1 for _ in device)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    assert batches_without_a_sync(device) == len(loader)
 
 
 def test_batched_augmentation_on_cuda_equals_the_cpu_loop(packed: Packed) -> None:
@@ -301,4 +288,4 @@ def test_an_epoch_of_samples_back_to_back_never_blocks_the_host(aspect_kept: Any
     ds = PackedDataset.open(aspect_kept)
     loader = make_loader(ds, batch_size=4, shuffle=True, with_indices=True)
     device = DeviceLoader(loader, augment=RandomResizedCrop(12), mean=MEAN, std=STD)
-    assert _batches_without_a_sync(device) == len(loader)
+    assert batches_without_a_sync(device) == len(loader)

@@ -23,6 +23,7 @@ from etl.run import pipeline
 from loaders import DeviceLoader, PackedDataset, RandomResizedCrop, make_loader
 from loaders.device_decode import _cpu_name
 from tests.helpers.codecs import write_config, write_photos
+from tests.helpers.cuda import batches_without_a_sync
 
 pytestmark = [
     pytest.mark.cuda,
@@ -89,6 +90,19 @@ def test_gpu_decode_matches_the_workers_decode(jpeg: Path, decoder: str | None) 
         assert a.is_cuda and a.shape == b.shape
         error = torch.mean((a.float() - b.float()) ** 2).item() * 255**2
         assert error == 0 or 10 * np.log10(255**2 / error) > 40
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_an_epoch_decoded_on_the_gpu_never_blocks_the_host(jpeg: Path, decoder: str | None) -> None:
+    """The workers' stored bytes decoded, then cropped, on the GPU: no call of the feed that
+    torch sees waits for the device (a host sync would stall the copy queued ahead behind
+    the training step)."""
+    ds = PackedDataset.open(jpeg)
+    loader = make_loader(ds, batch_size=8, shuffle=True, with_indices=True)
+    crop = RandomResizedCrop(64, seed=1)
+    device = DeviceLoader(loader, augment=crop, decode="device", decoder=decoder)
+    assert device.decoder_name.startswith(NAMES[decoder]) and "cuda" in device.decoder_name
+    assert batches_without_a_sync(device) == len(loader)
 
 
 GPU_LARGEST = 24
