@@ -78,8 +78,8 @@ def contenders(device: Any) -> dict[str, tuple[Any, str]]:
             warnings.simplefilter("always")
             decoder, name = jpeg_decoder(device, library)
         if decoder is None:
-            why = "; ".join(str(w.message).split(":", 1)[-1].split(",")[0] for w in caught)
-            found[library] = (None, f"not run: {why.strip() or name}")
+            said = (str(w.message).removeprefix("DeviceLoader(decode='device'): ") for w in caught)
+            found[library] = (None, f"not run: {'; '.join(said) or name}")
         else:
             found[library] = (decoder, name)
     return found

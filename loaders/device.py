@@ -278,11 +278,11 @@ class DeviceLoader:
         name = in_batch
         rows_of = getattr(getattr(self.loader, "dataset", None), "manifest_rows", None)
         if indices is not None and rows_of is not None:
-            positions = indices.tolist()
 
-            def name(k: int) -> str:
-                row = rows_of([positions[k]]).to_pylist()[0]
-                return f"{row['shard']}: row {row['row']} (index {positions[k]})"
+            def name(k: int) -> str:  # looked up only for a sample that fails
+                index = int(indices[k])
+                row = rows_of([index]).to_pylist()[0]
+                return f"{row['shard']}: row {row['row']} (index {index})"
 
         return decode_batch(
             stored.cpu(), nbytes, codecs, heights, widths, self.channels, self.layout,

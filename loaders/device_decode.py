@@ -170,6 +170,9 @@ def _quietly_imported() -> Any:
     import sys
     import tempfile
 
+    loaded = sys.modules.get("nvidia.nvimgcodec")
+    if loaded is not None:  # printed what it had to say the first time
+        return loaded
     sys.stdout.flush()
     sys.stderr.flush()
     with tempfile.TemporaryFile() as caught:
