@@ -10,8 +10,8 @@ random batches of 64 (page-cached) through `DeviceLoader` (on the CPU, or `--dev
 which crops each sample to 224x224 with the same `RandomResizedCrop` and converts to float, each
 crop drawn from the sample's stored image. "aspect" batches hold their samples back to back
 (what `DeviceLoader` asks for); "aspect padded" reads the same dataset in batches padded to
-their largest sample, as before (NOTE [ back to back ] in `loaders.ragged`). Variants interleave
-within each round; medians over rounds; nothing is asserted.
+their largest sample, as before (NOTE [ back to back ] in `loaders.batch.ragged`). Variants
+interleave within each round; medians over rounds; nothing is asserted.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 # #44's GPU goal on a lent GPU machine (about 4 minutes on one H100): the CUDA tests, then
 # `bench_aspect --device cuda`: fixed 256x256 against aspect-kept storage of the same photos,
 # loaded through DeviceLoader with RandomResizedCrop(224) on the GPU, aspect-kept batches sent
-# back to back and, for comparison, padded (NOTE [ back to back ] in loaders/ragged.py).
+# back to back and, for comparison, padded (NOTE [ back to back ] in loaders/batch/ragged.py).
 #
 #   bash benchmarks/gpu_aspect.sh            # on the GPU machine, from the repository root
 #   bash benchmarks/gpu_aspect.sh --dry-run  # here, on the CPU: tiny, to check the script

@@ -11,10 +11,10 @@
 This namespace is what a training job uses; the rest lives in the submodules.
 
 Modules:
+- `batch/`:         the batch types everyone shares
 - `aspect_buckets`: aspect-ratio buckets: batches of one shape, uncropped
 - `augment`:        batched crops, flips and resizes on the device
 - `batch_plan`:     how a batch of a selection is read: its shape, fill and columns
-- `batches`:        the batch types, and pageable buffers reused between batches
 - `catalog`:        what to read: a manifest version opened, and selections of it
 - `dataset`:        `PackedDataset`: the map-style dataset
 - `device`:         `DeviceLoader`: batches onto the device, prefetched on a side stream
@@ -33,7 +33,6 @@ Modules:
 - `page_cache`:     read-ahead and drop-behind advice to the kernel
 - `pinning`:        host memory page-locked for CUDA in place
 - `quality`:        how well an order shuffles
-- `ragged`:         `RaggedImages`: a batch of ragged samples back to back
 - `ragged_rows`:    ragged samples copied into a padded or back-to-back batch
 - `reader`:         `ShardReader`: shards opened lazily, batches gathered
 - `resume`:         the state a training job saves, and its checks
@@ -52,14 +51,14 @@ from etl.errors import ManifestError, SelectionError, ShardError
 from etl.format.views import View
 from loaders.aspect_buckets import AspectBuckets, BucketSampler, ResizeToBucket
 from loaders.augment import CenterCrop, RandomResizedCrop, Resize
-from loaders.batches import Batch, ColumnBatch, IndexedBatch
+from loaders.batch.ragged import RaggedImages
+from loaders.batch.types import Batch, ColumnBatch, IndexedBatch
 from loaders.catalog import Catalog, open_catalog
 from loaders.dataset import PackedDataset
 from loaders.device import DeviceLoader
 from loaders.factories import make_loader, stream_loader
 from loaders.loader import PackedLoader
 from loaders.mixture import Mixture
-from loaders.ragged import RaggedImages
 from loaders.samplers import (
     BlockShuffleSampler,
     ClassBalancedSampler,

@@ -28,13 +28,13 @@ import torch
 import torch.nn.functional as F
 from numpy.typing import NDArray
 
-from loaders.ragged import RaggedImages
+from loaders.batch.ragged import RaggedImages
 
 Augment = Callable[[torch.Tensor, "torch.Tensor | None", int], torch.Tensor]
 """(NCHW uint8 images on the device, their dataset indices or None, epoch) -> float NCHW in the
 images' 0-255 range: what `DeviceLoader(augment=...)` calls for each batch. Samples of several
 sizes come padded with `sizes=`, or, to an augmentation whose `takes_ragged` is true (those
-here), as `RaggedImages` (`loaders.ragged`)."""
+here), as `RaggedImages` (`loaders.batch.ragged`)."""
 
 Images = torch.Tensor | RaggedImages
 """A batch an augmentation here takes: NCHW uint8 (padded where `sizes` says so), or samples of

@@ -10,7 +10,7 @@ from functools import partial
 import numpy as np
 from numpy.typing import NDArray
 
-from loaders.batches import SIZE_COLUMNS, STORED_COLUMNS, Columns
+from loaders.batch.types import SIZE_COLUMNS, STORED_COLUMNS, Columns
 from loaders.catalog import Selection
 from loaders.ragged_rows import Take, back_to_back_bytes, padded_shape
 from loaders.reader import ShardReader

@@ -1,7 +1,7 @@
 """The map-style dataset: index -> (uint8 image in the stored layout, int label).
 
 A batch is fetched with `__getitems__` straight into one contiguous buffer, not sample by sample
-through a collate function; where that buffer lives is `loaders.batches`' decision. Only the
+through a collate function; where that buffer lives is `loaders.batch.types`' decision. Only the
 selection's compact arrays travel to worker processes; each worker maps the shards it reads
 (see `loaders.reader`).
 """
@@ -23,8 +23,8 @@ from torch.utils.data import Dataset, get_worker_info
 
 from etl.format.views import View
 from etl.storage.location import StoreOptions, open_location
+from loaders.batch.types import SIZE_COLUMNS, AnyBatch, Columns, Samples, make_batch
 from loaders.batch_plan import batch_reads
-from loaders.batches import SIZE_COLUMNS, AnyBatch, Columns, Samples, make_batch
 from loaders.catalog import Selection, Where, open_catalog
 from loaders.memory import BatchMemory
 from loaders.opening import check_view_alone, how_opened, store_options, warn_if_retired
@@ -212,7 +212,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         self._epoch[0] = epoch
 
     def with_memory(self, memory: BatchMemory, with_indices: bool = False) -> PackedDataset:
-        """A shallow copy that gathers its batches into `memory` (see `loaders.batches`), with
+        """A shallow copy that gathers its batches into `memory` (see `loaders.batch.types`), with
         each sample's index when `with_indices`."""
         twin = copy.copy(self)
         twin.memory = memory

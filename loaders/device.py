@@ -14,10 +14,10 @@ import numpy as np
 import torch
 
 from loaders.augment import Augment, Sizes
-from loaders.batches import SIZE_COLUMNS, STORED_COLUMNS, Batch, ColumnBatch, IndexedBatch
+from loaders.batch.ragged import RaggedImages
+from loaders.batch.types import SIZE_COLUMNS, STORED_COLUMNS, Batch, ColumnBatch, IndexedBatch
 from loaders.device_decode import JpegDecoder, decode_batch, in_batch, jpeg_decoder
 from loaders.loader import PackedLoader
-from loaders.ragged import RaggedImages
 
 
 def prepare_images(
@@ -65,7 +65,7 @@ class DeviceLoader:
     there; see NOTE [ batches already on the device ]).
 
     With `augment`, a `PackedLoader` is asked to send samples of several sizes back to back
-    (`PackedLoader.send_back_to_back`; NOTE [ back to back ] in `loaders.ragged`): each batch
+    (`PackedLoader.send_back_to_back`; NOTE [ back to back ] in `loaders.batch.ragged`): each batch
     then moves its own bytes, not its padding. The augmentations here crop from them where
     they lie; another augmentation gets them padded on the device, with `sizes=`.
 

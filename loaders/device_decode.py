@@ -11,7 +11,7 @@ dataset stores some raw) is made on the CPU and copied. Without CUDA, or without
 makes, with one warning where a library was asked for or CUDA is there and it is missing.
 
 The decoded samples come out back to back in CHW, each its own size: `RaggedImages` that the
-augmentations here crop from directly (NOTE [ back to back ] in `loaders.ragged`).
+augmentations here crop from directly (NOTE [ back to back ] in `loaders.batch.ragged`).
 """
 
 from __future__ import annotations

@@ -197,7 +197,7 @@ class PackedLoader(DataLoader[Any]):
         """Have batches of samples of several sizes (that keep their aspect ratio, a `Mixture`
         of several shapes) come with their samples one after another, `images` 1-d with each
         sample's size in `SIZE_COLUMNS`, instead of padded to the largest: what `DeviceLoader`
-        asks for (NOTE [ back to back ] in `loaders.ragged`). Whether they will: not through
+        asks for (NOTE [ back to back ] in `loaders.batch.ragged`). Whether they will: not through
         another `collate_fn`, which gets samples; workers already running (persistent ones)
         keep sending padded batches, which `DeviceLoader` takes as well."""
         memory = getattr(self.dataset, "memory", None)

@@ -30,7 +30,7 @@ import torch
 from numpy.typing import NDArray
 from torch.utils.data import get_worker_info
 
-from loaders.batches import AnyBatch, BufferPool, Columns, Fill, make_batch
+from loaders.batch.types import AnyBatch, BufferPool, Columns, Fill, make_batch
 from loaders.ring import SharedRing, shared_bytes
 
 

@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 from torch.utils.data import Dataset
 
 from etl.format.ragged import channels_of, sides_of
-from loaders.batches import (
+from loaders.batch.types import (
     SIZE_COLUMNS,
     AnyBatch,
     ColumnBatch,

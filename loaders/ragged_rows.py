@@ -1,6 +1,6 @@
 """Samples of a flat shard (their own size, format version 2; stored encoded, 3) copied out of
 its bytes into a batch: padded to the batch's largest sides, or back to back in a 1-d batch
-(what `DeviceLoader` asks for, see `loaders.ragged`), each row checked as it is copied, and an
+(what `DeviceLoader` asks for, see `loaders.batch.ragged`), each row checked as it is copied, and an
 encoded one decoded after its check (`etl.format.codecs`)."""
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ class ShardReader:
         GET a sample; where `stored` gives each one's (bytes, codec), decoded after its check.
 
         A 1-d `out` (`back_to_back_bytes` long) takes the samples back to back instead, each
-        in the stored layout: what `DeviceLoader` asks for (see `loaders.ragged`). A `take`
+        in the stored layout: what `DeviceLoader` asks for (see `loaders.batch.ragged`). A `take`
         instead of `out` gets each sample's checked stored bytes (`loaders.worker_crop`)."""
         shard, row = self._checked_rows(shard_idx, rows)
         if take is None:

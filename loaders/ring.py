@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from loaders.batches import AnyBatch, Batch, Columns, Fill, make_batch
+from loaders.batch.types import AnyBatch, Batch, Columns, Fill, make_batch
 from loaders.pinning import Registration, register
 from loaders.span import prefault
 

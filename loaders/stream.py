@@ -27,8 +27,8 @@ import torch
 from numpy.typing import NDArray
 from torch.utils.data import IterableDataset, get_worker_info
 
+from loaders.batch.types import AnyBatch
 from loaders.batch_plan import batch_reads
-from loaders.batches import AnyBatch
 from loaders.catalog import Selection
 from loaders.dist import rank_and_world
 from loaders.memory import BatchMemory
@@ -243,7 +243,7 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
     def with_memory(
         self, memory: BatchMemory, workers: int = 0, with_indices: bool = False
     ) -> PackedStream:
-        """A shallow copy that gathers its batches into `memory` (see `loaders.batches`), read
+        """A shallow copy that gathers its batches into `memory` (see `loaders.batch.types`), read
         by `workers` DataLoader workers, with each sample's index when `with_indices`."""
         twin = copy.copy(self)
         twin.memory = memory

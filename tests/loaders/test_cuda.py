@@ -257,7 +257,7 @@ def test_samples_of_their_own_size_are_cropped_on_cuda_as_on_the_cpu(
     resizes (a few kernels a batch each) give what the CPU computes for the same batch padded;
     an augmentation of padded batches gets them padded on the device."""
     from loaders import AspectBuckets, CenterCrop, Resize, ResizeToBucket
-    from loaders.batches import SIZE_COLUMNS
+    from loaders.batch.types import SIZE_COLUMNS
 
     ds = PackedDataset.open(aspect_kept)
     buckets = AspectBuckets.of(ds.sample_sizes, count=3, area=16 * 16)

@@ -23,7 +23,7 @@ from loaders import (
     make_loader,
 )
 from loaders.aspect_buckets import bucket_order
-from loaders.batches import SIZE_COLUMNS
+from loaders.batch.types import SIZE_COLUMNS
 from loaders.orders import partition
 from tests.helpers.aspect import pack_aspect
 

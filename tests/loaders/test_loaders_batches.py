@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from loaders import DeviceLoader, PackedDataset, PackedStream, make_loader, stream_loader
-from loaders.batches import BufferPool
+from loaders.batch.types import BufferPool
 from loaders.memory import BatchMemory
 from loaders.ring import SharedRing, shared_bytes
 from loaders.span import prefault

@@ -18,7 +18,7 @@ from PIL import Image
 
 from etl.storage.location import StoreOptions
 from loaders import PackedDataset, RandomResizedCrop, make_loader
-from loaders.batches import SIZE_COLUMNS
+from loaders.batch.types import SIZE_COLUMNS
 from tests.helpers.aspect import (
     LONGER,
     SHORTER,

@@ -1,4 +1,4 @@
-"""Samples of several sizes sent back to back (`loaders.ragged`, NOTE [ back to back ]): the
+"""Samples of several sizes sent back to back (`loaders.batch.ragged`, NOTE [ back to back ]): the
 bytes a loader sends `DeviceLoader`, and the crops read from them. Oracles: plain numpy reads
 of the shards (docs/FORMAT.md), and torch's own `grid_sample` / `F.interpolate` of each sample
 alone, never a padded batch of ours."""
@@ -30,8 +30,8 @@ from loaders import (
     stream_loader,
 )
 from loaders.augment import resized_crop
-from loaders.batches import SIZE_COLUMNS
-from loaders.ragged import RaggedImages
+from loaders.batch.ragged import RaggedImages
+from loaders.batch.types import SIZE_COLUMNS
 from tests.helpers.aspect import pack_aspect, read_plainly
 
 pytestmark = pytest.mark.timeout(180)
