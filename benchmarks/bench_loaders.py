@@ -41,7 +41,7 @@ from loaders import PackedDataset, PackedStream, make_loader, open_catalog, stre
 from loaders.dataset import collate_batch
 from loaders.orders import balanced_order, block_order, random_order
 from loaders.quality import class_mix_distance
-from loaders.reader import ShardReader
+from loaders.read.reader import ShardReader
 from loaders.stream import stream_order
 
 BATCH = 256

@@ -12,10 +12,9 @@ This namespace is what a training job uses; the rest lives in the submodules.
 
 Modules:
 - `batch/`:         the batch types everyone shares
+- `read/`:          shards to bytes in one process: catalog, reader, span, checks
 - `aspect_buckets`: aspect-ratio buckets: batches of one shape, uncropped
 - `augment`:        batched crops, flips and resizes on the device
-- `batch_plan`:     how a batch of a selection is read: its shape, fill and columns
-- `catalog`:        what to read: a manifest version opened, and selections of it
 - `dataset`:        `PackedDataset`: the map-style dataset
 - `device`:         `DeviceLoader`: batches onto the device, prefetched on a side stream
 - `device_decode`:  samples stored encoded, decoded where the batch goes (nvJPEG on CUDA)
@@ -30,17 +29,11 @@ Modules:
 - `named_orders`:   sample orders by name (`shuffle=`), and a loader's sampler
 - `opening`:        how `PackedDataset.open` was called: a run's record, former keywords
 - `orders`:         sample orders as pure functions of (data, seed, epoch)
-- `page_cache`:     read-ahead and drop-behind advice to the kernel
 - `pinning`:        host memory page-locked for CUDA in place
 - `quality`:        how well an order shuffles
-- `ragged_rows`:    ragged samples copied into a padded or back-to-back batch
-- `reader`:         `ShardReader`: shards opened lazily, batches gathered
 - `resume`:         the state a training job saves, and its checks
 - `ring`:           the shared-memory ring workers fill, freed after its copies
-- `row_checks`:     which rows a loader checks, and where their checksums live
 - `samplers`:       torch samplers over the pure orders: distributed, resumable
-- `shard_checks`:   a shard's checksum, its probe row, rows hashed as copied
-- `span`:           every shard mapped in one array, so a batch is one numpy call
 - `stream`:         `PackedStream`: whole shards streamed, for data larger than RAM
 - `trace`:          which samples a run read at a step, from its saved states
 - `worker_crop`:    crops made where batches are gathered, decoded at a reduced scale
@@ -53,12 +46,12 @@ from loaders.aspect_buckets import AspectBuckets, BucketSampler, ResizeToBucket
 from loaders.augment import CenterCrop, RandomResizedCrop, Resize
 from loaders.batch.ragged import RaggedImages
 from loaders.batch.types import Batch, ColumnBatch, IndexedBatch
-from loaders.catalog import Catalog, open_catalog
 from loaders.dataset import PackedDataset
 from loaders.device import DeviceLoader
 from loaders.factories import make_loader, stream_loader
 from loaders.loader import PackedLoader
 from loaders.mixture import Mixture
+from loaders.read.catalog import Catalog, open_catalog
 from loaders.samplers import (
     BlockShuffleSampler,
     ClassBalancedSampler,

@@ -3,7 +3,7 @@
 A batch is fetched with `__getitems__` straight into one contiguous buffer, not sample by sample
 through a collate function; where that buffer lives is `loaders.batch.types`' decision. Only the
 selection's compact arrays travel to worker processes; each worker maps the shards it reads
-(see `loaders.reader`).
+(see `loaders.read.reader`).
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from torch.utils.data import Dataset, get_worker_info
 from etl.format.views import View
 from etl.storage.location import StoreOptions, open_location
 from loaders.batch.types import SIZE_COLUMNS, AnyBatch, Columns, Samples, make_batch
-from loaders.batch_plan import batch_reads
-from loaders.catalog import Selection, Where, open_catalog
 from loaders.memory import BatchMemory
 from loaders.opening import check_view_alone, how_opened, store_options, warn_if_retired
-from loaders.ragged_rows import stored_lengths
-from loaders.reader import ShardReader
-from loaders.row_checks import Verify, checked_rows, checks_of, row_checksums
+from loaders.read.batch_plan import batch_reads
+from loaders.read.catalog import Selection, Where, open_catalog
+from loaders.read.ragged_rows import stored_lengths
+from loaders.read.reader import ShardReader
+from loaders.read.row_checks import Verify, checked_rows, checks_of, row_checksums
 from loaders.worker_crop import REDUCING_GAP, Crop, WorkerCrop, cropped_batch
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
@@ -57,7 +57,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
     an error, never a wrong sample.
     `release_every` bounds resident memory per process (see `ShardReader`). `readahead` (on by
     default) has a batch that is not in the page cache read from disk all at once (see
-    `ShardReader` and NOTE [ readahead ] in `loaders.reader`). `drop_behind` (with
+    `ShardReader` and NOTE [ readahead ] in `loaders.read.reader`). `drop_behind` (with
     `release_every`) drops what was read from the page cache at each release: for a dataset
     larger than memory, which would otherwise evict everything else cached.
 

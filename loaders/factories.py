@@ -56,7 +56,7 @@ def make_loader(
 
     NOTE [ num_workers ]: measured with benchmarks/bench_loaders.py (random batches of 256,
     2-core VM). 12 KiB samples, 0 workers: ~1.0 ms of main-process CPU per batch, ~80% of it
-    in memmove itself (`loaders.span`). 2 workers: ~0.5 ms of main-process CPU per batch (a
+    in memmove itself (`loaders.read.span`). 2 workers: ~0.5 ms of main-process CPU per batch (a
     ring slot arrives as a number, see `loaders.batch.types`) plus ~1.5 ms of workers' CPU, so on
     two cores they deliver ~0.75-0.8x of 0 workers. With 147 KiB (224x224x3) samples the
     per-batch costs are small next to the copy and 2 workers deliver ~1.5x. Workers also pay

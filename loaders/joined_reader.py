@@ -12,11 +12,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from etl.format.row_checksums import RowChecksums
-from loaders.catalog import ShardSet
 from loaders.dataset import PackedDataset
 from loaders.orders import Order
-from loaders.reader import ShardReader
-from loaders.row_checks import shared, unseen
+from loaders.read.catalog import ShardSet
+from loaders.read.reader import ShardReader
+from loaders.read.row_checks import shared, unseen
 
 
 @dataclass(frozen=True, eq=False)

@@ -15,7 +15,7 @@ from etl.format.manifest import VERSIONS_DIR
 from etl.format.retirement import retired_versions
 from etl.format.views import View
 from etl.storage.location import Location, StoreOptions, is_url
-from loaders.catalog import Where
+from loaders.read.catalog import Where
 
 
 def how_opened(

@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 
 from loaders.batch.types import AnyBatch, Batch, Columns, Fill, make_batch
 from loaders.pinning import Registration, register
-from loaders.span import prefault
+from loaders.read.span import prefault
 
 
 def shared_bytes(nbytes: int) -> torch.Tensor:
@@ -158,7 +158,7 @@ class SharedRing:
         data, owner = self.arrays()
         try:
             images = data[slot, : math.prod(shape)].reshape(shape)
-            prefault(images)  # NOTE [ prefault the ring ] in loaders.span
+            prefault(images)  # NOTE [ prefault the ring ] in loaders.read.span
             fill(images)
         except BaseException:
             owner[slot] = 0

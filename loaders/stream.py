@@ -28,14 +28,14 @@ from numpy.typing import NDArray
 from torch.utils.data import IterableDataset, get_worker_info
 
 from loaders.batch.types import AnyBatch
-from loaders.batch_plan import batch_reads
-from loaders.catalog import Selection
 from loaders.dist import rank_and_world
 from loaders.memory import BatchMemory
 from loaders.orders import Order, seeded_rng
-from loaders.page_cache import advise_file
-from loaders.reader import ShardReader
-from loaders.row_checks import Verify, as_verified, checks_of
+from loaders.read.batch_plan import batch_reads
+from loaders.read.catalog import Selection
+from loaders.read.page_cache import advise_file
+from loaders.read.reader import ShardReader
+from loaders.read.row_checks import Verify, as_verified, checks_of
 
 
 def slot_share(n: int, n_slots: int, drop_last: bool = False) -> int:

@@ -41,9 +41,9 @@ from etl.format.codecs import (
 )
 from etl.format.ragged import shape_of
 from loaders.augment import CenterCrop, RandomResizedCrop, crop_boxes, flips, resized_sides
-from loaders.catalog import Selection
-from loaders.ragged_rows import decode_failure
-from loaders.reader import ShardReader
+from loaders.read.catalog import Selection
+from loaders.read.ragged_rows import decode_failure
+from loaders.read.reader import ShardReader
 
 Crop = RandomResizedCrop | CenterCrop
 

@@ -79,7 +79,8 @@ class StoreOptions:
 
 
 class ShardFiles(Protocol):
-    """What `Location.shard_access` needs of a selection's shards (`loaders.catalog.ShardSet`)."""
+    """What `Location.shard_access` needs of a selection's shards
+    (`loaders.read.catalog.ShardSet`)."""
 
     @property
     def names(self) -> tuple[str, ...]: ...

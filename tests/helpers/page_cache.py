@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from loaders import open_catalog
-from loaders.page_cache import advise_file
+from loaders.read.page_cache import advise_file
 from tests.helpers.packed import Packed, make_packed
 
 

@@ -18,8 +18,8 @@ import torch
 from loaders import DeviceLoader, PackedDataset, PackedStream, make_loader, stream_loader
 from loaders.batch.types import BufferPool
 from loaders.memory import BatchMemory
+from loaders.read.span import prefault
 from loaders.ring import SharedRing, shared_bytes
-from loaders.span import prefault
 from tests.helpers.packed import Packed
 
 

@@ -278,7 +278,7 @@ MOVED = {
     "etl/run/buckets.py": "etl/run/hash_buckets.py",
     "etl/explore/view.py": "etl/explore/dataset.py",
     "etl/sources/objects.py": "etl/sources/in_store.py",
-    "loaders/rowchecks.py": "loaders/row_checks.py",
+    "loaders/rowchecks.py": "loaders/read/row_checks.py",
     "loaders/buckets.py": "loaders/aspect_buckets.py",
 }
 """Modules moved by #56, old path -> new: the old path must stay empty."""

@@ -402,7 +402,7 @@ def test_the_next_batch_is_advised_by_its_samples_byte_ranges(
 ) -> None:
     """Read-ahead of samples of their own size: `prefetch` asks the kernel for exactly each
     sample's bytes (its offset after the 128-byte header, its size), shard by shard."""
-    import loaders.page_cache
+    import loaders.read.page_cache
 
     write_sources(tmp_path / "images")
     assert cli(["run", str(write_config(tmp_path))], capsys)[0] == 0
@@ -410,7 +410,9 @@ def test_the_next_batch_is_advised_by_its_samples_byte_ranges(
     dataset = PackedDataset.open(tmp_path / "out")
     advised: list[tuple[str, str, list[tuple[int, int]]]] = []
     monkeypatch.setattr(
-        loaders.page_cache, "advise_file", lambda p, a, r=(): advised.append((str(p), a, list(r)))
+        loaders.read.page_cache,
+        "advise_file",
+        lambda p, a, r=(): advised.append((str(p), a, list(r))),
     )
     dataset.prefetch([0, 3, 5])
     got = {(path, start, length) for path, _, ranges in advised for start, length in ranges}
@@ -443,7 +445,7 @@ def _large_aspect_dataset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 
 def _dropped(shards: set[Path]) -> None:
     """Drop the shards from the page cache (skip where the filesystem keeps it, as tmpfs)."""
-    from loaders.page_cache import advise_file
+    from loaders.read.page_cache import advise_file
     from tests.helpers.page_cache import cached_fraction
 
     for path in shards:
@@ -491,20 +493,20 @@ def test_a_cold_batch_gathered_in_a_worker_is_read_ahead_by_its_samples_ranges(
     not in the page cache first asks the kernel for exactly each sample's byte range, all at
     once; the same batch again, now cached, asks for nothing (a probe of a few pages); with
     `readahead=False` nothing is asked. The batch holds the packed pixels each time."""
-    import loaders.page_cache
+    import loaders.read.page_cache
 
     _, rows = read_plainly(_large_aspect_dataset(tmp_path, capsys))
     dataset = PackedDataset.open(tmp_path / "out", readahead=readahead, verify=False)
     _dropped({tmp_path / "out" / row["shard"] for row in rows})
     advised: list[tuple[str, int, int]] = []
-    real = loaders.page_cache.advise_file
+    real = loaders.read.page_cache.advise_file
 
     def recording(path: Path, advice: str, ranges: object = ((0, 0),)) -> None:
         ranges = list(ranges)  # type: ignore[call-overload]
         advised.extend((str(path), start, length) for start, length in ranges)
         real(path, advice, ranges)
 
-    monkeypatch.setattr(loaders.page_cache, "advise_file", recording)
+    monkeypatch.setattr(loaders.read.page_cache, "advise_file", recording)
     batch = [0, 4, 7, len(dataset) - 1]
     mine = [
         next(r for r in rows if r["source"] == row["source"])

@@ -13,8 +13,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from etl.format.shards import HEADER_BYTES
-from loaders.catalog import ShardSet
-from loaders.span import runs
+from loaders.read.catalog import ShardSet
+from loaders.read.span import runs
 
 _PAGE = mmap.PAGESIZE
 

@@ -54,7 +54,8 @@ class ShardSet:
     probes: tuple[tuple[int, str], ...] = ()
     """Per shard, (row, checksum) of one sample stored in it: what `ShardReader` checks each
     time it opens the shard, so a file swapped with another of the same shape, or rewritten,
-    is an error and not a shard of wrong samples (see NOTE [ probe ] in `loaders.shard_checks`)."""
+    is an error and not a shard of wrong samples (see NOTE [ probe ] in
+    `loaders.read.shard_checks`)."""
     sizes: tuple[int, ...] = ()
     """Per shard, its file's bytes (the shards table's)."""
     cache: BoundedCache | None = None

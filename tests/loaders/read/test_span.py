@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from etl.format.shards import HEADER_BYTES
 from loaders import open_catalog
-from loaders.reader import ShardReader
-from loaders.span import SUPPORTED, ShardSpan, layout
+from loaders.read.reader import ShardReader
+from loaders.read.span import SUPPORTED, ShardSpan, layout
 from tests.helpers.packed import Packed, make_packed
 
 pytestmark = pytest.mark.skipif(not SUPPORTED, reason="shard spans need Linux or macOS")

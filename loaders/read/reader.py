@@ -20,9 +20,9 @@ from etl.format.codecs import RAW
 from etl.format.ragged import channels_of
 from etl.format.row_checksums import mismatch
 from etl.format.shards import check_shard, open_shard
-from loaders.catalog import ShardSet
-from loaders.page_cache import advise_places, drop_read
-from loaders.ragged_rows import (
+from loaders.read.catalog import ShardSet
+from loaders.read.page_cache import advise_places, drop_read
+from loaders.read.ragged_rows import (
     Take,
     batch_writer,
     copy_ragged,
@@ -30,8 +30,8 @@ from loaders.ragged_rows import (
     places_resident,
     stored_lengths,
 )
-from loaders.shard_checks import probe_shard, take_checked, verify_shard
-from loaders.span import SUPPORTED, ShardSpan, copy_rows, no_readahead
+from loaders.read.shard_checks import probe_shard, take_checked, verify_shard
+from loaders.read.span import SUPPORTED, ShardSpan, copy_rows, no_readahead
 
 
 class ShardReader:
@@ -325,7 +325,7 @@ class ShardReader:
         """Copy samples (shard_idx[j], rows[j]) into out[j], for a C-contiguous `out`.
 
         Out-of-range rows raise IndexError. NOTE [ copy method ]: one `np.take` over a
-        `ShardSpan` (see loaders/span.py for the measurements). Without a span, one memoryview
+        `ShardSpan` (see loaders/read/span.py for the measurements). Without a span, one memoryview
         slice copy per row, or per run of rows consecutive both in a shard and in `out`.
         """
         if not out.flags.c_contiguous:

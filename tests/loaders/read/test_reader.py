@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import loaders.reader
+import loaders.read.reader
 from etl.errors import ShardError
 from loaders import open_catalog
-from loaders.catalog import ShardSet
-from loaders.page_cache import advise_file, byte_pages, row_pages
-from loaders.reader import ShardReader
+from loaders.read.catalog import ShardSet
+from loaders.read.page_cache import advise_file, byte_pages, row_pages
+from loaders.read.reader import ShardReader
 from tests.helpers.packed import Packed
 from tests.helpers.page_cache import (
     cached_fraction,
@@ -258,7 +258,7 @@ def test_no_address_space_for_a_span_means_row_by_row_not_an_error(
     def no_room(*args: object, **kwargs: object) -> None:
         raise OSError(12, "mmap of 633318697828352 bytes failed: Cannot allocate memory")
 
-    monkeypatch.setattr(loaders.reader, "ShardSpan", no_room)
+    monkeypatch.setattr(loaders.read.reader, "ShardSpan", no_room)
     shards = open_catalog(packed.root).select().shards
     reader = ShardReader(shards)
     out = np.empty((4, *packed.sample_shape), dtype=np.uint8)

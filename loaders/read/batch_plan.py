@@ -11,9 +11,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from loaders.batch.types import SIZE_COLUMNS, STORED_COLUMNS, Columns
-from loaders.catalog import Selection
-from loaders.ragged_rows import Take, back_to_back_bytes, padded_shape
-from loaders.reader import ShardReader
+from loaders.read.catalog import Selection
+from loaders.read.ragged_rows import Take, back_to_back_bytes, padded_shape
+from loaders.read.reader import ShardReader
 
 
 def batch_reads(

@@ -15,7 +15,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 import etl.format.row_checksums as row_checksums
-import loaders.shard_checks
+import loaders.read.shard_checks
 from etl.errors import ManifestError, ShardError
 from loaders import PackedDataset, PackedStream, make_loader, open_catalog, stream_loader
 from tests.helpers.packed import Packed, make_packed
@@ -260,7 +260,7 @@ def test_rows_checked_a_few_at_a_time_name_the_changed_one(
     """Rows are hashed right after their copy, a few at a time (here one: `CHECK_BYTES` below
     a row): a batch of every sample reads the intact ones as packed and names row 1 of shard 0,
     whichever position of the batch it has."""
-    monkeypatch.setattr(loaders.shard_checks, "CHECK_BYTES", 1)
+    monkeypatch.setattr(loaders.read.shard_checks, "CHECK_BYTES", 1)
     ds = PackedDataset.open(packed.root, verify=verify)  # type: ignore[arg-type]
     order = np.random.default_rng(5).permutation(len(ds))
     images = ds.__getitems__(order.tolist()).batch.images.numpy()
@@ -307,13 +307,13 @@ def test_verify_hashes_each_shard_once_per_process(
     packed: Packed, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[Path] = []
-    real = loaders.shard_checks.file_digests
+    real = loaders.read.shard_checks.file_digests
 
     def counting(path: Path, algorithms: tuple[str, ...]) -> tuple[str, ...]:
         calls.append(Path(path))
         return real(path, algorithms)
 
-    monkeypatch.setattr(loaders.shard_checks, "file_digests", counting)
+    monkeypatch.setattr(loaders.read.shard_checks, "file_digests", counting)
     ds = PackedDataset.open(packed.root, verify="shards")
     ds.gather(list(range(len(ds))))
     again = PackedDataset.open(packed.root, verify="shards")

@@ -15,8 +15,8 @@ from etl.errors import ShardError
 from etl.format.codecs import RAW, DecodeFailure, decode
 from etl.format.ragged import shape_of
 from etl.format.row_checksums import mismatch
-from loaders.catalog import ShardSet
-from loaders.span import resident
+from loaders.read.catalog import ShardSet
+from loaders.read.span import resident
 
 Put = Callable[[int, NDArray[np.uint8], int, int], None]
 """put(j, data, height, width): sample j's flat bytes into its place in the batch."""

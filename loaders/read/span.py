@@ -21,7 +21,7 @@ last page. Gaps between slots are readable anonymous zero pages (reserved with M
 no memory is committed), so a stray read gives zeros, not a crash; `take` is only given rows
 that exist.
 
-Linux and macOS only (`SUPPORTED`); elsewhere `loaders.reader` copies row by row.
+Linux and macOS only (`SUPPORTED`); elsewhere `loaders.read.reader` copies row by row.
 """
 
 from __future__ import annotations

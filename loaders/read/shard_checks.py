@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 from etl.errors import ShardError
 from etl.format.checksums import digest, file_digests
 from etl.format.row_checksums import RowChecksums
-from loaders.span import ShardSpan
+from loaders.read.span import ShardSpan
 
 _PAGE = mmap.PAGESIZE
 

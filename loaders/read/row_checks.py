@@ -1,6 +1,6 @@
 """Which rows a loader checks against the checksums the manifest recorded for their samples,
 and where those checksums live: the default open checks each row the first time any process
-of the loader reads it (`verify="once"`, NOTE [ verify once ] in `loaders.shard_checks`), so a
+of the loader reads it (`verify="once"`, NOTE [ verify once ] in `loaders.read.shard_checks`), so a
 changed byte in a shard is an error naming its shard and row, never a wrong sample."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from etl.deprecations import warn_once
 from etl.format.row_checksums import RowChecksums
-from loaders.catalog import Catalog, Selection, open_catalog
+from loaders.read.catalog import Catalog, Selection, open_catalog
 
 Verify = bool | Literal["once", "rows", "shards"]
 """What a loader checks of the bytes it reads: "once" each row the first time any process of
