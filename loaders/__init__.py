@@ -13,6 +13,7 @@ This namespace is what a training job uses; the rest lives in the submodules.
 Modules:
 - `batch/`:         the batch types everyone shares
 - `read/`:          shards to bytes in one process: catalog, reader, span, checks
+- `memory/`:        where a batch lives: buffers, the workers' ring, pinning
 - `aspect_buckets`: aspect-ratio buckets: batches of one shape, uncropped
 - `augment`:        batched crops, flips and resizes on the device
 - `dataset`:        `PackedDataset`: the map-style dataset
@@ -22,17 +23,14 @@ Modules:
 - `factories`:      `make_loader` and `stream_loader` with this project's defaults
 - `joined_reader`:  one reader over a `Mixture`'s members' shards
 - `loader`:         `PackedLoader`: the DataLoader, with exact and elastic resume
-- `memory`:         where a batch is gathered: pageable, pinned, or a ring slot
 - `mixture`:        `Mixture`: datasets or views read as one by weight
 - `mixture_orders`: a mixture's orders, pure functions as `orders` are
 - `mixture_trace`:  what a run's history keeps of a mixture to draw its orders again
 - `named_orders`:   sample orders by name (`shuffle=`), and a loader's sampler
 - `opening`:        how `PackedDataset.open` was called: a run's record, former keywords
 - `orders`:         sample orders as pure functions of (data, seed, epoch)
-- `pinning`:        host memory page-locked for CUDA in place
 - `quality`:        how well an order shuffles
 - `resume`:         the state a training job saves, and its checks
-- `ring`:           the shared-memory ring workers fill, freed after its copies
 - `samplers`:       torch samplers over the pure orders: distributed, resumable
 - `stream`:         `PackedStream`: whole shards streamed, for data larger than RAM
 - `trace`:          which samples a run read at a step, from its saved states

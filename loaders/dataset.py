@@ -24,7 +24,7 @@ from torch.utils.data import Dataset, get_worker_info
 from etl.format.views import View
 from etl.storage.location import StoreOptions, open_location
 from loaders.batch.types import SIZE_COLUMNS, AnyBatch, Columns, Samples, make_batch
-from loaders.memory import BatchMemory
+from loaders.memory.batch_memory import BatchMemory
 from loaders.opening import check_view_alone, how_opened, store_options, warn_if_retired
 from loaders.read.batch_plan import batch_reads
 from loaders.read.catalog import Selection, Where, open_catalog
@@ -351,7 +351,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
     ) -> AnyBatch:
         """Transformed samples as one batch. uint8 samples of one shape are stacked straight
         into the batch memory: a ring slot in a worker (pinned in place for CUDA: NOTE [ a
-        ring pinned in place ] in `loaders.pinning`), pinned memory in the main process.
+        ring pinned in place ] in `loaders.memory.pinning`), pinned memory in the main process.
         Others (floats, several shapes) are stacked anew, and pinned here without workers:
         what `pin_output` promises, a transform or not."""
         first = images[0]

@@ -9,7 +9,7 @@ shards, and exact, elastic resume.
 - `pin_memory` defaults to on exactly when CUDA is present; with num_workers=0 batches are
   gathered straight into pinned memory instead of being copied there afterwards;
 - with workers, batches travel through a shared-memory ring made for this loader (see
-  `loaders.ring.SharedRing`), not a fresh shared buffer each;
+  `loaders.memory.ring.SharedRing`), not a fresh shared buffer each;
 - `shuffle` picks an order by name from `loaders.named_orders.SHUFFLES` (True means
   "random", False "sequential"); every order is distributed-aware (a `DistributedSampler`)
   and resumable (`state_dict`).
@@ -32,11 +32,11 @@ from etl.errors import EtlError
 from etl.storage.cache import BoundedCache
 from loaders.aspect_buckets import AspectBuckets
 from loaders.dataset import PackedDataset, collate_batch
-from loaders.memory import BatchMemory, batch_memory, resolve_pin_memory
+from loaders.memory.batch_memory import BatchMemory, batch_memory, resolve_pin_memory
+from loaders.memory.ring import SharedRing
 from loaders.mixture import Mixture
 from loaders.named_orders import OrderOptions, loader_sampler, order_of, order_seed
 from loaders.resume import State, check_global_batch, check_state
-from loaders.ring import SharedRing
 from loaders.samplers import MixtureSampler, OrderSampler
 from loaders.stream import PackedStream, refuse_loader_options
 from loaders.trace import RunSteps
@@ -263,7 +263,7 @@ class PackedLoader(DataLoader[Any]):
                 if position is not None:
                     position.batches += 1
                 if ring is not None:
-                    ring.settle()  # NOTE [ freed after the copy ] in loaders.ring
+                    ring.settle()  # NOTE [ freed after the copy ] in loaders.memory.ring
                 yield batch
             if ring is not None:
                 ring.settle()
@@ -277,7 +277,7 @@ class PackedLoader(DataLoader[Any]):
 
     def _pinned_ring(self) -> SharedRing | None:
         """The ring workers fill, page-locked for CUDA (once, before the first workers start)
-        where batches are pinned: NOTE [ a ring pinned in place ] in `loaders.pinning`."""
+        where batches are pinned: NOTE [ a ring pinned in place ] in `loaders.memory.pinning`."""
         memory = getattr(self.dataset, "memory", None)
         ring = memory.ring if isinstance(memory, BatchMemory) else None
         if ring is None or not self.pin_memory or self.num_workers == 0:

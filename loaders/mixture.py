@@ -32,7 +32,7 @@ from loaders.batch.types import (
 )
 from loaders.dataset import PackedDataset
 from loaders.joined_reader import join_members
-from loaders.memory import BatchMemory
+from loaders.memory.batch_memory import BatchMemory
 from loaders.mixture_orders import schedule_of
 from loaders.orders import Order
 from loaders.samplers import MixtureSampler

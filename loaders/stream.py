@@ -29,7 +29,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from loaders.batch.types import AnyBatch
 from loaders.dist import rank_and_world
-from loaders.memory import BatchMemory
+from loaders.memory.batch_memory import BatchMemory
 from loaders.orders import Order, seeded_rng
 from loaders.read.batch_plan import batch_reads
 from loaders.read.catalog import Selection

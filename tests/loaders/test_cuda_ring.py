@@ -1,6 +1,7 @@
 """Workers' batches pinned where they are made: the ring page-locked for CUDA in place, each slot
 freed only after the copy that read it ran (NOTE [ a ring pinned in place ] in
-`loaders.pinning`, NOTE [ freed after the copy ] in `loaders.ring`). Skipped without CUDA.
+`loaders.memory.pinning`, NOTE [ freed after the copy ] in `loaders.memory.ring`). Skipped without
+CUDA.
 
 As in tests/loaders/test_cuda.py, `--break-mechanism NAME` removes one mechanism (`BREAKS`)
 and runs only the tests guarding it, which must then fail; every batch is compared with what
@@ -19,10 +20,10 @@ import numpy as np
 import pytest
 import torch
 
-import loaders.ring
+import loaders.memory.ring
 from loaders import DeviceLoader, PackedDataset, RandomResizedCrop, make_loader
-from loaders.pinning import _clear_last_cuda_error
-from loaders.ring import SharedRing
+from loaders.memory.pinning import _clear_last_cuda_error
+from loaders.memory.ring import SharedRing
 from tests.helpers.packed import Packed, make_packed
 
 pytestmark = [
@@ -39,7 +40,7 @@ def _free_at_once(ring: SharedRing, slot: int, receiver: int) -> None:
 
 
 BREAKS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
-    "ring_pinned": lambda mp: mp.setattr(loaders.ring, "register", lambda memory: "broken"),
+    "ring_pinned": lambda mp: mp.setattr(loaders.memory.ring, "register", lambda memory: "broken"),
     "freed_after_copy": lambda mp: mp.setattr(SharedRing, "_drop", _free_at_once),
 }
 
@@ -221,8 +222,8 @@ def test_an_augmented_device_loader_over_workers_equals_the_cpu(packed: Packed) 
 def test_a_real_refusal_is_reported_and_leaves_no_stale_cuda_error() -> None:
     """CUDA refuses a range registered already: `register` says so, and the error it left
     as CUDA's last error does not surface in the next kernel launch."""
-    from loaders.pinning import register
-    from loaders.ring import shared_bytes
+    from loaders.memory.pinning import register
+    from loaders.memory.ring import shared_bytes
 
     memory = shared_bytes(1 << 20)
     cudart = torch.cuda.cudart()
@@ -240,8 +241,8 @@ def test_a_ring_not_registered_keeps_todays_path_and_says_why_once(
 ) -> None:
     """Where CUDA refuses (as above), batches are copied into pinned memory by the pin
     thread, intact, each slot freed when its batch is dropped, and the loader says why once."""
-    monkeypatch.setattr(loaders.ring, "_said_not_pinned", False)
-    monkeypatch.setattr(loaders.ring, "register", lambda memory: "CUDA error 712, say")
+    monkeypatch.setattr(loaders.memory.ring, "_said_not_pinned", False)
+    monkeypatch.setattr(loaders.memory.ring, "register", lambda memory: "CUDA error 712, say")
     ds = PackedDataset.open(packed.root)
     loader = make_loader(ds, batch_size=8, num_workers=2, with_indices=True)
     ring = ring_of(loader)

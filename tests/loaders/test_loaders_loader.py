@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import loaders.loader
-import loaders.memory
+import loaders.memory.batch_memory
 from loaders import Batch, DeviceLoader, PackedDataset, make_loader
 from loaders.augment import _params_on
 from loaders.device import bound_device, prepare_images
@@ -130,7 +130,7 @@ def test_resume_needs_a_loaders_sampler(packed: Packed) -> None:
 def test_without_cuda_pinning_is_off_and_said_once(
     packed: Packed, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(loaders.memory, "_said_no_cuda", False)
+    monkeypatch.setattr(loaders.memory.batch_memory, "_said_no_cuda", False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     ds = PackedDataset.open(packed.root)
     with warnings.catch_warnings(record=True) as caught:

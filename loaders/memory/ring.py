@@ -1,6 +1,6 @@
 """The shared-memory ring DataLoader workers gather batches into, read in place by the main
 process; page-locked for CUDA there when batches go to a GPU (NOTE [ a ring pinned in place ]
-in `loaders.pinning`).
+in `loaders.memory.pinning`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from numpy.typing import NDArray
 
 from loaders.batch.types import AnyBatch, Batch, Columns, Fill, make_batch
-from loaders.pinning import Registration, register
+from loaders.memory.pinning import Registration, register
 from loaders.read.span import prefault
 
 

@@ -30,8 +30,9 @@ import torch
 from numpy.typing import NDArray
 from torch.utils.data import get_worker_info
 
-from loaders.batch.types import AnyBatch, BufferPool, Columns, Fill, make_batch
-from loaders.ring import SharedRing, shared_bytes
+from loaders.batch.types import AnyBatch, Columns, Fill, make_batch
+from loaders.memory.buffer_pool import BufferPool
+from loaders.memory.ring import SharedRing, shared_bytes
 
 
 class BatchMemory:
@@ -118,9 +119,9 @@ def batch_memory(
     `prefetch_factor` tasks per worker, and a worker claims a slot for the next task while the
     loop still holds the batch before the one just handed out) plus two more: one for
     `DeviceLoader`'s batch prepared ahead, one to spare; pinned (`pin`), two more for batches
-    dropped whose copies may still be queued (NOTE [ freed after the copy ] in `loaders.ring`).
-    Batches held beyond that only make workers fall back to a fresh shared buffer for a while.
-    No ring without workers, or for single samples (`batch_bytes` None).
+    dropped whose copies may still be queued (NOTE [ freed after the copy ] in
+    `loaders.memory.ring`). Batches held beyond that only make workers fall back to a fresh shared
+    buffer for a while. No ring without workers, or for single samples (`batch_bytes` None).
     """
     if num_workers == 0:
         return BatchMemory(pin=pin)

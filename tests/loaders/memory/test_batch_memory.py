@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from loaders import DeviceLoader, PackedDataset, PackedStream, make_loader, stream_loader
-from loaders.batch.types import BufferPool
-from loaders.memory import BatchMemory
+from loaders.memory.batch_memory import BatchMemory
+from loaders.memory.buffer_pool import BufferPool
+from loaders.memory.ring import SharedRing, shared_bytes
 from loaders.read.span import prefault
-from loaders.ring import SharedRing, shared_bytes
 from tests.helpers.packed import Packed
 
 
@@ -275,7 +275,7 @@ def test_a_ring_kept_from_forks_is_given_back_to_them() -> None:
     import ctypes
     import ctypes.util
 
-    from loaders.pinning import Registration, _dont_fork, _inherited_on_fork
+    from loaders.memory.pinning import Registration, _dont_fork, _inherited_on_fork
 
     memory = shared_bytes(4 * mmap.PAGESIZE)
     registration = Registration(memory, 0.0)
@@ -301,10 +301,10 @@ def test_a_ring_kept_from_forks_is_given_back_to_them() -> None:
 def test_without_cuda_a_ring_is_not_registered_and_says_why(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import loaders.ring
-    from loaders.pinning import register
+    import loaders.memory.ring
+    from loaders.memory.pinning import register
 
-    monkeypatch.setattr(loaders.ring, "_said_not_pinned", False)
+    monkeypatch.setattr(loaders.memory.ring, "_said_not_pinned", False)
 
     assert register(shared_bytes(64)) == "CUDA is not available"
     ring = SharedRing(2, 64, multiprocessing.get_context("fork"))

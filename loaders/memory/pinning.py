@@ -1,7 +1,7 @@
 """Host memory this process already has, page-locked for CUDA in place (`cudaHostRegister`).
 
 NOTE [ a ring pinned in place ]: batches from DataLoader workers arrive in slots of a shared-
-memory ring (`loaders.ring`). Registered with CUDA once, those slots are pinned memory: the
+memory ring (`loaders.memory.ring`). Registered with CUDA once, those slots are pinned memory: the
 DataLoader's pin thread finds the images already pinned and copies nothing, and a
 non-blocking copy to the GPU reads the slot directly. What registering costs and gives is
 measured by `benchmarks/bench_workers.py` with CUDA (benchmarks/README.md).
