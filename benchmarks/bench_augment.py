@@ -2,8 +2,8 @@
 
     python -m benchmarks.bench_augment [--quick] [--tiny] [--device cuda]
 
-On the CPU (always): `loaders.augment.RandomResizedCrop` on a batch against a per-sample loop of
-the same torch ops (crop, `F.interpolate`, flip; what a per-sample `transform` does) and against
+On the CPU (always): `loaders.augment.crops.RandomResizedCrop` on a batch against a per-sample loop
+of the same torch ops (crop, `F.interpolate`, flip; what a per-sample `transform` does) and against
 kornia's `RandomResizedCrop` given the same boxes (when kornia is installed), with the pixel
 difference of each from the exact per-sample reference and from antialiased resizing
 (torchvision's default for tensors).
@@ -36,7 +36,8 @@ import torch.nn.functional as F
 from benchmarks.bench_loaders import table, write_synthetic
 from benchmarks.common import cpu_model
 from loaders import DeviceLoader, PackedDataset, make_loader
-from loaders.augment import RandomResizedCrop, crop_boxes, flips, resized_crop
+from loaders.augment.crops import RandomResizedCrop, resized_crop
+from loaders.augment.draws import crop_boxes, flips
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

@@ -125,7 +125,7 @@ def bare_crop_rate(out: Path) -> float:
     import torch
     import torch.nn.functional as F
 
-    from loaders.augment import crop_boxes
+    from loaders.augment.draws import crop_boxes
 
     torch.set_num_threads(1)
     blobs = _stored_jpegs(out)

@@ -14,8 +14,8 @@ Modules:
 - `batch/`:         the batch types everyone shares
 - `read/`:          shards to bytes in one process: catalog, reader, span, checks
 - `memory/`:        where a batch lives: buffers, the workers' ring, pinning
+- `augment/`:       crop draws, tensor crops, and crops made as batches are gathered
 - `aspect_buckets`: aspect-ratio buckets: batches of one shape, uncropped
-- `augment`:        batched crops, flips and resizes on the device
 - `dataset`:        `PackedDataset`: the map-style dataset
 - `device`:         `DeviceLoader`: batches onto the device, prefetched on a side stream
 - `device_decode`:  samples stored encoded, decoded where the batch goes (nvJPEG on CUDA)
@@ -34,14 +34,13 @@ Modules:
 - `samplers`:       torch samplers over the pure orders: distributed, resumable
 - `stream`:         `PackedStream`: whole shards streamed, for data larger than RAM
 - `trace`:          which samples a run read at a step, from its saved states
-- `worker_crop`:    crops made where batches are gathered, decoded at a reduced scale
 - `workers`:        DataLoader workers' errors as raised there, and stopping them
 """
 
 from etl.errors import ManifestError, SelectionError, ShardError
 from etl.format.views import View
 from loaders.aspect_buckets import AspectBuckets, BucketSampler, ResizeToBucket
-from loaders.augment import CenterCrop, RandomResizedCrop, Resize
+from loaders.augment.crops import CenterCrop, RandomResizedCrop, Resize
 from loaders.batch.ragged import RaggedImages
 from loaders.batch.types import Batch, ColumnBatch, IndexedBatch
 from loaders.dataset import PackedDataset

@@ -26,7 +26,8 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from loaders.augment import Images, Sizes, flips, own_sides, resize_whole
+from loaders.augment.crops import Images, Sizes, own_sides, resize_whole
+from loaders.augment.draws import flips
 from loaders.orders import Order, seeded_rng
 from loaders.samplers import OrderSampler
 

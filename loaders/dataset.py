@@ -23,6 +23,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from etl.format.views import View
 from etl.storage.location import StoreOptions, open_location
+from loaders.augment.worker_crop import REDUCING_GAP, Crop, WorkerCrop, cropped_batch
 from loaders.batch.types import SIZE_COLUMNS, AnyBatch, Columns, Samples, make_batch
 from loaders.memory.batch_memory import BatchMemory
 from loaders.opening import check_view_alone, how_opened, store_options, warn_if_retired
@@ -31,7 +32,6 @@ from loaders.read.catalog import Selection, Where, open_catalog
 from loaders.read.ragged_rows import stored_lengths
 from loaders.read.reader import ShardReader
 from loaders.read.row_checks import Verify, checked_rows, checks_of, row_checksums
-from loaders.worker_crop import REDUCING_GAP, Crop, WorkerCrop, cropped_batch
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 
@@ -196,9 +196,10 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
 
     def with_crop(self, crop: Crop | None, reducing_gap: float = REDUCING_GAP) -> PackedDataset:
         """A shallow copy whose samples are cropped where batches are gathered (DataLoader
-        workers): `RandomResizedCrop` or `CenterCrop` of `loaders.augment`, drawn per (seed,
+        workers): `RandomResizedCrop` or `CenterCrop` of `loaders.augment.crops`, drawn per (seed,
         epoch, index), each sample decoded at the smallest scale that covers its crop
-        (`loaders.worker_crop`). Batches are then uint8 of the crop's size; None: no crop."""
+        (`loaders.augment.worker_crop`). Batches are then uint8 of the crop's size; None: no
+        crop."""
         twin = copy.copy(self)
         twin.crop = None if crop is None else WorkerCrop(crop, reducing_gap)
         twin._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from loaders.augment import Augment, Sizes
+from loaders.augment.crops import Augment, Sizes
 from loaders.batch.ragged import RaggedImages
 from loaders.batch.types import SIZE_COLUMNS, STORED_COLUMNS, Batch, ColumnBatch, IndexedBatch
 from loaders.device_decode import JpegDecoder, decode_batch, in_batch, jpeg_decoder

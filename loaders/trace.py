@@ -119,8 +119,8 @@ def crops_at(
     height, width in the stored sample's pixels) and flip, for a centre crop the size it
     resized to; a pure function of (seed, epoch, index), drawn again here. None where the
     record names none: a crop on the device (`DeviceLoader(augment=...)`) is not recorded."""
-    from loaders.augment import CenterCrop, RandomResizedCrop
-    from loaders.worker_crop import WorkerCrop
+    from loaders.augment.crops import CenterCrop, RandomResizedCrop
+    from loaders.augment.worker_crop import WorkerCrop
 
     run = json.loads(state.get("run") or "{}")
     recorded = run.get("crop")

@@ -193,7 +193,7 @@ class ShardReader:
 
         A 1-d `out` (`back_to_back_bytes` long) takes the samples back to back instead, each
         in the stored layout: what `DeviceLoader` asks for (see `loaders.batch.ragged`). A `take`
-        instead of `out` gets each sample's checked stored bytes (`loaders.worker_crop`)."""
+        instead of `out` gets each sample's checked stored bytes (`loaders.augment.worker_crop`)."""
         shard, row = self._checked_rows(shard_idx, rows)
         if take is None:
             assert out is not None

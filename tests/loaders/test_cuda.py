@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-import loaders.augment
+import loaders.augment.crops
 import loaders.device
 from loaders import DeviceLoader, PackedDataset, RandomResizedCrop, make_loader
-from loaders.augment import crop_boxes, flips, resized_crop
+from loaders.augment.crops import resized_crop
+from loaders.augment.draws import crop_boxes, flips
 from tests.helpers.cuda import batches_without_a_sync
 from tests.helpers.packed import Packed, make_packed
 
@@ -45,7 +46,9 @@ BREAKS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "record_stream": lambda mp: mp.setattr(torch.Tensor, "record_stream", lambda t, s: None),
     "wait_stream": lambda mp: mp.setattr(torch.cuda.Stream, "wait_stream", lambda a, b: None),
     "pinned_output": lambda mp: mp.setattr(torch.Tensor, "pin_memory", lambda t, *a: t),
-    "nonblocking_params": lambda mp: mp.setattr(loaders.augment, "_params_on", _blocking_params),
+    "nonblocking_params": lambda mp: mp.setattr(
+        loaders.augment.crops, "_params_on", _blocking_params
+    ),
     "bound_device": lambda mp: mp.setattr(
         loaders.device, "bound_device", lambda d: torch.device(d or "cuda")
     ),

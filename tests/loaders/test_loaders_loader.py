@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 import loaders.loader
 import loaders.memory.batch_memory
 from loaders import Batch, DeviceLoader, PackedDataset, make_loader
-from loaders.augment import _params_on
+from loaders.augment.crops import _params_on
 from loaders.device import bound_device, prepare_images
 from loaders.named_orders import SHUFFLES
 from tests.helpers.packed import Packed, make_packed

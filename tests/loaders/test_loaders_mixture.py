@@ -363,7 +363,8 @@ def test_members_of_several_sizes_meet_in_the_device_crop(
     import torch.nn.functional as F
 
     from loaders import CenterCrop, RandomResizedCrop
-    from loaders.augment import crop_boxes, flips, resize_center_crop
+    from loaders.augment.crops import resize_center_crop
+    from loaders.augment.draws import crop_boxes, flips
 
     big = make_packed(tmp_path / "big", shard_sizes=(5, 6), sample_shape=(9, 12, 3), seed=3)
     small = PackedDataset.open(two[0].root)
@@ -416,7 +417,8 @@ def test_the_batched_crop_of_a_padded_batch_equals_the_loop(
 ) -> None:
     """The one-`grid_sample` path CUDA takes, run on the CPU: per-sample boxes in a padded
     batch give what the per-sample loop gives."""
-    from loaders.augment import crop_boxes, flips, resized_crop
+    from loaders.augment.crops import resized_crop
+    from loaders.augment.draws import crop_boxes, flips
 
     big = make_packed(tmp_path / "big", shard_sizes=(7,), sample_shape=(9, 12, 3), seed=4)
     mix = Mixture([PackedDataset.open(two[0].root), PackedDataset.open(big.root)], weights=[1, 1])

@@ -208,7 +208,7 @@ def test_centre_crops_and_plain_resizes_of_a_padded_batch(
     (F.interpolate of the whole image, then the centre) and a plain resize, computed here per
     sample; the one-`grid_sample` path CUDA takes equals them on the CPU too."""
     from loaders import CenterCrop, Resize
-    from loaders.augment import center_crops
+    from loaders.augment.crops import center_crops
 
     write_sources(tmp_path / "images")
     assert cli(["run", str(write_config(tmp_path))], capsys)[0] == 0

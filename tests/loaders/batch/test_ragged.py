@@ -29,7 +29,7 @@ from loaders import (
     open_catalog,
     stream_loader,
 )
-from loaders.augment import resized_crop
+from loaders.augment.crops import resized_crop
 from loaders.batch.ragged import RaggedImages
 from loaders.batch.types import SIZE_COLUMNS
 from tests.helpers.aspect import pack_aspect, read_plainly

@@ -6,7 +6,7 @@ the whole photo) into the same shared-memory ring and pinned memory as raw rows.
     train = PackedDataset.open("artifacts", split="train").with_crop(RandomResizedCrop(224))
     for images, labels in make_loader(train, batch_size=256, num_workers=8): ...
 
-The parameters are `loaders.augment`'s (`RandomResizedCrop`: torchvision's boxes and flips, a
+The parameters are `loaders.augment.crops`'s (`RandomResizedCrop`: torchvision's boxes and flips, a
 pure function of (seed, epoch, dataset index); `CenterCrop`: resize the shorter side, take the
 middle), so a run that crops in its workers draws the same boxes a `DeviceLoader` would.
 
@@ -40,7 +40,8 @@ from etl.format.codecs import (
     decode_jpeg,
 )
 from etl.format.ragged import shape_of
-from loaders.augment import CenterCrop, RandomResizedCrop, crop_boxes, flips, resized_sides
+from loaders.augment.crops import CenterCrop, RandomResizedCrop, resized_sides
+from loaders.augment.draws import crop_boxes, flips
 from loaders.read.catalog import Selection
 from loaders.read.ragged_rows import decode_failure
 from loaders.read.reader import ShardReader
@@ -50,7 +51,8 @@ Crop = RandomResizedCrop | CenterCrop
 
 @dataclass(frozen=True)
 class WorkerCrop:
-    """A crop of `loaders.augment` made in the gathering process (`PackedDataset.with_crop`)."""
+    """A crop of `loaders.augment.crops` made in the gathering process
+    (`PackedDataset.with_crop`)."""
 
     crop: Crop
     reducing_gap: float = REDUCING_GAP

@@ -13,15 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from loaders import DeviceLoader, PackedDataset, make_loader
-from loaders.augment import (
-    CenterCrop,
-    RandomResizedCrop,
-    crop_boxes,
-    flips,
-    resize_center_crop,
-    resized_crop,
-    uniforms,
-)
+from loaders.augment.crops import CenterCrop, RandomResizedCrop, resize_center_crop, resized_crop
+from loaders.augment.draws import crop_boxes, flips, uniforms
 from tests.helpers.packed import Packed, make_packed
 
 
