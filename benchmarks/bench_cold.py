@@ -51,8 +51,8 @@ import numpy as np
 from benchmarks.bench_loaders import write_synthetic
 from benchmarks.common import cached_bytes, cpu_model
 from loaders import PackedDataset, make_loader
-from loaders.orders import block_order, random_order
-from loaders.quality import class_mix_distance
+from loaders.order.orders import block_order, random_order
+from loaders.order.quality import class_mix_distance
 
 SHAPE = (224, 224, 3)
 BATCH = 256

@@ -39,8 +39,8 @@ from etl.format.schema import REJECTS_SCHEMA, SAMPLES_SCHEMA, SHARDS_SCHEMA, Man
 from etl.format.shards import ShardWriter
 from loaders import PackedDataset, PackedStream, make_loader, open_catalog, stream_loader
 from loaders.dataset import collate_batch
-from loaders.orders import balanced_order, block_order, random_order
-from loaders.quality import class_mix_distance
+from loaders.order.orders import balanced_order, block_order, random_order
+from loaders.order.quality import class_mix_distance
 from loaders.read.reader import ShardReader
 from loaders.stream import stream_order
 

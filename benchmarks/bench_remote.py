@@ -107,7 +107,7 @@ def block_epochs(ds: Any, epochs: int) -> list[float]:
     """Seconds of each of `epochs` epochs of the shard-group order, one shard at a time (a
     batch then reads at most two shards, which half of 5 shards holds), one loader."""
     from loaders import make_loader
-    from loaders.samplers import ShardGroupSampler
+    from loaders.order.samplers import ShardGroupSampler
 
     order = ShardGroupSampler(ds.shard_idx, group=1, seed=1)
     loader = make_loader(ds, batch_size=BATCH, sampler=order, pin_memory=False)

@@ -18,8 +18,9 @@ import statistics
 import time
 from types import SimpleNamespace
 
-from loaders.samplers import ShuffleSampler
-from loaders.trace import RunSteps, encode, samples_at, steps_of
+from loaders.order.history import RunSteps, encode
+from loaders.order.samplers import ShuffleSampler
+from loaders.trace import samples_at, steps_of
 
 
 def main() -> None:

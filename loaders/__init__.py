@@ -11,35 +11,27 @@
 This namespace is what a training job uses; the rest lives in the submodules.
 
 Modules:
-- `batch/`:         the batch types everyone shares
-- `read/`:          shards to bytes in one process: catalog, reader, span, checks
-- `memory/`:        where a batch lives: buffers, the workers' ring, pinning
-- `augment/`:       crop draws, tensor crops, and crops made as batches are gathered
-- `aspect_buckets`: aspect-ratio buckets: batches of one shape, uncropped
-- `dataset`:        `PackedDataset`: the map-style dataset
-- `device`:         `DeviceLoader`: batches onto the device, prefetched on a side stream
-- `device_decode`:  samples stored encoded, decoded where the batch goes (nvJPEG on CUDA)
-- `dist`:           rank and world size
-- `factories`:      `make_loader` and `stream_loader` with this project's defaults
-- `joined_reader`:  one reader over a `Mixture`'s members' shards
-- `loader`:         `PackedLoader`: the DataLoader, with exact and elastic resume
-- `mixture`:        `Mixture`: datasets or views read as one by weight
-- `mixture_orders`: a mixture's orders, pure functions as `orders` are
-- `mixture_trace`:  what a run's history keeps of a mixture to draw its orders again
-- `named_orders`:   sample orders by name (`shuffle=`), and a loader's sampler
-- `opening`:        how `PackedDataset.open` was called: a run's record, former keywords
-- `orders`:         sample orders as pure functions of (data, seed, epoch)
-- `quality`:        how well an order shuffles
-- `resume`:         the state a training job saves, and its checks
-- `samplers`:       torch samplers over the pure orders: distributed, resumable
-- `stream`:         `PackedStream`: whole shards streamed, for data larger than RAM
-- `trace`:          which samples a run read at a step, from its saved states
-- `workers`:        DataLoader workers' errors as raised there, and stopping them
+- `batch/`:        the batch types everyone shares
+- `read/`:         shards to bytes in one process: catalog, reader, span, checks
+- `memory/`:       where a batch lives: buffers, the workers' ring, pinning
+- `augment/`:      crop draws, tensor crops, and crops made as batches are gathered
+- `order/`:        which sample when: orders, samplers, buckets, a run's history
+- `dataset`:       `PackedDataset`: the map-style dataset
+- `device`:        `DeviceLoader`: batches onto the device, prefetched on a side stream
+- `device_decode`: samples stored encoded, decoded where the batch goes (nvJPEG on CUDA)
+- `factories`:     `make_loader` and `stream_loader` with this project's defaults
+- `joined_reader`: one reader over a `Mixture`'s members' shards
+- `loader`:        `PackedLoader`: the DataLoader, with exact and elastic resume
+- `mixture`:       `Mixture`: datasets or views read as one by weight
+- `named_orders`:  sample orders by name (`shuffle=`), and a loader's sampler
+- `opening`:       how `PackedDataset.open` was called: a run's record, former keywords
+- `stream`:        `PackedStream`: whole shards streamed, for data larger than RAM
+- `trace`:         which samples a run read at a step, from its saved states
+- `workers`:       DataLoader workers' errors as raised there, and stopping them
 """
 
 from etl.errors import ManifestError, SelectionError, ShardError
 from etl.format.views import View
-from loaders.aspect_buckets import AspectBuckets, BucketSampler, ResizeToBucket
 from loaders.augment.crops import CenterCrop, RandomResizedCrop, Resize
 from loaders.batch.ragged import RaggedImages
 from loaders.batch.types import Batch, ColumnBatch, IndexedBatch
@@ -48,14 +40,15 @@ from loaders.device import DeviceLoader
 from loaders.factories import make_loader, stream_loader
 from loaders.loader import PackedLoader
 from loaders.mixture import Mixture
-from loaders.read.catalog import Catalog, open_catalog
-from loaders.samplers import (
+from loaders.order.aspect_buckets import AspectBuckets, BucketSampler, ResizeToBucket
+from loaders.order.samplers import (
     BlockShuffleSampler,
     ClassBalancedSampler,
     MixtureSampler,
     OrderSampler,
     ShuffleSampler,
 )
+from loaders.read.catalog import Catalog, open_catalog
 from loaders.stream import PackedStream
 
 __all__ = [

@@ -9,10 +9,10 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from loaders.aspect_buckets import AspectBuckets
 from loaders.dataset import PackedDataset
 from loaders.loader import PackedLoader
 from loaders.mixture import Mixture
+from loaders.order.aspect_buckets import AspectBuckets
 from loaders.stream import PackedStream
 
 
@@ -39,8 +39,8 @@ def make_loader(
     """A `PackedLoader` (a DataLoader) over `dataset` in batches of 256 unless told otherwise.
 
     `shuffle` is a `SHUFFLES` name or a bool (default: in order), or aspect-ratio buckets
-    ("buckets" or an `AspectBuckets`: every batch one bucket's, `loaders.aspect_buckets`); `sampler`
-    (any torch sampler of indices) replaces it. A `Mixture`'s order is its own
+    ("buckets" or an `AspectBuckets`: every batch one bucket's, `loaders.order.aspect_buckets`);
+    `sampler` (any torch sampler of indices) replaces it. A `Mixture`'s order is its own
     (`loaders.mixture`): no shuffle.
     `drop_last` drops the short last batch and, across ranks, the tail that does not split
     evenly (otherwise ranks are padded by repetition, like DistributedSampler). Rank and world

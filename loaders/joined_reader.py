@@ -13,7 +13,7 @@ from numpy.typing import NDArray
 
 from etl.format.row_checksums import RowChecksums
 from loaders.dataset import PackedDataset
-from loaders.orders import Order
+from loaders.order.orders import Order
 from loaders.read.catalog import ShardSet
 from loaders.read.reader import ShardReader
 from loaders.read.row_checks import shared, unseen

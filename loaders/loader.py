@@ -30,16 +30,16 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from etl.errors import EtlError
 from etl.storage.cache import BoundedCache
-from loaders.aspect_buckets import AspectBuckets
 from loaders.dataset import PackedDataset, collate_batch
 from loaders.memory.batch_memory import BatchMemory, batch_memory, resolve_pin_memory
 from loaders.memory.ring import SharedRing
 from loaders.mixture import Mixture
 from loaders.named_orders import OrderOptions, loader_sampler, order_of, order_seed
-from loaders.resume import State, check_global_batch, check_state
-from loaders.samplers import MixtureSampler, OrderSampler
+from loaders.order.aspect_buckets import AspectBuckets
+from loaders.order.history import RunSteps
+from loaders.order.resume import State, check_global_batch, check_state
+from loaders.order.samplers import MixtureSampler, OrderSampler
 from loaders.stream import PackedStream, refuse_loader_options
-from loaders.trace import RunSteps
 from loaders.workers import from_worker, stop_workers
 
 
@@ -56,7 +56,8 @@ class Position:
     epoch: int
     """The epoch the iteration reads; a position of another epoch than the current is stale."""
     start: int
-    """Map-style: where the epoch's segment starts in the global order (see `loaders.resume`)."""
+    """Map-style: where the epoch's segment starts in the global order (see
+    `loaders.order.resume`)."""
     skip: int
     """Samples (map-style) or batches (stream) of this rank a loaded state skipped."""
     remaining: int
@@ -399,7 +400,7 @@ class PackedLoader(DataLoader[Any]):
         """Continue `state`'s epoch with exactly the samples not yet delivered when it was
         saved. Refuses (ValueError naming the field) a state of another dataset version,
         selection, order, seed or batch size; a map-style state resumes with any world size
-        (see NOTE [ elastic resume ] in `loaders.resume`) and the same global batch (batch
+        (see NOTE [ elastic resume ] in `loaders.order.resume`) and the same global batch (batch
         size times world size), a stream's with its own world size."""
         identity = self._identity()
         if isinstance(state, Mapping) and "view" in state and "view" not in identity:

@@ -2,8 +2,8 @@
 every guarantee of a single dataset's loader (batched gathers, workers, pinned memory, exact
 and elastic resume, DDP shares).
 
-Its order is `loaders.mixture_orders`' (NOTE [ mixture order ] there), drawn by
-`loaders.samplers.MixtureSampler`; one reader joins its members' shards
+Its order is `loaders.order.mixture_orders`' (NOTE [ mixture order ] there), drawn by
+`loaders.order.samplers.MixtureSampler`; one reader joins its members' shards
 (`loaders.joined_reader`).
 """
 
@@ -33,9 +33,9 @@ from loaders.batch.types import (
 from loaders.dataset import PackedDataset
 from loaders.joined_reader import join_members
 from loaders.memory.batch_memory import BatchMemory
-from loaders.mixture_orders import schedule_of
-from loaders.orders import Order
-from loaders.samplers import MixtureSampler
+from loaders.order.mixture_orders import schedule_of
+from loaders.order.orders import Order
+from loaders.order.samplers import MixtureSampler
 
 
 class Mixture(Dataset[tuple[Any, ...]]):

@@ -1,5 +1,5 @@
 """Sample orders by name: what `make_loader(shuffle=...)` accepts (`SHUFFLES`), each built as a
-distributed-aware, resumable order sampler (`loaders.samplers`) from the loader's options."""
+distributed-aware, resumable order sampler (`loaders.order.samplers`) from the loader's options."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from loaders.aspect_buckets import AspectBuckets, BucketSampler
 from loaders.dataset import PackedDataset
 from loaders.mixture import Mixture
-from loaders.samplers import (
+from loaders.order.aspect_buckets import AspectBuckets, BucketSampler
+from loaders.order.samplers import (
     BlockShuffleSampler,
     ClassBalancedSampler,
     OrderSampler,
@@ -57,7 +57,7 @@ SHUFFLES: dict[str, Callable[[PackedDataset, OrderOptions], OrderSampler]] = {
     "shards": lambda ds, o: ShardGroupSampler(ds.shard_idx, 2, **o.common()),
     "balanced": lambda ds, o: ClassBalancedSampler(ds.labels, **o.common()),
 }
-"""Sample orders by name; see `loaders.orders` for what each one does."""
+"""Sample orders by name; see `loaders.order.orders` for what each one does."""
 
 
 def _buckets(given: AspectBuckets | None) -> Callable[[PackedDataset, OrderOptions], OrderSampler]:

@@ -28,9 +28,9 @@ from numpy.typing import NDArray
 from torch.utils.data import IterableDataset, get_worker_info
 
 from loaders.batch.types import AnyBatch
-from loaders.dist import rank_and_world
 from loaders.memory.batch_memory import BatchMemory
-from loaders.orders import Order, seeded_rng
+from loaders.order.orders import Order, seeded_rng
+from loaders.order.world import rank_and_world
 from loaders.read.batch_plan import batch_reads
 from loaders.read.catalog import Selection
 from loaders.read.page_cache import advise_file
@@ -126,8 +126,8 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
     Use with `stream_loader`, or `DataLoader(stream, batch_size=None, collate_fn=collate_batch)`.
     A batch mixes only the `window` shards its worker holds: with shards packed in hash order,
     as `etl run` packs them, that is close to random, but a worker's window is a small part of
-    the dataset (`loaders.quality`); the map-style dataset with "blocks" mixes across all of it.
-    Every (rank, worker) slot yields the same number of samples, `slot_share`: padded by
+    the dataset (`loaders.order.quality`); the map-style dataset with "blocks" mixes across all of
+    it. Every (rank, worker) slot yields the same number of samples, `slot_share`: padded by
     repeating one sample of its own, or cut with `drop_last`, like `partition` does for ranks;
     so ranks yield equal numbers of batches, as DDP needs. The last batch of each worker may be
     short (dropped with `drop_last`).
@@ -206,7 +206,7 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
         return slots * per_slot
 
     def identity(self) -> dict[str, int | str]:
-        """The fields a state must match to be loaded here (see `loaders.resume`)."""
+        """The fields a state must match to be loaded here (see `loaders.order.resume`)."""
         order = f"stream(n={len(self.selection)}, window={self.window}, shuffle={self.shuffle})"
         return {
             "order": order,

@@ -1,5 +1,5 @@
 """`etl trace`: which samples a training run read at a step, and when it read a sample, from a
-loader state it saved (NOTE [ a run's history ] in `loaders.trace`)."""
+loader state it saved (NOTE [ a run's history ] in `loaders.order.history`)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ import torch
 
 from etl.errors import ShardError
 from loaders import DeviceLoader, Mixture, PackedDataset, View, make_loader
-from loaders.mixture_orders import mixture_order
+from loaders.order.mixture_orders import mixture_order
 from tests.helpers.packed import Packed, make_packed
 
 

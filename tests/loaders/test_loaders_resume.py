@@ -29,7 +29,7 @@ from loaders import (
     stream_loader,
 )
 from tests.helpers.packed import Packed, commit_subset, make_packed
-from tests.loaders.test_loaders_distributed import free_port, write_gathered
+from tests.loaders.order.test_distributed import free_port, write_gathered
 
 EPOCH = 3
 

@@ -167,7 +167,7 @@ def test_two_ranks_share_one_cache_smaller_than_the_dataset(
     """Two gloo ranks with two workers each, one cache folder at 60% of the dataset: each
     sample once per epoch across the ranks (DistributedSampler's padding aside), the packed
     pixels, and the folder never over the limit."""
-    from tests.loaders.test_loaders_distributed import free_port
+    from tests.loaders.order.test_distributed import free_port
 
     packed, url = dataset
     limit = sum(shard_bytes(packed)) * 6 // 10

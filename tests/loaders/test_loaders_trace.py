@@ -1,4 +1,4 @@
-"""Which samples a run read at step N (NOTE [ a run's history ] in `loaders.trace`): every
+"""Which samples a run read at step N (NOTE [ a run's history ] in `loaders.order.history`): every
 answer compared with the dataset indices the loaders actually delivered while the run went,
 through resumes with the same and another world size."""
 
@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from loaders import DeviceLoader, PackedDataset, make_loader
-from loaders.trace import decode, samples_at, steps_of
+from loaders.order.history import decode
+from loaders.trace import samples_at, steps_of
 from tests.helpers.cli import cli
 from tests.helpers.packed import Packed
 

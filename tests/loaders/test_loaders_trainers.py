@@ -34,7 +34,7 @@ from loaders import (
 )
 from loaders.stream import PackedStream
 from tests.helpers.packed import Packed, make_packed
-from tests.loaders.test_loaders_distributed import free_port
+from tests.loaders.order.test_distributed import free_port
 
 SCRIPTS = Path(__file__).parent / "trainers"
 SPLITS = ("val", "test", "train", "train", "train")

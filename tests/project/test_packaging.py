@@ -279,7 +279,7 @@ MOVED = {
     "etl/explore/view.py": "etl/explore/dataset.py",
     "etl/sources/objects.py": "etl/sources/in_store.py",
     "loaders/rowchecks.py": "loaders/read/row_checks.py",
-    "loaders/buckets.py": "loaders/aspect_buckets.py",
+    "loaders/buckets.py": "loaders/order/aspect_buckets.py",
 }
 """Modules moved by #56, old path -> new: the old path must stay empty."""
 

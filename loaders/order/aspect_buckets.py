@@ -8,7 +8,7 @@ resizes each sample of such a batch, whole, to its bucket's shape (`DeviceLoader
 one batched resample on CUDA, as `RandomResizedCrop`.
 
 NOTE [ bucket order ]: a rank's batches are consecutive runs of `batch_size` in its part of
-the order, and its part is every `world_size`-th index (`loaders.orders.partition`). So the
+the order, and its part is every `world_size`-th index (`loaders.order.orders.partition`). So the
 order is made of groups of `world_size * batch_size` indices of one bucket: striding a group
 gives each rank one batch of it. A bucket's last, partial group is padded with its own samples
 drawn again (or dropped with `drop_last`), so every group is whole and every rank gets the
@@ -28,8 +28,8 @@ from numpy.typing import NDArray
 
 from loaders.augment.crops import Images, Sizes, own_sides, resize_whole
 from loaders.augment.draws import flips
-from loaders.orders import Order, seeded_rng
-from loaders.samplers import OrderSampler
+from loaders.order.orders import Order, seeded_rng
+from loaders.order.samplers import OrderSampler
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ class BucketSampler(OrderSampler):
 
     The order depends on the global batch (world_size x batch_size: its groups), not on how
     it is split: a state resumes on any number of ranks with the same global batch, as every
-    loader state does (NOTE [ elastic resume ] in `loaders.resume`), and each rank's batches
+    loader state does (NOTE [ elastic resume ] in `loaders.order.resume`), and each rank's batches
     stay one bucket's (a resumed segment starts at a group's start)."""
 
     def __init__(

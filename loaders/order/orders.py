@@ -1,8 +1,8 @@
 """Sample orders as pure functions: (data, seed, epoch) -> int64 indices; then a rank's part.
 
 Nothing here does I/O or holds state, so every order can be recomputed anywhere (on each rank,
-after a restart) from plain integers. The torch `Sampler` classes in `loaders.samplers` are thin
-wrappers. Random numbers come from `np.random.default_rng([seed, epoch])`: the same on every
+after a restart) from plain integers. The torch `Sampler` classes in `loaders.order.samplers` are
+thin wrappers. Random numbers come from `np.random.default_rng([seed, epoch])`: the same on every
 machine and numpy version that keeps PCG64 and SeedSequence stable.
 """
 

@@ -21,8 +21,8 @@ from torch.utils.data import (
 
 from loaders import BlockShuffleSampler, ClassBalancedSampler, PackedDataset, ShuffleSampler
 from loaders.dataset import collate_batch
-from loaders.orders import balanced_order, block_order, partition, random_order
-from loaders.quality import class_mix_distance, shuffle_quality
+from loaders.order.orders import balanced_order, block_order, partition, random_order
+from loaders.order.quality import class_mix_distance, shuffle_quality
 from tests.helpers.packed import Packed, make_packed
 
 
@@ -297,7 +297,7 @@ def test_order_samplers_are_distributed_samplers_by_torch_meaning(
 def test_shard_group_order_reads_a_few_shards_at_a_time(group: int) -> None:
     """Every index once; the shards come one group after another (each group's rows
     together, a shard never met again once its group is over); two epochs differ."""
-    from loaders.orders import shard_group_order
+    from loaders.order.orders import shard_group_order
 
     sizes = [7, 12, 5, 9, 11, 8, 10]
     shard_idx = np.repeat(np.arange(len(sizes)), sizes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from loaders.orders import random_order
+from loaders.order.orders import random_order
 
 
 def class_mix_distance(

@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from loaders import PackedDataset, make_loader
-from loaders.dist import rank_and_world
+from loaders.order.world import rank_and_world
 from tests.helpers.packed import make_packed
 
 WORLD = 2

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from loaders.mixture_orders import Anchor, MixtureOrder
+from loaders.order.mixture_orders import Anchor, MixtureOrder
 
 
 def context_of(sampler: Any) -> str:

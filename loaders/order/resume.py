@@ -8,7 +8,7 @@ other data. Progress fields say how far the epoch got.
 NOTE [ elastic resume ]: ranks step together (DDP), so when a state is saved every rank has
 delivered the same `position` samples of its part of the epoch's order. Rank r's part of the
 segment of the global order that starts at `start` is every world_size-th index from r
-(`loaders.orders.partition`), so the first `start + position * world_size` indices of the
+(`loaders.order.orders.partition`), so the first `start + position * world_size` indices of the
 global order were delivered, by some rank, and no others. A loader with another world size
 resumes with the rest of the global order from there, partitioned among its own ranks: each
 sample of the epoch is seen exactly once (padding aside, which repeats samples of the last

@@ -1,9 +1,10 @@
-"""Torch samplers over the pure orders of `loaders.orders`: distributed, epoch-aware, resumable.
+"""Torch samplers over the pure orders of `loaders.order.orders`: distributed, epoch-aware,
+resumable.
 
 Each sampler yields this rank's part of a global order computed from (seed, epoch); the part is
 `partition(order, rank, world_size, drop_last)`, so ranks never overlap and all have the same
 length (padding by repetition unless `drop_last`). Rank and world size come from an initialised
-torch.distributed unless given. State is plain ints and strings (see `loaders.resume`).
+torch.distributed unless given. State is plain ints and strings (see `loaders.order.resume`).
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ import numpy as np
 from numpy.typing import NDArray
 from torch.utils.data import DistributedSampler
 
-from loaders.dist import rank_and_world
-from loaders.mixture_orders import Anchor, MixtureOrder, Schedule
-from loaders.orders import (
+from loaders.order.mixture_orders import Anchor, MixtureOrder, Schedule
+from loaders.order.orders import (
     Order,
     balanced_order,
     block_order,
@@ -26,7 +26,8 @@ from loaders.orders import (
     sequential_order,
     shard_group_order,
 )
-from loaders.resume import State, check_state, resume_point
+from loaders.order.resume import State, check_state, resume_point
+from loaders.order.world import rank_and_world
 
 
 class OrderSampler(DistributedSampler[int]):
@@ -152,7 +153,7 @@ class OrderSampler(DistributedSampler[int]):
         self._pending = True
 
     def identity(self) -> dict[str, int | str]:
-        """The fields a state must match to be loaded here (see `loaders.resume`)."""
+        """The fields a state must match to be loaded here (see `loaders.order.resume`)."""
         return {"order": self.describe(), "seed": self.seed, "drop_last": int(self.drop_last)}
 
     def state_dict(self) -> State:
@@ -169,7 +170,7 @@ class OrderSampler(DistributedSampler[int]):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume `state`'s epoch where it stopped; from any rank's state, with any world size
-        (see NOTE [ elastic resume ] in `loaders.resume`)."""
+        (see NOTE [ elastic resume ] in `loaders.order.resume`)."""
         check_state(state, self.identity(), PROGRESS)
         start, position = resume_point(
             state["start"],
@@ -242,7 +243,7 @@ class BlockShuffleSampler(OrderSampler):
     """Quasi-random order that reads `block` neighbouring rows at a time (see `block_order`).
 
     `shard_idx` is `PackedDataset.shard_idx`. Pick `window` a few times the batch size:
-    `loaders.quality.shuffle_quality` tells how close the batches' class mix is to random.
+    `loaders.order.quality.shuffle_quality` tells how close the batches' class mix is to random.
     """
 
     def __init__(

@@ -1,6 +1,6 @@
-"""Aspect-ratio buckets (`loaders.aspect_buckets`): every batch of every rank holds one bucket's
-samples, each resized whole to the bucket's shape; deterministic, equal shares, exact resume.
-The oracle: each sample's own image (read by its index) through a plain `F.interpolate`."""
+"""Aspect-ratio buckets (`loaders.order.aspect_buckets`): every batch of every rank holds one
+bucket's samples, each resized whole to the bucket's shape; deterministic, equal shares, exact
+resume. The oracle: each sample's own image (read by its index) through a plain `F.interpolate`."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from loaders import (
     ResizeToBucket,
     make_loader,
 )
-from loaders.aspect_buckets import bucket_order
 from loaders.batch.types import SIZE_COLUMNS
-from loaders.orders import partition
+from loaders.order.aspect_buckets import bucket_order
+from loaders.order.orders import partition
 from tests.helpers.aspect import pack_aspect
 
 pytestmark = pytest.mark.timeout(180)

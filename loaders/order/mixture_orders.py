@@ -1,5 +1,5 @@
 """The orders of a mixture, pure functions of (members' sizes, schedule, seed, epoch, step) as
-`loaders.orders`' are: which member each position draws from, each member's stream of epochs,
+`loaders.order.orders`' are: which member each position draws from, each member's stream of epochs,
 and where those streams stand at a resume (`MixtureOrder`, `mixture_order`).
 
 NOTE [ mixture order ]: an epoch of the mixture is `samples_per_epoch` positions (by default
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from loaders.orders import Order
+from loaders.order.orders import Order
 
 _MIX = 0x6D6978  # "mix": keeps these draws apart from every other order's
 

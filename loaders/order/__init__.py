@@ -1,0 +1,15 @@
+"""Which sample when: sample orders as pure functions, the torch samplers over them, a
+mixture's orders, aspect buckets, the world and resume arithmetic, and the history of a run
+that lets any step's samples be drawn again.
+
+Modules:
+- `aspect_buckets`: aspect-ratio buckets: batches of one shape, uncropped
+- `history`:        a run's history: the iterations a loader began, carried in its states
+- `mixture_orders`: a mixture's orders, pure functions as `orders` are
+- `mixture_trace`:  what a run's history keeps of a mixture to draw its orders again
+- `orders`:         sample orders as pure functions of (data, seed, epoch)
+- `quality`:        how well an order shuffles
+- `resume`:         the state a training job saves, and its checks
+- `samplers`:       torch samplers over the pure orders: distributed, resumable
+- `world`:          rank and world size
+"""
