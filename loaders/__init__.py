@@ -16,16 +16,12 @@ Modules:
 - `memory/`:       where a batch lives: buffers, the workers' ring, pinning
 - `augment/`:      crop draws, tensor crops, and crops made as batches are gathered
 - `order/`:        which sample when: orders, samplers, buckets, a run's history
-- `dataset`:       `PackedDataset`: the map-style dataset
+- `datasets/`:     `PackedDataset`, `PackedStream`, `Mixture`
 - `device`:        `DeviceLoader`: batches onto the device, prefetched on a side stream
 - `device_decode`: samples stored encoded, decoded where the batch goes (nvJPEG on CUDA)
 - `factories`:     `make_loader` and `stream_loader` with this project's defaults
-- `joined_reader`: one reader over a `Mixture`'s members' shards
 - `loader`:        `PackedLoader`: the DataLoader, with exact and elastic resume
-- `mixture`:       `Mixture`: datasets or views read as one by weight
 - `named_orders`:  sample orders by name (`shuffle=`), and a loader's sampler
-- `opening`:       how `PackedDataset.open` was called: a run's record, former keywords
-- `stream`:        `PackedStream`: whole shards streamed, for data larger than RAM
 - `trace`:         which samples a run read at a step, from its saved states
 - `workers`:       DataLoader workers' errors as raised there, and stopping them
 """
@@ -35,11 +31,12 @@ from etl.format.views import View
 from loaders.augment.crops import CenterCrop, RandomResizedCrop, Resize
 from loaders.batch.ragged import RaggedImages
 from loaders.batch.types import Batch, ColumnBatch, IndexedBatch
-from loaders.dataset import PackedDataset
+from loaders.datasets.mixture import Mixture
+from loaders.datasets.packed import PackedDataset
+from loaders.datasets.stream import PackedStream
 from loaders.device import DeviceLoader
 from loaders.factories import make_loader, stream_loader
 from loaders.loader import PackedLoader
-from loaders.mixture import Mixture
 from loaders.order.aspect_buckets import AspectBuckets, BucketSampler, ResizeToBucket
 from loaders.order.samplers import (
     BlockShuffleSampler,
@@ -49,7 +46,6 @@ from loaders.order.samplers import (
     ShuffleSampler,
 )
 from loaders.read.catalog import Catalog, open_catalog
-from loaders.stream import PackedStream
 
 __all__ = [
     "AspectBuckets",

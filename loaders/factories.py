@@ -9,11 +9,11 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from loaders.dataset import PackedDataset
+from loaders.datasets.mixture import Mixture
+from loaders.datasets.packed import PackedDataset
+from loaders.datasets.stream import PackedStream
 from loaders.loader import PackedLoader
-from loaders.mixture import Mixture
 from loaders.order.aspect_buckets import AspectBuckets
-from loaders.stream import PackedStream
 
 
 def make_loader(
@@ -41,7 +41,7 @@ def make_loader(
     `shuffle` is a `SHUFFLES` name or a bool (default: in order), or aspect-ratio buckets
     ("buckets" or an `AspectBuckets`: every batch one bucket's, `loaders.order.aspect_buckets`);
     `sampler` (any torch sampler of indices) replaces it. A `Mixture`'s order is its own
-    (`loaders.mixture`): no shuffle.
+    (`loaders.datasets.mixture`): no shuffle.
     `drop_last` drops the short last batch and, across ranks, the tail that does not split
     evenly (otherwise ranks are padded by repetition, like DistributedSampler). Rank and world
     size come from torch.distributed when it is initialised, unless given.

@@ -30,16 +30,16 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from etl.errors import EtlError
 from etl.storage.cache import BoundedCache
-from loaders.dataset import PackedDataset, collate_batch
+from loaders.datasets.mixture import Mixture
+from loaders.datasets.packed import PackedDataset, collate_batch
+from loaders.datasets.stream import PackedStream, refuse_loader_options
 from loaders.memory.batch_memory import BatchMemory, batch_memory, resolve_pin_memory
 from loaders.memory.ring import SharedRing
-from loaders.mixture import Mixture
 from loaders.named_orders import OrderOptions, loader_sampler, order_of, order_seed
 from loaders.order.aspect_buckets import AspectBuckets
 from loaders.order.history import RunSteps
 from loaders.order.resume import State, check_global_batch, check_state
 from loaders.order.samplers import MixtureSampler, OrderSampler
-from loaders.stream import PackedStream, refuse_loader_options
 from loaders.workers import from_worker, stop_workers
 
 
@@ -82,8 +82,8 @@ class PackedLoader(DataLoader[Any]):
     NOTE [ resume position ]: with workers, DataLoader draws indices from the sampler ahead of
     the training loop (prefetch), so the sampler cannot know what was consumed. The loader
     counts the batches it has handed out; batches arrive in sampler order (and a stream's in
-    the workers' round-robin, see `loaders.stream`), so restarting the same order after that
-    many yields exactly the remaining samples. A wrapper that pulls batches ahead of the loop
+    the workers' round-robin, see `loaders.datasets.stream`), so restarting the same order after
+    that many yields exactly the remaining samples. A wrapper that pulls batches ahead of the loop
     (`DeviceLoader`) says how many it holds (`hold_back`), so the state of this loader and of
     the wrapper both count only what reached the training loop.
 

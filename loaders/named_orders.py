@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from loaders.dataset import PackedDataset
-from loaders.mixture import Mixture
+from loaders.datasets.mixture import Mixture
+from loaders.datasets.packed import PackedDataset
 from loaders.order.aspect_buckets import AspectBuckets, BucketSampler
 from loaders.order.samplers import (
     BlockShuffleSampler,

@@ -174,8 +174,8 @@ def rebuilt(state: Mapping[str, Any], store: Any = None) -> Any:
     `state["run"]`, checked to be the run's (dataset version, selection, order and seed, or a
     mixture's members, as the state records them). ValueError in one line where the state has
     no record or the record does not rebuild it."""
+    from loaders.datasets.mixture import Mixture
     from loaders.factories import make_loader
-    from loaders.mixture import Mixture
 
     text = state.get("run")
     if not isinstance(text, str) or not text:
@@ -215,7 +215,7 @@ def rebuilt(state: Mapping[str, Any], store: Any = None) -> Any:
 
 def _opened(record: Mapping[str, Any], store: Any) -> Any:
     """A dataset (or view) as a run's record says it was opened."""
-    from loaders.dataset import PackedDataset
+    from loaders.datasets.packed import PackedDataset
 
     if "view" in record:
         return PackedDataset.open(_view_of(record["view"]), verify=False, store=store)

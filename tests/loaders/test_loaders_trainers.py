@@ -32,7 +32,7 @@ from loaders import (
     open_catalog,
     stream_loader,
 )
-from loaders.stream import PackedStream
+from loaders.datasets.stream import PackedStream
 from tests.helpers.packed import Packed, make_packed
 from tests.loaders.order.test_distributed import free_port
 

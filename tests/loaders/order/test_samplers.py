@@ -20,7 +20,7 @@ from torch.utils.data import (
 )
 
 from loaders import BlockShuffleSampler, ClassBalancedSampler, PackedDataset, ShuffleSampler
-from loaders.dataset import collate_batch
+from loaders.datasets.packed import collate_batch
 from loaders.order.orders import balanced_order, block_order, partition, random_order
 from loaders.order.quality import class_mix_distance, shuffle_quality
 from tests.helpers.packed import Packed, make_packed

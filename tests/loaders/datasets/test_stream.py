@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from loaders import PackedStream, open_catalog, stream_loader
-from loaders.stream import deal_pieces, slot_share, stream_order
+from loaders.datasets.stream import deal_pieces, slot_share, stream_order
 from tests.helpers.packed import Packed, make_packed
 
 

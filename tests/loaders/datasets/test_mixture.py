@@ -1,4 +1,4 @@
-"""Mixtures (`loaders.mixture`): views of two packed datasets read as one by weight. Every
+"""Mixtures (`loaders.datasets.mixture`): views of two packed datasets read as one by weight. Every
 batch holds the members' stored pixels (against the arrays the datasets were written from);
 a member is read without repeat or skip within each of its own epochs; the share of each
 member over many epochs matches its weight within sampling error; resume is exact, with the

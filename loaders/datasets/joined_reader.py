@@ -12,7 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from etl.format.row_checksums import RowChecksums
-from loaders.dataset import PackedDataset
+from loaders.datasets.packed import PackedDataset
 from loaders.order.orders import Order
 from loaders.read.catalog import ShardSet
 from loaders.read.reader import ShardReader

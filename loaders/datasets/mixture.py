@@ -4,7 +4,7 @@ and elastic resume, DDP shares).
 
 Its order is `loaders.order.mixture_orders`' (NOTE [ mixture order ] there), drawn by
 `loaders.order.samplers.MixtureSampler`; one reader joins its members' shards
-(`loaders.joined_reader`).
+(`loaders.datasets.joined_reader`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from loaders.batch.types import (
     IndexedBatch,
     Samples,
 )
-from loaders.dataset import PackedDataset
-from loaders.joined_reader import join_members
+from loaders.datasets.joined_reader import join_members
+from loaders.datasets.packed import PackedDataset
 from loaders.memory.batch_memory import BatchMemory
 from loaders.order.mixture_orders import schedule_of
 from loaders.order.orders import Order

@@ -25,8 +25,8 @@ from etl.format.views import View
 from etl.storage.location import StoreOptions, open_location
 from loaders.augment.worker_crop import REDUCING_GAP, Crop, WorkerCrop, cropped_batch
 from loaders.batch.types import SIZE_COLUMNS, AnyBatch, Columns, Samples, make_batch
+from loaders.datasets.opening import check_view_alone, how_opened, store_options, warn_if_retired
 from loaders.memory.batch_memory import BatchMemory
-from loaders.opening import check_view_alone, how_opened, store_options, warn_if_retired
 from loaders.read.batch_plan import batch_reads
 from loaders.read.catalog import Selection, Where, open_catalog
 from loaders.read.ragged_rows import stored_lengths
