@@ -1,5 +1,5 @@
-"""What `loaders.trace` costs: the samples of one step of a long ImageNet-sized run, and every
-step that read one sample.
+"""What `loaders.loader.trace` costs: the samples of one step of a long ImageNet-sized run, and
+every step that read one sample.
 
     python -m benchmarks.bench_trace [--samples 1281167] [--batch 256] [--step 10000000]
 
@@ -18,9 +18,9 @@ import statistics
 import time
 from types import SimpleNamespace
 
+from loaders.loader.trace import samples_at, steps_of
 from loaders.order.history import RunSteps, encode
 from loaders.order.samplers import ShuffleSampler
-from loaders.trace import samples_at, steps_of
 
 
 def main() -> None:

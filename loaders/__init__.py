@@ -17,13 +17,9 @@ Modules:
 - `augment/`:      crop draws, tensor crops, and crops made as batches are gathered
 - `order/`:        which sample when: orders, samplers, buckets, a run's history
 - `datasets/`:     `PackedDataset`, `PackedStream`, `Mixture`
+- `loader/`:       `PackedLoader`, `make_loader`, the named shuffles, workers, trace queries
 - `device`:        `DeviceLoader`: batches onto the device, prefetched on a side stream
 - `device_decode`: samples stored encoded, decoded where the batch goes (nvJPEG on CUDA)
-- `factories`:     `make_loader` and `stream_loader` with this project's defaults
-- `loader`:        `PackedLoader`: the DataLoader, with exact and elastic resume
-- `named_orders`:  sample orders by name (`shuffle=`), and a loader's sampler
-- `trace`:         which samples a run read at a step, from its saved states
-- `workers`:       DataLoader workers' errors as raised there, and stopping them
 """
 
 from etl.errors import ManifestError, SelectionError, ShardError
@@ -35,8 +31,8 @@ from loaders.datasets.mixture import Mixture
 from loaders.datasets.packed import PackedDataset
 from loaders.datasets.stream import PackedStream
 from loaders.device import DeviceLoader
-from loaders.factories import make_loader, stream_loader
-from loaders.loader import PackedLoader
+from loaders.loader.factories import make_loader, stream_loader
+from loaders.loader.packed import PackedLoader
 from loaders.order.aspect_buckets import AspectBuckets, BucketSampler, ResizeToBucket
 from loaders.order.samplers import (
     BlockShuffleSampler,

@@ -17,7 +17,7 @@ from loaders.augment.crops import Augment, Sizes
 from loaders.batch.ragged import RaggedImages
 from loaders.batch.types import SIZE_COLUMNS, STORED_COLUMNS, Batch, ColumnBatch, IndexedBatch
 from loaders.device_decode import JpegDecoder, decode_batch, in_batch, jpeg_decoder
-from loaders.loader import PackedLoader
+from loaders.loader.packed import PackedLoader
 
 
 def prepare_images(

@@ -46,7 +46,7 @@ def trace(
     if sheet is not None and step is None:
         raise typer.BadParameter("--sheet draws the samples of a --step")
     try:
-        from loaders.trace import crops_at, rebuilt, samples_at, steps_of
+        from loaders.loader.trace import crops_at, rebuilt, samples_at, steps_of
     except ModuleNotFoundError as exc:
         raise ConfigError(
             f"etl trace opens the run with the loaders ({exc.name} is missing): "

@@ -58,7 +58,7 @@ class WorkerCrop:
     reducing_gap: float = REDUCING_GAP
 
     def record(self) -> dict[str, Any]:
-        """What a run's record keeps of it (`loaders.trace`): the crop, and the decoder that
+        """What a run's record keeps of it (`loaders.loader.trace`): the crop, and the decoder that
         made its pixels (a resumed run on another decoder may see pixels a level apart)."""
         crop = {"kind": type(self.crop).__name__, **asdict(self.crop)}
         return {"crop": crop, "reducing_gap": self.reducing_gap, "decoder": decoder_name()}

@@ -25,7 +25,7 @@ def how_opened(
     classes: Sequence[str | int] | None,
     where: Where | None,
 ) -> dict[str, Any] | None:
-    """What a run's record keeps to open the same selection again (`loaders.trace`): the
+    """What a run's record keeps to open the same selection again (`loaders.loader.trace`): the
     dataset (absolute, or its URL), version and selection, or a view's chain of predicates;
     None where a predicate is code (a callable where=, a pyarrow Expression)."""
     if isinstance(path, View):

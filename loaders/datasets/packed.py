@@ -83,7 +83,8 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         self.memory = BatchMemory()
         self.opened: dict[str, Any] | None = None
         """How `open` was called (dataset, version, split, classes, where=): what a run's
-        record keeps to open it again (`loaders.trace`); None for a view or a callable where=."""
+        record keeps to open it again (`loaders.loader.trace`); None for a view or a callable
+        where=."""
         """Where batches are gathered (`make_loader` sets pinning and the workers' ring)."""
         self.with_indices = False
         """Whether gathered batches carry each sample's index (an `IndexedBatch`)."""

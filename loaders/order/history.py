@@ -1,5 +1,5 @@
 """A run's history: the iterations a loader began, carried from state to state, so that
-which samples any step read can be drawn again (`loaders.trace` asks it).
+which samples any step read can be drawn again (`loaders.loader.trace` asks it).
 
 NOTE [ a run's history ]: a loader's orders are pure functions of (seed, epoch), so what rank r
 read at its k-th batch of an iteration is the k-th batch of `partition(global_order(epoch)

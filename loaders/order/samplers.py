@@ -60,7 +60,8 @@ class OrderSampler(DistributedSampler[int]):
         self._pending = False
         """Whether a loaded state waits for the next iteration."""
         self.named: bool | str | None = None
-        """The `shuffle=` it was made from by name (`loaders.named_orders`), for a run's record."""
+        """The `shuffle=` it was made from by name (`loaders.loader.named_orders`), for a run's
+        record."""
 
     def global_length(self) -> int:
         raise NotImplementedError

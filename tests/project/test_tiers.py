@@ -14,7 +14,7 @@ FAST = "not slow and not cuda"
 
 END_TO_END = {
     "tests/format/test_format_fuzz.py": "fuzzing",
-    "tests/loaders/test_loaders_trainers.py": "trainers",
+    "tests/loaders/loader/test_trainers.py": "trainers",
     "tests/run/test_cluster.py": "a Dask cluster",
     "tests/run/test_interrupt.py": "signals to whole runs",
     "tests/project/test_benchmarks_smoke.py": "benchmarks",

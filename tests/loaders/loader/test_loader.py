@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import loaders.loader
+import loaders.loader.packed
 import loaders.memory.batch_memory
 from loaders import Batch, DeviceLoader, PackedDataset, make_loader
 from loaders.augment.crops import _params_on
 from loaders.device import bound_device, prepare_images
-from loaders.named_orders import SHUFFLES
+from loaders.loader.named_orders import SHUFFLES
 from tests.helpers.packed import Packed, make_packed
 from tests.helpers.page_cache import cached_fraction, cold_packed, wait_for
 
@@ -91,7 +91,7 @@ def test_resume_mid_epoch_gives_exactly_the_rest(
 ) -> None:
     ds = PackedDataset.open(packed.root)
 
-    def loader() -> loaders.loader.PackedLoader:
+    def loader() -> loaders.loader.packed.PackedLoader:
         return make_loader(
             ds, batch_size=5, shuffle=True, seed=9, num_workers=num_workers, drop_last=drop_last
         )

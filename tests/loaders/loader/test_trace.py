@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from loaders import DeviceLoader, PackedDataset, make_loader
+from loaders.loader.trace import samples_at, steps_of
 from loaders.order.history import decode
-from loaders.trace import samples_at, steps_of
 from tests.helpers.cli import cli
 from tests.helpers.packed import Packed
 

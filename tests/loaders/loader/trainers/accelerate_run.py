@@ -1,6 +1,6 @@
 """Train a tiny model with Hugging Face accelerate on a packed dataset, the loader passed to
 `Accelerator.prepare` as it is; record what each rank saw. Run by
-tests/loaders/test_loaders_trainers.py under `torchrun --nproc_per_node 2`.
+tests/loaders/loader/test_trainers.py under `torchrun --nproc_per_node 2`.
 
     accelerate_run.py DATA OUT full             # one whole epoch
     accelerate_run.py DATA OUT save --steps K   # K steps, then accelerator.save_state(OUT/state)

@@ -10,11 +10,11 @@ shards, and exact, elastic resume.
   gathered straight into pinned memory instead of being copied there afterwards;
 - with workers, batches travel through a shared-memory ring made for this loader (see
   `loaders.memory.ring.SharedRing`), not a fresh shared buffer each;
-- `shuffle` picks an order by name from `loaders.named_orders.SHUFFLES` (True means
+- `shuffle` picks an order by name from `loaders.loader.named_orders.SHUFFLES` (True means
   "random", False "sequential"); every order is distributed-aware (a `DistributedSampler`)
   and resumable (`state_dict`).
 
-`loaders.factories.make_loader` and `stream_loader` build one with this project's defaults
+`loaders.loader.factories.make_loader` and `stream_loader` build one with this project's defaults
 (batches of 256).
 """
 
@@ -33,14 +33,14 @@ from etl.storage.cache import BoundedCache
 from loaders.datasets.mixture import Mixture
 from loaders.datasets.packed import PackedDataset, collate_batch
 from loaders.datasets.stream import PackedStream, refuse_loader_options
+from loaders.loader.named_orders import OrderOptions, loader_sampler, order_of, order_seed
+from loaders.loader.workers import from_worker, stop_workers
 from loaders.memory.batch_memory import BatchMemory, batch_memory, resolve_pin_memory
 from loaders.memory.ring import SharedRing
-from loaders.named_orders import OrderOptions, loader_sampler, order_of, order_seed
 from loaders.order.aspect_buckets import AspectBuckets
 from loaders.order.history import RunSteps
 from loaders.order.resume import State, check_global_batch, check_state
 from loaders.order.samplers import MixtureSampler, OrderSampler
-from loaders.workers import from_worker, stop_workers
 
 
 def _bounded_cache(dataset: object) -> BoundedCache | None:

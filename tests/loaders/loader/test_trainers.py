@@ -1,9 +1,9 @@
 """The loaders as every trainer takes them: PyTorch Lightning (one process and DDP on two),
 Hugging Face accelerate under torchrun, and plain torch code typed against DataLoader.
 
-The trainers run for real, in subprocesses (tests/trainers/*.py), on gloo over 127.0.0.1. What
-each rank's steps received is identified by content (the sha1 of each image, against the images
-`make_packed` wrote), never by the loaders' own bookkeeping.
+The trainers run for real, in subprocesses (tests/loaders/loader/trainers/*.py), on gloo over
+127.0.0.1. What each rank's steps received is identified by content (the sha1 of each image, against
+the images `make_packed` wrote), never by the loaders' own bookkeeping.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from torch.utils.data import Sampler
 from loaders.datasets.mixture import Mixture
 from loaders.datasets.packed import PackedDataset
 from loaders.datasets.stream import PackedStream
-from loaders.loader import PackedLoader
+from loaders.loader.packed import PackedLoader
 from loaders.order.aspect_buckets import AspectBuckets
 
 

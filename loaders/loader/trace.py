@@ -175,7 +175,7 @@ def rebuilt(state: Mapping[str, Any], store: Any = None) -> Any:
     mixture's members, as the state records them). ValueError in one line where the state has
     no record or the record does not rebuild it."""
     from loaders.datasets.mixture import Mixture
-    from loaders.factories import make_loader
+    from loaders.loader.factories import make_loader
 
     text = state.get("run")
     if not isinstance(text, str) or not text:

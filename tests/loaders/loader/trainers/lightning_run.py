@@ -1,5 +1,5 @@
 """Fit, validate and test a tiny LightningModule on a packed dataset, the loaders returned as they
-are from all three hooks; record what each rank saw. Run by tests/loaders/test_loaders_trainers.py,
+are from all three hooks; record what each rank saw. Run by tests/loaders/loader/test_trainers.py,
 alone or under torchrun (then with strategy="ddp" on every process torchrun started).
 
     python lightning_run.py DATA OUT [--epochs N] [--workers W] [--kill-after-step K]

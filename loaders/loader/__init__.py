@@ -1,0 +1,10 @@
+"""The DataLoader: `PackedLoader`, the builders with this project's defaults, the shuffles by
+name, its workers, and the queries that rebuild a run's loader from a saved state.
+
+Modules:
+- `factories`:    `make_loader` and `stream_loader` with this project's defaults
+- `named_orders`: sample orders by name (`shuffle=`), and a loader's sampler
+- `packed`:       `PackedLoader`: the DataLoader, with exact and elastic resume
+- `trace`:        which samples a run read at a step, from its saved states
+- `workers`:      DataLoader workers' errors as raised there, and stopping them
+"""
