@@ -8,7 +8,7 @@ training process, over the same stored bytes, in one run.
 The photos are `benchmarks.photos` (300-640 px JPEGs), packed once by `etl run` as JPEG with the
 aspect kept (shorter side 256, longer 512). Every stored sample is read back as bytes (numpy and
 pyarrow), then each contender decodes all of them in batches of 256 onto `--device` (default:
-CUDA where present), one epoch after another, as `loaders.device_decode.jpeg_decoder` makes it:
+CUDA where present), one epoch after another, as `loaders.device.decode.jpeg_decoder` makes it:
 
 - **samples/s**: the median epoch after the first (the first pays the library's start), with a
   device sync at each epoch's end;
@@ -68,7 +68,7 @@ def _simplejpeg(device: Any) -> Callable[[Sequence[Any], int], list[Any]]:
 
 def contenders(device: Any) -> dict[str, tuple[Any, str]]:
     """name -> (decoder or None, what it is or why it is missing)."""
-    from loaders.device_decode import LIBRARIES, jpeg_decoder
+    from loaders.device.decode import LIBRARIES, jpeg_decoder
 
     found: dict[str, tuple[Any, str]] = {
         "simplejpeg, this process": (_simplejpeg(device), "libjpeg-turbo, sample by sample")

@@ -15,7 +15,7 @@ OUT=${OUT:-/tmp/gpu-aspect}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 read -ra ARGS <<< "${ASPECT_ARGS:---photos 2000 --rounds 3 --jobs 16 --device cuda}"
-TESTS=(-m cuda tests/loaders/test_cuda.py)
+TESTS=(-m cuda tests/loaders/device/test_cuda.py)
 if [ "${1:-}" = "--dry-run" ]; then
     PY=.venv/bin/python
     ARGS=(--photos 24 --rounds 1 --jobs 2 --device cpu)

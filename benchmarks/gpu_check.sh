@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks, as one script for a lent GPU machine (7 minutes on one H100, 2026-11-28):
-#   1. the CUDA tests pass (tests/loaders/test_cuda.py, test_cuda_ring.py, test_cuda_decode.py);
+#   1. the CUDA tests pass (tests/loaders/device/: test_cuda.py, test_cuda_ring.py,
+#      test_cuda_decode.py);
 #   2. with each mechanism they guard removed (--break-mechanism), the tests guarding it FAIL;
 #   3. the loader tests pass with CUDA visible (pinning on by default there);
 #   4. the GPU benchmarks: bench_device_decode (torchvision's decode_jpeg against nvImageCodec
@@ -93,20 +94,21 @@ note "$(tail -1 "$OUT/machine.txt")"
 note "nvImageCodec: $($PY -c 'import torch, nvidia.nvimgcodec as n; print(n.__version__)' 2>/dev/null \
     | tail -1 || true)"
 
-CUDA_TESTS=(tests/loaders/test_cuda.py tests/loaders/test_cuda_ring.py tests/loaders/test_cuda_decode.py)
+CUDA_TESTS=(tests/loaders/device/test_cuda.py tests/loaders/device/test_cuda_ring.py
+    tests/loaders/device/test_cuda_decode.py)
 step cuda-tests 0 240 $PY -m pytest -p no:cacheprovider -m cuda "${CUDA_TESTS[@]}" -q -rs
 for mechanism in record_stream wait_stream pinned_output nonblocking_params bound_device; do
-    step "break-$mechanism" 1 90 $PY -m pytest -p no:cacheprovider -m cuda tests/loaders/test_cuda.py \
+    step "break-$mechanism" 1 90 $PY -m pytest -p no:cacheprovider -m cuda tests/loaders/device/test_cuda.py \
         -q --break-mechanism "$mechanism"
 done
 for mechanism in ring_pinned freed_after_copy; do
     step "break-$mechanism" 1 120 $PY -m pytest -p no:cacheprovider -m cuda \
-        tests/loaders/test_cuda_ring.py -q --break-mechanism "$mechanism"
+        tests/loaders/device/test_cuda_ring.py -q --break-mechanism "$mechanism"
 done
 step break-decoded_on_gpu 1 90 $PY -m pytest -p no:cacheprovider -m cuda \
-    tests/loaders/test_cuda_decode.py -q --break-mechanism decoded_on_gpu
-step loader-tests 0 180 $PY -m pytest -p no:cacheprovider -q -n 8 -m "not slow" \
-    tests/loaders/test_loaders_*.py
+    tests/loaders/device/test_cuda_decode.py -q --break-mechanism decoded_on_gpu
+step loader-tests 0 180 $PY -m pytest -p no:cacheprovider -q -n 8 -m "not slow and not cuda" \
+    tests/loaders
 if [ "$DRY" = 1 ]; then
     step bench-device-decode 0 120 $PY -m benchmarks.bench_device_decode --photos 24 --epochs 2
     step bench-encoded 0 300 $PY -m benchmarks.bench_encoded --photos 24 --rounds 1

@@ -11,15 +11,14 @@
 This namespace is what a training job uses; the rest lives in the submodules.
 
 Modules:
-- `batch/`:        the batch types everyone shares
-- `read/`:         shards to bytes in one process: catalog, reader, span, checks
-- `memory/`:       where a batch lives: buffers, the workers' ring, pinning
-- `augment/`:      crop draws, tensor crops, and crops made as batches are gathered
-- `order/`:        which sample when: orders, samplers, buckets, a run's history
-- `datasets/`:     `PackedDataset`, `PackedStream`, `Mixture`
-- `loader/`:       `PackedLoader`, `make_loader`, the named shuffles, workers, trace queries
-- `device`:        `DeviceLoader`: batches onto the device, prefetched on a side stream
-- `device_decode`: samples stored encoded, decoded where the batch goes (nvJPEG on CUDA)
+- `batch/`:    the batch types everyone shares
+- `read/`:     shards to bytes in one process: catalog, reader, span, checks
+- `memory/`:   where a batch lives: buffers, the workers' ring, pinning
+- `augment/`:  crop draws, tensor crops, and crops made as batches are gathered
+- `order/`:    which sample when: orders, samplers, buckets, a run's history
+- `datasets/`: `PackedDataset`, `PackedStream`, `Mixture`
+- `loader/`:   `PackedLoader`, `make_loader`, the named shuffles, workers, trace queries
+- `device/`:   `DeviceLoader`, and samples decoded on the device
 """
 
 from etl.errors import ManifestError, SelectionError, ShardError
@@ -30,7 +29,7 @@ from loaders.batch.types import Batch, ColumnBatch, IndexedBatch
 from loaders.datasets.mixture import Mixture
 from loaders.datasets.packed import PackedDataset
 from loaders.datasets.stream import PackedStream
-from loaders.device import DeviceLoader
+from loaders.device.loader import DeviceLoader
 from loaders.loader.factories import make_loader, stream_loader
 from loaders.loader.packed import PackedLoader
 from loaders.order.aspect_buckets import AspectBuckets, BucketSampler, ResizeToBucket

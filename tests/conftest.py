@@ -4,8 +4,9 @@
 instead of the few dozen a CI run draws.
 
 `--break-mechanism NAME` proves that a CUDA test can fail: it removes one mechanism of the
-GPU path (see `BREAKS` in tests/loaders/test_cuda.py), keeps only the tests marked as guarding it
-(`@pytest.mark.guards(NAME)`), and those must then fail. benchmarks/gpu_check.sh runs each.
+GPU path (see `BREAKS` in tests/loaders/device/test_cuda.py), keeps only the tests marked as
+guarding it (`@pytest.mark.guards(NAME)`), and those must then fail. benchmarks/gpu_check.sh runs
+each.
 """
 
 from __future__ import annotations

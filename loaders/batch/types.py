@@ -57,7 +57,7 @@ that say each sample's own size; names no declared per-sample column can have.
 STORED_COLUMNS = ("sample.bytes", "sample.codec")
 """The columns of a batch of samples still encoded, back to back (`PackedLoader.send_encoded`):
 each one's stored bytes and codec (`etl.format.codecs.CODECS`), beside `SIZE_COLUMNS`; the
-device decodes them (`loaders.device_decode`)."""
+device decodes them (`loaders.device.decode`)."""
 
 Columns = dict[str, NDArray[Any] | list[Any]]
 """A batch's per-sample column values as `SampleValues.batch` gives them."""

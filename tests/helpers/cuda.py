@@ -1,4 +1,4 @@
-"""What the CUDA tests share (tests/loaders/test_cuda*.py)."""
+"""What the CUDA tests share (tests/loaders/device/test_cuda*.py)."""
 
 from __future__ import annotations
 

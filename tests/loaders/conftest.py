@@ -16,7 +16,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Packed:
 @pytest.fixture(autouse=True)
 def _broken(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """With `--break-mechanism NAME`, remove that mechanism as the test module's `BREAKS`
-    says (the CUDA tests: tests/loaders/test_cuda.py, test_cuda_ring.py)."""
+    says (the CUDA tests: tests/loaders/device/test_cuda.py, test_cuda_ring.py)."""
     name = request.config.getoption("--break-mechanism")
     breaks = getattr(request.module, "BREAKS", None)
     if name is not None and breaks is not None and name in breaks:

@@ -359,7 +359,7 @@ def test_members_of_several_sizes_meet_in_the_device_crop(
     """Members of 6x5 and 9x12 samples: a batch is padded to 9x12 with each sample's own size
     beside it, and the device crops draw from each sample's own image, never the padding:
     per sample, the same crop as a plain crop of that image alone (the batch path of one
-    size, itself checked against torchvision in test_loaders_augment)."""
+    size, itself checked against torchvision in tests/loaders/augment)."""
     import torch.nn.functional as F
 
     from loaders import CenterCrop, RandomResizedCrop

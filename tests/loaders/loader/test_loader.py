@@ -14,7 +14,7 @@ import loaders.loader.packed
 import loaders.memory.batch_memory
 from loaders import Batch, DeviceLoader, PackedDataset, make_loader
 from loaders.augment.crops import _params_on
-from loaders.device import bound_device, prepare_images
+from loaders.device.loader import bound_device, prepare_images
 from loaders.loader.named_orders import SHUFFLES
 from tests.helpers.packed import Packed, make_packed
 from tests.helpers.page_cache import cached_fraction, cold_packed, wait_for

@@ -3,7 +3,7 @@ freed only after the copy that read it ran (NOTE [ a ring pinned in place ] in
 `loaders.memory.pinning`, NOTE [ freed after the copy ] in `loaders.memory.ring`). Skipped without
 CUDA.
 
-As in tests/loaders/test_cuda.py, `--break-mechanism NAME` removes one mechanism (`BREAKS`)
+As in tests/loaders/device/test_cuda.py, `--break-mechanism NAME` removes one mechanism (`BREAKS`)
 and runs only the tests guarding it, which must then fail; every batch is compared with what
 `make_packed` wrote.
 """

@@ -1,8 +1,8 @@
 """Samples stored as JPEG, decoded on the GPU (`DeviceLoader(decode="device")`: torchvision's
 `decode_jpeg` on CUDA, the default, and NVIDIA nvImageCodec's with `decoder="nvimgcodec"`, where
-installed: `loaders.device_decode`). Skipped without CUDA.
+installed: `loaders.device.decode`). Skipped without CUDA.
 
-As in tests/loaders/test_cuda.py, `--break-mechanism NAME` removes one mechanism (`BREAKS`)
+As in tests/loaders/device/test_cuda.py, `--break-mechanism NAME` removes one mechanism (`BREAKS`)
 and runs only the tests guarding it, which must then fail. The oracle is the workers' decode
 (libjpeg-turbo) of the same stored bytes, and Pillow's of them read with numpy.
 """
@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-import loaders.device
+import loaders.device.loader
 from etl.config import load_config
 from etl.run import pipeline
 from loaders import DeviceLoader, PackedDataset, RandomResizedCrop, make_loader
-from loaders.device_decode import _cpu_name
+from loaders.device.decode import _cpu_name
 from tests.helpers.codecs import write_config, write_photos
 from tests.helpers.cuda import batches_without_a_sync
 
@@ -32,7 +32,7 @@ pytestmark = [
 
 BREAKS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "decoded_on_gpu": lambda mp: mp.setattr(
-        loaders.device, "jpeg_decoder", lambda device, library=None: (None, _cpu_name())
+        loaders.device.loader, "jpeg_decoder", lambda device, library=None: (None, _cpu_name())
     ),
 }
 
@@ -116,7 +116,7 @@ def test_gpu_decode_is_pillows_within_a_stated_difference(jpeg: Path, decoder: s
     """Each stored sample (read with pyarrow and numpy) decoded on the GPU by the library, in
     CHW at its row's size, against Pillow's decode of the same bytes: within GPU_LARGEST
     levels, and a mean difference under one level."""
-    from loaders.device_decode import jpeg_decoder
+    from loaders.device.decode import jpeg_decoder
     from tests.helpers.codecs import pixels_of, read_plainly, stored_of
 
     decode, name = jpeg_decoder(torch.device("cuda"), decoder)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import loaders.augment.crops
-import loaders.device
+import loaders.device.loader
 from loaders import DeviceLoader, PackedDataset, RandomResizedCrop, make_loader
 from loaders.augment.crops import resized_crop
 from loaders.augment.draws import crop_boxes, flips
@@ -50,7 +50,7 @@ BREAKS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
         loaders.augment.crops, "_params_on", _blocking_params
     ),
     "bound_device": lambda mp: mp.setattr(
-        loaders.device, "bound_device", lambda d: torch.device(d or "cuda")
+        loaders.device.loader, "bound_device", lambda d: torch.device(d or "cuda")
     ),
 }
 
@@ -120,13 +120,13 @@ def test_the_consumer_waits_for_the_side_streams_conversion(
 ) -> None:
     """A slow conversion on the side stream (a long kernel queued before it): the batch the
     loop reads at once must be the converted one, not memory the conversion has yet to fill."""
-    convert = loaders.device.prepare_images
+    convert = loaders.device.loader.prepare_images
 
     def slow(*args: Any, **kwargs: Any) -> torch.Tensor:
         torch.cuda._sleep(SLEEP)  # runs on the side stream: DeviceLoader's context
         return convert(*args, **kwargs)
 
-    monkeypatch.setattr(loaders.device, "prepare_images", slow)
+    monkeypatch.setattr(loaders.device.loader, "prepare_images", slow)
     ds = PackedDataset.open(packed.root)
     loader = make_loader(ds, batch_size=16, shuffle=True, with_indices=True)
     for images, _, indices in DeviceLoader(loader):

@@ -1,7 +1,7 @@
 """Samples stored encoded, decoded where the batch goes (`DeviceLoader(decode="device")`): on the
 CPU here, by libjpeg-turbo in the training process (simplejpeg, the default) or by NVIDIA
 nvImageCodec's CPU backend (`decoder="nvimgcodec"`, the same library and plumbing as on CUDA:
-tests/loaders/test_cuda_decode.py runs both there). Oracles: the workers' decode of the same
+tests/loaders/device/test_cuda_decode.py runs both there). Oracles: the workers' decode of the same
 stored bytes, and Pillow's decode of them read with pyarrow and numpy."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from etl.config import load_config
 from etl.errors import ShardError
 from etl.run import pipeline
 from loaders import CenterCrop, DeviceLoader, PackedDataset, RandomResizedCrop, make_loader
-from loaders.device_decode import jpeg_decoder
+from loaders.device.decode import jpeg_decoder
 from tests.helpers.codecs import (
     pixels_of,
     read_plainly,
@@ -179,7 +179,7 @@ def test_nvimgcodec_loads_without_lines_about_codecs_it_does_not_need() -> None:
     missing (JPEG 2000, TIFF, and nvJPEG without a GPU): none of it reaches a training job's
     output, and the decoder it makes works."""
     code = (
-        "import torch\nfrom loaders.device_decode import jpeg_decoder\n"
+        "import torch\nfrom loaders.device.decode import jpeg_decoder\n"
         "decode, name = jpeg_decoder(torch.device('cpu'), 'nvimgcodec')\n"
         "assert decode is not None, name\nprint(name)"
     )

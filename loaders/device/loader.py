@@ -16,7 +16,7 @@ import torch
 from loaders.augment.crops import Augment, Sizes
 from loaders.batch.ragged import RaggedImages
 from loaders.batch.types import SIZE_COLUMNS, STORED_COLUMNS, Batch, ColumnBatch, IndexedBatch
-from loaders.device_decode import JpegDecoder, decode_batch, in_batch, jpeg_decoder
+from loaders.device.decode import JpegDecoder, decode_batch, in_batch, jpeg_decoder
 from loaders.loader.packed import PackedLoader
 
 
@@ -72,7 +72,7 @@ class DeviceLoader:
     `decode="device"` has samples stored encoded (`output.codec`) sent still encoded (a tenth
     of the bytes through the workers, the pin thread and the copy) and decoded here: on CUDA by
     torchvision's `decode_jpeg`, or NVIDIA nvImageCodec's with `decoder="nvimgcodec"`
-    (`loaders.device_decode`); the default, "workers", decodes them in the loader's processes.
+    (`loaders.device.decode`); the default, "workers", decodes them in the loader's processes.
     """
 
     def __init__(
