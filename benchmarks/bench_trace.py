@@ -19,7 +19,7 @@ import time
 from types import SimpleNamespace
 
 from loaders.loader.trace import samples_at, steps_of
-from loaders.order.history import RunSteps, encode
+from loaders.order.history import RunHistory, encode
 from loaders.order.samplers import ShuffleSampler
 
 
@@ -33,13 +33,13 @@ def main() -> None:
     loader = SimpleNamespace(order=order)
     per_epoch = -(-args.samples // args.batch)
     epochs = args.step // per_epoch + 1
-    run = RunSteps()  # as the loader records them: each epoch read through, one resume
+    run = RunHistory()  # as the loader records them: each epoch read through, one resume
     for epoch in range(epochs):
         resumed = epoch == epochs // 2
         run.began(epoch, 0, 1000 * args.batch if resumed else 0, order, args.batch)
         run.ended(per_epoch - 1000 if resumed else per_epoch)
-    segments = run.segments
-    history = encode(segments)
+    entries = run.entries
+    history = encode(entries)
     state = {"step": args.step + 1, "history": history}
     times = []
     for _ in range(5):
@@ -47,14 +47,14 @@ def main() -> None:
         batch = samples_at(loader, state, args.step)
         times.append(time.perf_counter() - start)
     sample = int(batch[0])
-    first = {"step": 20 * per_epoch, "history": encode(segments[:1])}
+    first = {"step": 20 * per_epoch, "history": encode(entries[:1])}
     start = time.perf_counter()
     read = steps_of(loader, first, sample)
     over = time.perf_counter() - start
     print(
         f"{args.samples:,} samples, batches of {args.batch} ({per_epoch:,} a epoch): the "
         f"history of step {args.step:,} ({epochs:,} epochs, one resumed mid-epoch) is "
-        f"{len(segments)} entries, {len(history):,} bytes\n"
+        f"{len(entries)} entries, {len(history):,} bytes\n"
         f"samples_at(step {args.step:,}): {statistics.median(times) * 1000:.0f} ms (median of 5)\n"
         f"steps_of(one sample, 20 epochs): {over:.2f} s, read {len(read)} times"
     )

@@ -8,9 +8,10 @@ import warnings
 _WARNED: set[str] = set()
 
 
-def warn_once(old: str, new: str) -> None:
-    """A DeprecationWarning that `old` is now `new`, the first time `old` is used."""
+def warn_once(old: str, new: str, stacklevel: int = 4) -> None:
+    """A DeprecationWarning that `old` is now `new`, the first time `old` is used; `stacklevel`
+    as `warnings.warn`'s, counted from here (3: the caller of the function that calls this)."""
     if old in _WARNED:
         return
     _WARNED.add(old)
-    warnings.warn(f"{old} is deprecated: use {new}", DeprecationWarning, stacklevel=4)
+    warnings.warn(f"{old} is deprecated: use {new}", DeprecationWarning, stacklevel=stacklevel)

@@ -227,7 +227,7 @@ class PipelineConfig(StrictModel):
     @property
     def ragged(self) -> bool:
         """Whether samples keep their aspect ratio, each its own size (format version 2:
-        `etl.format.ragged`)."""
+        `etl.format.flat`)."""
         return self.resize.mode == "keep_aspect"
 
     @property

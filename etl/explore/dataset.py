@@ -36,8 +36,8 @@ from etl.explore.drawing import Cell, Chart, Sheet, draw_class_balance, draw_she
 from etl.explore.reject_sheet import reject_cells
 from etl.format.coherence import RAGGED_COLUMNS
 from etl.format.contents import VersionContents, Where
+from etl.format.flat import channels_of, encoding_of, place_of, stored_sample
 from etl.format.manifest import Manifest, list_versions, read_manifest
-from etl.format.ragged import channels_of, encoding_of, place_of, stored_sample
 from etl.format.shards import open_shard
 from etl.storage.location import StoreOptions, open_location
 from etl.storage.store import StoreDataset

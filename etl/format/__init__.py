@@ -19,7 +19,7 @@ Modules:
 - `npy`:            the .npy header, parsed strictly
 - `parts`:          a shard many tasks fill: rows at their slots, then sealed
 - `predicate`:      `where=` as SQL: one checked boolean expression, run within limits
-- `ragged`:         where a sample of a flat shard (own size, or stored encoded) lives
+- `flat`:           where a sample of a flat shard (own size, or stored encoded) lives
 - `record`:         commit.json: the size and BLAKE3 of a version's files
 - `retirement`:     a retired version's record: unlisted, whole for a grace period
 - `row_checksums`:  each sample's recorded checksum, found by (shard, row)

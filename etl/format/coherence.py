@@ -15,7 +15,7 @@ from numpy.typing import NDArray
 
 from etl.errors import ManifestError
 from etl.format.codecs import CODECS
-from etl.format.ragged import channels_of
+from etl.format.flat import channels_of
 from etl.format.shards import HEADER_BYTES, SHARDS_DIR
 from etl.format.table_ops import positions_in
 

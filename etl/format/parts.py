@@ -60,7 +60,7 @@ class SlotWriter:
         self.sample_shape = tuple(sample_shape)
         self.sample_bytes = slot_bytes or int(np.prod(sample_shape))
         """The bytes of a slot: a sample's, or for samples of their own size (0 in
-        `sample_shape`), the most one can take (NOTE [ ragged slots ])."""
+        `sample_shape`), the most one can take (NOTE [ flat slots ])."""
         self.checksum = checksum
         self.durable = durable
         self.slot = first_slot
@@ -149,7 +149,7 @@ def seal(
     return ShardInfo(name, rows, HEADER_BYTES + rows * sample_bytes, shard_digest, tamper)
 
 
-def seal_ragged(
+def seal_flat(
     root: Path,
     name: str,
     temp: str,
@@ -163,7 +163,7 @@ def seal_ragged(
     order, and publishes it as `seal` does. Returns the shard and each slot's byte offset in
     the shard's data (a gap's is where it would have started).
 
-    NOTE [ ragged slots ]: tasks write at once and a sample's size is known only once it is
+    NOTE [ flat slots ]: tasks write at once and a sample's size is known only once it is
     decoded, so each slot is as large as the largest sample (shorter x longer x channels); the
     unwritten rest of a slot is a hole in a sparse temp file, never written to the disk. A
     sample only ever moves to a lower offset, never over one not read yet (offsets[i] + sizes[i]

@@ -19,7 +19,7 @@ from etl.format.coherence import ENCODED_COLUMNS, RAGGED_COLUMNS
 FORMAT_VERSION = 1
 """Bumped on any change a reader of an older version would misread; checked on every open."""
 RAGGED_FORMAT_VERSION = 2
-"""The format of samples that keep their aspect ratio (`etl.format.ragged`): each shard one
+"""The format of samples that keep their aspect ratio (`etl.format.flat`): each shard one
 flat uint8 array, each sample's place and size in its manifest row. A reader of version 1
 refuses it; fixed-size datasets stay version 1."""
 ENCODED_FORMAT_VERSION = 3

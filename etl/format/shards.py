@@ -137,10 +137,10 @@ class ShardWriter:
     ) -> None:
         if capacity <= 0:
             raise ValueError(f"shard capacity must be positive, got {capacity}")
-        self.ragged = 0 in sample_shape
+        self.flat = 0 in sample_shape
         flat_bytes = tuple(sample_shape) == (0,)  # samples stored encoded: runs of bytes
         if any(d < 0 for d in sample_shape) or (
-            self.ragged and not any(sample_shape) and not flat_bytes
+            self.flat and not any(sample_shape) and not flat_bytes
         ):
             raise ValueError(f"invalid sample shape {sample_shape}")
         self.placed: list[tuple[int, tuple[int, ...]]] = []
@@ -166,7 +166,7 @@ class ShardWriter:
         # block allocation per 4 KiB page plus an msync before the fsync: 1.0 ms against 0.5 ms
         # per 224x224x3 sample (benchmarks/bench_pack.py), ~10% of the time to pack a photo.
         self._file = open(self.temp_path, "wb")  # closed in finish() or __exit__
-        shape = (0,) if self.ragged else (self.capacity, *self.sample_shape)
+        shape = (0,) if self.flat else (self.capacity, *self.sample_shape)
         self._write(npy_header(shape))  # a flat shard's is rewritten by `finish`
         return self
 
@@ -212,13 +212,11 @@ class ShardWriter:
                 f.close()
                 self.temp_path.unlink(missing_ok=True)
                 return None
-            whole = self.rows == self.capacity and not self.ragged
+            whole = self.rows == self.capacity and not self.flat
             if not whole:
                 f.seek(0)
                 f.write(
-                    npy_header(
-                        (self.data_bytes,) if self.ragged else (self.rows, *self.sample_shape)
-                    )
+                    npy_header((self.data_bytes,) if self.flat else (self.rows, *self.sample_shape))
                 )
             f.flush()
             if self.durable:

@@ -20,6 +20,7 @@ from etl.errors import ManifestError, ShardError
 from etl.format.atomic import replacing
 from etl.format.coherence import ENCODED_COLUMNS, RAGGED_COLUMNS
 from etl.format.commit import clean_leftovers, commit_version, remove_version
+from etl.format.flat import encoding_of, place_of, stored_bytes
 from etl.format.lock import DatasetLock
 from etl.format.manifest import (
     VERSIONS_DIR,
@@ -28,7 +29,6 @@ from etl.format.manifest import (
     read_manifest,
     resolve,
 )
-from etl.format.ragged import encoding_of, place_of, stored_bytes
 from etl.format.retirement import (
     GRACE,
     RETIRED_DIR,

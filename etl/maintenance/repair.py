@@ -26,6 +26,7 @@ from etl.engine.parallel import choose_run, engine, parallel_map
 from etl.errors import EtlError, ManifestError, ShardError
 from etl.format.checksums import row_digest
 from etl.format.commit import clean_leftovers, commit_version
+from etl.format.flat import Encoding, Place, encoding_of, place_of, sides_of, stored_bytes
 from etl.format.lock import DatasetLock
 from etl.format.manifest import (
     Manifest,
@@ -33,7 +34,6 @@ from etl.format.manifest import (
     read_manifest,
     table_from_rows,
 )
-from etl.format.ragged import Encoding, Place, encoding_of, place_of, sides_of, stored_bytes
 from etl.format.shards import ShardInfo, ShardWriter, open_shard, shard_name
 from etl.images.rejects import READ_REJECTS, Reject
 from etl.maintenance.audit import (
@@ -293,7 +293,7 @@ def repair_shard(
     layout = config.output.layout
 
     def place(row: int, sides: tuple[int, int], encoding: Encoding | None) -> Placed | None:
-        if not writer.ragged:
+        if not writer.flat:
             return None
         return (writer.placed[row][0], *sides), encoding
 

@@ -177,7 +177,7 @@ def pack(
         temp = parts.temp_name(name, token)
         sample_shape, checksum = config.sample_shape, config.output.checksum
         if state.sizes is not None:
-            info, offsets = parts.seal_ragged(
+            info, offsets = parts.seal_flat(
                 root, name, temp, state.sizes, config.slot_bytes, checksum
             )
             return Sealed(name, info, gaps, offsets)

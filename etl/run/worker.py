@@ -17,7 +17,7 @@ import numpy as np
 from etl.engine.fill import FillSpec, fill_shard, fill_spec, read_failure
 from etl.format import parts
 from etl.format.codecs import CODECS
-from etl.format.ragged import sides_of
+from etl.format.flat import sides_of
 from etl.images.rejects import Reject
 from etl.run.tasks import PackTask, Texts
 from etl.sources import readers

@@ -39,11 +39,11 @@ from etl.format.codecs import (
     decode,
     decode_jpeg,
 )
-from etl.format.ragged import shape_of
+from etl.format.flat import shape_of
 from loaders.augment.crops import CenterCrop, RandomResizedCrop, resized_sides
 from loaders.augment.draws import crop_boxes, flips
 from loaders.read.catalog import Selection
-from loaders.read.ragged_rows import decode_failure
+from loaders.read.flat_rows import decode_failure
 from loaders.read.reader import ShardReader
 
 Crop = RandomResizedCrop | CenterCrop
@@ -205,4 +205,4 @@ def cropped_batch(
             shard = reader.shards
             raise decode_failure(shard, int(shard_idx[j]), int(rows[j]), exc) from None
 
-    reader.gather_ragged(shard_idx, rows, places, layout, None, stored, take)
+    reader.gather_flat(shard_idx, rows, places, layout, None, stored, take)

@@ -72,7 +72,7 @@ def join_members(members: Sequence[PackedDataset], labels: Sequence[Order]) -> J
                  m.reader.drop_behind) for m in members}  # fmt: skip
     if len(settings) > 1 or len({s.algorithm for s in sets}) > 1:
         return None
-    if len({s.sample_shape for s in sets}) > 1 or any(s.ragged for s in sets):
+    if len({s.sample_shape for s in sets}) > 1 or any(s.flat for s in sets):
         return None  # a reader reads one sample shape
     if any(s.cache is not None or s.ranged is not None for s in sets):
         return None

@@ -21,7 +21,7 @@ import pyarrow as pa
 from numpy.typing import NDArray
 from torch.utils.data import Dataset
 
-from etl.format.ragged import channels_of, sides_of
+from etl.format.flat import channels_of, sides_of
 from loaders.batch.types import (
     SIZE_COLUMNS,
     AnyBatch,
@@ -291,9 +291,7 @@ class Mixture(Dataset[tuple[Any, ...]]):
         for m, start, stop, shard_idx, rows, flat in parts:
             reader = self.members[m].reader
             if flat is not None:  # stored encoded: decoded into its rows
-                reader.gather_ragged(
-                    shard_idx, rows, flat[0], self.layout, out[start:stop], flat[1]
-                )
+                reader.gather_flat(shard_idx, rows, flat[0], self.layout, out[start:stop], flat[1])
             else:
                 reader.gather(shard_idx, rows, out[start:stop])
 
@@ -302,9 +300,7 @@ class Mixture(Dataset[tuple[Any, ...]]):
         for m, start, stop, shard_idx, rows, flat in parts:
             reader = self.members[m].reader
             if flat is not None:  # samples of flat shards: padded where they go
-                reader.gather_ragged(
-                    shard_idx, rows, flat[0], self.layout, out[start:stop], flat[1]
-                )
+                reader.gather_flat(shard_idx, rows, flat[0], self.layout, out[start:stop], flat[1])
                 continue
             own = np.empty((stop - start, *self.members[m].sample_shape), dtype=np.uint8)
             reader.gather(shard_idx, rows, own)
@@ -321,7 +317,7 @@ class Mixture(Dataset[tuple[Any, ...]]):
             reader = self.members[m].reader
             bytes_of = out[int(ends[start]) : int(ends[stop])]
             if flat is not None:
-                reader.gather_ragged(shard_idx, rows, flat[0], self.layout, bytes_of, flat[1])
+                reader.gather_flat(shard_idx, rows, flat[0], self.layout, bytes_of, flat[1])
             else:
                 own = bytes_of.reshape(stop - start, *self.members[m].sample_shape)
                 reader.gather(shard_idx, rows, own)

@@ -29,7 +29,7 @@ from loaders.datasets.opening import check_view_alone, how_opened, store_options
 from loaders.memory.batch_memory import BatchMemory
 from loaders.read.batch_plan import batch_reads
 from loaders.read.catalog import Selection, Where, open_catalog
-from loaders.read.ragged_rows import stored_lengths
+from loaders.read.flat_rows import stored_lengths
 from loaders.read.reader import ShardReader
 from loaders.read.row_checks import Verify, checked_rows, checks_of, row_checksums
 
@@ -268,7 +268,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         )
         out = np.empty(shape, np.uint8)
         stored = sel.stored[[i]] if sel.stored is not None else None
-        self.reader.gather_ragged(
+        self.reader.gather_flat(
             sel.shard_idx[[i]], sel.rows[[i]], sel.places[[i]], sel.layout, out, stored
         )
         image = torch.from_numpy(out[0])

@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 
 from etl.errors import ShardError, described
 from etl.format.codecs import JPEG, DecodeFailure, decode
-from etl.format.ragged import shape_of
+from etl.format.flat import shape_of
 
 JpegDecoder = Callable[[Sequence[torch.Tensor], int], list[torch.Tensor]]
 """(encoded JPEGs as CPU uint8 tensors, channels) -> each decoded, CHW uint8, on the device."""

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from etl.deprecations import warn_once
 from loaders.augment.crops import Augment, Sizes
 from loaders.batch.ragged import RaggedImages
 from loaders.batch.types import SIZE_COLUMNS, STORED_COLUMNS, Batch, ColumnBatch, IndexedBatch
@@ -106,7 +107,7 @@ class DeviceLoader:
         self._with_indices = getattr(dataset, "with_indices", True)
         """Whether the loader's batches carry indices because asked (`with_indices=True`),
         not only because a padded batch needs them for its crops."""
-        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.scale: torch.Tensor | None = None
         self.shift: torch.Tensor | None = None
         self.channels = _channels(dataset, self.layout, mean, std)
@@ -137,6 +138,12 @@ class DeviceLoader:
         if isinstance(loader, PackedLoader) and self.device.type == "cuda":
             loader.copies_on(self.device)
 
+    @property
+    def stream(self) -> torch.cuda.Stream | None:
+        """The former name of `copy_stream` (a loader's `stream` is a dataset stream)."""
+        warn_once("DeviceLoader.stream", "DeviceLoader.copy_stream", stacklevel=3)
+        return self.copy_stream
+
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
 
@@ -165,19 +172,19 @@ class DeviceLoader:
         return self.loader
 
     def __iter__(self) -> Iterator[Any]:
-        if self.stream is not None:
+        if self.copy_stream is not None:
             # The side stream must see what was queued before: scale/shift, the caller's work.
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
         batches = iter(self.loader)
         ready = self._send(next(batches, None))
         while ready is not None:
-            if self.stream is not None:
+            if self.copy_stream is not None:
                 # NOTE [ side stream ]: the compute stream waits for the copies issued so far
                 # on the side stream; record_stream tells the caching allocator that these
                 # tensors, allocated on the side stream, are used on the compute stream, so
                 # their memory is not reused before that work is done.
                 current = torch.cuda.current_stream(self.device)
-                current.wait_stream(self.stream)
+                current.wait_stream(self.copy_stream)
                 for tensor in ready[:2]:
                     tensor.record_stream(current)
             following = self._send(next(batches, None))
@@ -203,15 +210,15 @@ class DeviceLoader:
         if batch is None:
             return None
         images, labels, indices, columns = self._check(batch)
-        if self.stream is None:
+        if self.copy_stream is None:
             return self._convert(images, labels, indices, columns)
         made_there = [t for t in (images, labels) if isinstance(t, torch.Tensor) and t.is_cuda]
         if made_there:
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
+            self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.copy_stream):
             converted = self._convert(images, labels, indices, columns)
         for tensor in made_there:
-            tensor.record_stream(self.stream)
+            tensor.record_stream(self.copy_stream)
         return converted
 
     def _convert(

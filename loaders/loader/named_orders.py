@@ -85,7 +85,7 @@ def named_order(
     return factory
 
 
-def order_of(sampler: Any, batch_sampler: Any) -> OrderSampler | None:
+def order_sampler_of(sampler: Any, batch_sampler: Any) -> OrderSampler | None:
     """The order sampler a loader's batches come from, if it is one of ours."""
     inner = getattr(batch_sampler, "sampler", None) if batch_sampler is not None else sampler
     return inner if isinstance(inner, OrderSampler) else None

@@ -33,12 +33,12 @@ from etl.storage.cache import BoundedCache
 from loaders.datasets.mixture import Mixture
 from loaders.datasets.packed import PackedDataset, collate_batch
 from loaders.datasets.stream import PackedStream, refuse_loader_options
-from loaders.loader.named_orders import OrderOptions, loader_sampler, order_of, order_seed
+from loaders.loader.named_orders import OrderOptions, loader_sampler, order_sampler_of, order_seed
 from loaders.loader.workers import from_worker, stop_workers
 from loaders.memory.batch_memory import BatchMemory, batch_memory, resolve_pin_memory
 from loaders.memory.ring import SharedRing
 from loaders.order.aspect_buckets import AspectBuckets
-from loaders.order.history import RunSteps
+from loaders.order.history import RunHistory
 from loaders.order.resume import State, check_global_batch, check_state
 from loaders.order.samplers import MixtureSampler, OrderSampler
 
@@ -137,7 +137,7 @@ class PackedLoader(DataLoader[Any]):
         self.order: OrderSampler | None = None
         """The loaders order sampler behind the batches (None: a stream, or a torch sampler)."""
         self._position: Position | None = None
-        self.steps = RunSteps()  # steps before this iteration, iterations' segments: trace
+        self.history = RunHistory()  # steps before this iteration, the iterations begun
         if isinstance(dataset, PackedStream):
             refuse_loader_options(batch_size, shuffle, sampler, batch_sampler, drop_last, generator)
             self._init_stream(dataset, pin, with_indices, common)
@@ -148,7 +148,7 @@ class PackedLoader(DataLoader[Any]):
                 batch_size or 1, order_seed(seed, generator), rank, world_size, drop_last
             ),
         )  # fmt: skip
-        self.order = order_of(sampler, batch_sampler)
+        self.order = order_sampler_of(sampler, batch_sampler)
         size = batch_size if batch_sampler is None else getattr(batch_sampler, "batch_size", None)
         if collate_fn is None:
             batch_bytes = None if size is None else size * math.prod(dataset.sample_shape)
@@ -244,7 +244,7 @@ class PackedLoader(DataLoader[Any]):
         position = self._position = self._begin()
         if position is not None and self.order is not None:  # NOTE [ a run's history ]
             sizes = (self.order, self._batch_size())
-            self.steps.began(position.epoch, position.start, position.skip, *sizes)
+            self.history.began(position.epoch, position.start, position.skip, *sizes)
         stream = self.stream
         if position is not None and hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(position.epoch)  # its crops are drawn per epoch
@@ -367,7 +367,7 @@ class PackedLoader(DataLoader[Any]):
     def _ended(self) -> None:
         """Count what the last iteration delivered into the run's steps, and forget it."""
         if self._position is not None:
-            self.steps.ended(self._position.batches - self._position.held)
+            self.history.ended(self._position.batches - self._position.held)
         self._position = None
 
     def state_dict(self) -> State:
@@ -380,7 +380,7 @@ class PackedLoader(DataLoader[Any]):
         if self.order is not None:
             state = {**identity, **self.order.state_dict()}
             delivered = 0 if position is None else position.batches - position.held
-            state.update(self.steps.fields(delivered, self))
+            state.update(self.history.fields(delivered, self))
             if position is not None and position.epoch == self.order.epoch:
                 done = delivered * self._batch_size()
                 state.update(
@@ -411,7 +411,7 @@ class PackedLoader(DataLoader[Any]):
             check_state(state, identity, ("batch_size", "world_size"))
             check_global_batch(state, int(size), self.order.world_size)
             self.order.load_state_dict(state)
-            self.steps.load(state)
+            self.history.load(state)
         else:
             assert stream is not None, "_identity refuses loaders that cannot resume"
             check_state(state, identity, ("epoch", "batches", "rank"))

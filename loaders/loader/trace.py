@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 
 from etl.errors import EtlError
 from etl.progress import Progress
-from loaders.order.history import Segment, decode
+from loaders.order.history import HistoryEntry, decode
 from loaders.order.orders import partition
 
 
@@ -22,22 +22,20 @@ def samples_at(loader: Any, state: Mapping[str, Any], step: int, rank: int = 0) 
     """The dataset indices rank `rank` read at global step `step` of the run whose loader state
     is `state`, with `loader` built as the run built it (dataset, shuffle=, seed=, drop_last).
     `loader.dataset.manifest_rows(indices)` names the samples. ValueError for a step the state
-    cannot answer (before its history, not yet read when it was saved) or a rank the segment
+    cannot answer (before its history, not yet read when it was saved) or a rank the entry
     did not have."""
-    order, segments, end = _run_of(loader, state)
+    order, entries, end = _run_of(loader, state)
     if not 0 <= step < end:
         raise ValueError(f"step {step} was not read: the state was saved after step {end - 1}")
-    index = max((i for i, s in enumerate(segments) if s.step <= step), default=None)
+    index = max((i for i, s in enumerate(entries) if s.step <= step), default=None)
     if index is None:
-        raise ValueError(
-            f"step {step} is before the state's history (from step {segments[0].step})"
-        )
-    segment = segments[index]
-    if not 0 <= rank < segment.world_size:
-        raise ValueError(f"rank {rank} is not in a world of {segment.world_size} at step {step}")
-    epoch, k = segment.epoch_at(step)
-    first = k * segment.batch_size
-    return _part(order, segment, rank, epoch)[first : first + segment.batch_size]
+        raise ValueError(f"step {step} is before the state's history (from step {entries[0].step})")
+    entry = entries[index]
+    if not 0 <= rank < entry.world_size:
+        raise ValueError(f"rank {rank} is not in a world of {entry.world_size} at step {step}")
+    epoch, k = entry.epoch_at(step)
+    first = k * entry.batch_size
+    return _part(order, entry, rank, epoch)[first : first + entry.batch_size]
 
 
 def crops_at(
@@ -59,9 +57,9 @@ def crops_at(
     kinds: dict[str, Any] = {"RandomResizedCrop": RandomResizedCrop, "CenterCrop": CenterCrop}
     kind = kinds[str(fields.pop("kind"))]
     crop = WorkerCrop(kind(**fields), float(run.get("reducing_gap", 2.0)))
-    _, segments, _ = _run_of(loader, state)
-    segment = max((s for s in segments if s.step <= step), key=lambda s: s.step)
-    epoch, _ = segment.epoch_at(step)
+    _, entries, _ = _run_of(loader, state)
+    entry = max((s for s in entries if s.step <= step), key=lambda s: s.step)
+    epoch, _ = entry.epoch_at(step)
     at = np.asarray(indices, np.int64)
     sides = loader.dataset.sample_sizes[at]
     boxes, flips, resized = crop.boxes(epoch, at, sides[:, 0], sides[:, 1])
@@ -79,33 +77,35 @@ def steps_of(
     """Every (step, rank) at which the run read dataset index `sample`, up to the step the
     state was saved at: one order drawn per epoch the history covers (`progress` counts
     them: phase "trace")."""
-    order, segments, end = _run_of(loader, state)
+    order, entries, end = _run_of(loader, state)
     covered = []
-    for i, segment in enumerate(segments):
-        stop = segments[i + 1].step if i + 1 < len(segments) else end
-        for e in range(segment.epochs):
-            if segment.step + e * segment.span >= stop:
+    for i, entry in enumerate(entries):
+        stop = entries[i + 1].step if i + 1 < len(entries) else end
+        for e in range(entry.epochs):
+            if entry.step + e * entry.span >= stop:
                 break
-            covered.append((segment, e, stop))
+            covered.append((entry, e, stop))
     progress = progress or Progress()
     progress.start("trace", len(covered))
     found: list[tuple[int, int]] = []
     try:
-        for segment, e, stop in covered:
-            found += _read_in(order, segment, e, stop, sample)
+        for entry, e, stop in covered:
+            found += _read_in(order, entry, e, stop, sample)
             progress.advance(1)
     finally:
         progress.stop()
     return sorted(found)
 
 
-def _read_in(order: Any, segment: Segment, e: int, stop: int, sample: int) -> list[tuple[int, int]]:
-    """The (step, rank) pairs of epoch `segment.epoch + e` of `segment` that read `sample`."""
+def _read_in(
+    order: Any, entry: HistoryEntry, e: int, stop: int, sample: int
+) -> list[tuple[int, int]]:
+    """The (step, rank) pairs of epoch `entry.epoch + e` of `entry` that read `sample`."""
     found = []
-    first = segment.step + e * segment.span
-    for rank in range(segment.world_size):
-        hits = np.flatnonzero(_part(order, segment, rank, segment.epoch + e) == sample)
-        for k in sorted(set((hits // segment.batch_size).tolist())):
+    first = entry.step + e * entry.span
+    for rank in range(entry.world_size):
+        hits = np.flatnonzero(_part(order, entry, rank, entry.epoch + e) == sample)
+        for k in sorted(set((hits // entry.batch_size).tolist())):
             if first + k < stop:
                 found.append((first + k, rank))
     return found
@@ -120,22 +120,22 @@ class _Run:
         self.drop_last = order.drop_last
         self._mixtures: dict[tuple[str, int], Any] = {}
 
-    def global_order(self, segment: Segment, epoch: int) -> NDArray[Any]:
+    def global_order(self, entry: HistoryEntry, epoch: int) -> NDArray[Any]:
         if not self.contexts:
             return np.asarray(self.order.global_order(epoch))
-        from loaders.order.mixture_trace import order_of
+        from loaders.order.mixture_trace import mixture_order_of
 
-        at = max((k for k in self.contexts if k <= segment.step), default=None)
+        at = max((k for k in self.contexts if k <= entry.step), default=None)
         if at is None:
-            raise ValueError(f"the loader state records no mixture for step {segment.step}")
-        key = (self.contexts[at], segment.batch_size * segment.world_size)
+            raise ValueError(f"the loader state records no mixture for step {entry.step}")
+        key = (self.contexts[at], entry.batch_size * entry.world_size)
         if key not in self._mixtures:
-            self._mixtures[key] = order_of(key[0], self.order.seed, key[1])
+            self._mixtures[key] = mixture_order_of(key[0], self.order.seed, key[1])
         return np.asarray(self._mixtures[key].order(epoch))
 
 
-def _run_of(loader: Any, state: Mapping[str, Any]) -> tuple[_Run, list[Segment], int]:
-    """(the run's orders, the state's segments, the steps read) or ValueError."""
+def _run_of(loader: Any, state: Mapping[str, Any]) -> tuple[_Run, list[HistoryEntry], int]:
+    """(the run's orders, the state's entries, the steps read) or ValueError."""
     from loaders.order import mixture_trace
     from loaders.order.samplers import MixtureSampler
 
@@ -145,9 +145,9 @@ def _run_of(loader: Any, state: Mapping[str, Any]) -> tuple[_Run, list[Segment],
             "tracing answers for a loader over a dataset, view or mixture with one of the "
             "loaders' orders (shuffle=); a stream or a torch sampler is not traced"
         )
-    segments = decode(state.get("history"))
+    entries = decode(state.get("history"))
     end = state.get("step")
-    if not segments or not isinstance(end, int):
+    if not entries or not isinstance(end, int):
         raise ValueError("the loader state has no history: save it with this version of loaders")
     contexts = mixture_trace.decode(state.get("mixtures"))
     if isinstance(order, MixtureSampler) != bool(contexts):
@@ -157,15 +157,15 @@ def _run_of(loader: Any, state: Mapping[str, Any]) -> tuple[_Run, list[Segment],
             if old
             else "the loader state is a mixture's and the loader is not, or the other way round"
         )
-    return _Run(order, contexts), segments, end
+    return _Run(order, contexts), entries, end
 
 
-def _part(order: _Run, segment: Segment, rank: int, epoch: int) -> NDArray[Any]:
-    """Rank `rank`'s samples of `segment`'s iteration of `epoch`, in the order read."""
-    segmented = order.global_order(segment, epoch)[segment.start :]
-    part = partition(segmented, rank, segment.world_size, order.drop_last)[segment.position :]
+def _part(order: _Run, entry: HistoryEntry, rank: int, epoch: int) -> NDArray[Any]:
+    """Rank `rank`'s samples of `entry`'s iteration of `epoch`, in the order read."""
+    ordered = order.global_order(entry, epoch)[entry.start :]
+    part = partition(ordered, rank, entry.world_size, order.drop_last)[entry.position :]
     if order.drop_last:  # DataLoader drops the last batch short of batch_size too
-        part = part[: len(part) - len(part) % segment.batch_size]
+        part = part[: len(part) - len(part) % entry.batch_size]
     return np.asarray(part)
 
 

@@ -4,13 +4,13 @@ which samples any step read can be drawn again (`loaders.loader.trace` asks it).
 NOTE [ a run's history ]: a loader's orders are pure functions of (seed, epoch), so what rank r
 read at its k-th batch of an iteration is the k-th batch of `partition(global_order(epoch)
 [start:], r, world_size, drop_last)[position:]`, for the segment the iteration began at. The
-loader records an entry per iteration (`Segment`: the global step it began at, its epoch,
+loader records an entry per iteration (`HistoryEntry`: the global step it began at, its epoch,
 segment start, position, world size and batch size) and carries them from state to state
 (`state_dict()["history"]`, a compact string: states stay plain ints and strings). A step is
 the loader's global batch index across epochs, counting the batches that reached the training
 loop, as `state_dict` counts them. An iteration resumed from a state (with another world size
 too), or one after an epoch cut short, begins a new entry; whole epochs read one after another
-are one entry (`Segment.epochs`), so a long run is a few entries. A question about any step
+are one entry (`HistoryEntry.epochs`), so a long run is a few entries. A question about any step
 before the state was saved is answered exactly, in the time it takes to draw that one epoch's
 order. At most `HISTORY_LIMIT` entries are kept (the oldest go first); a step before them is
 refused, never guessed.
@@ -29,7 +29,7 @@ whole epoch right after whole epochs (a resume, an epoch cut short, a new world 
 
 
 @dataclass(frozen=True)
-class Segment:
+class HistoryEntry:
     """One iteration of a loader: where in the run and in its epoch's order it began."""
 
     step: int
@@ -55,40 +55,40 @@ class Segment:
         return self.epoch + k // self.span, k % self.span
 
 
-def encode(segments: list[Segment]) -> str:
+def encode(entries: list[HistoryEntry]) -> str:
     """Segments as the state carries them: "step:epoch:start:position:world:batch;...", with
     ":epochs:span" after an entry that stands for several whole epochs."""
     return ";".join(
         ":".join(str(v) for v in astuple(s)[: 8 if s.epochs > 1 else 6])
-        for s in segments[-HISTORY_LIMIT:]
+        for s in entries[-HISTORY_LIMIT:]
     )
 
 
-def decode(text: object) -> list[Segment]:
-    """The segments a state's "history" field holds (none for a state saved without one).
+def decode(text: object) -> list[HistoryEntry]:
+    """The entries a state's "history" field holds (none for a state saved without one).
     ValueError naming the field for anything that is not what `encode` writes."""
     if text in (None, ""):
         return []
     try:
         assert isinstance(text, str)
-        segments = [Segment(*(int(v) for v in part.split(":"))) for part in text.split(";")]
+        entries = [HistoryEntry(*(int(v) for v in part.split(":"))) for part in text.split(";")]
     except (AssertionError, TypeError, ValueError):
         raise ValueError("loader state field 'history' is damaged: not a run's history") from None
     if any(
         min(astuple(s)) < 0 or min(s.world_size, s.batch_size, s.epochs) < 1
-        or (s.epochs > 1 and s.span < 1) for s in segments
+        or (s.epochs > 1 and s.span < 1) for s in entries
     ):  # fmt: skip
         raise ValueError("loader state field 'history' is damaged: a negative or zero field")
-    return segments
+    return entries
 
 
-class RunSteps:
+class RunHistory:
     """A loader's count of the steps it delivered in earlier iterations, and the segment each
     iteration began at (NOTE [ a run's history ]); `PackedLoader` keeps one."""
 
     def __init__(self) -> None:
         self.before = 0
-        self.segments: list[Segment] = []
+        self.entries: list[HistoryEntry] = []
         self.mixtures: dict[int, str] = {}
         """A mixture's context at each entry that began under a new one (NOTE [ tracing a
         mixture ]), by the entry's step."""
@@ -102,7 +102,7 @@ class RunSteps:
         epochs of the last entry extends it instead of adding one."""
         world, whole = order.world_size, order.num_samples
         span = whole // batch if order.drop_last else -(-whole // batch)
-        last = self.segments[-1] if self.segments else None
+        last = self.entries[-1] if self.entries else None
         fresh = start == position == 0
         context = self._context(order)
         if (
@@ -113,13 +113,13 @@ class RunSteps:
             and self.before == last.step + last.epochs * span
             and (last.epochs == 1 or last.span == span)
         ):  # fmt: skip
-            self.segments[-1] = replace(last, epochs=last.epochs + 1, span=span)
+            self.entries[-1] = replace(last, epochs=last.epochs + 1, span=span)
             return
-        self.segments.append(Segment(self.before, epoch, start, position, world, batch))
-        del self.segments[:-HISTORY_LIMIT]
+        self.entries.append(HistoryEntry(self.before, epoch, start, position, world, batch))
+        del self.entries[:-HISTORY_LIMIT]
         if context is not None and context != self._context_at(self.before):
             self.mixtures[self.before] = context
-        first = self.segments[0].step
+        first = self.entries[0].step
         kept = self._context_at(first)
         self.mixtures = {k: v for k, v in self.mixtures.items() if k > first}
         if kept is not None:
@@ -148,7 +148,7 @@ class RunSteps:
         step = self.before + delivered
         fields: dict[str, int | str] = {
             "step": step,
-            "history": encode(self.segments),
+            "history": encode(self.entries),
             "run": describe(loader),
         }
         if self.mixtures:
@@ -162,7 +162,7 @@ class RunSteps:
             raise ValueError(f"loader state field 'step' must be an int >= 0, got {step!r}")
         from loaders.order import mixture_trace
 
-        self.segments = decode(state.get("history"))
+        self.entries = decode(state.get("history"))
         self.mixtures = mixture_trace.decode(state.get("mixtures"))
         self.before = step
 

@@ -5,8 +5,8 @@ schedule, its seed and the anchor of its last resume (NOTE [ resuming a mixture 
 may bring other weights, a new schedule or appended members. So each entry of a run's history
 that began under a new mixture context (`context_of`: anchor, schedule, sizes, samples per
 epoch, replacement) records it, keyed by the entry's global step, in the state's "mixtures"
-field; `order_of` makes that entry's order again from it, whatever mixture the tracing loader
-was built with. The weights are written as Python writes floats (`repr`, exact both ways)
+field; `mixture_order_of` makes that entry's order again from it, whatever mixture the tracing
+loader was built with. The weights are written as Python writes floats (`repr`, exact both ways)
 and used as written, never normalised again.
 """
 
@@ -40,7 +40,7 @@ def context_of(sampler: Any) -> str:
     )
 
 
-def order_of(context: str, seed: int, step_size: int) -> MixtureOrder:
+def mixture_order_of(context: str, seed: int, step_size: int) -> MixtureOrder:
     """The mixture order of an entry recorded with `context`, for global batches of
     `step_size` positions. ValueError naming the field for a context that is not one."""
     try:

@@ -5,7 +5,7 @@ Modules:
 - `batch_plan`:   how a batch of a selection is read: its shape, fill and columns
 - `catalog`:      what to read: a manifest version opened, and selections of it
 - `page_cache`:   read-ahead and drop-behind advice to the kernel
-- `ragged_rows`:  ragged samples copied into a padded or back-to-back batch
+- `flat_rows`:    samples of flat shards copied into a padded or back-to-back batch
 - `reader`:       `ShardReader`: shards opened lazily, batches gathered
 - `row_checks`:   which rows a loader checks, and where their checksums live
 - `shard_checks`: a shard's checksum, its probe row, rows hashed as copied

@@ -12,7 +12,7 @@ from numpy.typing import NDArray
 
 from loaders.batch.types import SIZE_COLUMNS, STORED_COLUMNS, Columns
 from loaders.read.catalog import Selection
-from loaders.read.ragged_rows import Take, back_to_back_bytes, padded_shape
+from loaders.read.flat_rows import Take, back_to_back_bytes, padded_shape
 from loaders.read.reader import ShardReader
 
 
@@ -41,10 +41,10 @@ def batch_reads(
         kept = {STORED_COLUMNS[0]: stored[:, 0].copy(), STORED_COLUMNS[1]: stored[:, 1].copy()}
 
         def fill(out: NDArray[np.uint8]) -> None:
-            reader.gather_ragged(shard_idx, rows, places, sel.layout, None, stored, take(out))
+            reader.gather_flat(shard_idx, rows, places, sel.layout, None, stored, take(out))
 
         return (int(ends[-1]) if len(ends) else 0,), fill, {**(columns or {}), **sizes, **kept}
-    read = partial(reader.gather_ragged, shard_idx, rows, places, sel.layout, stored=stored)
+    read = partial(reader.gather_flat, shard_idx, rows, places, sel.layout, stored=stored)
     if not sel.own_sizes:  # stored encoded at one size: a batch as a fixed-size one
         return (len(index), *sel.sample_shape), read, columns
     if back_to_back:

@@ -20,11 +20,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
+from etl.deprecations import warn_once
 from etl.errors import EtlError, SelectionError, ShardError
 from etl.format.coherence import stored_codes
 from etl.format.contents import VersionContents, Where
+from etl.format.flat import channels_of, shape_of
 from etl.format.manifest import read_manifest
-from etl.format.ragged import channels_of, shape_of
 from etl.format.row_checksums import RowChecksums
 from etl.format.values import SampleValues
 from etl.format.views import View
@@ -89,10 +90,16 @@ class ShardSet:
     is one flat array of their stored bytes, whatever `sample_shape` says of their pixels."""
 
     @property
-    def ragged(self) -> bool:
+    def flat(self) -> bool:
         """Whether each shard is one flat array and a sample's place is its `Selection.places`
         row: samples that keep their aspect ratio (format version 2) or stored encoded (3)."""
         return 0 in self.sample_shape or self.encoded
+
+    @property
+    def ragged(self) -> bool:
+        """The former name of `flat` (the layout; "ragged" is a sample of its own size)."""
+        warn_once("ShardSet.ragged", "ShardSet.flat", stacklevel=3)
+        return self.flat
 
     @property
     def stored_shape(self) -> tuple[int, ...]:

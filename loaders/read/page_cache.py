@@ -88,7 +88,7 @@ def drop_read(
     ):
         path = shard_set.path(shard)
         header = HEADER_BYTES  # samples of their own size: a flat array, its header fixed
-        if not shard_set.ragged:
+        if not shard_set.flat:
             try:
                 size = path.stat().st_size
             except OSError:

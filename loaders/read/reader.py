@@ -17,19 +17,19 @@ from numpy.typing import ArrayLike, NDArray
 
 from etl.errors import ShardError
 from etl.format.codecs import RAW
-from etl.format.ragged import channels_of
+from etl.format.flat import channels_of
 from etl.format.row_checksums import mismatch
 from etl.format.shards import check_shard, open_shard
 from loaders.read.catalog import ShardSet
-from loaders.read.page_cache import advise_places, drop_read
-from loaders.read.ragged_rows import (
+from loaders.read.flat_rows import (
     Take,
     batch_writer,
-    copy_ragged,
+    copy_flat,
     pixels_taker,
     places_resident,
     stored_lengths,
 )
+from loaders.read.page_cache import advise_places, drop_read
 from loaders.read.shard_checks import probe_shard, take_checked, verify_shard
 from loaders.read.span import SUPPORTED, ShardSpan, copy_rows, no_readahead
 
@@ -132,7 +132,7 @@ class ShardReader:
         if shard < len(self.shards.probes):
             row, expected = self.shards.probes[shard]
             start, size = row * self.sample_bytes, self.sample_bytes
-            if self.shards.ragged:
+            if self.shards.flat:
                 start, size = self.shards.probe_spans[shard]
             probe_shard(path, offset, start, size, row, self.shards.algorithm, expected)
 
@@ -174,7 +174,7 @@ class ShardReader:
         self._check_rows(np.array([shard]), np.array([row]), sample[None])
         return sample
 
-    def gather_ragged(
+    def gather_flat(
         self,
         shard_idx: NDArray[np.integer],
         rows: NDArray[np.integer],
@@ -215,7 +215,7 @@ class ShardReader:
             resident = self.readahead and places_resident(self._arrays, shard, places)
             if self.drop_behind or (self.readahead and not resident):
                 self.prefetch_places(shard, places, sizes)
-            copy_ragged(self._arrays, self.shards, shard, row, places, take, channels, stored)
+            copy_flat(self._arrays, self.shards, shard, row, places, take, channels, stored)
             starts = places[:, 0]
             self._count(int(sizes.sum()), shard, starts, starts + sizes)
             self._let_go(())

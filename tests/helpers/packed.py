@@ -21,8 +21,8 @@ from numpy.typing import NDArray
 from etl.format.checksums import digest
 from etl.format.codecs import encode
 from etl.format.commit import commit
+from etl.format.flat import sides_of
 from etl.format.manifest import RECORDED_FILES, table_from_rows
-from etl.format.ragged import sides_of
 from etl.format.record import write_record
 from etl.format.schema import REJECTS_SCHEMA, SAMPLES_SCHEMA, SHARDS_SCHEMA, ManifestMeta
 from etl.format.shards import ShardWriter

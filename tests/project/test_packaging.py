@@ -354,6 +354,7 @@ MOVED = {
     "etl/sources/objects.py": "etl/sources/in_store.py",
     "loaders/rowchecks.py": "loaders/read/row_checks.py",
     "loaders/buckets.py": "loaders/order/aspect_buckets.py",
+    "etl/format/ragged.py": "etl/format/flat.py",
 }
 """Modules moved by #56, old path -> new: the old path must stay empty."""
 
@@ -367,7 +368,7 @@ MOVED_TO_ROOMS = {
     "loaders/row_checks.py": "loaders/read/row_checks.py",
     "loaders/page_cache.py": "loaders/read/page_cache.py",
     "loaders/batch_plan.py": "loaders/read/batch_plan.py",
-    "loaders/ragged_rows.py": "loaders/read/ragged_rows.py",
+    "loaders/ragged_rows.py": "loaders/read/flat_rows.py",
     "loaders/memory.py": "loaders/memory/batch_memory.py",
     "loaders/ring.py": "loaders/memory/ring.py",
     "loaders/pinning.py": "loaders/memory/pinning.py",

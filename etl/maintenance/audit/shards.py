@@ -18,10 +18,10 @@ from numpy.typing import NDArray
 from etl.engine.parallel import parallel_map
 from etl.errors import ShardError, WorkerError, described
 from etl.format.checksums import TAMPER_DIGEST, new_hasher, row_digest
+from etl.format.flat import channels_of
 from etl.format.manifest import (
     Manifest,
 )
-from etl.format.ragged import channels_of
 from etl.format.shards import open_shard
 from etl.maintenance.audit.report import AuditOptions, AuditReport, Finding
 from etl.progress import Progress

@@ -175,7 +175,7 @@ def test_device_loader_converts_and_normalises(
         std=std,
         channels_last=channels_last,
     )
-    assert device.stream is None and len(device) == -(-len(ds) // 8)
+    assert device.copy_stream is None and len(device) == -(-len(ds) // 8)
     done = 0
     for images, labels in device:
         positions = ds.selection.positions[done : done + len(labels)]

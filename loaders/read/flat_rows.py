@@ -13,7 +13,7 @@ from numpy.typing import NDArray
 
 from etl.errors import ShardError
 from etl.format.codecs import RAW, DecodeFailure, decode
-from etl.format.ragged import shape_of
+from etl.format.flat import shape_of
 from etl.format.row_checksums import mismatch
 from loaders.read.catalog import ShardSet
 from loaders.read.span import resident
@@ -89,7 +89,7 @@ def pixels_taker(
     return take
 
 
-def copy_ragged(
+def copy_flat(
     arrays: dict[int, NDArray[np.uint8]],
     shard_set: ShardSet,
     shard: NDArray[np.int64],
