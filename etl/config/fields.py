@@ -14,7 +14,7 @@ from pydantic import (
 )
 
 from etl.format.sizes import parse_byte_size
-from etl.storage.location import is_url
+from etl.storage.location import StoreUrl, as_location
 
 __all__ = ["parse_byte_size"]  # here for the config models; lives in etl.format for the loaders
 
@@ -32,17 +32,16 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def parse_location(value: Any) -> Path | str:
+def parse_location(value: Any) -> Path | StoreUrl:
     """A local path (a Path, relative ones resolved against the config's folder later), or an
-    object-storage URL kept as text, without a trailing '/'."""
+    object-storage URL (`StoreUrl`, without a trailing '/'): `as_location`'s parse."""
     if isinstance(value, Path):
         return value
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"expected a path or a URL such as s3://bucket/prefix, got {value!r}")
-    if is_url(value):
-        return value.rstrip("/")
-    return Path(value.removeprefix("file://"))
+    return as_location(value)
 
 
 Location = Annotated[Path | str, PlainValidator(parse_location)]
-"""`source.path` of a kind that reads objects too: a Path, or a URL (str)."""
+"""`source.path` of a kind that reads objects too, and `output.dir`: a Path, or a `StoreUrl`
+(a str) for a location in object storage."""

@@ -26,7 +26,7 @@ from etl.config.stages import (
 )
 from etl.errors import ConfigError
 from etl.format.codecs import REDUCING_GAP
-from etl.storage.location import StoreOptions, is_url
+from etl.storage.location import StoreOptions, StoreUrl
 from etl.storage.transport import STORE_TIMEOUT, unconditional
 
 if TYPE_CHECKING:
@@ -71,10 +71,11 @@ class OutputConfig(StrictModel):
         if self.codec.kind == "jpeg" and self.layout != "HWC":
             raise ValueError("codec jpeg stores HWC pixels (as a JPEG does); use layout: HWC")
         given = self.storage_options or self.store_timeout != STORE_TIMEOUT
-        refused = unconditional(str(self.dir)) if is_url(str(self.dir)) else None
+        in_store = isinstance(self.dir, StoreUrl)
+        refused = unconditional(str(self.dir)) if in_store else None
         if refused is not None:
             raise ValueError(refused)
-        if given and not is_url(str(self.dir)):
+        if given and not in_store:
             raise ValueError(
                 "storage_options and store_timeout are for an output.dir in object storage "
                 "(s3://..., gs://...), "

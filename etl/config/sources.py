@@ -12,7 +12,7 @@ from pydantic import (
 )
 
 from etl.config.fields import ByteSize, Location, StrictModel
-from etl.storage.location import is_url
+from etl.storage.location import StoreUrl
 
 DEFAULT_INCLUDE = ("*.jpg", "*.jpeg", "*.png", "*.bmp", "*.gif", "*.tif", "*.tiff", "*.webp")
 
@@ -47,7 +47,7 @@ class _SourceBase(StrictModel):
 
     @model_validator(mode="after")
     def _options_need_a_store(self) -> _SourceBase:
-        if self.storage_options and not is_url(str(self.path)):
+        if self.storage_options and not isinstance(self.path, StoreUrl):
             raise ValueError(
                 "storage_options are for a source.path in object storage (s3://..., gs://...), "
                 f"not the local path {str(self.path)!r}"

@@ -39,7 +39,7 @@ from etl.run.plan import Plan
 from etl.run.report import RunReport, by_reason
 from etl.sources import readers
 from etl.sources.registry import check_columns, check_exists, kind_of, released
-from etl.storage.location import is_url
+from etl.storage.location import StoreUrl
 
 
 def check_paths(config: PipelineConfig) -> None:
@@ -57,9 +57,7 @@ def _inside(out: Path | str, src: Path | str) -> bool:
     """Whether `out` is `src` or under it: two paths, or two URLs ('s3://b/x' is under 's3://b')."""
     if isinstance(out, Path) and isinstance(src, Path):
         return out == src or out.is_relative_to(src)
-    if isinstance(out, str) and isinstance(src, str):
-        return out == src or out.startswith(src.rstrip("/") + "/")
-    return False
+    return isinstance(src, StoreUrl) and src.contains(out)
 
 
 def run(
@@ -82,7 +80,7 @@ def run(
     check_columns(config)
     check_exists(config.source)
 
-    if not is_url(config.output.dir):
+    if not isinstance(config.output.dir, StoreUrl):
         return _run_in_folder(config, "", dry_run, rebuild, progress, on_plan)
     with to_store.prepared(config, dry_run) as work:
         report = _run_in_folder(work.config, work.writer, dry_run, rebuild, progress, on_plan)

@@ -33,7 +33,7 @@ from etl.sources.safe_files import (
     read_regular_file,
     too_large,
 )
-from etl.storage.location import is_url
+from etl.storage.location import StoreUrl, as_location
 from etl.storage.transport import STORE_TIMEOUT, Options, filesystem
 
 _MTIME = re.compile(r"mtime|LastModified|last_modified|updated", re.I)
@@ -240,7 +240,7 @@ def read_located(
 ) -> bytes:
     """The bytes of a listed file, whether its locator is a local path or an object's URL (the
     copy the hash phase kept in `keep`, where it did: `etl.sources.kept`)."""
-    if not is_url(locator):
+    if not isinstance(as_location(locator), StoreUrl):
         return read_regular_file(locator, max_bytes)
     kept = take(keep, locator) if keep is not None else None
     if kept is not None and len(kept) <= max_bytes:
@@ -258,7 +258,7 @@ def located_digest(
 ) -> str:
     """The content hash of a listed file, a local path or an object's URL (`size`, `keep`:
     see `object_digest`), streamed."""
-    if is_url(locator):
+    if isinstance(as_location(locator), StoreUrl):
         return object_digest(locator, algorithm, max_bytes, options, size, keep)
     return file_digest(locator, algorithm, max_bytes)
 

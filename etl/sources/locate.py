@@ -22,6 +22,7 @@ from etl.format import names
 from etl.sources import readers
 from etl.sources.entries import ListContext
 from etl.sources.registry import kind_of, list_sources
+from etl.storage.location import as_location
 
 CHANGED = "changed since it was packed (content hash differs)"
 
@@ -69,7 +70,7 @@ def location(config: SourceConfig, root: Path | str | None = None) -> Path | str
     """Where a source is read back from: `root` when given, else its kind's `root` (the folder
     a file kind's names are relative to, or a record source's `path`)."""
     if root is not None:
-        return root
+        return as_location(root)
     return kind_of(config).root(config)
 
 

@@ -28,7 +28,7 @@ from etl.sources.kind import SourceSpec
 from etl.sources.safe_files import Refused
 from etl.sources.spool import NOT_SPOOLED, SpoolWriter, spool_path
 from etl.sources.timed import OBJECTS_IN_FLIGHT, file_outcomes, outcomes
-from etl.storage.location import is_url
+from etl.storage.location import StoreUrl
 
 __all__ = [
     "NOT_SPOOLED",
@@ -81,7 +81,7 @@ def digest_many(
             return located_digest(path, algorithm, max_bytes, config.storage_options, size, keep)
 
         path = getattr(config, "path", None)
-        in_flight = OBJECTS_IN_FLIGHT if isinstance(path, str) and is_url(path) else 1
+        in_flight = OBJECTS_IN_FLIGHT if isinstance(path, StoreUrl) else 1
         return file_outcomes(config, locators, hash_file, in_flight)
     return (
         data if isinstance(data, OSError) else digest(data, algorithm)

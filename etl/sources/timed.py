@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from etl.errors import SourceError
 from etl.sources.in_store import read_located
 from etl.sources.safe_files import Refused
-from etl.storage.location import is_url
+from etl.storage.location import StoreUrl, as_location
 
 T = TypeVar("T")
 
@@ -112,7 +112,8 @@ class _TimedReads:
                     pending = deque(_Job(j.read, j.path) for j in pending)
                     for waiting in pending:
                         self._jobs(threads).put(waiting)
-                    what = "store (or one that throttles)" if is_url(job.path) else "mount"
+                    in_store = isinstance(as_location(job.path), StoreUrl)
+                    what = "store (or one that throttles)" if in_store else "mount"
                     yield Refused(
                         "io_timeout",
                         f"{job.path}: no answer in {seconds:g} s (source.io_timeout): a hung or "

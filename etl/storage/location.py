@@ -7,8 +7,12 @@ on the text of a path. A dataset in a store is mirrored into the cache as it is 
 (`etl.storage.store`); how its shards are reached (fetched whole, through a bounded cache, or
 by ranged GETs) is `StoreOptions`'.
 
+Text becomes a location once, at the edge (`as_location`: a `StoreUrl` or a local `Path`);
+every other layer branches on that type, never on the text (`tests/project/test_packaging.py`
+fails on any module outside `etl.storage` that imports `is_url` or reads a URL's `"://"`).
+
 NOTE: fsspec, pyarrow and the store's modules are imported only when a location is opened, so
-`is_url` costs the config nothing.
+parsing one costs the config nothing.
 """
 
 from __future__ import annotations
@@ -34,15 +38,33 @@ if TYPE_CHECKING:
 
 def is_url(location: object) -> bool:
     """A location in object storage (`s3://bucket/prefix`, any fsspec protocol but `file://`),
-    as opposed to a local path: the one test every layer asks."""
+    as opposed to a local path: the one test, asked here alone (`as_location` for the rest)."""
     text = str(location)
     return "://" in text and not text.startswith("file://")
 
 
-def as_location(value: str) -> Path | str:
-    """A dataset argument as the library takes it: a URL as it is, without a trailing '/';
-    anything else a local path."""
-    return value.rstrip("/") if is_url(value) else Path(value)
+class StoreUrl(str):
+    """A location in object storage as `as_location` parsed it: its URL, without a trailing
+    '/'. A `str` wherever a URL is taken (fsspec, a manifest, a message); its type is what
+    tells it from a local `Path`, so no other layer reads the text to decide."""
+
+    __slots__ = ()
+
+    def contains(self, other: Path | str) -> bool:
+        """Whether `other` is this location or inside it ('s3://b/x' is inside 's3://b')."""
+        return isinstance(other, StoreUrl) and (other == self or other.startswith(self + "/"))
+
+
+def as_location(value: str | os.PathLike[str]) -> Path | StoreUrl:
+    """A path or URL a user gave (a config field, a CLI argument, a view file's `dataset`, a
+    listed input's locator), parsed once: a `StoreUrl` in object storage, else a local `Path`
+    (a `file://` prefix dropped)."""
+    if isinstance(value, StoreUrl | Path):
+        return value
+    text = os.fspath(value)
+    if is_url(text):
+        return StoreUrl(text.rstrip("/"))
+    return Path(text.removeprefix("file://"))
 
 
 @dataclass(frozen=True)

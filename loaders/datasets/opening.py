@@ -14,7 +14,7 @@ from etl.deprecations import warn_once
 from etl.format.manifest import VERSIONS_DIR
 from etl.format.retirement import retired_versions
 from etl.format.views import View
-from etl.storage.location import Location, StoreOptions, is_url
+from etl.storage.location import Location, StoreOptions, StoreUrl, as_location
 from loaders.read.catalog import Where
 
 
@@ -32,12 +32,14 @@ def how_opened(
         if any(str(p.get("where", "")).startswith("arrow: ") for p in path.chain()):
             return None
         written = os.path.join(path.folder, path.dataset)
-        dataset = path.dataset if is_url(path.dataset) else str(Path(written).resolve())
+        in_store = isinstance(as_location(path.dataset), StoreUrl)
+        dataset = path.dataset if in_store else str(Path(written).resolve())
         return {"view": {"dataset": dataset, "version": version, "chain": path.chain()}}
     if where is not None and not isinstance(where, str):
         return None
+    in_store = isinstance(as_location(path), StoreUrl)
     return {
-        "dataset": str(path) if is_url(path) else str(Path(path).resolve()),
+        "dataset": str(path) if in_store else str(Path(path).resolve()),
         "version": version,
         "split": split if split is None or isinstance(split, str) else list(split),
         "classes": None if classes is None else list(classes),

@@ -291,14 +291,52 @@ def _imported_names(code: str) -> set[str]:
     return {".".join(n.split(".")[:k]) for n in names for k in (1, 2)}
 
 
+URL_SNIFF = re.compile(r"^[a-z0-9+.-]*://$")
+"""A string literal that tells a URL by its text: `"://"`, or a scheme such as `"file://"`."""
+
+
+def _url_decisions(tree: ast.AST) -> list[str]:
+    """What in a module decides local-or-URL by itself: `is_url` imported (under any name) or
+    reached as an attribute, a literal that sniffs a URL's text."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and any(a.name == "is_url" for a in node.names):
+            found.append(f"line {node.lineno}: imports is_url")
+        elif isinstance(node, ast.Attribute) and node.attr == "is_url":
+            found.append(f"line {node.lineno}: .is_url")
+        elif isinstance(node, ast.Constant) and URL_SNIFF.match(str(node.value)):
+            found.append(f"line {node.lineno}: {node.value!r}")
+    return found
+
+
 def test_only_the_storage_package_decides_local_or_url() -> None:
-    """`is_url` is defined in `etl.storage.location` alone, and no other module tells a URL by
-    its text (`"://" in ...`): every entry point asks `open_location` or `is_url`."""
+    """`is_url` is defined in `etl.storage.location` alone, and no module outside
+    `etl.storage` imports it (by any name) or tells a URL by its text (a `"://"` or
+    `"file://"` literal): text becomes a `StoreUrl` or a `Path` once (`as_location`, the
+    config's fields), and the rest branches on that type."""
     modules = _modules()
     defined = [n for n, p in modules.items() if re.search(r"^def is_url\(", p.read_text(), re.M)]
     assert defined == ["etl.storage.location"], defined
-    sniffing = [n for n, p in modules.items() if '"://" in' in p.read_text()]
-    assert sniffing == ["etl.storage.location"], sniffing
+    deciding = {
+        name: found
+        for name, path in modules.items()
+        if not name.startswith("etl.storage")
+        and (found := _url_decisions(ast.parse(path.read_text())))
+    }
+    assert not deciding, deciding
+
+
+def test_the_url_rule_catches_each_way_of_deciding() -> None:
+    """The check on made-up modules: each way of deciding by text is found, prose is not."""
+    for code in (
+        "from etl.storage.location import is_url as remote",
+        "import etl.storage.location as loc\nloc.is_url(x)",
+        'x = "://" in text',
+        'x = text.removeprefix("file://")',
+    ):
+        assert _url_decisions(ast.parse(code)), code
+    prose = 'def f():\n    """A URL such as s3://bucket/prefix."""\n    return "tcp://a:1"'
+    assert not _url_decisions(ast.parse(prose))
 
 
 MODULE_LINES = 450

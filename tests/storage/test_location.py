@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from etl.errors import ManifestError, SourceError
-from etl.storage.location import StoreOptions, as_location, is_url, open_location
+from etl.storage.location import StoreOptions, StoreUrl, as_location, is_url, open_location
 from etl.storage.transport import filesystem
 from tests.helpers.packed import make_packed
 
@@ -35,6 +35,31 @@ from tests.helpers.packed import make_packed
 def test_a_url_is_any_scheme_but_file(text: str, url: bool) -> None:
     assert is_url(text) is url
     assert is_url(Path(text) if text and not url else text) is url
+
+
+def test_text_becomes_a_store_url_or_a_path_once() -> None:
+    """`as_location` is the one parse: a URL is a `StoreUrl` (a str, no trailing '/'), the rest
+    a `Path` (a file:// prefix dropped), and a parsed value comes back as it is."""
+    url = as_location("s3://b/ds/")
+    assert type(url) is StoreUrl and url == "s3://b/ds" and f"{url}/x" == "s3://b/ds/x"
+    assert as_location(url) is url and as_location(Path("s3:/x")) == Path("s3:/x")
+    assert as_location("file:///tmp/ds") == Path("/tmp/ds") and as_location("x/") == Path("x")
+    assert url.contains(as_location("s3://b/ds/part")) and url.contains(url)
+    assert not url.contains(as_location("s3://b/dsx")) and not url.contains(Path("s3://b/ds"))
+
+
+def test_a_config_location_is_parsed_into_its_type(tmp_path: Path) -> None:
+    """output.dir and source.path as the config gives them: a URL a `StoreUrl`, a path a
+    `Path`; store options beside a local path are refused by type, not by text."""
+    from etl.config.pipeline import OutputConfig
+    from etl.config.sources import FolderSource
+
+    assert type(OutputConfig(dir="s3://b/ds/").dir) is StoreUrl
+    assert OutputConfig(dir="file://" + str(tmp_path)).dir == tmp_path
+    in_store = FolderSource(path="gs://b/photos", storage_options={"token": "anon"})
+    assert type(in_store.path) is StoreUrl
+    with pytest.raises(ValueError, match=r"storage_options are for a source\.path in object"):
+        FolderSource(path=str(tmp_path), storage_options={"token": "anon"})
 
 
 def test_a_local_path_opens_as_itself_and_a_relative_one_from_its_folder(tmp_path: Path) -> None:
