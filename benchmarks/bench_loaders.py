@@ -37,11 +37,12 @@ from etl.format.commit import commit
 from etl.format.manifest import table_from_rows
 from etl.format.schema import REJECTS_SCHEMA, SAMPLES_SCHEMA, SHARDS_SCHEMA, ManifestMeta
 from etl.format.shards import ShardWriter
-from loaders import PackedDataset, PackedStream, make_loader, open_catalog, stream_loader
+from loaders import PackedDataset, PackedStream, make_loader, stream_loader
 from loaders.datasets.packed import collate_batch
 from loaders.datasets.stream import stream_order
 from loaders.order.orders import balanced_order, block_order, random_order
 from loaders.order.quality import class_mix_distance
+from loaders.read.catalog import open_catalog
 from loaders.read.reader import ShardReader
 
 BATCH = 256

@@ -8,7 +8,7 @@ shard record, no shard files: nothing here reads pixels), then runs each operati
 interpreter (the median of --repeat runs) and reports the wall time of the operation itself
 (imports excluded) and the process's peak RSS (VmHWM):
 
-    open      loaders.open_catalog(root)                       (checks the commit record)
+    open      loaders.read.catalog.open_catalog(root)            (checks the commit record)
     select    PackedDataset.open(root, split="train", classes=<half>)
     inspect   etl inspect root --json                          (the whole command, wall and
     versions  etl versions root --json                          its peak RSS, imports included;
@@ -58,7 +58,8 @@ CHILD = """
 import json, os, sys, time
 from benchmarks.common import peak_rss
 root, op, n_classes = sys.argv[1], sys.argv[2], int(sys.argv[3])
-from loaders import PackedDataset, open_catalog
+from loaders import PackedDataset
+from loaders.read.catalog import open_catalog
 try:  # pyarrow imports pandas, when installed, on its first conversion: an import, excluded too
     import pandas
 except ImportError:

@@ -25,8 +25,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from loaders import DeviceLoader, PackedDataset, PackedLoader, make_loader
-from loaders.augment.crops import Augment, CenterCrop, RandomResizedCrop
+from loaders import (
+    CenterCrop,
+    DeviceLoader,
+    PackedDataset,
+    PackedLoader,
+    RandomResizedCrop,
+    make_loader,
+)
+from loaders.augment.crops import Augment
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 """Rough per-channel statistics in [0, 1] units; exact values matter little for this task."""

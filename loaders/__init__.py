@@ -8,7 +8,8 @@
         for images, labels in DeviceLoader(loader, dtype=torch.float32, mean=..., std=...):
             ...
 
-This namespace is what a training job uses; the rest lives in the submodules.
+This namespace is what a training script needs (`__all__`); the rest is imported from its
+room (`from loaders.order.samplers import ShuffleSampler`).
 
 Modules:
 - `batch/`:    the batch types everyone shares
@@ -21,54 +22,63 @@ Modules:
 - `device/`:   `DeviceLoader`, and samples decoded on the device
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from etl.deprecations import warn_once
 from etl.errors import ManifestError, SelectionError, ShardError
 from etl.format.views import View
 from loaders.augment.crops import CenterCrop, RandomResizedCrop, Resize
-from loaders.batch.ragged import RaggedImages
-from loaders.batch.types import Batch, ColumnBatch, IndexedBatch
 from loaders.datasets.mixture import Mixture
 from loaders.datasets.packed import PackedDataset
 from loaders.datasets.stream import PackedStream
 from loaders.device.loader import DeviceLoader
 from loaders.loader.factories import make_loader, stream_loader
 from loaders.loader.packed import PackedLoader
-from loaders.order.aspect_buckets import AspectBuckets, BucketSampler, ResizeToBucket
-from loaders.order.samplers import (
-    BlockShuffleSampler,
-    ClassBalancedSampler,
-    MixtureSampler,
-    OrderSampler,
-    ShuffleSampler,
-)
-from loaders.read.catalog import Catalog, open_catalog
+from loaders.order.aspect_buckets import AspectBuckets, ResizeToBucket
 
 __all__ = [
     "AspectBuckets",
-    "Batch",
-    "BlockShuffleSampler",
-    "BucketSampler",
-    "Catalog",
     "CenterCrop",
-    "ClassBalancedSampler",
-    "ColumnBatch",
     "DeviceLoader",
-    "IndexedBatch",
     "ManifestError",
     "Mixture",
-    "MixtureSampler",
-    "OrderSampler",
     "PackedDataset",
     "PackedLoader",
     "PackedStream",
-    "RaggedImages",
     "RandomResizedCrop",
     "Resize",
     "ResizeToBucket",
     "SelectionError",
     "ShardError",
-    "ShuffleSampler",
     "View",
     "make_loader",
-    "open_catalog",
     "stream_loader",
 ]
+
+FORMER_NAMES = {
+    "Batch": "loaders.batch.types",
+    "BlockShuffleSampler": "loaders.order.samplers",
+    "BucketSampler": "loaders.order.aspect_buckets",
+    "Catalog": "loaders.read.catalog",
+    "ClassBalancedSampler": "loaders.order.samplers",
+    "ColumnBatch": "loaders.batch.types",
+    "IndexedBatch": "loaders.batch.types",
+    "MixtureSampler": "loaders.order.samplers",
+    "OrderSampler": "loaders.order.samplers",
+    "RaggedImages": "loaders.batch.ragged",
+    "ShuffleSampler": "loaders.order.samplers",
+    "open_catalog": "loaders.read.catalog",
+}
+"""Names that left the front door for their rooms (#72), by the module that holds them now:
+`from loaders import X` still works for a release and warns once."""
+
+
+def __getattr__(name: str) -> Any:
+    module = FORMER_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'loaders' has no attribute {name!r}")
+    warn_once(f"loaders.{name}", f"{module}.{name}", stacklevel=3)
+    return getattr(importlib.import_module(module), name)

@@ -1,5 +1,5 @@
 """The one read-only view of a committed version: what it holds (classes, shape, layout,
-splits, counts) and which rows a filter keeps. `loaders.Catalog` (for training) and
+splits, counts) and which rows a filter keeps. `loaders.read.catalog.Catalog` (for training) and
 `etl.explore.dataset.Dataset` (for looking) are both this view, so a split, a class or a count
 means the same in each, and a bad filter is the same error."""
 

@@ -6,3 +6,30 @@ Modules:
 - `draws`:       crop boxes and flips, pure functions of (seed, epoch, index)
 - `worker_crop`: crops made where batches are gathered, decoded at a reduced scale
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from etl.deprecations import warn_once
+
+FORMER_NAMES = {
+    **dict.fromkeys(("RandomResizedCrop", "CenterCrop", "Resize"), "loaders"),
+    **dict.fromkeys(
+        ("Augment", "Images", "Sizes", "resized_crop", "resize_center_crop", "resized_sides",
+         "center_crops", "own_sides", "resize_whole"),
+        "loaders.augment.crops",
+    ),
+    **dict.fromkeys(("uniforms", "crop_boxes", "flips"), "loaders.augment.draws"),
+}  # fmt: skip
+"""What the module `loaders.augment` held before it became this room (#72), by where it is
+now: `from loaders.augment import RandomResizedCrop` still works for a release, warning once."""
+
+
+def __getattr__(name: str) -> Any:
+    module = FORMER_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'loaders.augment' has no attribute {name!r}")
+    warn_once(f"loaders.augment.{name}", f"{module}.{name}", stacklevel=3)
+    return getattr(importlib.import_module(module), name)

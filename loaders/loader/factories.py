@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import torch
 from torch.utils.data import Sampler
@@ -16,25 +16,31 @@ from loaders.loader.packed import PackedLoader
 from loaders.order.aspect_buckets import AspectBuckets
 
 
+class LoaderOptions(TypedDict, total=False):
+    """`PackedLoader`'s keywords beside the dataset and the batch size, declared once for
+    `make_loader` to take as they are (`Unpack`), with PackedLoader's defaults; a test holds
+    the two to the same names. DataLoader's meaning where DataLoader has the keyword."""
+
+    shuffle: bool | str | AspectBuckets | None
+    sampler: Sampler[int] | None
+    num_workers: int
+    collate_fn: Callable[[Any], Any] | None
+    pin_memory: bool | None
+    drop_last: bool
+    prefetch_factor: int | None
+    persistent_workers: bool
+    worker_init_fn: Callable[[int], None] | None
+    timeout: float
+    generator: torch.Generator | None
+    seed: int | None
+    rank: int | None
+    world_size: int | None
+    multiprocessing_context: Any
+    with_indices: bool
+
+
 def make_loader(
-    dataset: PackedDataset | Mixture,
-    batch_size: int = 256,
-    shuffle: bool | str | AspectBuckets | None = None,
-    sampler: Sampler[int] | None = None,
-    num_workers: int = 0,
-    collate_fn: Callable[[Any], Any] | None = None,
-    pin_memory: bool | None = None,
-    drop_last: bool = False,
-    prefetch_factor: int | None = None,
-    persistent_workers: bool = False,
-    worker_init_fn: Callable[[int], None] | None = None,
-    timeout: float = 0.0,
-    generator: torch.Generator | None = None,
-    seed: int | None = None,
-    rank: int | None = None,
-    world_size: int | None = None,
-    multiprocessing_context: Any = None,
-    with_indices: bool = False,
+    dataset: PackedDataset | Mixture, batch_size: int = 256, **options: Unpack[LoaderOptions]
 ) -> PackedLoader:
     """A `PackedLoader` (a DataLoader) over `dataset` in batches of 256 unless told otherwise.
 
@@ -61,27 +67,13 @@ def make_loader(
     two cores they deliver ~0.75-0.8x of 0 workers. With 147 KiB (224x224x3) samples the
     per-batch costs are small next to the copy and 2 workers deliver ~1.5x. Workers also pay
     off by keeping the training process's share small, and for a per-sample `transform`.
+
+    Every keyword but `batch_size` is `LoaderOptions`', passed to `PackedLoader` as given.
     """
-    return PackedLoader(
-        dataset,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        sampler=sampler,
-        num_workers=num_workers,
-        collate_fn=collate_fn,
-        pin_memory=pin_memory,
-        drop_last=drop_last,
-        timeout=timeout,
-        worker_init_fn=worker_init_fn,
-        multiprocessing_context=multiprocessing_context,
-        generator=generator,
-        prefetch_factor=prefetch_factor,
-        persistent_workers=persistent_workers,
-        seed=seed,
-        rank=rank,
-        world_size=world_size,
-        with_indices=with_indices,
-    )
+    unknown = sorted(options.keys() - LoaderOptions.__annotations__.keys())
+    if unknown:
+        raise TypeError(f"make_loader() got an unexpected keyword argument {unknown[0]!r}")
+    return PackedLoader(dataset, batch_size=batch_size, **options)
 
 
 def stream_loader(

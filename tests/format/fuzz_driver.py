@@ -43,9 +43,9 @@ from loaders import (  # noqa: E402
     PackedDataset,
     PackedStream,
     make_loader,
-    open_catalog,
     stream_loader,
 )
+from loaders.read.catalog import open_catalog  # noqa: E402
 
 
 def cli(*args: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loaders import open_catalog
+from loaders.read.catalog import open_catalog
 from loaders.read.page_cache import advise_file
 from tests.helpers.packed import Packed, make_packed
 

@@ -47,3 +47,46 @@ def test_device_loader_stream_is_copy_stream(tmp_path: Path) -> None:
     )
     message = r"DeviceLoader\.stream is deprecated: use DeviceLoader\.copy_stream"
     assert _former(device, "stream", message) is device.copy_stream is None  # no CUDA here
+
+
+def test_the_front_door_holds_what_a_training_script_needs() -> None:
+    """`loaders.__all__` is the short list; each of its names imports without a warning."""
+    import loaders
+
+    assert len(loaders.__all__) == 16 and not set(loaders.__all__) & set(loaders.FORMER_NAMES)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert all(getattr(loaders, name) is not None for name in loaders.__all__)
+
+
+@pytest.mark.parametrize("name", sorted(__import__("loaders").FORMER_NAMES))
+def test_a_name_that_left_the_front_door_still_imports_and_warns_once(name: str) -> None:
+    import importlib
+
+    import loaders
+
+    module = loaders.FORMER_NAMES[name]
+    message = rf"loaders\.{name} is deprecated: use {module}\.{name}"
+    assert _former(loaders, name, message) is getattr(importlib.import_module(module), name)
+
+
+def test_the_former_augment_module_still_imports_and_warns_once() -> None:
+    """`from loaders.augment import ...`, as the docs once wrote it, for every name it held."""
+    import loaders
+    import loaders.augment
+    import loaders.augment.crops
+    import loaders.augment.draws
+
+    assert _former(loaders.augment, "RandomResizedCrop", r"use loaders\.RandomResizedCrop") is (
+        loaders.RandomResizedCrop
+    )
+    assert _former(loaders.augment, "crop_boxes", r"use loaders\.augment\.draws\.crop_boxes") is (
+        loaders.augment.draws.crop_boxes
+    )
+    assert _former(loaders.augment, "Augment", r"use loaders\.augment\.crops\.Augment") is (
+        loaders.augment.crops.Augment
+    )
+    with pytest.raises(ImportError, match="no_such_crop"):
+        exec("from loaders.augment import no_such_crop")
+    with pytest.raises(AttributeError, match="no_such_name"):
+        _ = loaders.no_such_name

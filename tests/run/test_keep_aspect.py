@@ -340,7 +340,8 @@ def test_a_stream_reads_samples_of_their_own_size(
 ) -> None:
     """`PackedStream` over an aspect-kept dataset: every sample once an epoch, in padded
     batches whose sizes say where each is, and one at a time at its own size."""
-    from loaders import PackedStream, open_catalog, stream_loader
+    from loaders import PackedStream, stream_loader
+    from loaders.read.catalog import open_catalog
 
     write_sources(tmp_path / "images")
     assert cli(["run", str(write_config(tmp_path))], capsys)[0] == 0

@@ -26,12 +26,12 @@ from loaders import (
     Resize,
     ResizeToBucket,
     make_loader,
-    open_catalog,
     stream_loader,
 )
 from loaders.augment.crops import resized_crop
 from loaders.batch.ragged import RaggedImages
 from loaders.batch.types import SIZE_COLUMNS
+from loaders.read.catalog import open_catalog
 from tests.helpers.aspect import pack_aspect, read_plainly
 
 pytestmark = pytest.mark.timeout(180)

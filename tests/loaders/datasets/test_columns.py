@@ -18,7 +18,8 @@ import torch
 from etl.config import load_config
 from etl.errors import SelectionError
 from etl.run import pipeline
-from loaders import ColumnBatch, DeviceLoader, PackedDataset, PackedStream, make_loader
+from loaders import DeviceLoader, PackedDataset, PackedStream, make_loader
+from loaders.batch.types import ColumnBatch
 from loaders.loader.factories import stream_loader
 from loaders.read.catalog import open_catalog
 from tests.helpers.columns import write_captioned, write_listing_config

@@ -13,7 +13,8 @@ import torch
 from etl.format.checksums import digest
 from etl.format.manifest import RECORDED_FILES
 from etl.format.record import write_record
-from loaders import PackedDataset, open_catalog
+from loaders import PackedDataset
+from loaders.read.catalog import open_catalog
 from tests.helpers.packed import Packed, commit_subset, make_packed
 
 

@@ -20,7 +20,8 @@ import pytest
 from etl.config import load_config
 from etl.errors import ConfigError, ManifestError, SelectionError
 from etl.run import pipeline
-from loaders import PackedDataset, View, make_loader, open_catalog
+from loaders import PackedDataset, View, make_loader
+from loaders.read.catalog import open_catalog
 from tests.helpers.columns import write_captioned, write_listing_config
 
 

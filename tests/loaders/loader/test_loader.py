@@ -12,8 +12,9 @@ from torch.utils.data import DataLoader
 
 import loaders.loader.packed
 import loaders.memory.batch_memory
-from loaders import Batch, DeviceLoader, PackedDataset, make_loader
+from loaders import DeviceLoader, PackedDataset, make_loader
 from loaders.augment.crops import _params_on
+from loaders.batch.types import Batch
 from loaders.device.loader import bound_device, prepare_images
 from loaders.loader.named_orders import SHUFFLES
 from tests.helpers.packed import Packed, make_packed
@@ -300,3 +301,23 @@ def test_crop_parameters_stay_exact_on_their_way() -> None:
     mirrored = np.array([True, False])
     box, flip = _params_on(None, boxes, mirrored)
     assert torch.equal(box, torch.from_numpy(boxes)) and flip.tolist() == [True, False]
+
+
+def test_make_loader_takes_packed_loaders_keywords_declared_once(tmp_path: Path) -> None:
+    """`LoaderOptions` names exactly PackedLoader's keywords beside the dataset, the batch
+    size and the batch sampler (make_loader makes its own), and `make_loader` refuses any
+    other keyword as a function of its own would, naming it."""
+    import inspect
+
+    from loaders.loader.factories import LoaderOptions
+
+    params = inspect.signature(loaders.loader.packed.PackedLoader.__init__).parameters
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    named = {n for n, p in params.items() if p.kind in kinds} - {"self", "dataset", "batch_size"}
+    assert set(LoaderOptions.__annotations__) == named - {"batch_sampler"}
+    ds = PackedDataset.open(make_packed(tmp_path / "ds").root)
+    loader = make_loader(ds, num_workers=0, seed=3, drop_last=True)
+    assert (loader.batch_size, loader.order.seed, loader.drop_last) == (256, 3, True)
+    for wrong in ("batch_sampler", "in_order", "shufle"):
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{wrong}'"):
+            make_loader(ds, **{wrong: None})  # type: ignore[arg-type]

@@ -25,9 +25,9 @@ from loaders import (
     PackedLoader,
     PackedStream,
     make_loader,
-    open_catalog,
     stream_loader,
 )
+from loaders.read.catalog import open_catalog
 from tests.helpers.packed import Packed, commit_subset, make_packed
 from tests.loaders.order.test_distributed import free_port, write_gathered
 

@@ -24,15 +24,9 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
-from loaders import (
-    DeviceLoader,
-    PackedDataset,
-    PackedLoader,
-    make_loader,
-    open_catalog,
-    stream_loader,
-)
+from loaders import DeviceLoader, PackedDataset, PackedLoader, make_loader, stream_loader
 from loaders.datasets.stream import PackedStream
+from loaders.read.catalog import open_catalog
 from tests.helpers.packed import Packed, make_packed
 from tests.loaders.order.test_distributed import free_port
 

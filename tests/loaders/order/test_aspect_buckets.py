@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from loaders import (
     AspectBuckets,
-    BucketSampler,
     DeviceLoader,
     PackedDataset,
     PackedLoader,
@@ -23,7 +22,7 @@ from loaders import (
     make_loader,
 )
 from loaders.batch.types import SIZE_COLUMNS
-from loaders.order.aspect_buckets import bucket_order
+from loaders.order.aspect_buckets import BucketSampler, bucket_order
 from loaders.order.orders import partition
 from tests.helpers.aspect import pack_aspect
 

@@ -19,10 +19,11 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
-from loaders import BlockShuffleSampler, ClassBalancedSampler, PackedDataset, ShuffleSampler
+from loaders import PackedDataset
 from loaders.datasets.packed import collate_batch
 from loaders.order.orders import balanced_order, block_order, partition, random_order
 from loaders.order.quality import class_mix_distance, shuffle_quality
+from loaders.order.samplers import BlockShuffleSampler, ClassBalancedSampler, ShuffleSampler
 from tests.helpers.packed import Packed, make_packed
 
 

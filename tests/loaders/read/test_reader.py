@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 
 import loaders.read.reader
 from etl.errors import ShardError
-from loaders import open_catalog
-from loaders.read.catalog import ShardSet
+from loaders.read.catalog import ShardSet, open_catalog
 from loaders.read.page_cache import advise_file, byte_pages, row_pages
 from loaders.read.reader import ShardReader
 from tests.helpers.packed import Packed

@@ -17,7 +17,8 @@ import pytest
 import etl.format.row_checksums as row_checksums
 import loaders.read.shard_checks
 from etl.errors import ManifestError, ShardError
-from loaders import PackedDataset, PackedStream, make_loader, open_catalog, stream_loader
+from loaders import PackedDataset, PackedStream, make_loader, stream_loader
+from loaders.read.catalog import open_catalog
 from tests.helpers.packed import Packed, make_packed
 from tests.helpers.packed import rewrite_sealed as rewrite
 

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from etl.format.shards import HEADER_BYTES
-from loaders import open_catalog
+from loaders.read.catalog import open_catalog
 from loaders.read.reader import ShardReader
 from loaders.read.span import SUPPORTED, ShardSpan, layout
 from tests.helpers.packed import Packed, make_packed
