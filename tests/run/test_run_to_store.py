@@ -625,7 +625,9 @@ def test_a_put_the_store_answers_late_but_lands_never_publishes_a_version_withou
         assert code in (0, 2), out + err
         if code:
             errors = [line for line in err.splitlines() if line.startswith("error:")]
-            assert len(errors) == 1 and "published/out/" in errors[0], err
+            # the call that ran out of time names its object, or the dataset itself: on two
+            # busy cores a listing can pass the 1.5 s too ("s3://published/out: cannot list")
+            assert len(errors) == 1 and "published/out" in errors[0], err
         time.sleep(LATE + 1)  # every put the proxy held has been forwarded and acted on
     bucket.invalidate_cache()
     if _records(bucket):
@@ -635,6 +637,7 @@ def test_a_put_the_store_answers_late_but_lands_never_publishes_a_version_withou
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
     s3fs.S3FileSystem.clear_instance_cache()
+    config.write_text(CONFIG.format(out=URL))  # the rerun meets a healthy store: no 1.5 s limit
     code, out, err = cli(["run", str(config)], capsys)
     assert code == 0, out + err
     assert [json.loads(r)["version"] for r in _records(bucket)] == [1]
