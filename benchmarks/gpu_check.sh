@@ -4,12 +4,12 @@
 #      test_cuda_decode.py);
 #   2. with each mechanism they guard removed (--break-mechanism), the tests guarding it FAIL;
 #   3. the loader tests pass with CUDA visible (pinning on by default there);
-#   4. the GPU benchmarks: bench_device_decode (torchvision's decode_jpeg against nvImageCodec
+#   4. the GPU benchmarks: gpu.device_decode (torchvision's decode_jpeg against nvImageCodec
 #      on the same stored JPEGs: samples/s, difference from Pillow, GPU memory per epoch),
-#      bench_encoded --gpu (JPEG samples decoded on the GPU against the workers'
-#      libjpeg-turbo, 224 crops a second and the GPU memory of each epoch), bench_augment
+#      formats.encoded --gpu (JPEG samples decoded on the GPU against the workers'
+#      libjpeg-turbo, 224 crops a second and the GPU memory of each epoch), load.augment
 #      (host-to-device GB/s, DeviceLoader + augmentation samples/s, step time with the
-#      side-stream prefetch, GPU memory) and bench_workers (0 against 2 workers with each
+#      side-stream prefetch, GPU memory) and load.workers (0 against 2 workers with each
 #      batch copied to the GPU, the ring pinned and not, the ring's copy GB/s and registration
 #      time; then with --jpeg, JPEG decode + 224 crop in the workers).
 #
@@ -110,17 +110,17 @@ step break-decoded_on_gpu 1 90 $PY -m pytest -p no:cacheprovider -m cuda \
 step loader-tests 0 180 $PY -m pytest -p no:cacheprovider -q -n 8 -m "not slow and not cuda" \
     tests/loaders
 if [ "$DRY" = 1 ]; then
-    step bench-device-decode 0 120 $PY -m benchmarks.bench_device_decode --photos 24 --epochs 2
-    step bench-encoded 0 300 $PY -m benchmarks.bench_encoded --photos 24 --rounds 1
-    step bench-augment 0 300 $PY -m benchmarks.bench_augment --tiny --device cpu
-    step bench-workers 0 120 $PY -m benchmarks.bench_workers --samples 1000 --size 32 --rounds 1
-    step bench-workers-jpeg 0 120 $PY -m benchmarks.bench_workers --jpeg --samples 300 --rounds 1
+    step bench-device-decode 0 120 $PY -m benchmarks.gpu.device_decode --photos 24 --epochs 2
+    step bench-encoded 0 300 $PY -m benchmarks.formats.encoded --photos 24 --rounds 1
+    step bench-augment 0 300 $PY -m benchmarks.load.augment --tiny --device cpu
+    step bench-workers 0 120 $PY -m benchmarks.load.workers --samples 1000 --size 32 --rounds 1
+    step bench-workers-jpeg 0 120 $PY -m benchmarks.load.workers --jpeg --samples 300 --rounds 1
 else
-    step bench-device-decode 0 90 $PY -m benchmarks.bench_device_decode --photos 2000 --epochs 3
-    step bench-encoded 0 120 $PY -m benchmarks.bench_encoded --gpu --photos 2000
-    step bench-augment 0 150 $PY -m benchmarks.bench_augment --quick
-    step bench-workers 0 120 $PY -m benchmarks.bench_workers --samples 4000 --rounds 2
-    step bench-workers-jpeg 0 120 $PY -m benchmarks.bench_workers --jpeg --samples 2000 --rounds 2
+    step bench-device-decode 0 90 $PY -m benchmarks.gpu.device_decode --photos 2000 --epochs 3
+    step bench-encoded 0 120 $PY -m benchmarks.formats.encoded --gpu --photos 2000
+    step bench-augment 0 150 $PY -m benchmarks.load.augment --quick
+    step bench-workers 0 120 $PY -m benchmarks.load.workers --samples 4000 --rounds 2
+    step bench-workers-jpeg 0 120 $PY -m benchmarks.load.workers --jpeg --samples 2000 --rounds 2
 fi
 tail -n 40 "$OUT/bench-device-decode.log" "$OUT/bench-encoded.log" "$OUT/bench-augment.log" \
     "$OUT/bench-workers.log" "$OUT/bench-workers-jpeg.log"

@@ -1,7 +1,7 @@
 """Aspect-kept storage against fixed-size storage of the same photos: bytes on disk, packing rate
 (whole cold `etl run`), and loading rate with `RandomResizedCrop(224)` on the CPU (#44).
 
-    python -m benchmarks.bench_aspect [--photos 2000] [--rounds 3] [--jobs 2]
+    python -m benchmarks.formats.aspect [--photos 2000] [--rounds 3] [--jobs 2]
 
 The photos are `benchmarks.photos` (300-640 px a side, random aspects, JPEG). "fixed" stores
 each at 256x256 (`resize: {size: [256, 256]}`, a centre crop); "aspect" keeps its aspect ratio

@@ -1,6 +1,6 @@
 """Which codec for stored samples: bytes against raw rows, encode and decode time, exactness.
 
-    python -m benchmarks.bench_codecs [--photos 300] [--shorter 256] [--kind photos|renders]
+    python -m benchmarks.formats.codecs [--photos 300] [--shorter 256] [--kind photos|renders]
         [--json FILE]
 
 The samples are the benchmark photos (`benchmarks.photos`: crops of the photographs

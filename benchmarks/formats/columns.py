@@ -2,7 +2,7 @@
 (`columns=[...]`: a ColumnBatch) against the same epoch without, page-cached, interleaved in
 one run, with 0 and 2 workers.
 
-    python -m benchmarks.bench_columns [--samples 8000] [--size 64] [--rounds 3]
+    python -m benchmarks.formats.columns [--samples 8000] [--size 64] [--rounds 3]
 
 "dense": a float32 score and a 16-float embedding (tensors); "all": those and a caption
 (text) and 0-3 boxes per sample (lists of Python values). Samples/s, median over rounds;
@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from benchmarks.bench_loaders import write_synthetic
 from benchmarks.common import loader_rate, synthetic_options
+from benchmarks.load.throughput import write_synthetic
 
 COLUMNS = {
     "dense": ["score", "embedding"],
@@ -82,7 +82,7 @@ def main() -> None:
     write_synthetic(root, args.samples * int(np.prod(shape)), shape)
     add_columns(root)
     print(
-        f"# bench_columns, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, "
+        f"# formats.columns, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, "
         f"{args.samples} samples of {shape}, batches of 256, page-cached, median of "
         f"{args.rounds} rounds"
     )

@@ -1,7 +1,7 @@
 """Samples stored encoded (`output.codec`, #58): bytes on disk, pack rate, and the loader's
 decode rate against a bare decode loop, raw beside JPEG and zlib, in one run.
 
-    python -m benchmarks.bench_encoded [--photos 1000] [--rounds 3] [--json FILE]
+    python -m benchmarks.formats.encoded [--photos 1000] [--rounds 3] [--json FILE]
 
 The photos are `benchmarks.photos` (crops of scikit-image's bundled photographs, 300-640 px
 JPEGs). Each codec packs them with `etl run` twice over, at a fixed 224x224 (center_crop) and
@@ -169,7 +169,7 @@ def store_epochs(packs: dict[str, Path], rounds: int) -> dict[str, dict[str, flo
     the epoch moved from the store, samples/s, median of `rounds`."""
     import fsspec
 
-    from benchmarks.bench_remote import create_bucket, free_port, options, start_server
+    from benchmarks.load.from_store import create_bucket, free_port, options, start_server
     from etl.storage.location import StoreOptions
     from loaders import PackedDataset, make_loader
 

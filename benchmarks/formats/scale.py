@@ -1,6 +1,6 @@
 """How opening and selecting a manifest grows with its row count (issue #13's manifest part).
 
-    python -m benchmarks.bench_scale [--rows 1000000 4000000 10000000] [--work DIR] [--tiny]
+    python -m benchmarks.formats.scale [--rows 1000000 4000000 10000000] [--work DIR] [--tiny]
 
 For each size, writes a synthetic version 1 through the project's own commit path
 (`etl.format.commit.commit_version`; 1,000 classes, 90 % train / 10 % val, 10,000 rows per
@@ -232,7 +232,7 @@ def main() -> None:
     if args.work is not None:
         args.work.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=args.work))
-    print(f"# bench_scale, {datetime.now(UTC):%Y-%m-%d}, {cpu_model()}, {os.cpu_count()} cores")
+    print(f"# formats.scale, {datetime.now(UTC):%Y-%m-%d}, {cpu_model()}, {os.cpu_count()} cores")
     print(f"# median of {repeat} fresh processes per cell: seconds / peak RSS\n")
     print("| rows | write v1 | " + " | ".join(OPS) + " |")
     print("|---:|---:|" + "---:|" * len(OPS))

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # #44's GPU goal on a lent GPU machine (about 4 minutes on one H100): the CUDA tests, then
-# `bench_aspect --device cuda`: fixed 256x256 against aspect-kept storage of the same photos,
+# `formats.aspect --device cuda`: fixed 256x256 against aspect-kept storage of the same photos,
 # loaded through DeviceLoader with RandomResizedCrop(224) on the GPU, aspect-kept batches sent
 # back to back and, for comparison, padded (NOTE [ back to back ] in loaders/batch/ragged.py).
 #
-#   bash benchmarks/gpu_aspect.sh            # on the GPU machine, from the repository root
-#   bash benchmarks/gpu_aspect.sh --dry-run  # here, on the CPU: tiny, to check the script
+#   bash benchmarks/gpu/aspect.sh            # on the GPU machine, from the repository root
+#   bash benchmarks/gpu/aspect.sh --dry-run  # here, on the CPU: tiny, to check the script
 #
-# Carry the wheels and photo sources that benchmarks/gpu_pack.sh lists in .whl/ (with
+# Carry the wheels and photo sources that benchmarks/gpu/pack.sh lists in .whl/ (with
 # duckdb and pytest-timeout for the tests). Results go to $OUT (or /tmp/gpu-aspect).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu-aspect}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
@@ -30,6 +30,6 @@ $PY -c "import torch; print(torch.__version__, torch.cuda.is_available() and
 nproc | tee -a "$OUT/machine.txt"
 $PY -m pytest -p no:cacheprovider -q -rs "${TESTS[@]}" > "$OUT/cuda-tests.log" 2>&1
 echo "cuda tests: exit $?; $(tail -1 "$OUT/cuda-tests.log")"
-$PY -m benchmarks.bench_aspect "${ARGS[@]}" --work /tmp/aspect-work > "$OUT/aspect.md" \
+$PY -m benchmarks.formats.aspect "${ARGS[@]}" --work /tmp/aspect-work > "$OUT/aspect.md" \
     2> "$OUT/aspect.log" || { tail -20 "$OUT/aspect.log"; exit 1; }
 cat "$OUT/aspect.md"

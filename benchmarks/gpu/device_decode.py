@@ -2,7 +2,7 @@
 #58): torchvision's `decode_jpeg` against NVIDIA nvImageCodec, beside libjpeg-turbo in the
 training process, over the same stored bytes, in one run.
 
-    python -m benchmarks.bench_device_decode [--photos 2000] [--epochs 4] [--device cuda|cpu]
+    python -m benchmarks.gpu.device_decode [--photos 2000] [--epochs 4] [--device cuda|cpu]
         [--json FILE]
 
 The photos are `benchmarks.photos` (300-640 px JPEGs), packed once by `etl run` as JPEG with the
@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.bench_encoded import RESIZES, _stored_jpegs, pack
 from benchmarks.common import cpu_model
+from benchmarks.formats.encoded import RESIZES, _stored_jpegs, pack
 from benchmarks.photos import make_photos
 
 BATCH = 256

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The packing scaling curve on the lent GPU machine's 16 CPU cores (no GPU used): cold `etl run`
-# against the naive writer at 1, 2, 4, 8 and 16 jobs (benchmarks/bench_pack_grid.py).
+# against the naive writer at 1, 2, 4, 8 and 16 jobs (benchmarks/pack/grid.py).
 #
-#   bash benchmarks/gpu_pack.sh              # on the GPU machine, from the repository root
-#   bash benchmarks/gpu_pack.sh --dry-run    # here: a tiny grid, to check the script
+#   bash benchmarks/gpu/pack.sh              # on the GPU machine, from the repository root
+#   bash benchmarks/gpu/pack.sh --dry-run    # here: a tiny grid, to check the script
 #
 # That machine has python3 with numpy, pyarrow, xxhash and psutil, no scikit-image and no
 # network: carry the rest as wheels and the bundled photos as arrays in .whl/, e.g. here:
@@ -14,7 +14,7 @@
 #     typing-extensions
 #   python -m benchmarks.photos --export .whl/photo-sources
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu-pack}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
@@ -33,6 +33,6 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-}
 [ -d .whl/photo-sources ] && export BENCH_PHOTO_SOURCES=$PWD/.whl/photo-sources
 nproc | tee "$OUT/machine.txt"
 $PY -c "import PIL, pyarrow, numpy, joblib; print(PIL.__version__, pyarrow.__version__, numpy.__version__, joblib.__version__)" | tee -a "$OUT/machine.txt"
-$PY -m benchmarks.bench_pack_grid "${ARGS[@]}" --work /tmp/grid-work --json "$OUT/grid.json" \
+$PY -m benchmarks.pack.grid "${ARGS[@]}" --work /tmp/grid-work --json "$OUT/grid.json" \
     > "$OUT/grid.md" 2> "$OUT/grid.log" || { tail -20 "$OUT/grid.log"; exit 1; }
 cat "$OUT/grid.md"

@@ -1,6 +1,6 @@
 """Batched augmentation and the CUDA feed, measured side by side in one run.
 
-    python -m benchmarks.bench_augment [--quick] [--tiny] [--device cuda]
+    python -m benchmarks.load.augment [--quick] [--tiny] [--device cuda]
 
 On the CPU (always): `loaders.augment.crops.RandomResizedCrop` on a batch against a per-sample loop
 of the same torch ops (crop, `F.interpolate`, flip; what a per-sample `transform` does) and against
@@ -33,8 +33,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bench_loaders import table, write_synthetic
 from benchmarks.common import cpu_model
+from benchmarks.load.throughput import table, write_synthetic
 from loaders import DeviceLoader, PackedDataset, make_loader
 from loaders.augment.crops import RandomResizedCrop, resized_crop
 from loaders.augment.draws import crop_boxes, flips
@@ -334,7 +334,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else None)
     args = parser.parse_args()
     warnings.filterwarnings("ignore", "CUDA is not available", RuntimeWarning)
-    print(f"# bench_augment, {date.today()}, {cpu_model()}, torch {torch.__version__}")
+    print(f"# load.augment, {date.today()}, {cpu_model()}, torch {torch.__version__}")
     if args.tiny:
         report_cpu(batch=8, stored=32, size=24, rounds=1)
     else:

@@ -1,6 +1,6 @@
 """Reads from disk, not the page cache: the loaders against the device itself (issue #13).
 
-    python -m benchmarks.bench_cold [--samples 5000] [--rounds 3] [--work DIR] [--warm-only]
+    python -m benchmarks.load.cold [--samples 5000] [--rounds 3] [--work DIR] [--warm-only]
 
 Writes a packed dataset of `--samples` random 224x224x3 samples (147 KiB each) in shards of
 1,000, then, once per round and with the page cache dropped before each contender (as root:
@@ -48,8 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.bench_loaders import write_synthetic
 from benchmarks.common import cached_bytes, cpu_model
+from benchmarks.load.throughput import write_synthetic
 from loaders import PackedDataset, make_loader
 from loaders.order.orders import block_order, random_order
 from loaders.order.quality import class_mix_distance
@@ -275,7 +275,7 @@ def main() -> None:
         runs = contenders(work, rows)
         quality = quality_of_orders(rows)
         cold = not args.warm_only and drop_page_cache()
-        print(f"# bench_cold, {datetime.now(UTC):%Y-%m-%d}, {cpu_model()}, {os.cpu_count()} cores")
+        print(f"# load.cold, {datetime.now(UTC):%Y-%m-%d}, {cpu_model()}, {os.cpu_count()} cores")
         print(
             f"# {len(rows):,} samples of {int(np.prod(SHAPE)) / 1024:.0f} KiB, batches of "
             f"{BATCH}, median of {args.rounds} rounds\n"

@@ -1,7 +1,7 @@
 """Training from object storage against local disk and against the endpoint's own limit, all
 against one S3-compatible server (moto's, in its own process on 127.0.0.1) in one run.
 
-    python -m benchmarks.bench_remote [--samples 5000] [--size 224] [--per-shard 1000]
+    python -m benchmarks.load.from_store [--samples 5000] [--size 224] [--per-shard 1000]
         [--rounds 3]
 
 A synthetic dataset of `--samples` random uint8 samples (shards of `--per-shard`) is uploaded to a
@@ -39,8 +39,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_loaders import write_synthetic
 from benchmarks.common import cpu_model
+from benchmarks.load.throughput import write_synthetic
 
 BATCH = 256
 
@@ -189,8 +189,9 @@ def main() -> None:
         rate = {k: n / statistics.median(v) for k, v in times.items()}
         mib = n * shape[0] * shape[1] * 3 / 2**20
         print(
-            f"# bench_remote, {time.strftime('%Y-%m-%d')}, {cpu_model()}, {os.cpu_count()} CPUs: "
-            f"{n} samples of {shape} ({mib:,.0f} MiB), shards of {args.per_shard:,}, moto S3 on "
+            f"# load.from_store, {time.strftime('%Y-%m-%d')}, {cpu_model()}, "
+            f"{os.cpu_count()} CPUs: {n} samples of {shape} ({mib:,.0f} MiB), "
+            f"shards of {args.per_shard:,}, moto S3 on "
             "127.0.0.1, "
             f"median of {args.rounds} rounds\n"
         )

@@ -3,7 +3,7 @@ datasets against a plain shuffled loader over one of them (same sample size), pa
 interleaved in one run, with 0 and 2 workers; then each view's share of 10,000 steps of the
 mixture's order against its weight.
 
-    python -m benchmarks.bench_mixture [--samples 8000] [--size 64] [--rounds 3] [--steps 10000]
+    python -m benchmarks.load.mixture [--samples 8000] [--size 64] [--rounds 3] [--steps 10000]
 
 Samples/s, median over rounds; the shares are counted from the sampler's own orders (what the
 loader reads), with the binomial standard error of each. Nothing is asserted.
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.bench_loaders import write_synthetic
 from benchmarks.common import loader_rate, synthetic_options
+from benchmarks.load.throughput import write_synthetic
 
 WEIGHTS = (0.5, 0.3, 0.2)
 BATCH = 256
@@ -80,7 +80,7 @@ def main() -> None:
     mix = mixture(work / "a", work / "b")
     plain = PackedDataset.open(work / "a")
     print(
-        f"# bench_mixture, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, 2 datasets of "
+        f"# load.mixture, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, 2 datasets of "
         f"{args.samples} samples of {shape}, 3 views weighted {WEIGHTS}, batches of {BATCH}, "
         f"page-cached, median of {args.rounds} rounds"
     )

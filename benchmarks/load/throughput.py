@@ -1,7 +1,7 @@
 """Loader throughput against the alternatives, resident memory over an epoch, shuffle quality.
 
     etl sample-data data/sample && etl run pipeline.yaml      # once: sources and artifacts/
-    python -m benchmarks.bench_loaders [--quick]
+    python -m benchmarks.load.throughput [--quick]
 
 Everything is measured in one run on the same machine and page-cached data: random-order
 batches of 256 from `artifacts/` through `loaders` (map-style and stream, 0 and 2 workers),

@@ -1,7 +1,7 @@
 """What `loaders.loader.trace` costs: the samples of one step of a long ImageNet-sized run, and
 every step that read one sample.
 
-    python -m benchmarks.bench_trace [--samples 1281167] [--batch 256] [--step 10000000]
+    python -m benchmarks.load.trace [--samples 1281167] [--batch 256] [--step 10000000]
 
 An order sampler over `--samples` indices (the random order, as `shuffle=True` makes it) and a
 state whose history is recorded as the loader records it, every epoch read through and one

@@ -2,7 +2,7 @@
 checked against its sample's checksum (with "once", two epochs: rows are checked in the first
 only), against the same epoch unchecked, page-cached, interleaved in one run.
 
-    python -m benchmarks.bench_verify_rows [--samples 4000] [--size 224] [--rounds 5]
+    python -m benchmarks.load.verify_rows [--samples 4000] [--size 224] [--rounds 5]
 
 Samples/s of each, median over rounds; nothing is asserted.
 """
@@ -16,8 +16,8 @@ import time
 import warnings
 from pathlib import Path
 
-from benchmarks.bench_loaders import write_synthetic
 from benchmarks.common import loader_rate, synthetic_options
+from benchmarks.load.throughput import write_synthetic
 
 
 def epoch(root: Path, verify: bool | str, epochs: int = 1) -> list[float]:
@@ -53,7 +53,7 @@ def main() -> None:
         rates["once, epoch 2"].append(second)
     median = {k: statistics.median(v) for k, v in rates.items()}
     print(
-        f"# bench_verify_rows, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, "
+        f"# load.verify_rows, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, "
         f"{args.samples} samples of {shape}, batches of 256, page-cached, median of "
         f"{args.rounds} rounds"
     )

@@ -1,7 +1,7 @@
 """Loader epochs with and without workers, ImageNet-sized samples, page-cached; two code trees
 side by side in one run.
 
-    python -m benchmarks.bench_workers [--samples 5000] [--size 224] [--rounds 5] [--baseline DIR]
+    python -m benchmarks.load.workers [--samples 5000] [--size 224] [--rounds 5] [--baseline DIR]
         [--device cpu|cuda] [--crop | --jpeg]
 
 A synthetic dataset of `--samples` random 224x224x3 uint8 samples (147 KiB; `--size 64` for
@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 BATCH = 256
-HERE = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parents[2]
 CONTENDERS = ("0 workers", "2 workers", "2 workers, persistent")
 
 
@@ -122,7 +122,7 @@ def measure(
             loader.set_epoch(epoch)
             results.setdefault(name, []).append(_epoch(loader, device))
         if jpeg:
-            from benchmarks.bench_encoded import bare_crop_rate
+            from benchmarks.formats.encoded import bare_crop_rate
 
             bare = "bare loop: decode + crop + resize, 1 process"
             seconds = len(PackedDataset.open(data)) / bare_crop_rate(data)
@@ -213,7 +213,7 @@ def main() -> None:
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    from benchmarks.bench_loaders import write_synthetic
+    from benchmarks.load.throughput import write_synthetic
 
     trees = {"this": HERE} | ({"baseline": args.baseline.resolve()} if args.baseline else {})
     with tempfile.TemporaryDirectory(prefix="bench-workers-") as tmp:
@@ -249,7 +249,7 @@ def main() -> None:
 
 def _jpeg_pack(work: Path, photos: int) -> Path:
     """`photos` benchmark photos packed by `etl run` as JPEG, aspect kept: the out dir."""
-    from benchmarks.bench_encoded import RESIZES, pack
+    from benchmarks.formats.encoded import RESIZES, pack
     from benchmarks.photos import make_photos
 
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "etl-memmap"

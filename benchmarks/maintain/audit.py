@@ -1,6 +1,6 @@
 """How fast `etl audit` verifies page-cached shards, against `sha256sum` of the same files.
 
-    python -m benchmarks.bench_audit [--mib 384] [--shard-mib 32] [--repeat 3] [--dir PATH]
+    python -m benchmarks.maintain.audit [--mib 384] [--shard-mib 32] [--repeat 3] [--dir PATH]
 
 Writes a dataset of random uint8 samples (64x64x3, 12 KiB each) with the real `ShardWriter` and
 `etl.format.commit.commit`, reads every shard once to put it in the page cache, then times in the

@@ -1,9 +1,9 @@
 """The report stays bounded whatever the dataset's size (issue #62): `etl report` on synthetic
 versions of growing row counts, its size and time.
 
-    python -m benchmarks.bench_report [--rows 100000 1000000 10000000] [--work DIR] [--tiny]
+    python -m benchmarks.maintain.report [--rows 100000 1000000 10000000] [--work DIR] [--tiny]
 
-For each size, writes versions 1 and 2 through the project's own commit path (bench_scale's
+For each size, writes versions 1 and 2 through the project's own commit path (formats.scale's
 synthetic manifests: 1,000 classes, 90 % train / 10 % val, 64x64x3 samples, 10,000 rows a
 shard; version 2 repacks 1 % of the rows, removes 0.5 % and adds as many), gives each shard a
 shard file of real pixels (500 of benchmarks.photos' photos, resized to 64x64 and repeated:
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.bench_scale import SHAPE, write_next_version, write_version
 from benchmarks.common import cpu_model, run_measured
+from benchmarks.formats.scale import SHAPE, write_next_version, write_version
 from etl.format.manifest import read_manifest
 
 DISTINCT = 500

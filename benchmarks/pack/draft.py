@@ -1,7 +1,7 @@
 """The reduced JPEG decode (`draft:`, #60) against the exact one: packing rate and quality, on
 the benchmark photos and on 12 MP camera photos, in one run.
 
-    python -m benchmarks.bench_draft [--photos 300] [--camera 40] [--rounds 3] [--size 224]
+    python -m benchmarks.pack.draft [--photos 300] [--camera 40] [--rounds 3] [--size 224]
 
 Two photo sets: the benchmark photos (`benchmarks.photos`, 300-640 px JPEGs) and 12 MP photos
 made from them (`benchmarks.photos.camera_photo`: upscaled to 4032x3024 with Lanczos, luma and

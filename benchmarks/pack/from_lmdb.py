@@ -1,6 +1,6 @@
 """Moving an LMDB dataset to memmap shards: the conversion, then loaders against LMDB.
 
-    python -m benchmarks.bench_lmdb [--samples N] [--quick]
+    python -m benchmarks.pack.from_lmdb [--samples N] [--quick]
 
 Self-contained, in a temp folder, in one run on one machine:
 1. a "team's existing dataset": an LMDB environment with one JPEG per key (varied sizes, 10

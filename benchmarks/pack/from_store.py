@@ -2,11 +2,11 @@
 against the endpoint's own limit, all against one S3-compatible server (moto's, in its own
 process on 127.0.0.1) in one run.
 
-    python -m benchmarks.bench_remote_pack [--photos 1000] [--jobs 2] [--rounds 3]
+    python -m benchmarks.pack.from_store [--photos 1000] [--jobs 2] [--rounds 3]
 
 The photos (`benchmarks.photos`) are uploaded to a bucket once. Each round, in an order that
 rotates: `etl run` as a cold process with `source.path` the local folder, then the bucket
-prefix (same stages as `bench_pack_grid`: decode RGB, centre crop 224x224 bilinear); and the
+prefix (same stages as `pack.grid`: decode RGB, centre crop 224x224 bilinear); and the
 then the bucket prefix into a bucket (`output.dir: s3://...`, a new prefix each round, so each
 is a first run: pack, upload, read back to verify, publish); and the endpoint: plain concurrent
 GETs (8 threads) of every photo, no decode. Medians over rounds, as photos/s. The datasets'
@@ -29,9 +29,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_pack import machine_info
-from benchmarks.bench_pack_grid import write_config
-from benchmarks.bench_remote import create_bucket, free_port, options, start_server
+from benchmarks.load.from_store import create_bucket, free_port, options, start_server
+from benchmarks.pack.grid import write_config
+from benchmarks.pack.throughput import machine_info
 from benchmarks.photos import make_photos
 
 BUCKET = "photos"

@@ -1,7 +1,7 @@
 """Packing throughput over dataset sizes x shard sizes x jobs: cold `etl run` processes against
-the naive writer (`benchmarks.naive_pack`), both timed as whole commands, start-up included.
+the naive writer (`benchmarks.pack.naive`), both timed as whole commands, start-up included.
 
-    python -m benchmarks.bench_pack_grid [--sizes 300,1000,5000,20000]
+    python -m benchmarks.pack.grid [--sizes 300,1000,5000,20000]
         [--shards 16,64,256,1024] [--jobs 2] [--rounds 3] [--work data/bench] [--no-loky]
 
 Rounds interleave every variant (the order rotates each round) on the same page-cached photos;
@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_pack import machine_info
+from benchmarks.pack.throughput import machine_info
 from benchmarks.photos import make_photos
 
 DEFAULT_SHARD_MIB = 256
@@ -115,7 +115,7 @@ def run_variant(variant: str, photos: Path, work: Path, size: int, jobs: int) ->
     shutil.rmtree(out, ignore_errors=True)
     out.unlink(missing_ok=True)
     if variant == "naive":
-        command = [sys.executable, "-m", "benchmarks.naive_pack", str(photos), str(out)]
+        command = [sys.executable, "-m", "benchmarks.pack.naive", str(photos), str(out)]
         seconds, stdout = timed([*command, "--jobs", str(jobs)])
         result: dict[str, Any] = {"seconds": seconds, "images": int(stdout.strip())}
     else:
@@ -144,7 +144,7 @@ def decode_rate(folder: Path, jobs: int, count: int = 1200) -> float:
     back: the work any writer of these pixels does, so no writer's rate exceeds it."""
     from multiprocessing import Pool
 
-    from benchmarks.naive_pack import decode
+    from benchmarks.pack.naive import decode
 
     paths = sorted(str(p) for p in folder.glob("*/*.jpg"))[:count]
     with Pool(jobs) as pool:

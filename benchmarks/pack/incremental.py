@@ -1,6 +1,6 @@
 """Incremental re-packing: a no-change rerun and a 1% addition against a full run, in one run.
 
-    python -m benchmarks.bench_incremental [--files 100000] [--quick]
+    python -m benchmarks.pack.incremental [--files 100000] [--quick]
 
 The source tree holds `--files` JPEGs made from realistic photos (benchmarks/photos.py): each
 base photo is written several times with a distinct 8-byte trailer after its end-of-image

@@ -1,7 +1,7 @@
 """The naive writer as a command of its own, so a benchmark times it as it times `etl run`: a
 cold process, its imports and its worker start-up included.
 
-    python -m benchmarks.naive_pack PHOTOS OUT.npy [--jobs 2]
+    python -m benchmarks.pack.naive PHOTOS OUT.npy [--jobs 2]
 
 What one writes without a packing tool: joblib decodes chunks of 64 photos in worker processes
 (open, decode, EXIF orientation, RGB, `ImageOps.fit` to 224x224 bilinear), the pixels travel

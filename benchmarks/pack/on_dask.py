@@ -1,7 +1,7 @@
 """The Dask engine's overhead: loky against a Dask LocalCluster with the same number of worker
 processes, on the same photos, interleaved in one run.
 
-    python -m benchmarks.bench_dask [--images 1500] [--jobs 2] [--repeats 3]
+    python -m benchmarks.pack.on_dask [--images 1500] [--jobs 2] [--repeats 3]
 
 Dask runs connect to a LocalCluster started once by this script (as they would to a real
 cluster); the cost of starting one, which `backend: dask` without an address pays per run, is

@@ -1,7 +1,7 @@
 """JPEG sources already at the output's size, stored as their own bytes (`codec.original`,
 #58) against encoded again at quality 90: pack rate, bytes on disk and fidelity, in one run.
 
-    python -m benchmarks.bench_original [--photos 1000] [--rounds 3]
+    python -m benchmarks.pack.original [--photos 1000] [--rounds 3]
 
 The sources are the benchmark photos (`benchmarks.photos`) as a dataset is often handed over:
 centre-cropped and resized to 224x224 with Pillow and saved as quality-90 JPEG. Each variant

@@ -2,7 +2,7 @@
 'missing' reject and nothing is decoded (issue #43's goal: at most 150 bytes per extra entry);
 with `--folder`, a class-per-folder tree of links that lead nowhere, each a reject too.
 
-    python -m benchmarks.bench_rejects [--rows 200000,800000] [--folder] [--work data/bench]
+    python -m benchmarks.pack.rejects [--rows 200000,800000] [--folder] [--work data/bench]
 
 Each size is one cold `python -m etl run` (its VmHWM read at exit, `benchmarks.common`); the
 figure is (peak at the largest - peak at the smallest) / (difference in rows).

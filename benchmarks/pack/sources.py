@@ -1,6 +1,6 @@
 """Pack speed of the sources that hold images inside files, against a folder of the same photos.
 
-    python -m benchmarks.bench_sources [--images N] [--repeats R] [--quick | --tiny]
+    python -m benchmarks.pack.sources [--images N] [--repeats R] [--quick | --tiny]
 
 The same photos (benchmarks/photos.py, ImageNet-like JPEGs) as a class-per-folder tree, as
 WebDataset tar shards (<key>.jpg + <key>.cls, 1,000 samples a shard) and as a Parquet table

@@ -1,6 +1,6 @@
 """Packing speed and memory: `etl.run.pipeline.run` against a bare Pillow loop, on the same photos.
 
-    python -m benchmarks.bench_pack [--images 3000] [--repeats 3] [--quick | --tiny]
+    python -m benchmarks.pack.throughput [--images 3000] [--repeats 3] [--quick | --tiny]
 
 Every measurement runs in this one process, on the same page-cached files, in interleaved rounds
 (the order rotates each round) so that a noisy neighbour slows all variants alike; the table gives
@@ -56,7 +56,7 @@ from etl.run import pipeline
 HEIGHT, WIDTH = 224, 224
 SAMPLES_PER_SHARD = 64
 """64 samples (9.6 MB) a shard, as this benchmark has always measured; since #43 a pack task is
-a batch of sources whatever the shard size (`benchmarks/bench_pack_grid.py` varies it)."""
+a batch of sources whatever the shard size (`benchmarks/pack/grid.py` varies it)."""
 
 Photos = NDArray[np.uint8]
 
@@ -580,7 +580,7 @@ def markdown(results: Results) -> str:
         f"a side, mean {s['mean_kb']:.0f} KB, {s['mean_pixels'] / 1e3:.0f} kpixels) into "
         f"{HEIGHT}x{WIDTH} RGB (center_crop, bilinear), {SAMPLES_PER_SHARD} samples a shard; "
         f"median of {s['repeats']} interleaved rounds in one run "
-        "(`python -m benchmarks.bench_pack`).",
+        "(`python -m benchmarks.pack.throughput`).",
         "",
         f"Machine: {m['cores']} cores, {m['cpu']}, {m['os']}; Python {m['python']}, "
         f"Pillow {m['pillow']}, numpy {m['numpy']}, joblib {m['joblib']}; {m['date']}; "

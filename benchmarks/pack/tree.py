@@ -1,9 +1,9 @@
 """What a run's parent costs per source file: a tree of tiny distinct JPEGs (issue #13).
 
-    python -m benchmarks.bench_tree [--files 100000 1000000] [--work DIR] [--jobs 2] [--tiny]
+    python -m benchmarks.pack.tree [--files 100000 1000000] [--work DIR] [--jobs 2] [--tiny]
 
 For each size, writes `--files` tiny JPEGs (48x48, a few base images, each copy made unique by
-an 8-byte trailer after its end-of-image marker, as `bench_incremental` does) under 1,000
+an 8-byte trailer after its end-of-image marker, as `pack.incremental` does) under 1,000
 class folders, then runs `etl run` in fresh processes, each reporting wall time and its own
 peak RSS:
 
@@ -110,7 +110,7 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="2,000 and 4,000 files: a smoke test")
     args = parser.parse_args()
     sizes = [2_000, 4_000] if args.tiny else sorted(args.files)
-    print(f"# bench_tree, {datetime.now(UTC):%Y-%m-%d}, {cpu_model()}, {os.cpu_count()} cores")
+    print(f"# pack.tree, {datetime.now(UTC):%Y-%m-%d}, {cpu_model()}, {os.cpu_count()} cores")
     print(f"# etl run in fresh processes, --jobs {args.jobs}: seconds / peak RSS\n")
     print("| files | " + " | ".join(OPS) + " |")
     print("|---:|" + "---:|" * len(OPS))

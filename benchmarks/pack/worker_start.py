@@ -1,7 +1,7 @@
 """What a pack worker pays before its first photo (#60): a fresh interpreter that unpickles the
 exact task a run sends its workers, against one that imports only what decoding needs.
 
-    python -m benchmarks.bench_worker_start [--rounds 7]
+    python -m benchmarks.pack.worker_start [--rounds 7]
 
 A run of `etl run` over a few generated photos is made in this process with `parallel_map`
 wrapped, so the first task of each parallel phase (hashing, packing) is pickled as joblib sends

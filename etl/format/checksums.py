@@ -94,7 +94,7 @@ def file_digests(
     NOTE: not an mmap: every page of a mapped file counts in the process's resident memory, so
     hashing a 256 MiB shard that way added 256 MiB to a worker's peak RSS. The copy out of the
     page cache costs little next to the hashing: 152 against 122 ms per 256 MiB for xxh3_64 and
-    blake3 together (benchmarks/bench_pack.py machine), 0.02 ms per 224x224x3 sample.
+    blake3 together (benchmarks/pack/throughput.py machine), 0.02 ms per 224x224x3 sample.
     """
     hashers = [
         blake3.blake3(max_threads=blake3.blake3.AUTO)

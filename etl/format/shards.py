@@ -164,7 +164,7 @@ class ShardWriter:
         # NOTE [ write, not memmap ]: rows arrive in order, so appending with write() is all a
         # shard needs. Writing through a memmap of a fresh sparse file costs a page fault and a
         # block allocation per 4 KiB page plus an msync before the fsync: 1.0 ms against 0.5 ms
-        # per 224x224x3 sample (benchmarks/bench_pack.py), ~10% of the time to pack a photo.
+        # per 224x224x3 sample (benchmarks/pack/throughput.py), ~10% of the time to pack a photo.
         self._file = open(self.temp_path, "wb")  # closed in finish() or __exit__
         shape = (0,) if self.flat else (self.capacity, *self.sample_shape)
         self._write(npy_header(shape))  # a flat shard's is rewritten by `finish`

@@ -2,7 +2,7 @@
 its shard's temp file. Called by `etl.run.execute`, which sends each task with plain data made
 once in the parent (`PackSpec`, `etl.sources.kind.SourceSpec`): unpickling a task imports this
 module and what reading, decoding and writing need, never pydantic, the config models, pyarrow
-or joblib's scheduler (tested; `benchmarks/bench_worker_start.py` times it).
+or joblib's scheduler (tested; `benchmarks/pack/worker_start.py` times it).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A run hashes every new object (to decide what to pack) and then decodes the ones it packs:
 two reads, and from a store two GETs, the second of which cost half of packing from a bucket
-(`bench_remote_pack`: 0.17x of local disk). So while a worker hashes an object it also writes
+(`pack.from_store`: 0.17x of local disk). So while a worker hashes an object it also writes
 the bytes to a file of the run's scratch folder, named by the object's URL, and the pack
 phase reads that file (and removes it) instead of asking the store again. What it reads is
 checked against the content hash the plan recorded, as every read is, so a kept file is never

@@ -23,7 +23,7 @@ READ_AHEAD = 2
 OBJECTS_IN_FLIGHT = 8
 """Objects a hashing worker reads from a store at once (`file_outcomes(in_flight=...)`): a GET
 waits on the store, not the CPU, and one at a time a worker got 0.4-0.6x of the endpoint's
-concurrent GET rate (benchmarks/README.md, `bench_remote_pack`)."""
+concurrent GET rate (benchmarks/README.md, `pack.from_store`)."""
 
 
 class _Job:

@@ -9,7 +9,7 @@ top + (i + 0.5) * h / size - 0.5, clamped to the crop, with bilinear weights: ex
 `F.interpolate(crop, size, mode="bilinear", align_corners=False)` computes (torchvision's
 `resized_crop(..., antialias=False)`), checked per sample by the tests. torchvision's default
 for tensors is antialias=True, which low-pass filters before downscaling; the difference is
-measured and reported by benchmarks/bench_augment.py.
+measured and reported by benchmarks/load/augment.py.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def resized_crop(
     NOTE [ batched or not ]: `batched` (default: on CUDA) resamples the whole batch with one
     `grid_sample`, a kernel launch or two per batch instead of a few per sample. On the CPU a
     loop of `F.interpolate` over the crops computes the same values faster (its separable
-    bilinear kernel against grid_sample's general one: 2.2x in benchmarks/bench_augment.py), so
+    bilinear kernel against grid_sample's general one: 2.2x in benchmarks/load/augment.py), so
     the CPU takes the loop; both are tested against each other.
     """
     if batched is None:

@@ -5,7 +5,7 @@ NOTE [ back to back ]: a batch padded to its largest height and width moves far 
 its samples hold: a portrait and a landscape photo capped at 256x512 pad each other to 512x512,
 2x the bytes of either, and 4x a 256x256 batch. Every byte goes through the workers' shared
 memory, DataLoader's pin thread and the host-to-device copy, so on a GPU loading ran at 0.53x of
-fixed 256x256 storage (benchmarks/README.md, `bench_aspect`). Back to back a batch moves its
+fixed 256x256 storage (benchmarks/README.md, `formats.aspect`). Back to back a batch moves its
 own bytes (1.3x a 256x256 batch for the benchmark's 4:3 photos), and the crops read each sample
 where it lies: one gather of the four bilinear neighbours of every output pixel, a few kernels
 a batch and none per sample.

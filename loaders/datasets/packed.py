@@ -123,7 +123,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         default) checks each row against its sample's checksum the first time any process of
         the loader reads it (the first epoch pays what "rows" does; the next ones a flag a
         row), "rows" every row read, "shards" hashes each shard whole once per process, False
-        checks only the header, size and one probe row of each shard (`bench_verify_rows`).
+        checks only the header, size and one probe row of each shard (`load.verify_rows`).
 
         `path` may be a URL (`s3://bucket/ds`): the version and the shards the selection reads
         are fetched into the cache, each verified, and read from there (`etl.storage.store`),

@@ -60,7 +60,7 @@ def make_loader(
     are `Batch(images, labels)` made with no copy beyond the gather (an `IndexedBatch` with
     `with_indices`, whose indices `dataset.manifest_rows` maps to sample ids and sources).
 
-    NOTE [ num_workers ]: measured with benchmarks/bench_loaders.py (random batches of 256,
+    NOTE [ num_workers ]: measured with benchmarks/load/throughput.py (random batches of 256,
     2-core VM). 12 KiB samples, 0 workers: ~1.0 ms of main-process CPU per batch, ~80% of it
     in memmove itself (`loaders.read.span`). 2 workers: ~0.5 ms of main-process CPU per batch (a
     ring slot arrives as a number, see `loaders.batch.types`) plus ~1.5 ms of workers' CPU, so on

@@ -323,7 +323,7 @@ class PackedLoader(DataLoader[Any]):
     def _in_process(self) -> Iterator[Any]:
         """What DataLoader yields with num_workers=0, without its per-batch bookkeeping.
 
-        NOTE: measured with benchmarks/bench_loaders.py (random batches of 256 x 12 KiB):
+        NOTE: measured with benchmarks/load/throughput.py (random batches of 256 x 12 KiB):
         DataLoader's single-process iterator costs ~0.1-0.2 ms a batch (a profiler range,
         the batch sampler, the fetcher), 10-20% of gathering the batch. Without workers it
         only calls the dataset and collate_fn, as this does; pinning is done by the gather.

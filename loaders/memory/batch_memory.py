@@ -7,7 +7,7 @@
   slot number; without a ring or a free slot, a fresh shared-memory buffer, as `default_collate`
   would use.
 
-NOTE [ why reuse batch memory ]: measured with benchmarks/bench_loaders.py (3 MiB batches, 2-core
+NOTE [ why reuse batch memory ]: measured with benchmarks/load/throughput.py (3 MiB batches, 2-core
 VM). A fresh 3 MiB buffer per batch comes from the heap top, which glibc gives back to the kernel
 on free, so every batch faulted its pages in again (~70 faults, ~0.2 ms of system time per batch
 in the main process). A worker's fresh shared-memory batch cost far more: the main process

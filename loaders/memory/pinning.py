@@ -4,7 +4,7 @@ NOTE [ a ring pinned in place ]: batches from DataLoader workers arrive in slots
 memory ring (`loaders.memory.ring`). Registered with CUDA once, those slots are pinned memory: the
 DataLoader's pin thread finds the images already pinned and copies nothing, and a
 non-blocking copy to the GPU reads the slot directly. What registering costs and gives is
-measured by `benchmarks/bench_workers.py` with CUDA (benchmarks/README.md).
+measured by `benchmarks/load/workers.py` with CUDA (benchmarks/README.md).
 
 Two things can make it fail, and then the loader keeps today's path (the pin thread copies each
 batch into pinned memory) and says why once: CUDA refusing the range (a limit on locked memory,

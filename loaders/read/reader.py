@@ -56,7 +56,7 @@ class ShardReader:
     otherwise bring in up to read_ahead_kb around each fault that no drop would name. Off for
     a dataset that fits in memory: the next epoch would read it from disk again.
 
-    NOTE [ readahead ]: measured with benchmarks/bench_cold.py (5,000 samples of 147 KiB, page
+    NOTE [ readahead ]: measured with benchmarks/load/cold.py (5,000 samples of 147 KiB, page
     cache dropped before each epoch, 2-core VM with a ~1 GB/s virtual disk): random batches
     with 0 workers 6,725 -> 7,880 samples/s (0.89 -> 1.09 of 1-thread `pread` of the same
     rows), blocks 7,005 -> 8,675; with 2 workers within noise (7,262 -> 7,337), as two

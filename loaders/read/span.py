@@ -6,7 +6,7 @@ shard `s` is row `first[s] + r` of a single [rows, sample_bytes] array, and a ra
 across shards is `np.take(..., mode="clip")`, numpy's C loop of one memcpy per row, in the
 order asked.
 
-NOTE [ why a span ]: measured with benchmarks/bench_loaders.py (12 KiB samples, page cache,
+NOTE [ why a span ]: measured with benchmarks/load/throughput.py (12 KiB samples, page cache,
 random batches of 256, 2-core VM, share of a single-thread np.copyto of a large buffer): a
 Python loop of one slice copy per row ~39-55% (Python's ~0.9 us per row costs as much as the
 copy), np.take per shard ~65-73% but in (shard, row) order, so restoring the order asked needs a
@@ -80,7 +80,7 @@ def prefault(array: NDArray[np.uint8]) -> None:
     NOTE [ prefault the ring ]: a DataLoader worker started for an epoch (workers not
     persistent, DataLoader's default) maps the shared ring afresh, and the first copy into
     each 37 MiB slot of a 224x224x3 batch took ~9,400 page faults. Measured with
-    benchmarks/bench_workers.py (5,000 samples, 2 workers, 2-core VM): the workers' system
+    benchmarks/load/workers.py (5,000 samples, 2 workers, 2-core VM): the workers' system
     time per epoch fell from 0.23 to 0.13 s and the epoch from ~185 to ~135 ms with it.
     """
     if _LIBC is None or sys.platform != "linux" or array.nbytes == 0:

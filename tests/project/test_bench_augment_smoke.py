@@ -1,5 +1,5 @@
 """The augmentation benchmark still runs end to end, GPU sections included (on the CPU here):
-`python -m benchmarks.bench_augment --tiny --device cpu`. Its numbers mean nothing at this
+`python -m benchmarks.load.augment --tiny --device cpu`. Its numbers mean nothing at this
 size; the exactness column does: the batched path must match the per-sample reference."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_bench_augment_tiny() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_augment", "--tiny", "--device", "cpu"],
+        [sys.executable, "-m", "benchmarks.load.augment", "--tiny", "--device", "cpu"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -1,10 +1,10 @@
-"""The benchmarks still run end to end: `python -m benchmarks.bench_pack --tiny`,
-`python -m benchmarks.bench_sources --tiny`, `python -m benchmarks.bench_scale --tiny`,
-`python -m benchmarks.bench_tree --tiny`, `python -m benchmarks.bench_cold --tiny`, and small
-runs of `bench_remote`, `bench_remote_pack`, `bench_pack_grid`, `bench_rejects`,
-`bench_verify_rows`, `bench_columns`, `bench_mixture`, `bench_aspect`, `bench_codecs`,
-`bench_encoded`, `bench_draft`, `bench_trace`, `bench_report`, `bench_worker_start`,
-`bench_original` and `bench_device_decode`.
+"""The benchmarks still run end to end: `python -m benchmarks.pack.throughput --tiny`,
+`python -m benchmarks.pack.sources --tiny`, `python -m benchmarks.formats.scale --tiny`,
+`python -m benchmarks.pack.tree --tiny`, `python -m benchmarks.load.cold --tiny`, and small
+runs of `load.from_store`, `pack.from_store`, `pack.grid`, `pack.rejects`,
+`load.verify_rows`, `formats.columns`, `load.mixture`, `formats.aspect`, `formats.codecs`,
+`formats.encoded`, `pack.draft`, `load.trace`, `maintain.report`, `pack.worker_start`,
+`pack.original` and `gpu.device_decode`.
 
 Numbers from 16 photos mean nothing; the test checks that every part runs (photo generation,
 bare loops, the pipeline on every backend, the memory runs) and that the pipeline's pixels equal
@@ -44,7 +44,7 @@ def run_tiny(name: str, work: Path, timeout: int) -> subprocess.CompletedProcess
 
 
 def test_bench_pack_tiny(tmp_path: Path) -> None:
-    result = run_tiny("bench_pack", tmp_path, timeout=120)
+    result = run_tiny("pack.throughput", tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr
     table = result.stdout
     assert "| goal | measured | target | met |" in table
@@ -57,7 +57,7 @@ def test_bench_pack_tiny(tmp_path: Path) -> None:
 
 
 def test_bench_sources_tiny(tmp_path: Path) -> None:
-    result = run_tiny("bench_sources", tmp_path, timeout=180)
+    result = run_tiny("pack.sources", tmp_path, timeout=180)
     # the benchmark stops before its table unless all three outputs hold the same pixels
     assert result.returncode == 0, result.stderr
     for kind in ("folder", "webdataset", "parquet"):
@@ -65,7 +65,7 @@ def test_bench_sources_tiny(tmp_path: Path) -> None:
 
 
 def test_bench_scale_tiny(tmp_path: Path) -> None:
-    result = run_tiny("bench_scale", tmp_path, timeout=180)
+    result = run_tiny("formats.scale", tmp_path, timeout=180)
     # each operation ran in its own process and opened the manifest the commit path wrote
     assert result.returncode == 0, result.stderr
     for rows in ("| 20,000 |", "| 40,000 |"):
@@ -74,7 +74,7 @@ def test_bench_scale_tiny(tmp_path: Path) -> None:
 
 
 def test_bench_tree_tiny(tmp_path: Path) -> None:
-    result = run_tiny("bench_tree", tmp_path, timeout=300)
+    result = run_tiny("pack.tree", tmp_path, timeout=300)
     # the benchmark stops unless the first run packed every file, the rerun nothing and the
     # +1% run exactly the new files
     assert result.returncode == 0, result.stderr
@@ -84,7 +84,7 @@ def test_bench_tree_tiny(tmp_path: Path) -> None:
 
 
 def test_bench_cold_tiny(tmp_path: Path) -> None:
-    result = run_tiny("bench_cold", tmp_path, timeout=180)
+    result = run_tiny("load.cold", tmp_path, timeout=180)
     # every loader epoch delivered every sample once, or the benchmark stops before its table
     assert result.returncode == 0, result.stderr
     for name in ("device: pread, 16 threads", "per-row copy", "loaders blocks, 2 workers"):
@@ -96,7 +96,7 @@ def test_bench_workers_measures_two_trees_side_by_side() -> None:
     """The A/B form: this checkout as its own baseline, every contender in both."""
     options = ["--samples=1000", "--size=16", "--rounds=1", f"--baseline={REPO}"]
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_workers", *options],
+        [sys.executable, "-m", "benchmarks.load.workers", *options],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -111,7 +111,7 @@ def test_bench_workers_measures_two_trees_side_by_side() -> None:
 def test_bench_workers_jpeg_small() -> None:
     """`--jpeg`: photos stored as JPEG, decoded and cropped in the workers, beside the bare
     decode + crop loop (no per-row copy: the rows are encoded)."""
-    done = run_benchmark("bench_workers", "--jpeg", "--samples", "40", "--rounds", "1", timeout=300)
+    done = run_benchmark("load.workers", "--jpeg", "--samples", "40", "--rounds", "1", timeout=300)
     assert done.returncode == 0, done.stderr
     for contender in ("0 workers", "2 workers", "2 workers, persistent", "bare loop: decode"):
         assert f"| this | {contender}" in done.stdout, done.stdout
@@ -122,7 +122,7 @@ def test_bench_remote_small(tmp_path: Path) -> None:
     pytest.importorskip("moto")
     small = ["--samples", "300", "--size", "16", "--rounds", "1"]
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_remote", *small],
+        [sys.executable, "-m", "benchmarks.load.from_store", *small],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -144,7 +144,7 @@ def run_module(name: str, *args: str, timeout: int = 240) -> str:
 def test_bench_pack_grid_small(tmp_path: Path) -> None:
     """Cold `etl run` and the naive writer at two shard sizes and two job counts."""
     table = run_module(
-        "bench_pack_grid",
+        "pack.grid",
         *("--sizes", "12", "--shards", "16,256", "--jobs", "1,2", "--rounds", "1"),
         *("--work", str(tmp_path)),
     )
@@ -159,7 +159,7 @@ def test_bench_pack_grid_small(tmp_path: Path) -> None:
 
 
 def test_bench_rejects_small(tmp_path: Path) -> None:
-    out = run_module("bench_rejects", "--rows", "500,2000", "--work", str(tmp_path))
+    out = run_module("pack.rejects", "--rows", "500,2000", "--work", str(tmp_path))
     assert "| 2,000 |" in out and "bytes per extra entry" in out
 
 
@@ -168,14 +168,14 @@ def test_bench_remote_pack_small(tmp_path: Path) -> None:
     unless the datasets hold the same samples."""
     pytest.importorskip("moto")
     args = ("--photos", "12", "--rounds", "1", "--work", str(tmp_path))
-    table = run_module("bench_remote_pack", *args)
+    table = run_module("pack.from_store", *args)
     for name in ("on local disk", "in the bucket", "into a bucket", "endpoint: 8 concurrent"):
         assert name in table, table
 
 
 def test_bench_verify_rows_small() -> None:
     done = run_benchmark(
-        "bench_verify_rows", "--samples", "64", "--size", "16", "--rounds", "1", timeout=300
+        "load.verify_rows", "--samples", "64", "--size", "16", "--rounds", "1", timeout=300
     )
     assert done.returncode == 0, done.stderr
     assert "rows:" in done.stdout and "unchecked:" in done.stdout
@@ -183,7 +183,7 @@ def test_bench_verify_rows_small() -> None:
 
 def test_bench_columns_small() -> None:
     done = run_benchmark(
-        "bench_columns", "--samples", "1000", "--size", "8", "--rounds", "1", timeout=300
+        "formats.columns", "--samples", "1000", "--size", "8", "--rounds", "1", timeout=300
     )
     assert done.returncode == 0, done.stderr
     assert "workers=2    all:" in done.stdout and "workers=0  dense:" in done.stdout
@@ -191,7 +191,7 @@ def test_bench_columns_small() -> None:
 
 def test_bench_mixture_small() -> None:
     done = run_benchmark(
-        "bench_mixture", "--samples", "600", "--size", "8", "--rounds", "1", "--steps", "20",
+        "load.mixture", "--samples", "600", "--size", "8", "--rounds", "1", "--steps", "20",
         timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -200,14 +200,14 @@ def test_bench_mixture_small() -> None:
 
 def test_bench_aspect_small(tmp_path: Path) -> None:
     done = run_benchmark(
-        "bench_aspect", "--photos", "24", "--rounds", "1", "--work", str(tmp_path), timeout=300
+        "formats.aspect", "--photos", "24", "--rounds", "1", "--work", str(tmp_path), timeout=300
     )
     assert done.returncode == 0, done.stderr
     assert "| aspect | " in done.stdout and "aspect / fixed: bytes" in done.stdout
 
 
 def test_bench_codecs_small() -> None:
-    done = run_benchmark("bench_codecs", "--photos", "12", timeout=300)
+    done = run_benchmark("formats.codecs", "--photos", "12", timeout=300)
     assert done.returncode == 0, done.stderr
     table = done.stdout
     assert "| raw | 100.0% | 1.0 |" in table
@@ -217,7 +217,7 @@ def test_bench_codecs_small() -> None:
 
 
 def test_bench_encoded_small() -> None:
-    done = run_benchmark("bench_encoded", "--photos", "24", "--rounds", "1", timeout=600)
+    done = run_benchmark("formats.encoded", "--photos", "24", "--rounds", "1", timeout=600)
     assert done.returncode == 0, done.stderr
     assert "| 224 fixed | raw |" in done.stdout and "| aspect 256/512 | jpeg |" in done.stdout
     assert (
@@ -228,7 +228,7 @@ def test_bench_encoded_small() -> None:
 
 def test_bench_draft_small() -> None:
     done = run_benchmark(
-        "bench_draft", "--photos", "8", "--camera", "2", "--rounds", "1", "--size", "64",
+        "pack.draft", "--photos", "8", "--camera", "2", "--rounds", "1", "--size", "64",
         timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -238,14 +238,14 @@ def test_bench_draft_small() -> None:
 
 def test_bench_trace_small() -> None:
     done = run_benchmark(
-        "bench_trace", "--samples", "5000", "--batch", "32", "--step", "20000", timeout=300
+        "load.trace", "--samples", "5000", "--batch", "32", "--step", "20000", timeout=300
     )
     assert done.returncode == 0, done.stderr
     assert "samples_at(step 20,000)" in done.stdout and "read 20 times" in done.stdout
 
 
 def test_bench_report_tiny(tmp_path: Path) -> None:
-    result = run_tiny("bench_report", tmp_path, timeout=300)
+    result = run_tiny("maintain.report", tmp_path, timeout=300)
     # the report of 20,000 synthetic rows was written and named its sample count
     assert result.returncode == 0, result.stderr
     assert "| 20,000 |" in result.stdout, result.stdout
@@ -253,7 +253,7 @@ def test_bench_report_tiny(tmp_path: Path) -> None:
 
 
 def test_bench_worker_start_small() -> None:
-    done = run_benchmark("bench_worker_start", "--rounds", "1", timeout=300)
+    done = run_benchmark("pack.worker_start", "--rounds", "1", timeout=300)
     assert done.returncode == 0, done.stderr
     rows = {line.split("|")[1].strip(): line for line in done.stdout.splitlines() if "|" in line}
     # every phase's first task was captured, and unpickling it imported none of the heavy ones
@@ -262,14 +262,14 @@ def test_bench_worker_start_small() -> None:
 
 
 def test_bench_original_small() -> None:
-    done = run_benchmark("bench_original", "--photos", "6", "--rounds", "1", timeout=300)
+    done = run_benchmark("pack.original", "--photos", "6", "--rounds", "1", timeout=300)
     assert done.returncode == 0, done.stderr
     # sources already 224x224: every one stored as its own scan, the pixels identical
     assert "| original |" in done.stdout and "| 100% | identical | 0 |" in done.stdout
 
 
 def test_bench_device_decode_small() -> None:
-    done = run_benchmark("bench_device_decode", "--photos", "12", "--epochs", "2", timeout=300)
+    done = run_benchmark("gpu.device_decode", "--photos", "12", "--epochs", "2", timeout=300)
     assert done.returncode == 0, done.stderr
     rows = {line.split("|")[1].strip(): line for line in done.stdout.splitlines() if "|" in line}
     assert rows["simplejpeg, this process"].startswith("| simplejpeg, this process | ")

@@ -368,7 +368,11 @@ def test_every_package_docstring_lists_its_modules() -> None:
     (`- \\`name\\`: what it is for`), naming exactly what the folder holds: a new module is
     listed where a reader looks first, and a moved one leaves no stale line."""
     wrong = {}
-    inits = [*(ROOT / "etl").rglob("__init__.py"), *(ROOT / "loaders").rglob("__init__.py")]
+    inits = [
+        *(ROOT / "etl").rglob("__init__.py"),
+        *(ROOT / "loaders").rglob("__init__.py"),
+        *(ROOT / "benchmarks").rglob("__init__.py"),
+    ]
     for init in sorted(inits):
         folder = init.parent
         held = {p.stem for p in folder.glob("*.py") if not p.name.startswith("__")}

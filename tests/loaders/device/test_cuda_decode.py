@@ -107,7 +107,7 @@ def test_an_epoch_decoded_on_the_gpu_never_blocks_the_host(jpeg: Path, decoder: 
 
 GPU_LARGEST = 24
 """The largest difference (0-255 levels) allowed between a GPU decode and Pillow's of the same
-bytes: nvJPEG's IDCT and chroma upsampling are not libjpeg-turbo's (bench_device_decode prints
+bytes: nvJPEG's IDCT and chroma upsampling are not libjpeg-turbo's (gpu.device_decode prints
 the measured one beside each library)."""
 
 

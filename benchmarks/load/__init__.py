@@ -1,0 +1,13 @@
+"""Loading: the loaders against the alternatives, with workers, crops, mixtures, stores and a
+cold page cache.
+
+Modules:
+- `augment`:     batched augmentation and the CUDA feed, side by side
+- `cold`:        reads from disk, against the device itself
+- `from_store`:  training from object storage against local disk and the endpoint's limit
+- `mixture`:     what a mixture costs and whether it keeps its weights
+- `throughput`:  loader throughput against the alternatives, memory, shuffle quality
+- `trace`:       what tracing a step of a long run costs
+- `verify_rows`: what verify="rows" and verify="once" cost
+- `workers`:     epochs with and without workers, two code trees side by side
+"""
