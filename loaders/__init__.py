@@ -24,10 +24,7 @@ Modules:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
-from etl.deprecations import warn_once
+from etl.deprecations import forwarding
 from etl.errors import ManifestError, SelectionError, ShardError
 from etl.format.views import View
 from loaders.augment.crops import CenterCrop, RandomResizedCrop, Resize
@@ -76,9 +73,4 @@ FORMER_NAMES = {
 `from loaders import X` still works for a release and warns once."""
 
 
-def __getattr__(name: str) -> Any:
-    module = FORMER_NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'loaders' has no attribute {name!r}")
-    warn_once(f"loaders.{name}", f"{module}.{name}", stacklevel=3)
-    return getattr(importlib.import_module(module), name)
+__getattr__ = forwarding("loaders", FORMER_NAMES)

@@ -9,10 +9,7 @@ Modules:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
-from etl.deprecations import warn_once
+from etl.deprecations import forwarding
 
 FORMER_NAMES = {
     **dict.fromkeys(("RandomResizedCrop", "CenterCrop", "Resize"), "loaders"),
@@ -27,9 +24,4 @@ FORMER_NAMES = {
 now: `from loaders.augment import RandomResizedCrop` still works for a release, warning once."""
 
 
-def __getattr__(name: str) -> Any:
-    module = FORMER_NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'loaders.augment' has no attribute {name!r}")
-    warn_once(f"loaders.augment.{name}", f"{module}.{name}", stacklevel=3)
-    return getattr(importlib.import_module(module), name)
+__getattr__ = forwarding("loaders.augment", FORMER_NAMES)
