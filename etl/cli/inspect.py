@@ -16,7 +16,7 @@ from etl.config import PipelineConfig, SourceConfig, load_config
 from etl.errors import EtlError
 from etl.explore import dataset as explore
 from etl.format.atomic import replacing
-from etl.start import scaffold
+from etl.start import scaffold, survey
 from etl.storage.location import as_location
 
 DirArg = Annotated[
@@ -138,7 +138,7 @@ def init(
 
     Example:  etl init data/sample && etl run pipeline.yaml
     """
-    found = scaffold.survey(source_dir, sample=sample)
+    found = survey.survey(source_dir, sample=sample)
     scaffold.write(output, scaffold.render(found, output), force=force)
     size = found.size
     out.print(

@@ -32,7 +32,7 @@ from etl.config import (
 )
 from etl.config.stages import KEEP_ASPECT_KEYS
 from etl.run import pipeline
-from etl.start import scaffold
+from etl.start import scaffold, survey
 from etl.start.sample_data import CLASSES, make_sample_data
 
 
@@ -170,12 +170,12 @@ def test_init_suggests_a_size_from_the_median_shorter_side(
     "side", [1, 31, 32, 33, 63, 64, 100, 127, 128, 200, 223, 224, 255, 256, 5000]
 )
 def test_suggest_size(side: int) -> None:
-    size = scaffold.suggest_size(side)
-    assert size in scaffold.SIZES
-    if side >= scaffold.SIZES[0]:
-        assert size <= side and all(s > side for s in scaffold.SIZES if s > size)
+    size = survey.suggest_size(side)
+    assert size in survey.SIZES
+    if side >= survey.SIZES[0]:
+        assert size <= side and all(s > side for s in survey.SIZES if s > size)
     else:
-        assert size == scaffold.SIZES[0]
+        assert size == survey.SIZES[0]
 
 
 def test_init_refuses_to_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
