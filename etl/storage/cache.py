@@ -35,32 +35,24 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import suppress
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from etl.errors import ShardError
 from etl.format.shards import SHARDS_DIR
 from etl.storage.cache_files import (
+    Reservation,
     abandoned,
-    exclusive_temp,
     is_cached,
     lock_file,
     locked,
     temp_name_of,
 )
-from etl.storage.store import DOWNLOADS, StoreDataset
+from etl.storage.fetch_ahead import WAIT, FetchAhead
+from etl.storage.store import StoreDataset
 
 ROOM_LOCK = ".room.lock"
 USE_SUFFIX = ".use"
-AHEAD = "ahead"
-"""The fetch-ahead thread's holds."""
-BATCHES_AHEAD = 16
-"""Batches the fetch-ahead thread may hold shards for beyond the last one delivered."""
-WAIT = 0.05
-"""Seconds between two looks for room, or for the loader to move on."""
 
 
 class BoundedCache:
@@ -106,7 +98,7 @@ class BoundedCache:
         self._holds: dict[tuple[str, int], int] = {}
         self._holds_pid = os.getpid()
         self._lock = threading.Lock()
-        self._ahead: _Ahead | None = None
+        self._ahead: FetchAhead | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -285,92 +277,12 @@ class BoundedCache:
         loader will deliver them) ahead, on a thread, each held until `delivered()` (batches
         handed to the training loop) has passed its batch. Replaces any earlier thread."""
         self.stop_ahead()
-        self._ahead = _Ahead(self, batches, delivered)
+        self._ahead = FetchAhead(self, batches, delivered)
 
     def stop_ahead(self) -> None:
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             ahead.stop()
-
-
-class _Ahead:
-    """The fetch-ahead thread of one epoch (see NOTE [ bounded cache ])."""
-
-    def __init__(
-        self, cache: BoundedCache, batches: Iterator[Sequence[int]], delivered: Callable[[], int]
-    ) -> None:
-        self.cache, self.batches, self.delivered = cache, batches, delivered
-        self.stopped = threading.Event()
-        self.pinned: dict[int, int] = {}
-        """shard -> the last batch it was held for."""
-        self.headroom = 0
-        """Bytes of the largest batch seen (at most half the limit): left free for readers."""
-        self.downloads = ThreadPoolExecutor(DOWNLOADS, thread_name_prefix="etl-fetch-ahead")
-        """Downloads in flight at once: a store serves parallel GETs faster than one."""
-        self.thread = threading.Thread(target=self._run, name="etl-fetch-ahead", daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.thread.join(timeout=self.cache.timeout)
-
-    def _run(self) -> None:
-        try:
-            for number, shards in enumerate(self.batches):
-                if not self._fetch(number, list(dict.fromkeys(shards))):
-                    return
-            while self.pinned and not self.stopped.wait(WAIT):
-                self._unpin()
-        except Exception:  # nothing lost: the reader's own fetch names it when it needs it
-            pass
-        finally:
-            self.stopped.set()  # what is queued only lets go of its reservation
-            self.downloads.shutdown(wait=True)
-            for shard in list(self.pinned):
-                self.cache.release(shard, AHEAD)
-            self.pinned.clear()
-
-    def _download(self, shards: list[int], reserved: list[Reservation]) -> None:
-        if self.stopped.is_set():  # the epoch ended first: give the room back
-            for one in reserved:
-                one.drop()
-            return
-        with suppress(Exception):  # the reader's own fetch names it when it needs it
-            self.cache.download(shards, reserved, AHEAD)
-
-    def _fetch(self, batch: int, shards: list[int]) -> bool:
-        """Hold and fetch the shards of `batch`, no more than `BATCHES_AHEAD` batches ahead of
-        the loader, leaving room in the cache for a batch as large as the largest seen (what
-        a reader, of this process or another, needs to go on; at most half the limit) but
-        for the next batch; False once stopped."""
-        need = sum(self.cache.sizes[s] for s in shards)
-        self.headroom = min(max(self.headroom, need), self.cache.limit // 2)
-        while not self.stopped.is_set():
-            self._unpin()
-            delivered = self.delivered()
-            if batch < delivered:
-                return True  # delivered already: the loader got past it
-            # the next batch may use the whole limit: its reader would fetch it anyway
-            room = self.cache.limit - (self.headroom if batch > delivered else 0)
-            reserved = (
-                self.cache.reserve(shards, room, AHEAD)
-                if batch < delivered + BATCHES_AHEAD
-                else None
-            )
-            if reserved is not None:
-                for shard in shards:
-                    self.pinned[shard] = batch
-                self.downloads.submit(self._download, shards, reserved)
-                return True
-            self.stopped.wait(WAIT)
-        return False
-
-    def _unpin(self) -> None:
-        delivered = self.delivered()
-        for shard, batch in list(self.pinned.items()):
-            if batch < delivered:
-                del self.pinned[shard]
-                self.cache.release(shard, AHEAD)
 
 
 def _remove_unheld(path: Path, shared: bool) -> int:
@@ -393,26 +305,3 @@ def _remove_unheld(path: Path, shared: bool) -> int:
         return 0
     finally:
         os.close(fd)
-
-
-@dataclass(frozen=True)
-class Reservation:
-    """Room reserved in the cache for one shard's download: its `.tmp-` file, made with an
-    unpredictable name and locked (`fd`) until the download ends, so another process counts
-    it while it lives and removes it once its process died (`cache_files.abandoned`)."""
-
-    shard: int
-    path: Path
-    fd: int
-
-    @staticmethod
-    def made(shard: int, final: Path, shared: bool) -> Reservation:
-        fd, path = exclusive_temp(final.parent, final.name, shared)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        return Reservation(shard, path, fd)
-
-    def drop(self) -> None:
-        """Remove the file, then let go of its lock."""
-        self.path.unlink(missing_ok=True)
-        with suppress(OSError):
-            os.close(self.fd)

@@ -29,6 +29,7 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 from etl.errors import ShardError
@@ -197,3 +198,26 @@ def remove_tree(folder: Path) -> None:
         for child in folder.iterdir():
             child.unlink(missing_ok=True)
         folder.rmdir()
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Room reserved in the cache for one shard's download: its `.tmp-` file, made with an
+    unpredictable name and locked (`fd`) until the download ends, so another process counts
+    it while it lives and removes it once its process died (`cache_files.abandoned`)."""
+
+    shard: int
+    path: Path
+    fd: int
+
+    @staticmethod
+    def made(shard: int, final: Path, shared: bool) -> Reservation:
+        fd, path = exclusive_temp(final.parent, final.name, shared)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return Reservation(shard, path, fd)
+
+    def drop(self) -> None:
+        """Remove the file, then let go of its lock."""
+        self.path.unlink(missing_ok=True)
+        with suppress(OSError):
+            os.close(self.fd)
