@@ -8,6 +8,7 @@ where a dataset is; nothing else decides local or store.
 Modules:
 - `cache`:     the cache within a byte limit shared by a node's processes
 - `cache_files`: the cache folder on disk: private unless shared, no symlink, locks, room
+- `downloads`: downloads capped at the recorded bytes, bounded in time, tried again
 - `fetch_ahead`: the bounded cache's thread that fetches an epoch's shards in its order
 - `calls`:     calls to a store bounded in time and in the threads they leave behind
 - `location`:  `open_location`: the one place that decides local folder or store

@@ -44,12 +44,9 @@ from etl.format.manifest import RECORDED_FILES, VERSIONS_DIR, read_manifest, ver
 from etl.format.record import FILES_AT, RECORD_FILE, relocated
 from etl.format.shards import SHARDS_DIR, WRITER_TAG, shard_version
 from etl.progress import Progress
+from etl.storage.downloads import DOWNLOAD_CHUNK
 from etl.storage.records import staging_name, staging_name_of
-from etl.storage.store import (
-    DOWNLOAD_CHUNK,
-    DOWNLOADS,
-    StoreDataset,
-)
+from etl.storage.store import DOWNLOADS, StoreDataset
 from etl.storage.transport import why
 
 RECORD_TRIES = 3
