@@ -4,4 +4,5 @@ Modules:
 - `dataset`:      `open_dataset`: a version as a table, images, summaries and sheets
 - `drawing`:      contact sheets and class-balance charts with Pillow alone
 - `reject_sheet`: thumbnails of rejected sources, read back as a run reads them
+- `summary`:      a version in numbers: what `etl inspect` shows and `--json` writes
 """

@@ -18,9 +18,7 @@ checks each file against the manifest, and are read through read-only memmaps.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -34,9 +32,9 @@ from PIL import Image
 from etl.errors import EtlError, ShardError
 from etl.explore.drawing import Cell, Chart, Sheet, draw_class_balance, draw_sheet
 from etl.explore.reject_sheet import reject_cells
-from etl.format.coherence import RAGGED_COLUMNS
+from etl.explore.summary import Summary, summarize
 from etl.format.contents import VersionContents, Where
-from etl.format.flat import channels_of, encoding_of, place_of, stored_sample
+from etl.format.flat import encoding_of, place_of, stored_sample
 from etl.format.manifest import Manifest, list_versions, read_manifest
 from etl.format.shards import open_shard
 from etl.storage.location import StoreOptions, open_location
@@ -199,60 +197,7 @@ class Dataset(VersionContents):
 
     def summary(self) -> Summary:
         """What `etl inspect` shows: counts, shards, versions, rejects and the output config."""
-        meta = self.manifest.meta
-        reasons = Counter(self.rejects.column("reason").to_pylist())
-        return Summary(
-            root=self.location,
-            version=self.version,
-            versions=self.versions,
-            created=meta.created,
-            tool_version=meta.tool_version,
-            format_version=meta.format_version,
-            samples=len(self),
-            classes=list(self.classes),
-            splits=list(self.splits),
-            counts=self.counts(),
-            shards=self.shards.num_rows,
-            shard_bytes=int(pc.sum(self.shards.column("bytes")).as_py() or 0),
-            rejects=self.rejects.num_rows,
-            rejects_by_reason=dict(sorted(reasons.items())),
-            checksum=meta.checksum,
-            layout=meta.layout,
-            sample_shape=list(meta.sample_shape),
-            dtype=meta.dtype,
-            config_digest=meta.config_digest,
-            config=dict(meta.config),
-            columns={
-                name: {"type": text, "values": self.table.num_rows - self.table[name].null_count}
-                for name, text in meta.columns
-            },
-            storage=self._storage(),
-        )
-
-    def _storage(self) -> dict[str, Any]:
-        """How samples are stored: the codec, samples per codec, stored and raw bytes."""
-        meta, table = self.manifest.meta, self.table
-        channels = channels_of(meta.sample_shape, meta.layout)
-        if meta.ragged:
-            sides = (table.column(c).to_numpy().astype(np.int64) for c in RAGGED_COLUMNS[1:])
-            raw = int(np.prod(np.stack(list(sides)), axis=0).sum()) * channels
-        else:
-            raw = len(self) * int(np.prod(meta.sample_shape))
-        if not meta.encoded:
-            return {
-                "codec": {"kind": "raw"},
-                "samples": {"raw": len(self)},
-                "bytes": raw,
-                "raw_bytes": raw,
-            }
-        counts = Counter(table.column("sample_codec").to_pylist())
-        stored = int(pc.sum(table.column("sample_bytes")).as_py() or 0)
-        return {
-            "codec": dict(meta.codec or {}),
-            "samples": dict(sorted(counts.items())),
-            "bytes": stored,
-            "raw_bytes": raw,
-        }
+        return summarize(self, self.location, self.versions)
 
     # -- choosing and drawing ------------------------------------------------------------------
 
@@ -382,40 +327,3 @@ def to_image(array: NDArray[np.uint8], layout: str) -> Image.Image:
     if hwc.shape[2] == 3:
         return Image.fromarray(np.ascontiguousarray(hwc))
     raise ValueError(f"cannot show a sample with {hwc.shape[2]} channels")
-
-
-@dataclass(frozen=True)
-class Summary:
-    """One version of a dataset in numbers; `to_dict()` is `etl inspect --json`."""
-
-    root: str
-    version: int
-    versions: list[int]
-    created: str
-    tool_version: str
-    format_version: int
-    samples: int
-    classes: list[str]
-    splits: list[str]
-    counts: dict[str, dict[str, int]]
-    """{split: {class: samples}}"""
-    shards: int
-    shard_bytes: int
-    """Bytes of the shard files this version references, headers included."""
-    rejects: int
-    rejects_by_reason: dict[str, int]
-    checksum: str
-    layout: str
-    sample_shape: list[int]
-    dtype: str
-    config_digest: str
-    config: dict[str, Any]
-    """The output-shaping config (stages, layout, checksum, split) the version was packed with."""
-    columns: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Per-sample columns: {name: {type (as pipeline.yaml writes it), values (not null)}}."""
-    storage: dict[str, Any] = field(default_factory=dict)
-    """How samples are stored: {codec: output.codec, samples: {codec: count}, bytes: stored
-    bytes of the samples, raw_bytes: their pixels' bytes}."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
