@@ -182,7 +182,9 @@ class StoreDataset:
         record_path = f"{remote}/{RECORD_FILE}"
         try:
             try:
-                self._get(record_path, staging / RECORD_FILE, ManifestError, cap=RECORD_BYTES)
+                get_capped(
+                    self.reach, record_path, staging / RECORD_FILE, ManifestError, cap=RECORD_BYTES
+                )
             except ManifestError:
                 if folder.is_dir():
                     return number  # the store cannot be asked now: the copy, as fetched
@@ -195,7 +197,7 @@ class StoreDataset:
             kept_at = files_at(record, number, where)
             stored = self._in_store(VERSIONS_DIR, kept_at) if kept_at else remote
             for name, size in recorded_files(record, where).items():
-                self._get(f"{stored}/{name}", staging / name, ManifestError, cap=size)
+                get_capped(self.reach, f"{stored}/{name}", staging / name, ManifestError, cap=size)
             for name in changed_shards(folder, staging, self.root):
                 (self.root / name).unlink(missing_ok=True)  # fetched and verified again
             replace_folder(staging, folder)
@@ -210,7 +212,9 @@ class StoreDataset:
         local = self.root / VERSIONS_DIR / name
         fetched = staging / "retired.json"
         try:
-            self._get(self._in_store(VERSIONS_DIR, name), fetched, ManifestError, cap=1 << 16)
+            get_capped(
+                self.reach, self._in_store(VERSIONS_DIR, name), fetched, ManifestError, cap=1 << 16
+            )
         except ManifestError:
             local.unlink(missing_ok=True)
             return
@@ -257,7 +261,14 @@ class StoreDataset:
             except Exception as exc:
                 raise ShardError(f"{self.url}/{name}: cannot look it up ({why(exc)})") from None
             if there:
-                self._get(self._in_store(name), final, ShardError, cap=size_of[name] + 1, cut=True)
+                get_capped(
+                    self.reach,
+                    self._in_store(name),
+                    final,
+                    ShardError,
+                    cap=size_of[name] + 1,
+                    cut=True,
+                )
             on_done(1)
 
         with ThreadPoolExecutor(max_workers=DOWNLOADS, thread_name_prefix="etl-fetch") as pool:
@@ -285,7 +296,7 @@ class StoreDataset:
         at most its recorded `size` bytes, verify it against `checksum` and rename it into
         place. The caller holds the shard's `.lock` (NOTE [ cache safety ])."""
         final = self.root / name
-        got = self._get(self._in_store(name), partial, ShardError, algorithm, cap=size)
+        got = get_capped(self.reach, self._in_store(name), partial, ShardError, algorithm, cap=size)
         if got != checksum:
             partial.unlink(missing_ok=True)
             raise ShardError(
@@ -295,19 +306,6 @@ class StoreDataset:
                 "pipeline.yaml"
             )
         os.replace(partial, final)
-
-    def _get(
-        self,
-        remote: str,
-        local: Path,
-        error: type[EtlError],
-        algorithm: str | None = None,
-        *,
-        cap: int,
-        cut: bool = False,
-    ) -> str | None:
-        """`downloads.get_capped` from this store, into this mirror's files."""
-        return get_capped(self.reach, remote, local, error, algorithm, cap=cap, cut=cut)
 
     def stored_digest(self, remote: str, algorithm: str, error: type[EtlError], size: int) -> str:
         """The `algorithm` digest of `remote` as the store serves it (nothing written here),
