@@ -15,29 +15,21 @@ Fill = Callable[[NDArray[np.uint8]], None]
 """Writes a batch into the C-contiguous uint8 array it is given (shaped like the batch)."""
 
 
-class Batch(NamedTuple):
-    """A batch as every loader here yields it: `images, labels = batch` works."""
-
+class _BatchFields(NamedTuple):
     images: torch.Tensor
     """uint8 [B, *sample_shape] in the stored layout (HWC or CHW), unless a transform changed it."""
     labels: torch.Tensor
     """int64 [B]."""
 
 
-class IndexedBatch(NamedTuple):
-    """A batch with the dataset index of each sample (`make_loader(..., with_indices=True)`):
-    `images, labels, indices = batch`; `dataset.manifest_rows(indices)` names the samples."""
-
+class _IndexedFields(NamedTuple):
     images: torch.Tensor
     labels: torch.Tensor
     indices: torch.Tensor
     """int64 [B]: indices into the dataset the loader reads."""
 
 
-class ColumnBatch(NamedTuple):
-    """A batch with per-sample columns (a dataset opened with `columns=[...]`):
-    `images, labels, indices, columns = batch`."""
-
+class _ColumnFields(NamedTuple):
     images: torch.Tensor
     labels: torch.Tensor
     indices: torch.Tensor
@@ -45,6 +37,64 @@ class ColumnBatch(NamedTuple):
     """Per column, a tensor [B, ...] when its values all have one shape (numbers, lists of one
     length), else a list of B Python values (text, structs, ragged lists, nulls): see
     `etl.format.values`."""
+
+
+class _Rebuilt:
+    """What every batch type adds to its fields: made from one iterable of them as a tuple is,
+    and moved as a tensor is.
+
+    NOTE [ batches rebuilt from an iterable ]: trainers move a batch to the device by rebuilding
+    whatever tuple they get as `type(batch)(generator)` (transformers' `_prepare_input`), as
+    plain tuples are built; a NamedTuple wants its fields one by one and refuses. So one
+    positional argument is the iterable of the fields; a tensor there is a mistake (it would
+    make a batch of its rows), never taken as one."""
+
+    __slots__ = ()
+
+    def __new__(cls, *given: Any, **named: Any) -> Any:
+        if len(given) == 1 and not named:
+            (fields,) = given
+            if isinstance(fields, torch.Tensor | np.ndarray):
+                raise TypeError(
+                    f"{cls.__name__}() takes its fields ({', '.join(cls._fields)}), or one "  # type: ignore[attr-defined]
+                    "iterable of them; got a single tensor"
+                )
+            given = tuple(fields)
+        return super().__new__(cls, *given, **named)
+
+    def to(self, *args: Any, **kwargs: Any) -> Any:
+        """The batch with every tensor in it `.to(*args, **kwargs)`, as `Tensor.to` (a
+        device, a dtype, `non_blocking=`), of its own type; lists stay as they are."""
+        return type(self)(_moved(field, args, kwargs) for field in self)  # type: ignore[attr-defined]
+
+
+def _moved(value: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(*args, **kwargs)
+    if isinstance(value, dict):
+        return {name: _moved(v, args, kwargs) for name, v in value.items()}
+    return value
+
+
+class Batch(_Rebuilt, _BatchFields):
+    """A batch as every loader here yields it: `images, labels = batch` works, and so does
+    `Batch(iterable_of_fields)` (NOTE [ batches rebuilt from an iterable ])."""
+
+    __slots__ = ()
+
+
+class IndexedBatch(_Rebuilt, _IndexedFields):
+    """A batch with the dataset index of each sample (`make_loader(..., with_indices=True)`):
+    `images, labels, indices = batch`; `dataset.manifest_rows(indices)` names the samples."""
+
+    __slots__ = ()
+
+
+class ColumnBatch(_Rebuilt, _ColumnFields):
+    """A batch with per-sample columns (a dataset opened with `columns=[...]`):
+    `images, labels, indices, columns = batch`."""
+
+    __slots__ = ()
 
 
 AnyBatch = Batch | IndexedBatch | ColumnBatch

@@ -5,6 +5,8 @@ Modules:
 - `factories`:    `make_loader` and `stream_loader` with this project's defaults
 - `named_orders`: sample orders by name (`shuffle=`), and a loader's sampler
 - `packed`:       `PackedLoader`: the DataLoader, with exact and elastic resume
+- `readers`:      trainers whose handling of a batch would change what it means (Keras)
+- `states`:       a loader's state: its identity, and where its run stands
 - `trace`:        which samples a run read at a step, from its saved states
 - `workers`:      DataLoader workers' errors as raised there, and stopping them
 """

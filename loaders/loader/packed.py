@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,38 +33,22 @@ from loaders.datasets.mixture import Mixture
 from loaders.datasets.packed import PackedDataset, collate_batch
 from loaders.datasets.stream import PackedStream, refuse_loader_options
 from loaders.loader.named_orders import OrderOptions, loader_sampler, order_sampler_of, order_seed
+from loaders.loader.readers import refuse_indices_for_keras
+from loaders.loader.states import StreamPosition, load_state, state_of
 from loaders.loader.workers import from_worker, stop_workers
 from loaders.memory.batch_memory import BatchMemory, batch_memory, resolve_pin_memory
 from loaders.memory.ring import SharedRing
 from loaders.order.aspect_buckets import AspectBuckets
 from loaders.order.history import RunHistory
-from loaders.order.resume import State, check_global_batch, check_state
-from loaders.order.samplers import MixtureSampler, OrderSampler
+from loaders.order.resume import State
+from loaders.order.run_batches import Pass, RunBatchSampler
+from loaders.order.samplers import OrderSampler
 
 
 def _bounded_cache(dataset: object) -> BoundedCache | None:
     """The bounded cache a map-style dataset reads through, if any."""
     shards = getattr(getattr(dataset, "selection", None), "shards", None)
     return getattr(shards, "cache", None)
-
-
-@dataclass
-class Position:
-    """How far the iteration in progress (or the last one) got: what a state is made of."""
-
-    epoch: int
-    """The epoch the iteration reads; a position of another epoch than the current is stale."""
-    start: int
-    """Map-style: where the epoch's segment starts in the global order (see
-    `loaders.order.resume`)."""
-    skip: int
-    """Samples (map-style) or batches (stream) of this rank a loaded state skipped."""
-    remaining: int
-    """Samples (map-style) the iteration had to deliver when it began."""
-    batches: int = 0
-    """Batches handed out by this iteration."""
-    held: int = 0
-    """Of those, batches a wrapper (`DeviceLoader`) holds and has not handed to its user."""
 
 
 class PackedLoader(DataLoader[Any]):
@@ -81,11 +64,19 @@ class PackedLoader(DataLoader[Any]):
 
     NOTE [ resume position ]: with workers, DataLoader draws indices from the sampler ahead of
     the training loop (prefetch), so the sampler cannot know what was consumed. The loader
-    counts the batches it has handed out; batches arrive in sampler order (and a stream's in
-    the workers' round-robin, see `loaders.datasets.stream`), so restarting the same order after
-    that many yields exactly the remaining samples. A wrapper that pulls batches ahead of the loop
-    (`DeviceLoader`) says how many it holds (`hold_back`), so the state of this loader and of
-    the wrapper both count only what reached the training loop.
+    counts the batches it has handed out and tells its batch sampler, which keeps the run's
+    state (NOTE [ the run lives in the sampler ] in `loaders.order.run_batches`); batches
+    arrive in sampler order (and a stream's in the workers' round-robin, see
+    `loaders.datasets.stream`), so restarting the same order after that many yields exactly
+    the remaining samples. A wrapper that pulls batches ahead of the loop (`DeviceLoader`) says
+    how many it holds (`hold_back`), so the state of this loader and of the wrapper both count
+    only what reached the training loop.
+
+    NOTE [ our batch sampler ]: a map-style loader over one of our orders batches through a
+    `RunBatchSampler` of that order (`batch_size`, `drop_last`), where DataLoader would make a
+    `BatchSampler` of it: DataLoader has no keyword for its class and refuses `batch_sampler`
+    beside `batch_size`, `sampler` and `drop_last`, so it is put in place once DataLoader is
+    made, and every attribute still reads as DataLoader's would.
 
     NOTE [ trainers ]: the order samplers are `DistributedSampler`s, so Lightning injects no
     sampler of its own over them; `state_dict`/`load_state_dict` make the loader `_Stateful`
@@ -134,10 +125,7 @@ class PackedLoader(DataLoader[Any]):
             "persistent_workers": persistent_workers,
             **dataloader_options,
         }
-        self.order: OrderSampler | None = None
-        """The loaders order sampler behind the batches (None: a stream, or a torch sampler)."""
-        self._position: Position | None = None
-        self.history = RunHistory()  # steps before this iteration, the iterations begun
+        self._position: StreamPosition | None = None
         if isinstance(dataset, PackedStream):
             refuse_loader_options(batch_size, shuffle, sampler, batch_sampler, drop_last, generator)
             self._init_stream(dataset, pin, with_indices, common)
@@ -148,7 +136,7 @@ class PackedLoader(DataLoader[Any]):
                 batch_size or 1, order_seed(seed, generator), rank, world_size, drop_last
             ),
         )  # fmt: skip
-        self.order = order_sampler_of(sampler, batch_sampler)
+        order = order_sampler_of(sampler, batch_sampler)
         size = batch_size if batch_sampler is None else getattr(batch_sampler, "batch_size", None)
         if collate_fn is None:
             batch_bytes = None if size is None else size * math.prod(dataset.sample_shape)
@@ -175,6 +163,9 @@ class PackedLoader(DataLoader[Any]):
             generator=generator,
             **common,
         )
+        if order is not None and batch_sampler is None:  # NOTE [ our batch sampler ]
+            runs = RunBatchSampler(order, int(batch_size or 1), drop_last)
+            object.__setattr__(self, "batch_sampler", runs)
 
     def _init_stream(
         self, stream: PackedStream, pin: bool, with_indices: bool, common: dict[str, Any]
@@ -220,6 +211,25 @@ class PackedLoader(DataLoader[Any]):
         return True
 
     @property
+    def run(self) -> RunBatchSampler | None:
+        """The batch sampler that keeps the run's state (None: a stream, or a sampler of your
+        own)."""
+        runs = self.batch_sampler
+        return runs if isinstance(runs, RunBatchSampler) else None
+
+    @property
+    def order(self) -> OrderSampler | None:
+        """The loaders order sampler behind the batches (None: a stream, or a torch sampler)."""
+        run = self.run
+        return None if run is None else run.order
+
+    @property
+    def history(self) -> RunHistory:
+        """The run's history (`loaders.order.history`), which the batch sampler carries."""
+        run = self.run
+        return RunHistory() if run is None else run.history
+
+    @property
     def epoch(self) -> int:
         """The epoch `set_epoch` selected (what per-epoch augmentation is drawn from)."""
         target = self.order if self.order is not None else self.stream
@@ -240,14 +250,14 @@ class PackedLoader(DataLoader[Any]):
         return super().__len__()
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        self._ended()
-        position = self._position = self._begin()
-        if position is not None and self.order is not None:  # NOTE [ a run's history ]
-            sizes = (self.order, self._batch_size())
-            self.history.began(position.epoch, position.start, position.skip, *sizes)
-        stream = self.stream
-        if position is not None and hasattr(self.dataset, "set_epoch"):
-            self.dataset.set_epoch(position.epoch)  # its crops are drawn per epoch
+        if getattr(self.dataset, "with_indices", False):
+            refuse_indices_for_keras()  # NOTE [ Keras reads a third field as sample_weight ]
+        run, stream = self.run, self.stream
+        passing = run.begin() if run is not None else None
+        position = self._position = self._begin_stream()
+        epoch = passing.epoch if passing is not None else getattr(position, "epoch", None)
+        if epoch is not None and hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)  # its crops are drawn per epoch
         ring = self._pinned_ring()
         if ring is not None:
             ring.settle()  # the last epoch's slots, before this epoch's workers claim them
@@ -259,10 +269,12 @@ class PackedLoader(DataLoader[Any]):
                 batches = super().__iter__()
                 if stream is not None:
                     stream.mark_started()  # the workers took the resume point
-            self._fetch_ahead(position)  # after the workers are forked: a thread here
-            for batch in batches:
+            self._fetch_ahead(passing, position)  # after the workers are forked: a thread here
+            for count, batch in enumerate(batches, 1):
+                if run is not None:
+                    run.delivered(count)
                 if position is not None:
-                    position.batches += 1
+                    position.batches = count
                 if ring is not None:
                     ring.settle()  # NOTE [ freed after the copy ] in loaders.memory.ring
                 yield batch
@@ -292,33 +304,27 @@ class PackedLoader(DataLoader[Any]):
         if isinstance(memory, BatchMemory) and memory.ring is not None:
             memory.ring.copies_on = device
 
-    def _fetch_ahead(self, position: Position | None) -> None:
+    def _fetch_ahead(self, passing: Pass | None, position: StreamPosition | None) -> None:
         """For a dataset read through a bounded cache, have its shards downloaded in the
         order this iteration's batches will need them (NOTE [ bounded cache ])."""
         cache = _bounded_cache(self.dataset)
-        if cache is None or position is None:
+        if cache is None:
             return
         shard_idx = self.dataset.selection.shard_idx  # type: ignore[attr-defined]
         stream = self.stream
-        if stream is not None:
+        if stream is not None and position is not None:
             chunks: Iterator[Any] = stream.delivery(position.skip)
-        elif self.order is not None:
-            order = self.order.order()[position.skip :]
-            size = self._batch_size()
+            cache.fetch_ahead((shard_idx[c].tolist() for c in chunks), lambda: position.batches)
+        elif passing is not None:
+            order, size = passing.indices, self._batch_size()
             chunks = (order[i : i + size] for i in range(0, len(order), size))
-        else:
-            return
-        cache.fetch_ahead((shard_idx[c].tolist() for c in chunks), lambda: position.batches)
+            cache.fetch_ahead((shard_idx[c].tolist() for c in chunks), passing.delivered)
 
-    def _begin(self) -> Position | None:
-        if self.order is not None:
-            pending = self.order.state_dict()
-            start, skip = int(pending["start"]), int(pending["position"])
-            return Position(self.order.epoch, start, skip, self.order.left())
+    def _begin_stream(self) -> StreamPosition | None:
         stream = self.stream
-        if stream is not None:
-            return Position(stream.epoch, 0, stream.pending_batches() or 0, 0)
-        return None
+        if stream is None:
+            return None
+        return StreamPosition(stream.epoch, stream.pending_batches() or 0)
 
     def _in_process(self) -> Iterator[Any]:
         """What DataLoader yields with num_workers=0, without its per-batch bookkeeping.
@@ -353,90 +359,38 @@ class PackedLoader(DataLoader[Any]):
     def hold_back(self, batches: int) -> None:
         """Say that `batches` of those this loader handed out are held by a wrapper (such as
         `DeviceLoader`) and have not reached the training loop: `state_dict` leaves them out."""
-        if self._position is not None:
+        run = self.run
+        if run is not None:
+            run.hold_back(batches)
+        elif self._position is not None:
             self._position.held = int(batches)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the order of `epoch`; call before each epoch. After `load_state_dict`,
-        `set_epoch` of the saved epoch keeps the resume point (either order works)."""
+        `set_epoch` of the saved epoch keeps the resume point (either order works). Without
+        it, an epoch whose batches all reached the loop is followed by the next one (NOTE
+        [ epochs advance by themselves ] in `loaders.order.run_batches`)."""
         target = self.order if self.order is not None else self.stream
         if target is not None:
             target.set_epoch(epoch)
-        self._ended()
-
-    def _ended(self) -> None:
-        """Count what the last iteration delivered into the run's steps, and forget it."""
-        if self._position is not None:
-            self.history.ended(self._position.batches - self._position.held)
         self._position = None
 
     def state_dict(self) -> State:
         """Plain ints and strings: what the state belongs to (dataset version, a fingerprint
         of the selection, order, seed, batch size, drop_last; a stream's workers and world
         size) and where the epoch stands: the batches that reached the training loop."""
-        identity = self._identity()
-        position = self._position
-        stream = self.stream
-        if self.order is not None:
-            state = {**identity, **self.order.state_dict()}
-            delivered = 0 if position is None else position.batches - position.held
-            state.update(self.history.fields(delivered, self))
-            if position is not None and position.epoch == self.order.epoch:
-                done = delivered * self._batch_size()
-                state.update(
-                    start=position.start, position=position.skip + min(done, position.remaining)
-                )
-            if isinstance(self.order, MixtureSampler):
-                state.update(self.order.progress(state))
-            return state
-        assert stream is not None, "_identity refuses loaders that cannot resume"
-        if position is not None and position.epoch == stream.epoch:
-            batches = position.skip + position.batches - position.held
-        else:
-            batches = stream.pending_batches() or 0
-        return {**identity, "epoch": stream.epoch, "batches": batches, "rank": stream.rank}
+        return state_of(self)
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], for_skipping: bool = False) -> None:
         """Continue `state`'s epoch with exactly the samples not yet delivered when it was
         saved. Refuses (ValueError naming the field) a state of another dataset version,
         selection, order, seed or batch size; a map-style state resumes with any world size
         (see NOTE [ elastic resume ] in `loaders.order.resume`) and the same global batch (batch
-        size times world size), a stream's with its own world size."""
-        identity = self._identity()
-        if isinstance(state, Mapping) and "view" in state and "view" not in identity:
-            identity["view"] = ""  # a state saved on a view is not one of no view
-        stream = self.stream
-        if self.order is not None:
-            size = identity.pop("batch_size")
-            check_state(state, identity, ("batch_size", "world_size"))
-            check_global_batch(state, int(size), self.order.world_size)
-            self.order.load_state_dict(state)
-            self.history.load(state)
-        else:
-            assert stream is not None, "_identity refuses loaders that cannot resume"
-            check_state(state, identity, ("epoch", "batches", "rank"))
-            stream.resume(state["epoch"], state["batches"])
+        size times world size), a stream's with its own world size. `for_skipping`: for a
+        trainer that skips the batches already read itself, by drawing them again (NOTE
+        [ skipping trainers ] in `loaders.order.run_batches`)."""
+        load_state(self, state, for_skipping)
         self._position = None
-
-    def _identity(self) -> dict[str, int | str]:
-        if isinstance(self.dataset, Mixture) and self.order is not None:
-            return {"batch_size": self._batch_size()}  # the members: MixtureSampler's state
-        selection = getattr(self.dataset, "selection", None)
-        stream = self.stream
-        if selection is None or (self.order is None and stream is None):
-            raise TypeError(
-                "resuming needs one of the loaders samplers (shuffle=, or an OrderSampler "
-                "passed as sampler=) or a PackedStream; torch samplers keep no position"
-            )
-        identity: dict[str, int | str] = {
-            "dataset_version": selection.version,
-            "selection": selection.fingerprint,
-        }
-        if selection.view:  # only then: a state saved before views existed still loads
-            identity["view"] = selection.view
-        if stream is not None:
-            return {**identity, **stream.identity()}
-        return {**identity, "batch_size": self._batch_size()}
 
     def _batch_size(self) -> int:
         return int(getattr(self.batch_sampler, "batch_size", None) or 1)

@@ -10,6 +10,7 @@ Modules:
 - `orders`:         sample orders as pure functions of (data, seed, epoch)
 - `quality`:        how well an order shuffles
 - `resume`:         the state a training job saves, and its checks
+- `run_batches`:    the batch sampler that carries a run's state: epoch, position, history
 - `samplers`:       torch samplers over the pure orders: distributed, resumable
 - `world`:          rank and world size
 """

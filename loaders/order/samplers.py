@@ -59,6 +59,9 @@ class OrderSampler(DistributedSampler[int]):
         self._resume_at = 0
         self._pending = False
         """Whether a loaded state waits for the next iteration."""
+        self.epoch_calls = 0
+        """How many times an epoch was chosen (`set_epoch`, a loaded state): a batch sampler
+        advances the epoch by itself only where none was chosen since its last pass."""
         self.named: bool | str | None = None
         """The `shuffle=` it was made from by name (`loaders.loader.named_orders`), for a run's
         record."""
@@ -126,6 +129,7 @@ class OrderSampler(DistributedSampler[int]):
         """
         if isinstance(epoch, bool) or not isinstance(epoch, int | np.integer) or epoch < 0:
             raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        self.epoch_calls += 1
         if self._pending:
             if epoch == self.epoch:
                 return
@@ -136,6 +140,13 @@ class OrderSampler(DistributedSampler[int]):
                     f"epoch {epoch} afresh"
                 )
         self.epoch = int(epoch)
+        self._start = self._resume_at = 0
+        self._pending = False
+
+    def advance(self) -> None:
+        """Go on to the next epoch, as after a whole pass with no `set_epoch` (NOTE [ epochs
+        advance by themselves ] in `loaders.order.run_batches`); not a choice of epoch."""
+        self.epoch += 1
         self._start = self._resume_at = 0
         self._pending = False
 

@@ -254,6 +254,39 @@ def test_trainers_take_a_dataset_stored_encoded(encoded: Packed, tmp_path: Path)
         assert saved[rank] + resumed[rank] == full[rank]
 
 
+# --- Keras ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_keras_fit_reads_a_new_order_each_epoch_and_validates(
+    packed: Packed, tmp_path: Path, workers: int
+) -> None:
+    """`model.fit(loader, validation_data=loader, epochs=3)` with Keras 3 on the torch backend,
+    which never calls set_epoch: each epoch every train sample once, in that epoch's order
+    (what a loader told the epoch reads), and the validation split whole each epoch."""
+    check_ok(run([str(SCRIPTS / "keras_run.py"), str(packed.root), str(tmp_path),
+                  "--epochs=3", f"--workers={workers}"]))  # fmt: skip
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    ds = PackedDataset.open(packed.root, split="train")
+    reference = make_loader(ds, batch_size=4, shuffle=True, seed=3, with_indices=True)
+    for epoch in range(3):
+        reference.set_epoch(epoch)
+        told = [int(p) for b in reference for p in ds.selection.positions[b.indices.numpy()]]
+        assert positions(packed, seen["train"][str(epoch)]) == told, epoch
+        assert_each_once(packed, "val", [positions(packed, seen["val"][str(epoch)])])
+    orders = [tuple(seen["train"][str(e)]) for e in range(3)]
+    assert len(set(orders)) == 3, "a new order each epoch"
+    assert max(seen["loss"]) < 10, "the loss of a 3-class problem, never weighted by an index"
+
+
+def test_keras_refuses_batches_whose_indices_it_would_read_as_weights(
+    packed: Packed, tmp_path: Path
+) -> None:
+    done = run([str(SCRIPTS / "keras_run.py"), str(packed.root), str(tmp_path), "--with-indices"])
+    assert done.returncode != 0 and not (tmp_path / "seen.json").exists()
+    assert "Keras reads a batch's third field as sample_weight" in done.stderr
+
+
 # --- plain torch ---------------------------------------------------------------------------
 
 

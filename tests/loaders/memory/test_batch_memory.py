@@ -101,7 +101,10 @@ def test_batches_kept_past_the_ring_fall_back_and_stay_intact(packed: Packed) ->
     loader = make_loader(ds, batch_size=4, shuffle=True, num_workers=2)
     ring = loader.dataset.memory.ring
     assert ring is not None
-    batches = [list(loader) for _ in range(2)]  # more batches than slots, all held
+    batches = []
+    for _ in range(2):  # more batches than slots, all held
+        loader.set_epoch(0)
+        batches.append(list(loader))
     assert len(batches[0]) > len(ring)
     order = loader.sampler.order() if loader.sampler is not None else None
     assert order is not None

@@ -1,0 +1,163 @@
+"""A loader rebuilt from its parts, wrapped, skipped into or never told the epoch reads what the
+loader itself would have read (NOTE [ the run lives in the sampler ] in
+`loaders.order.run_batches`). Samples are identified by content, against the images
+`make_packed` wrote; the reference is the loader read with an explicit `set_epoch` each epoch."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from accelerate import skip_first_batches
+from torch.utils.data import DataLoader, default_convert
+
+from loaders import PackedDataset, make_loader
+from loaders.batch.types import Batch, IndexedBatch
+from loaders.datasets.packed import collate_batch
+from tests.helpers.packed import Packed
+from tests.loaders.loader.test_loader import positions_of
+
+
+@pytest.fixture(autouse=True)
+def _quiet_cpu_note() -> None:
+    warnings.filterwarnings("ignore", "CUDA is not available", RuntimeWarning)
+
+
+def epochs_told(packed: Packed, epochs: int, **options: Any) -> list[list[int]]:
+    """Each epoch's samples, read with `set_epoch` before each (the reference)."""
+    ds = PackedDataset.open(packed.root, split="train")
+    loader = make_loader(ds, batch_size=4, shuffle=True, seed=5, **options)
+    found = []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        found.append(positions_of(ds, packed, list(loader)))
+    return found
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_dataloader_rebuilt_from_the_parts_reads_what_the_loader_would(
+    packed: Packed, workers: int
+) -> None:
+    """`DataLoader(loader.dataset, batch_sampler=loader.batch_sampler)`, as trainers rebuild
+    one, with `set_epoch` told to the loader, its sampler or its batch sampler."""
+    expected = epochs_told(packed, 3)
+    ds = PackedDataset.open(packed.root, split="train")
+    loader = make_loader(ds, batch_size=4, shuffle=True, seed=5)
+    rebuilt = DataLoader(
+        loader.dataset,
+        batch_sampler=loader.batch_sampler,
+        collate_fn=loader.collate_fn,
+        num_workers=workers,
+    )
+    told = (loader.set_epoch, loader.sampler.set_epoch, loader.batch_sampler.set_epoch)
+    for epoch, set_epoch in enumerate(told):
+        set_epoch(epoch)
+        assert positions_of(ds, packed, list(rebuilt)) == expected[epoch], epoch
+    assert loader.state_dict()["step"] == 3 * len(loader), "the rebuilt loader's steps count"
+
+
+def test_whole_epochs_advance_by_themselves_and_a_cut_one_does_not(packed: Packed) -> None:
+    """Keras never calls set_epoch: a pass read to its end is followed by the next epoch; one
+    left early (a sanity check, a break) is read again from its start; set_epoch wins."""
+    expected = epochs_told(packed, 3)
+    ds = PackedDataset.open(packed.root, split="train")
+    loader = make_loader(ds, batch_size=4, shuffle=True, seed=5)
+    assert positions_of(ds, packed, list(loader)) == expected[0]
+    batches = iter(loader)
+    cut = positions_of(ds, packed, [next(batches), next(batches)])
+    assert cut == expected[1][:8]
+    del batches
+    assert positions_of(ds, packed, list(loader)) == expected[1], "a cut pass does not count"
+    loader.set_epoch(1)
+    assert positions_of(ds, packed, list(loader)) == expected[1], "set_epoch wins"
+    assert positions_of(ds, packed, list(loader)) == expected[2]
+    assert loader.epoch == 2
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_saved_without_set_epoch_resumes_exactly(packed: Packed, workers: int) -> None:
+    """Epochs that advanced by themselves are in the state: saved in the middle of the
+    second, a fresh loader given the state reads the rest of it, then the third."""
+    expected = epochs_told(packed, 3)
+    ds = PackedDataset.open(packed.root, split="train")
+    loader = make_loader(ds, batch_size=4, shuffle=True, seed=5, num_workers=workers)
+    list(loader)
+    batches = iter(loader)
+    first = positions_of(ds, packed, [next(batches) for _ in range(3)])
+    state = loader.state_dict()
+    del batches
+    assert (state["epoch"], state["step"]) == (1, len(loader) + 3)
+    fresh = make_loader(ds, batch_size=4, shuffle=True, seed=5, num_workers=workers)
+    fresh.load_state_dict(state)
+    rest = positions_of(ds, packed, list(fresh))
+    assert first + rest == expected[1]
+    assert positions_of(ds, packed, list(fresh)) == expected[2]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skip_first_batches_is_exact_and_reads_no_skipped_sample(
+    packed: Packed, workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers' Trainer on resume: `skip_first_batches(loader, k)` (accelerate), then
+    `set_epoch` on the result and on its batch sampler's batch sampler, in that order. The
+    rebuilt loader reads exactly the epoch's batches after the first k, and the k skipped
+    are never gathered."""
+    expected = epochs_told(packed, 2)
+    ds = PackedDataset.open(packed.root, split="train")
+    loader = make_loader(ds, batch_size=4, shuffle=True, seed=5, num_workers=workers)
+    gathered: list[list[int]] = []
+    original = type(loader.dataset).__getitems__
+
+    def counted(self: PackedDataset, indices: list[int]) -> Any:
+        gathered.append(list(indices))
+        return original(self, indices)
+
+    monkeypatch.setattr(type(loader.dataset), "__getitems__", counted)
+    skipped = skip_first_batches(loader, 3)
+    if hasattr(skipped, "set_epoch"):
+        skipped.set_epoch(1)
+    skipped.batch_sampler.batch_sampler.set_epoch(1)  # what the Trainer reaches for
+    rest = positions_of(ds, packed, list(skipped))
+    assert rest == expected[1][12:]
+    if workers == 0:  # gathers in workers are not seen here; the result above is
+        assert len(gathered) == len(loader) - 3, "no skipped batch was gathered"
+
+
+def test_batches_survive_being_rebuilt_as_trainers_rebuild_them(packed: Packed) -> None:
+    """`type(batch)(generator)` (transformers' `_prepare_input`), default_convert, pickling
+    and `.to(...)` keep the batch type and its fields; a lone tensor is refused."""
+    ds = PackedDataset.open(packed.root)
+    for with_indices in (False, True):
+        batch = next(iter(make_loader(ds, batch_size=4, with_indices=with_indices)))
+        kind = IndexedBatch if with_indices else Batch
+        assert type(batch) is kind
+        rebuilt = type(batch)(field for field in batch)
+        assert type(rebuilt) is kind and all(a is b for a, b in zip(rebuilt, batch, strict=True))
+        assert type(default_convert(batch)) is kind
+        moved = batch.to("cpu", dtype=None)
+        assert type(moved) is kind and torch.equal(moved.images, batch.images)
+        images, labels, *rest = batch
+        assert images.dtype == torch.uint8 and labels.dtype == torch.int64
+        assert len(rest) == int(with_indices)
+    with pytest.raises(TypeError, match="single tensor"):
+        Batch(torch.zeros(2, 3))
+    assert collate_batch is not None
+
+
+def test_the_batch_sampler_is_a_torch_batch_sampler(packed: Packed) -> None:
+    """What trainers read off a DataLoader reads as DataLoader's own would."""
+    from torch.utils.data import BatchSampler, DistributedSampler
+
+    ds = PackedDataset.open(packed.root, split="train")
+    loader = make_loader(ds, batch_size=4, shuffle=True, drop_last=True)
+    assert isinstance(loader.batch_sampler, BatchSampler)
+    assert isinstance(loader.sampler, DistributedSampler)
+    assert loader.batch_sampler.sampler is loader.sampler
+    assert (loader.batch_size, loader.drop_last, loader.batch_sampler.batch_size) == (4, True, 4)
+    assert len(loader) == len(loader.batch_sampler) == len(ds) // 4
+    sizes = [len(b) for b in loader.batch_sampler]
+    assert sizes == [4] * (len(ds) // 4)
+    assert np.unique(np.concatenate(list(loader.batch_sampler))).size == len(ds) // 4 * 4
