@@ -20,6 +20,7 @@ Modules:
 - `datasets/`: `PackedDataset`, `PackedStream`, `Mixture`
 - `loader/`:   `PackedLoader`, `make_loader`, the named shuffles, workers, trace queries
 - `device/`:   `DeviceLoader`, and samples decoded on the device
+- `trainers/`: trainers that cannot take a loader as it is (transformers' `Trainer`)
 """
 
 from __future__ import annotations

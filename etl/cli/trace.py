@@ -20,8 +20,8 @@ def trace(
     record: Annotated[
         Path,
         typer.Argument(
-            help="A checkpoint (torch.save, Lightning, accelerate) or a JSON file "
-            "holding a loader's state_dict()."
+            help="A checkpoint (torch.save, Lightning, accelerate, a transformers "
+            "checkpoint folder) or a JSON file holding a loader's state_dict()."
         ),
     ],
     step: Annotated[int | None, typer.Option("--step", min=0, help="A global step.")] = None,
@@ -124,7 +124,10 @@ def _crop_text(crop: Mapping[str, Any]) -> str:
 
 
 def _loader_state(record: Path) -> Mapping[str, Any]:
-    """The loader state in `record`: the first mapping in it with a run's history."""
+    """The loader state in `record`: the first mapping in it with a run's history (in a
+    transformers checkpoint folder, its trainer_state.json: `loaders.trainers.hf`)."""
+    if record.is_dir() and (record / "trainer_state.json").is_file():
+        record = record / "trainer_state.json"
     try:
         if record.suffix == ".json":
             loaded: Any = json.loads(record.read_text())

@@ -99,6 +99,38 @@ class ColumnBatch(_Rebuilt, _ColumnFields):
 
 AnyBatch = Batch | IndexedBatch | ColumnBatch
 
+
+class ModelInputs(dict[str, torch.Tensor]):
+    """A batch as Hugging Face models take it, `model(**inputs)` (`make_loader(...,
+    as_inputs=True)`): "pixel_values", uint8 [B, C, H, W] (samples stored HWC come as a view
+    with channels_last strides, not copied), and "labels", int64 [B]. `PackedTrainer`
+    (`loaders.trainers.hf`) makes the model's floats of it on the device. A `dict`, so trainers
+    that ask `"labels" in batch`, `batch.get(...)` or rebuild it as `type(batch)({...})` get
+    what they expect; it pickles as the batch it views (a ring slot travels as its number)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.source: tuple[AnyBatch, str] | None = None
+
+    @classmethod
+    def of(cls, batch: AnyBatch, layout: str) -> ModelInputs:
+        """The inputs of a batch of samples stored in `layout` ("HWC" or "CHW")."""
+        if isinstance(batch, ColumnBatch):
+            raise ValueError(
+                "batches with per-sample columns (columns=, or samples of several sizes) are "
+                "not model inputs: open the dataset without columns, with a crop to one size"
+            )
+        images = batch.images.permute(0, 3, 1, 2) if layout == "HWC" else batch.images
+        inputs = cls(pixel_values=images, labels=batch.labels)
+        inputs.source = (batch, layout)
+        return inputs
+
+    def __reduce__(self) -> Any:
+        if self.source is not None:
+            return (ModelInputs.of, self.source)
+        return (type(self), (dict(self),))
+
+
 SIZE_COLUMNS = ("sample.height", "sample.width")
 """The columns of a padded batch (samples of several sizes, a `Mixture` of several shapes)
 that say each sample's own size; names no declared per-sample column can have.

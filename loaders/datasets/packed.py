@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -24,7 +24,14 @@ from torch.utils.data import Dataset, get_worker_info
 from etl.format.views import View
 from etl.storage.location import StoreOptions, open_location
 from loaders.augment.worker_crop import REDUCING_GAP, Crop, WorkerCrop, cropped_batch
-from loaders.batch.types import SIZE_COLUMNS, AnyBatch, Columns, Samples, make_batch
+from loaders.batch.types import (
+    SIZE_COLUMNS,
+    AnyBatch,
+    Columns,
+    ModelInputs,
+    Samples,
+    make_batch,
+)
 from loaders.datasets.opening import check_view_alone, how_opened, store_options, warn_if_retired
 from loaders.memory.batch_memory import BatchMemory
 from loaders.read.batch_plan import batch_reads
@@ -43,6 +50,23 @@ def collate_batch(batch: Any) -> Any:
     stream's batches). DataLoader's default collate works too, stacking the samples again.
     """
     return batch.batch if isinstance(batch, Samples) else batch
+
+
+@dataclass(frozen=True)
+class CollateInputs:
+    """`collate_batch`, the batch then made `ModelInputs` (`make_loader(..., as_inputs=True)`)
+    of samples stored in `layout`."""
+
+    layout: str
+
+    def __call__(self, batch: Any) -> ModelInputs:
+        return ModelInputs.of(collate_batch(batch), self.layout)
+
+
+def passes_batches(collate_fn: Any) -> bool:
+    """Whether `collate_fn` hands on the batch `__getitems__` made (rather than making new
+    tensors of the samples): the loader's fast paths hold."""
+    return collate_fn is collate_batch or isinstance(collate_fn, CollateInputs)
 
 
 class PackedDataset(Dataset[tuple[torch.Tensor, int]]):

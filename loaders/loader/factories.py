@@ -37,6 +37,7 @@ class LoaderOptions(TypedDict, total=False):
     world_size: int | None
     multiprocessing_context: Any
     with_indices: bool
+    as_inputs: bool
 
 
 def make_loader(
@@ -59,6 +60,9 @@ def make_loader(
     index when `with_indices`), and its result is what the loader yields; without it batches
     are `Batch(images, labels)` made with no copy beyond the gather (an `IndexedBatch` with
     `with_indices`, whose indices `dataset.manifest_rows` maps to sample ids and sources).
+    `as_inputs` makes each batch the `ModelInputs` dict a Hugging Face model takes
+    (`pixel_values` uint8 [B, C, H, W], `labels`), what `loaders.trainers.hf.PackedTrainer`
+    reads.
 
     NOTE [ num_workers ]: measured with benchmarks/load/throughput.py (random batches of 256,
     2-core VM). 12 KiB samples, 0 workers: ~1.0 ms of main-process CPU per batch, ~80% of it

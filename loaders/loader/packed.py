@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler
 from etl.errors import EtlError
 from etl.storage.cache import BoundedCache
 from loaders.datasets.mixture import Mixture
-from loaders.datasets.packed import PackedDataset, collate_batch
+from loaders.datasets.packed import CollateInputs, PackedDataset, collate_batch, passes_batches
 from loaders.datasets.stream import PackedStream, refuse_loader_options
 from loaders.loader.named_orders import OrderOptions, loader_sampler, order_sampler_of, order_seed
 from loaders.loader.readers import refuse_indices_for_keras
@@ -49,6 +49,21 @@ def _bounded_cache(dataset: object) -> BoundedCache | None:
     """The bounded cache a map-style dataset reads through, if any."""
     shards = getattr(getattr(dataset, "selection", None), "shards", None)
     return getattr(shards, "cache", None)
+
+
+def _collate_of(
+    dataset: Any, collate_fn: Callable[[Any], Any] | None, as_inputs: bool, with_indices: bool
+) -> Callable[[Any], Any]:
+    """The loader's collate: ours (the batch as gathered; `ModelInputs` of it `as_inputs`), or
+    the one given."""
+    if not as_inputs:
+        return collate_batch if collate_fn is None else collate_fn
+    if collate_fn is not None or with_indices:
+        raise ValueError(
+            "as_inputs=True makes each batch a model's inputs (pixel_values, labels): pass no "
+            "collate_fn and no with_indices beside it"
+        )
+    return CollateInputs(getattr(dataset, "layout", "CHW"))
 
 
 class PackedLoader(DataLoader[Any]):
@@ -111,6 +126,7 @@ class PackedLoader(DataLoader[Any]):
         rank: int | None = None,
         world_size: int | None = None,
         with_indices: bool = False,
+        as_inputs: bool = False,
         **dataloader_options: Any,
     ) -> None:
         if dataloader_options.get("in_order", True) is not True:
@@ -138,7 +154,8 @@ class PackedLoader(DataLoader[Any]):
         )  # fmt: skip
         order = order_sampler_of(sampler, batch_sampler)
         size = batch_size if batch_sampler is None else getattr(batch_sampler, "batch_size", None)
-        if collate_fn is None:
+        collate = _collate_of(dataset, collate_fn, as_inputs, with_indices)
+        if passes_batches(collate):
             batch_bytes = None if size is None else size * math.prod(dataset.sample_shape)
             memory = batch_memory(
                 pin, num_workers, prefetch_factor, batch_bytes, multiprocessing_context
@@ -155,7 +172,7 @@ class PackedLoader(DataLoader[Any]):
         super().__init__(
             dataset.with_memory(memory, with_indices),
             **batching,
-            collate_fn=collate_batch if collate_fn is None else collate_fn,
+            collate_fn=collate,
             # NOTE: without workers and with our collate the loader gathers into pinned
             # memory itself (`_in_process`); DataLoader's pinning only ever runs on batches
             # that workers or another collate made.
@@ -193,7 +210,7 @@ class PackedLoader(DataLoader[Any]):
         another `collate_fn`, which gets samples; workers already running (persistent ones)
         keep sending padded batches, which `DeviceLoader` takes as well."""
         memory = getattr(self.dataset, "memory", None)
-        if self.collate_fn is not collate_batch or not isinstance(memory, BatchMemory):
+        if not passes_batches(self.collate_fn) or not isinstance(memory, BatchMemory):
             return False
         memory.back_to_back = True
         return True
@@ -263,7 +280,7 @@ class PackedLoader(DataLoader[Any]):
             ring.settle()  # the last epoch's slots, before this epoch's workers claim them
         batches: Iterator[Any] | None = None
         try:
-            if self.num_workers == 0 and self.collate_fn is collate_batch:
+            if self.num_workers == 0 and passes_batches(self.collate_fn):
                 batches = self._in_process()
             else:
                 batches = super().__iter__()

@@ -88,6 +88,8 @@ class RunBatchSampler(BatchSampler):
         """The steps of earlier passes and the segment each began at (`loaders.order.history`)."""
         self.current: Pass | None = None
         """The pass in progress, or the last one."""
+        self.to_skip = 0
+        """Batches a state loaded `for_skipping` expects the trainer to skip."""
 
     @property
     def epoch(self) -> int:
@@ -159,7 +161,7 @@ class RunBatchSampler(BatchSampler):
         self.history.load(state)
         order = self.order
         left = order.left()
-        self.current = None
+        self.current, self.to_skip = None, 0
         if for_skipping and left and (order._start or order._resume_at):
             if order._start or int(state["world_size"]) != order.world_size:
                 raise ValueError(
@@ -167,8 +169,8 @@ class RunBatchSampler(BatchSampler):
                     "state was saved with, from the epoch's start: resume with "
                     f"{state['world_size']} rank(s), or load the state without skipping"
                 )
-            batches = -(-order._resume_at // self.batch_size)
-            self.history.before -= batches
+            self.to_skip = -(-order._resume_at // self.batch_size)
+            self.history.before -= self.to_skip
             order.resume(order.epoch, 0)
         elif not left:
             # The saved epoch is whole: the next pass goes on to the next one unless told.

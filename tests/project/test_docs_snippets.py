@@ -21,13 +21,15 @@ pytestmark = pytest.mark.slow  # end to end: see docs/architecture.md, "Test tie
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(r"```python\n(.*?)```", re.S)
+NAMED = re.compile(r"<!-- snippet: [\w-]+ -->\n```python\n.*?```", re.S)
+"""A snippet that runs alone, in its own process (tests/project/test_readme_snippets.py)."""
 
 
 def pages() -> dict[str, str]:
-    """Page name -> its Python snippets, joined in order."""
+    """Page name -> its Python snippets, joined in order (but the named ones)."""
     found = {}
     for page in sorted((ROOT / "docs").glob("*.md")):
-        blocks = BLOCK.findall(page.read_text())
+        blocks = BLOCK.findall(NAMED.sub("", page.read_text()))
         if blocks:
             found[page.name] = "\n".join(blocks)
     return found

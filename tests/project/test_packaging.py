@@ -173,6 +173,7 @@ LOADER_FLOORS: tuple[tuple[str, ...], ...] = (
     ("datasets",),
     ("loader",),
     ("device",),
+    ("trainers",),
 )
 
 

@@ -1,5 +1,6 @@
-"""The README's training snippets run as written, each in a fresh process, on a packed dataset
-in `artifacts/` of the working folder: a snippet that drifts from the API fails here."""
+"""The training snippets of the README and of docs/training.md's "Trainers" run as written,
+each in a fresh process, on a packed dataset with a train and a val split in `artifacts/` of
+the working folder: a snippet that drifts from the API, or from a trainer's, fails here."""
 
 from __future__ import annotations
 
@@ -15,23 +16,34 @@ from tests.helpers.packed import make_packed
 
 pytestmark = pytest.mark.slow  # end to end: see docs/architecture.md, "Test tiers"
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = (ROOT / "README.md", ROOT / "docs" / "training.md")
 SNIPPET = re.compile(r"<!-- snippet: ([\w-]+) -->\n```python\n(.*?)```", re.S)
-EXPECTED = {"plain-loop", "lightning", "accelerate"}
+EXPECTED = {
+    "README.md": {"plain-loop"},
+    "training.md": {"lightning", "accelerate", "transformers", "keras", "ignite"},
+}
+SAVED = {"plain-loop": "last.pt", "accelerate": "checkpoint", "transformers": "runs",
+         "ignite": "checkpoints"}  # fmt: skip
+"""What each snippet leaves in its folder."""
 
 
 def snippets() -> dict[str, str]:
-    return dict(SNIPPET.findall(README.read_text()))
+    return {name: code for page in PAGES for name, code in SNIPPET.findall(page.read_text())}
 
 
-def test_the_readme_has_the_three_training_forms() -> None:
-    assert set(snippets()) == EXPECTED
+def test_the_pages_have_the_training_forms() -> None:
+    for page in PAGES:
+        assert {name for name, _ in SNIPPET.findall(page.read_text())} == EXPECTED[page.name]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_readme_snippet_runs(tmp_path: Path, name: str) -> None:
-    make_packed(tmp_path / "artifacts", shard_sizes=(40, 30, 50))
+@pytest.mark.parametrize("name", sorted(set().union(*EXPECTED.values())))
+def test_training_snippet_runs(tmp_path: Path, name: str) -> None:
+    make_packed(
+        tmp_path / "artifacts", shard_sizes=(40, 30, 50),
+        split_of=lambda i: "val" if i % 5 == 0 else "train",
+    )  # fmt: skip
     script = tmp_path / f"snippet_{name.replace('-', '_')}.py"  # not the package names
     script.write_text(snippets()[name])
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
@@ -44,5 +56,5 @@ def test_readme_snippet_runs(tmp_path: Path, name: str) -> None:
         env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    saved = {"plain-loop": "last.pt", "accelerate": "checkpoint", "lightning": None}[name]
+    saved = SAVED.get(name)
     assert saved is None or (tmp_path / saved).exists()

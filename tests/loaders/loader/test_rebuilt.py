@@ -161,3 +161,36 @@ def test_the_batch_sampler_is_a_torch_batch_sampler(packed: Packed) -> None:
     sizes = [len(b) for b in loader.batch_sampler]
     assert sizes == [4] * (len(ds) // 4)
     assert np.unique(np.concatenate(list(loader.batch_sampler))).size == len(ds) // 4 * 4
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_as_inputs_makes_each_batch_the_dict_a_hugging_face_model_takes(
+    packed: Packed, workers: int
+) -> None:
+    """`pixel_values` uint8 [B, C, H, W] (a view of the stored HWC samples) and `labels`: a
+    dict that `"labels" in batch`, `.get` and `type(batch)({...})` treat as one, through the
+    workers' ring too."""
+    import pickle
+
+    from loaders.batch.types import ModelInputs
+
+    ds = PackedDataset.open(packed.root, split="train")
+    plain = list(make_loader(ds, batch_size=4, shuffle=True, seed=5))
+    loader = make_loader(ds, batch_size=4, shuffle=True, seed=5, num_workers=workers,
+                         as_inputs=True)  # fmt: skip
+    inputs = list(loader)
+    assert len(inputs) == len(plain)
+    for batch, reference in zip(inputs, plain, strict=True):
+        assert isinstance(batch, ModelInputs) and set(batch) == {"pixel_values", "labels"}
+        assert "labels" in batch and batch.get("labels") is batch["labels"]
+        assert torch.equal(batch["pixel_values"], reference.images.permute(0, 3, 1, 2))
+        assert torch.equal(batch["labels"], reference.labels)
+        assert batch["pixel_values"].dtype == torch.uint8
+        rebuilt = type(batch)({k: v for k, v in batch.items()})
+        assert isinstance(rebuilt, ModelInputs) and rebuilt.keys() == batch.keys()
+        again = pickle.loads(pickle.dumps(batch))
+        assert torch.equal(again["pixel_values"], batch["pixel_values"])
+    with pytest.raises(ValueError, match="as_inputs=True"):
+        make_loader(ds, as_inputs=True, with_indices=True)
+    with pytest.raises(ValueError, match="as_inputs=True"):
+        make_loader(ds, as_inputs=True, collate_fn=list)

@@ -287,6 +287,138 @@ def test_keras_refuses_batches_whose_indices_it_would_read_as_weights(
     assert "Keras reads a batch's third field as sample_weight" in done.stderr
 
 
+# --- transformers' Trainer -----------------------------------------------------------------
+
+
+def flat(batches: list[list[int]]) -> list[int]:
+    return [p for batch in batches for p in batch]
+
+
+def hf(packed: Packed, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """hf_run.py (PackedTrainer as docs/training.md sets it up) into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    return run([str(SCRIPTS / "hf_run.py"), str(packed.root), str(out), *extra])
+
+
+def hf_seen(packed: Packed, out: Path) -> tuple[list[list[int]], list[list[int]]]:
+    """(each train batch, each evaluation batch) the model was called with, by content."""
+    lines = [json.loads(line) for line in (out / "seen.jsonl").read_text().splitlines()]
+    train = [positions(packed, line["images"]) for line in lines if line["train"]]
+    evaluated = [positions(packed, line["images"]) for line in lines if not line["train"]]
+    return train, evaluated
+
+
+HF_SETUPS = pytest.mark.parametrize(
+    ("workers", "accum", "save", "kills"),
+    [(0, 1, 2, (3, 9)), (2, 1, 2, (3, 9)), (0, 2, 1, (2, 5)), (2, 2, 1, (2, 5))],
+    ids=["0-workers", "2-workers", "0-workers-accumulating-2", "2-workers-accumulating-2"],
+)
+"""Workers, gradient accumulation, checkpoint every `save` optimizer steps, and the steps the
+two killed runs die after: one in epoch 0, one in the middle of epoch 1 (6 batches an epoch)."""
+
+
+@HF_SETUPS
+def test_transformers_trainer_resumes_exactly_through_its_own_checkpoints(
+    packed: Packed,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    workers: int,
+    accum: int,
+    save: int,
+    kills: tuple[int, int],
+) -> None:
+    """`PackedTrainer(...).train(resume_from_checkpoint=...)` as the docs show it, killed
+    (SIGKILL) after a checkpoint in epoch 0 and in the middle of epoch 1, resumed in a fresh
+    process: the batches it trains on, in order, are the uninterrupted run's; each epoch's are
+    every train sample once, in a new order; the validation split is evaluated whole after
+    each epoch; and `etl trace` on the resumed run's last checkpoint names the samples of
+    every step since the run began, the killed run's included."""
+    options = [f"--workers={workers}", f"--accum={accum}", f"--save-steps={save}"]
+    check_ok(hf(packed, tmp_path / "whole", *options))
+    whole, evaluated = hf_seen(packed, tmp_path / "whole")
+    per_epoch = len(whole) // 2
+    epochs = [flat(whole[e * per_epoch : (e + 1) * per_epoch]) for e in range(2)]
+    for epoch in epochs:
+        assert_each_once(packed, "train", [epoch])
+    assert epochs[0] != epochs[1], "a new order in epoch 1"
+    assert len(evaluated) == 2 * 3
+    for e in range(2):
+        assert_each_once(packed, "val", [flat(evaluated[e * 3 : (e + 1) * 3])])
+
+    for kill in kills:
+        killed, resumed = tmp_path / f"killed-{kill}", tmp_path / f"resumed-{kill}"
+        assert hf(packed, killed, *options, f"--kill-after-step={kill}").returncode == -9
+        last = (kill - 1) // save * save  # the checkpoint due at the kill is not written
+        checkpoint = killed / f"checkpoint-{last}"
+        assert checkpoint.is_dir(), sorted(p.name for p in killed.iterdir())
+        resumed.mkdir()
+        check_ok(hf(packed, killed, *options, f"--resume={checkpoint}"))
+        (killed / "seen.jsonl").rename(resumed / "seen.jsonl")
+        trained, _ = hf_seen(packed, resumed)
+        died_after = kill * accum  # batches the killed run trained on
+        assert trained[:died_after] == whole[:died_after], "the killed run, as far as it got"
+        assert trained[died_after:] == whole[last * accum :], "resumed: nothing lost, none twice"
+
+    final = killed / f"checkpoint-{len(whole) // accum}"
+    for step, batch in enumerate(whole):
+        code, out, err = cli_trace(final, step, capsys)
+        assert code == 0, err
+        assert traced_positions(packed, out) == batch, step
+
+
+def cli_trace(record: Path, step: int, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from tests.helpers.cli import cli
+
+    return cli(["trace", str(record), "--step", str(step), "--json"], capsys)
+
+
+def traced_positions(packed: Packed, out: str) -> list[int]:
+    table = ipc.open_file(packed.root / "versions" / "v000001" / "manifest.arrow").read_all()
+    position_of = {sid: p for p, sid in enumerate(table.column("sample_id").to_pylist())}
+    return [position_of[s["sample_id"]] for s in json.loads(out)["samples"]]
+
+
+# --- PyTorch Ignite ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_ignite_resumes_exactly_through_its_own_checkpoints(
+    packed: Packed, tmp_path: Path, capsys: pytest.CaptureFixture[str], workers: int
+) -> None:
+    """`Engine.run(loader, max_epochs=2)`, which never calls set_epoch, the loader in Ignite's
+    `Checkpoint` beside the model: each epoch every sample once in a new order; killed in the
+    middle of epoch 1 and resumed from the last checkpoint in a fresh process, the iterations
+    train on exactly the uninterrupted run's batches; `etl trace` on the last checkpoint names
+    every iteration's samples."""
+    script = str(SCRIPTS / "ignite_run.py")
+
+    def trained(out: Path) -> list[list[int]]:
+        lines = (out / "seen.jsonl").read_text().splitlines()
+        return [positions(packed, json.loads(line)) for line in lines]
+
+    whole_dir, killed = tmp_path / "whole", tmp_path / "killed"
+    for out in (whole_dir, killed):
+        out.mkdir()
+    check_ok(run([script, str(packed.root), str(whole_dir), f"--workers={workers}"]))
+    whole = trained(whole_dir)
+    half = len(whole) // 2
+    for epoch in (whole[:half], whole[half:]):
+        assert_each_once(packed, "train", [flat(epoch)])
+    assert whole[:half] != whole[half:], "a new order in epoch 1"
+    extra = [f"--workers={workers}", "--save-every=2"]
+    done = run([script, str(packed.root), str(killed), *extra, "--kill-after-iteration=9"])
+    assert done.returncode == -9
+    last = killed / "checkpoints" / "checkpoint_8.pt"
+    check_ok(run([script, str(packed.root), str(killed), *extra, f"--resume={last}"]))
+    resumed = trained(killed)
+    assert resumed[:9] == whole[:9] and resumed[9:] == whole[8:]
+    final = killed / "checkpoints" / f"checkpoint_{len(whole)}.pt"
+    for step, batch in enumerate(whole):
+        code, out, err = cli_trace(final, step, capsys)
+        assert code == 0, err
+        assert traced_positions(packed, out) == batch, step
+
+
 # --- plain torch ---------------------------------------------------------------------------
 
 

@@ -10,7 +10,6 @@ received (in order), so the test identifies samples by content, and each train s
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -21,6 +20,7 @@ from typing import Any
 os.environ["KERAS_BACKEND"] = "torch"
 
 import keras
+from run_args import run_parser  # beside this script
 
 from loaders import PackedDataset, make_loader
 
@@ -55,11 +55,7 @@ class Epochs(keras.callbacks.Callback):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("data")
-    parser.add_argument("out")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--workers", type=int, default=0)
+    parser = run_parser()
     parser.add_argument("--with-indices", action="store_true")
     args = parser.parse_args()
 

@@ -1,0 +1,6 @@
+"""Trainers that cannot take a loader as it is: small integrations, each imported only by who
+uses it (the trainer library is theirs to install).
+
+Modules:
+- `hf`: transformers' `Trainer` over packed datasets, resumed exactly through its checkpoints
+"""
