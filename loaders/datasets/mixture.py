@@ -231,6 +231,7 @@ class Mixture(Dataset[tuple[Any, ...]]):
         return twin
 
     def __getitems__(self, indices: Sequence[int]) -> Samples:
+        self.memory.note_gather()
         return Samples(self.gather(indices))
 
     def __getitem__(self, index: int) -> tuple[Any, ...]:

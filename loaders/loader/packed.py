@@ -181,7 +181,7 @@ class PackedLoader(DataLoader[Any]):
             **common,
         )
         if order is not None and batch_sampler is None:  # NOTE [ our batch sampler ]
-            runs = RunBatchSampler(order, int(batch_size or 1), drop_last)
+            runs = RunBatchSampler(order, int(batch_size or 1), drop_last, memory)
             object.__setattr__(self, "batch_sampler", runs)
 
     def _init_stream(
@@ -271,6 +271,8 @@ class PackedLoader(DataLoader[Any]):
             refuse_indices_for_keras()  # NOTE [ Keras reads a third field as sample_weight ]
         run, stream = self.run, self.stream
         passing = run.begin() if run is not None else None
+        if run is not None:
+            run.delivered(0)  # this loader counts what it hands out
         position = self._position = self._begin_stream()
         epoch = passing.epoch if passing is not None else getattr(position, "epoch", None)
         if epoch is not None and hasattr(self.dataset, "set_epoch"):

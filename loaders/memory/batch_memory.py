@@ -52,6 +52,16 @@ class BatchMemory:
         """Whether samples stored encoded come still encoded, back to back, for the device to
         decode (`STORED_COLUMNS`): set by `PackedLoader.send_encoded`."""
         self._pool = BufferPool()
+        self.gathered = 0
+        """Batches asked for in this process (`note_gather`; none where DataLoader workers
+        gather them): how a loader's batch sampler tells a pass its loop asks for batch by
+        batch from one that workers draw ahead (NOTE [ the run lives in the sampler ] in
+        `loaders.order.run_batches`)."""
+
+    def note_gather(self) -> None:
+        """A batch is asked of the dataset (`__getitems__`): counted in the main process."""
+        if get_worker_info() is None:
+            self.gathered += 1
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

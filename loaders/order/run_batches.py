@@ -14,8 +14,12 @@ A pass is one iteration of this sampler. It counts the batches it hands out (dra
 that knows how many of them reached the training loop says so (`delivered`): `PackedLoader` at
 every batch it yields, less those a wrapper such as `DeviceLoader` holds (`hold_back`), and a
 trainer's integration at every step. A pass nobody reports on counts what it drew: exact where
-batches are drawn only as the loop asks for them (a DataLoader with no workers), but a
-DataLoader's workers draw `prefetch_factor` batches each ahead of the loop.
+batches are drawn only as the loop asks for them (a DataLoader with no workers, which gathers
+each in this process as it draws it), not where a DataLoader's workers draw `prefetch_factor`
+batches each ahead of the loop. So the dataset's memory counts the batches gathered in this
+process (`BatchMemory.gathered`), and a state is refused, in one line, for a pass whose
+batches were all gathered elsewhere, and where batches were gathered that no pass drew (a
+DataLoader that reads the dataset through a sampler of its own): never a wrong position.
 
 NOTE [ epochs advance by themselves ]: a pass whose batches all reached the loop makes the next
 pass read the next epoch, unless an epoch was chosen since it began (`set_epoch`, a loaded
@@ -40,6 +44,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import BatchSampler
 
+from loaders.memory.batch_memory import BatchMemory
 from loaders.order.history import RunHistory
 from loaders.order.orders import Order
 from loaders.order.resume import State
@@ -67,6 +72,8 @@ class Pass:
     held: int = 0
     """Of those, batches a wrapper holds and has not handed to its user."""
     started: bool = False
+    gathered: int = 0
+    """The memory's count of batches gathered in this process when the pass began."""
 
     def delivered(self) -> int:
         got = self.drawn if self.reported is None else self.reported
@@ -81,9 +88,18 @@ class RunBatchSampler(BatchSampler):
     carrying the run's state (NOTE [ the run lives in the sampler ]). A torch `BatchSampler`
     in what it promises (`sampler`, `batch_size`, `drop_last`, `len`)."""
 
-    def __init__(self, order: OrderSampler, batch_size: int, drop_last: bool = False) -> None:
+    def __init__(
+        self,
+        order: OrderSampler,
+        batch_size: int,
+        drop_last: bool = False,
+        memory: BatchMemory | None = None,
+    ) -> None:
         super().__init__(order, batch_size, drop_last)
         self.order = order
+        self.memory = memory
+        """The memory of the dataset the batches are gathered from, which counts those gathered
+        in this process (None: not known, nothing checked)."""
         self.history = RunHistory()
         """The steps of earlier passes and the segment each began at (`loaders.order.history`)."""
         self.current: Pass | None = None
@@ -124,6 +140,7 @@ class RunBatchSampler(BatchSampler):
         n, size = len(indices), self.batch_size
         batches = n // size if self.drop_last else -(-n // size)
         run = Pass(order.epoch, start, skip, indices, order.epoch_calls, batches)
+        run.gathered = self._gathered()
         self.current = run
         self.history.began(run.epoch, start, skip, order, size)  # NOTE [ a run's history ]
         return run
@@ -142,8 +159,9 @@ class RunBatchSampler(BatchSampler):
     def progress(self, loader: Any) -> State:
         """The order's state, with where this epoch stands (the batches that reached the loop)
         and the run's steps and history (`loader` is what the run's record describes)."""
-        state = self.order.state_dict()
         run = self.current
+        self._check_counted(run)
+        state = self.order.state_dict()
         delivered = 0 if run is None else run.delivered()
         state.update(self.history.fields(delivered, loader))
         if run is not None and run.epoch == self.order.epoch:
@@ -152,6 +170,30 @@ class RunBatchSampler(BatchSampler):
         if isinstance(self.order, MixtureSampler):
             state.update(self.order.progress(state))
         return state
+
+    def _gathered(self) -> int:
+        return 0 if self.memory is None else self.memory.gathered
+
+    def _check_counted(self, run: Pass | None) -> None:
+        """Refuse a state this sampler cannot count right (see the module docstring)."""
+        if self.memory is None:
+            return
+        since = self._gathered() - (0 if run is None else run.gathered)
+        drawn = 0 if run is None or not run.started else run.drawn
+        if since > drawn:
+            raise ValueError(
+                f"{since} batches were gathered from this loader's dataset that its batch "
+                f"sampler did not draw ({drawn}): a DataLoader reads it through a sampler of its "
+                "own, so this loader's state would not say what the run read; give that "
+                "DataLoader this loader's batch_sampler"
+            )
+        if run is not None and run.reported is None and drawn and not since:
+            raise ValueError(
+                f"the {drawn} batches drawn so far this epoch were gathered by DataLoader workers "
+                "of a loader rebuilt from this one's parts, which draw ahead of the training "
+                "loop: how many reached it is not known here; iterate this loader, build the "
+                "rebuilt one with num_workers=0, or report them (batch_sampler.delivered(n))"
+            )
 
     def load_state_dict(self, state: Mapping[str, Any], for_skipping: bool = False) -> None:
         """Resume `state`'s epoch where it stopped (the order sampler checks the state), and
