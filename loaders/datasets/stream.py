@@ -176,6 +176,9 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
         self._resume = torch.zeros(2, dtype=torch.int64).share_memory_()
         self._applied = 0
+        self.epoch_calls = 0
+        """How many times an epoch was chosen (`set_epoch`, a loaded state): its loader
+        advances the epoch by itself only where none was chosen since its last pass."""
 
     @property
     def epoch(self) -> int:
@@ -186,6 +189,7 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
         `OrderSampler.set_epoch` does), another epoch while one waits mid-epoch is refused."""
         if isinstance(epoch, bool) or not isinstance(epoch, int | np.integer) or epoch < 0:
             raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        self.epoch_calls += 1
         waiting = self.pending_batches()
         if waiting and epoch != self.epoch:
             if waiting < len(self):
@@ -196,6 +200,12 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
                 )
             self._resume[1] = 0
         self._epoch.fill_(int(epoch))
+
+    def advance(self) -> None:
+        """Go on to the next epoch, as after a whole pass with no `set_epoch` (NOTE [ epochs
+        advance by themselves ] in `loaders.order.run_batches`); not a choice of epoch."""
+        self._resume[1] = 0
+        self._epoch.fill_(self.epoch + 1)
 
     def __len__(self) -> int:
         """Batches (samples with batch_size=None) this rank yields in an epoch, all workers."""

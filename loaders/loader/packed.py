@@ -142,6 +142,8 @@ class PackedLoader(DataLoader[Any]):
             **dataloader_options,
         }
         self._position: StreamPosition | None = None
+        self.to_skip = 0
+        """Batches a state loaded `for_skipping` expects the trainer to skip."""
         if isinstance(dataset, PackedStream):
             refuse_loader_options(batch_size, shuffle, sampler, batch_sampler, drop_last, generator)
             self._init_stream(dataset, pin, with_indices, common)
@@ -274,9 +276,8 @@ class PackedLoader(DataLoader[Any]):
         if run is not None:
             run.delivered(0)  # this loader counts what it hands out
         position = self._position = self._begin_stream()
-        epoch = passing.epoch if passing is not None else getattr(position, "epoch", None)
-        if epoch is not None and hasattr(self.dataset, "set_epoch"):
-            self.dataset.set_epoch(epoch)  # its crops are drawn per epoch
+        if passing is not None and hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(passing.epoch)  # its crops are drawn per epoch
         ring = self._pinned_ring()
         if ring is not None:
             ring.settle()  # the last epoch's slots, before this epoch's workers claim them
@@ -340,10 +341,18 @@ class PackedLoader(DataLoader[Any]):
             cache.fetch_ahead((shard_idx[c].tolist() for c in chunks), passing.delivered)
 
     def _begin_stream(self) -> StreamPosition | None:
-        stream = self.stream
+        """A stream's iteration begins: the next epoch after a whole one with no `set_epoch`
+        since (NOTE [ epochs advance by themselves ] in `loaders.order.run_batches`)."""
+        stream, last = self.stream, self._position
         if stream is None:
             return None
-        return StreamPosition(stream.epoch, stream.pending_batches() or 0)
+        if (
+            last is not None and last.calls == stream.epoch_calls
+            and last.epoch == stream.epoch and last.whole(len(stream))
+        ):  # fmt: skip
+            stream.advance()
+        skip = stream.pending_batches() or 0
+        return StreamPosition(stream.epoch, skip, calls=stream.epoch_calls)
 
     def _in_process(self) -> Iterator[Any]:
         """What DataLoader yields with num_workers=0, without its per-batch bookkeeping.
@@ -408,6 +417,7 @@ class PackedLoader(DataLoader[Any]):
         size times world size), a stream's with its own world size. `for_skipping`: for a
         trainer that skips the batches already read itself, by drawing them again (NOTE
         [ skipping trainers ] in `loaders.order.run_batches`)."""
+        self.to_skip = 0
         load_state(self, state, for_skipping)
         self._position = None
 

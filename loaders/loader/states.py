@@ -30,6 +30,12 @@ class StreamPosition:
     """Batches handed out by this iteration."""
     held: int = 0
     """Of those, batches a wrapper (`DeviceLoader`) holds and has not handed to its user."""
+    calls: int = 0
+    """The stream's `epoch_calls` when the iteration began."""
+
+    def whole(self, length: int) -> bool:
+        """Whether every batch of the epoch (`length` a rank) reached the loop."""
+        return self.skip + self.batches - self.held >= length
 
 
 def state_of(loader: Any) -> State:
@@ -58,11 +64,17 @@ def load_state(loader: Any, state: Mapping[str, Any], for_skipping: bool = False
         check_state(state, identity, ("batch_size", "world_size"))
         check_global_batch(state, int(size), run.order.world_size)
         run.load_state_dict(state, for_skipping)
+        loader.to_skip = run.to_skip
         return
     stream = loader.stream
     assert stream is not None, "identity_of refuses loaders that cannot resume"
     check_state(state, identity, ("epoch", "batches", "rank"))
-    stream.resume(state["epoch"], state["batches"])
+    batches = state["batches"]
+    if for_skipping and batches < len(stream):  # NOTE [ skipping trainers ] (read to skip)
+        stream.resume(state["epoch"], 0)
+        loader.to_skip = batches
+        return
+    stream.resume(state["epoch"], batches)
 
 
 def identity_of(loader: Any) -> dict[str, int | str]:

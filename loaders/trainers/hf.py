@@ -63,8 +63,7 @@ class LoaderCheckpoints(TrainerCallback, ExportableState):
         loader_state = saved.get("attributes", {}).get("loader_state")
         if self.loader is not None and loader_state:
             self.loader.load_state_dict(loader_state, for_skipping=True)
-            run = self.loader.run
-            self.skipped = 0 if run is None else run.to_skip
+            self.skipped = self.loader.to_skip
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.taken, self.skipped = self.skipped, 0

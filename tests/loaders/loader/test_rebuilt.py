@@ -29,7 +29,11 @@ def _quiet_cpu_note() -> None:
 def epochs_told(packed: Packed, epochs: int, **options: Any) -> list[list[int]]:
     """Each epoch's samples, read with `set_epoch` before each (the reference)."""
     ds = PackedDataset.open(packed.root, split="train")
-    loader = make_loader(ds, batch_size=4, shuffle=True, seed=5, **options)
+    return read_told(packed, make_loader(ds, batch_size=4, shuffle=True, seed=5, **options), epochs)
+
+
+def read_told(packed: Packed, loader: Any, epochs: int) -> list[list[int]]:
+    ds = PackedDataset.open(packed.root, split="train")
     found = []
     for epoch in range(epochs):
         loader.set_epoch(epoch)
@@ -229,3 +233,41 @@ def test_as_inputs_makes_each_batch_the_dict_a_hugging_face_model_takes(
         make_loader(ds, as_inputs=True, with_indices=True)
     with pytest.raises(ValueError, match="as_inputs=True"):
         make_loader(ds, as_inputs=True, collate_fn=list)
+
+
+def a_stream_loader(packed: Packed, workers: int) -> Any:
+    from loaders import stream_loader
+    from loaders.datasets.stream import PackedStream
+    from loaders.read.catalog import open_catalog
+
+    stream = PackedStream(open_catalog(packed.root).select("train"), batch_size=4, seed=2)
+    return stream_loader(stream, num_workers=workers)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_advances_by_itself_and_skips_exactly(packed: Packed, workers: int) -> None:
+    """A stream loader read through with no set_epoch reads the next epoch (one left early
+    does not); a state loaded for a skipping trainer, then accelerate's skip_first_batches
+    over the loader (which reads the batches it skips: a stream has no order to skip in),
+    gives exactly the rest of that epoch."""
+    expected = read_told(packed, a_stream_loader(packed, workers), 3)
+    ds = PackedDataset.open(packed.root, split="train")
+    loader = a_stream_loader(packed, workers)
+    assert positions_of(ds, packed, list(loader)) == expected[0]
+    batches = iter(loader)
+    next(batches)
+    del batches
+    assert positions_of(ds, packed, list(loader)) == expected[1], "a cut pass does not count"
+    assert positions_of(ds, packed, list(loader)) == expected[2]
+
+    saved = a_stream_loader(packed, workers)
+    saved.set_epoch(1)
+    batches = iter(saved)
+    took = positions_of(ds, packed, [next(batches) for _ in range(2)])
+    state = saved.state_dict()
+    del batches
+    resumed = a_stream_loader(packed, workers)
+    resumed.load_state_dict(state, for_skipping=True)
+    assert resumed.to_skip == 2
+    rest = positions_of(ds, packed, list(skip_first_batches(resumed, resumed.to_skip)))
+    assert took + rest == expected[1]
