@@ -3,6 +3,7 @@ name, its workers, and the queries that rebuild a run's loader from a saved stat
 
 Modules:
 - `factories`:    `make_loader` and `stream_loader` with this project's defaults
+- `gathering`:    how a loader's batches are made: the collate and the memory
 - `named_orders`: sample orders by name (`shuffle=`), and a loader's sampler
 - `packed`:       `PackedLoader`: the DataLoader, with exact and elastic resume
 - `readers`:      trainers whose handling of a batch would change what it means (Keras)

@@ -30,10 +30,11 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler
 from etl.errors import EtlError
 from etl.storage.cache import BoundedCache
 from loaders.datasets.mixture import Mixture
-from loaders.datasets.packed import CollateInputs, PackedDataset, collate_batch, passes_batches
+from loaders.datasets.packed import PackedDataset, collate_batch, passes_batches
 from loaders.datasets.stream import PackedStream, refuse_loader_options
+from loaders.loader.gathering import collate_of, memory_of
 from loaders.loader.named_orders import OrderOptions, loader_sampler, order_sampler_of, order_seed
-from loaders.loader.readers import refuse_indices_for_keras
+from loaders.loader.readers import held_ahead, refuse_indices_for_keras
 from loaders.loader.states import StreamPosition, load_state, state_of
 from loaders.loader.workers import from_worker, stop_workers
 from loaders.memory.batch_memory import BatchMemory, batch_memory, resolve_pin_memory
@@ -49,21 +50,6 @@ def _bounded_cache(dataset: object) -> BoundedCache | None:
     """The bounded cache a map-style dataset reads through, if any."""
     shards = getattr(getattr(dataset, "selection", None), "shards", None)
     return getattr(shards, "cache", None)
-
-
-def _collate_of(
-    dataset: Any, collate_fn: Callable[[Any], Any] | None, as_inputs: bool, with_indices: bool
-) -> Callable[[Any], Any]:
-    """The loader's collate: ours (the batch as gathered; `ModelInputs` of it `as_inputs`), or
-    the one given."""
-    if not as_inputs:
-        return collate_batch if collate_fn is None else collate_fn
-    if collate_fn is not None or with_indices:
-        raise ValueError(
-            "as_inputs=True makes each batch a model's inputs (pixel_values, labels): pass no "
-            "collate_fn and no with_indices beside it"
-        )
-    return CollateInputs(getattr(dataset, "layout", "CHW"))
 
 
 class PackedLoader(DataLoader[Any]):
@@ -156,16 +142,8 @@ class PackedLoader(DataLoader[Any]):
         )  # fmt: skip
         order = order_sampler_of(sampler, batch_sampler)
         size = batch_size if batch_sampler is None else getattr(batch_sampler, "batch_size", None)
-        collate = _collate_of(dataset, collate_fn, as_inputs, with_indices)
-        if passes_batches(collate):
-            batch_bytes = None if size is None else size * math.prod(dataset.sample_shape)
-            memory = batch_memory(
-                pin, num_workers, prefetch_factor, batch_bytes, multiprocessing_context
-            )
-        else:
-            # Another collate makes new tensors: gather into plain (or fresh shared) memory and
-            # let DataLoader pin what the collate returns.
-            memory = BatchMemory()
+        collate = collate_of(dataset, collate_fn, as_inputs, with_indices)
+        memory = memory_of(collate, pin, size, dataset.sample_shape, common)
         batching: dict[str, Any] = (
             {"batch_sampler": batch_sampler}
             if batch_sampler is not None
@@ -271,11 +249,13 @@ class PackedLoader(DataLoader[Any]):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         if getattr(self.dataset, "with_indices", False):
             refuse_indices_for_keras()  # NOTE [ Keras reads a third field as sample_weight ]
+        ahead = held_ahead()  # NOTE [ wrappers that read ahead ]
         run, stream = self.run, self.stream
         passing = run.begin() if run is not None else None
         if run is not None:
             run.delivered(0)  # this loader counts what it hands out
         position = self._position = self._begin_stream()
+        self.hold_back(ahead)
         if passing is not None and hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(passing.epoch)  # its crops are drawn per epoch
         ring = self._pinned_ring()
@@ -300,6 +280,8 @@ class PackedLoader(DataLoader[Any]):
                 yield batch
             if ring is not None:
                 ring.settle()
+            if ahead:
+                self.hold_back(0)  # the wrapper has handed on the last batch
         except EtlError as exc:
             stop_workers(batches, self.persistent_workers)
             raise from_worker(exc) from None

@@ -21,10 +21,10 @@ PAGES = (ROOT / "README.md", ROOT / "docs" / "training.md")
 SNIPPET = re.compile(r"<!-- snippet: ([\w-]+) -->\n```python\n(.*?)```", re.S)
 EXPECTED = {
     "README.md": {"plain-loop"},
-    "training.md": {"lightning", "accelerate", "transformers", "keras", "ignite"},
+    "training.md": {"lightning", "accelerate", "transformers", "keras", "ignite", "ray"},
 }
 SAVED = {"plain-loop": "last.pt", "accelerate": "checkpoint", "transformers": "runs",
-         "ignite": "checkpoints"}  # fmt: skip
+         "ignite": "checkpoints", "ray": "ray_results"}  # fmt: skip
 """What each snippet leaves in its folder."""
 
 
