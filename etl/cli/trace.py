@@ -54,27 +54,12 @@ def trace(
         ) from None
     state = _loader_state(record)
     try:
-        loader = rebuilt(state)
-        table = loader.dataset.manifest_rows(list(range(len(loader.dataset))))
-        versions = _versions(state)
+        run = _Run(rebuilt(state), state)
         if step is not None:
-            indices = samples_at(loader, state, step, rank).tolist()
-            answer: dict[str, Any] = {
-                "step": step,
-                "rank": rank,
-                "samples": _named(table, indices, versions),
-            }
-            crops = crops_at(loader, state, step, indices)
-            answer["crops"] = crops if crops is not None else NOT_RECORDED
+            answer = run.at_step(step, rank, samples_at, crops_at)
         else:
             assert sample is not None
-            indices = _indices_of(table, sample)
-            bar = BarProgress(enabled=not as_json)
-            found = sorted({at for i in indices for at in steps_of(loader, state, i, bar)})
-            read = [{"step": s, "rank": r} for s, r in found]
-            answer = {"sample": _named(table, indices[:1], versions)[0], "read": read}
-            if len(indices) > 1:  # a source in several members of a mixture: read as any
-                answer["indices"] = indices
+            answer = run.reads_of(sample, steps_of, BarProgress(enabled=not as_json))
     except ValueError as exc:
         raise ConfigError(f"{record}: {exc}") from None
     if sheet is not None:
@@ -84,6 +69,39 @@ def trace(
         print(json.dumps(answer, indent=2))
     else:
         _print_answer(answer, sheet)
+
+
+class _Run:
+    """A run opened again from its state: the two questions `etl trace` answers of it."""
+
+    def __init__(self, loader: Any, state: Mapping[str, Any]) -> None:
+        self.loader, self.state = loader, state
+        self.table = loader.dataset.manifest_rows(list(range(len(loader.dataset))))
+        self.versions = _versions(state)
+
+    def at_step(self, step: int, rank: int, samples_at: Any, crops_at: Any) -> dict[str, Any]:
+        """--step: the samples that rank read there, named, with their crops if recorded."""
+        indices = samples_at(self.loader, self.state, step, rank).tolist()
+        crops = crops_at(self.loader, self.state, step, indices)
+        return {
+            "step": step,
+            "rank": rank,
+            "samples": _named(self.table, indices, self.versions),
+            "crops": crops if crops is not None else NOT_RECORDED,
+        }
+
+    def reads_of(self, sample: str, steps_of: Any, bar: BarProgress) -> dict[str, Any]:
+        """--sample: every (step, rank) that read it."""
+        indices = _indices_of(self.table, sample)
+        found = sorted({at for i in indices for at in steps_of(self.loader, self.state, i, bar)})
+        read = [{"step": s, "rank": r} for s, r in found]
+        answer: dict[str, Any] = {
+            "sample": _named(self.table, indices[:1], self.versions)[0],
+            "read": read,
+        }
+        if len(indices) > 1:  # a source in several members of a mixture: read as any
+            answer["indices"] = indices
+        return answer
 
 
 def _print_answer(answer: Mapping[str, Any], sheet: Path | None) -> None:
