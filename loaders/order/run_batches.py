@@ -202,21 +202,23 @@ class RunBatchSampler(BatchSampler):
         self.order.load_state_dict(state)
         self.history.load(state)
         order = self.order
+        pending = order.state_dict()
+        start, position = int(pending["start"]), int(pending["position"])
         left = order.left()
         self.current, self.to_skip = None, 0
-        if for_skipping and left and (order._start or order._resume_at):
-            if order._start or int(state["world_size"]) != order.world_size:
+        if for_skipping and left and (start or position):
+            if start or int(state["world_size"]) != order.world_size:
                 raise ValueError(
                     "a trainer that skips batches to resume counts them on the world size the "
                     "state was saved with, from the epoch's start: resume with "
                     f"{state['world_size']} rank(s), or load the state without skipping"
                 )
-            self.to_skip = -(-order._resume_at // self.batch_size)
+            self.to_skip = -(-position // self.batch_size)
             self.history.before -= self.to_skip
             order.resume(order.epoch, 0)
         elif not left:
             # The saved epoch is whole: the next pass goes on to the next one unless told.
             self.current = Pass(
-                order.epoch, order._start, order._resume_at, np.empty(0, np.int64),
-                order.epoch_calls, 0, started=True,
+                order.epoch, start, position, np.empty(0, np.int64), order.epoch_calls, 0,
+                started=True,
             )  # fmt: skip

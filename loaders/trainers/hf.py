@@ -138,8 +138,23 @@ class PackedTrainer(Trainer):
         if not dtype.is_floating_point:
             dtype = torch.float32
         x = pixels.to(dtype).div_(255)
-        if self.image_mean is not None:
-            x.sub_(torch.tensor(self.image_mean, dtype=dtype, device=x.device).view(1, -1, 1, 1))
-        if self.image_std is not None:
-            x.div_(torch.tensor(self.image_std, dtype=dtype, device=x.device).view(1, -1, 1, 1))
+        mean, std = self._normalisation(dtype, x.device)
+        if mean is not None:
+            x.sub_(mean)
+        if std is not None:
+            x.div_(std)
         return x.contiguous()
+
+    def _normalisation(
+        self, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """image_mean and image_std as [1, C, 1, 1] tensors on the device, made once (not a
+        host-to-device copy each batch)."""
+        key = (dtype, device)
+        cache: dict[Any, Any] = self.__dict__.setdefault("_normalised", {})
+        if key not in cache:
+            cache[key] = tuple(
+                None if v is None else torch.tensor(v, dtype=dtype, device=device).view(1, -1, 1, 1)
+                for v in (self.image_mean, self.image_std)
+            )
+        return cache[key]
