@@ -94,7 +94,7 @@ def copy_methods(
         ds.reader.gather(sel.shard_idx[i], sel.rows[i], out)
 
     by_rows = ShardReader(sel.shards)
-    by_rows.use_span = False
+    by_rows.maps.use_span = False
 
     def loaders_rows(i: NDArray[np.int64]) -> None:
         by_rows.gather(sel.shard_idx[i], sel.rows[i], out)

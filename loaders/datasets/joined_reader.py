@@ -68,9 +68,7 @@ def join_members(members: Sequence[PackedDataset], labels: Sequence[Order]) -> J
     through a bounded cache or by ranged GETs, rows checked by some members and not others
     (or "rows" and "once"), another checksum algorithm, or readers set up otherwise."""
     sets = [m.selection.shards for m in members]
-    settings = {(m.reader.verify_shards, m.reader.release_every, m.reader.readahead,
-                 m.reader.drop_behind) for m in members}  # fmt: skip
-    if len(settings) > 1 or len({s.algorithm for s in sets}) > 1:
+    if len({m.reader.settings for m in members}) > 1 or len({s.algorithm for s in sets}) > 1:
         return None
     if len({s.sample_shape for s in sets}) > 1 or any(s.flat for s in sets):
         return None  # a reader reads one sample shape
@@ -116,10 +114,7 @@ def join_members(members: Sequence[PackedDataset], labels: Sequence[Order]) -> J
     )  # fmt: skip
     if first.row_sums is not None:
         joined = checked_rows_of(joined, sets, remaps)
-    reader = ShardReader(
-        joined, members[0].reader.verify_shards, members[0].reader.release_every,
-        members[0].reader.readahead, members[0].reader.drop_behind,
-    )  # fmt: skip
+    reader = members[0].reader.like(joined)
     selections = [m.selection for m in members]
     return JoinedMembers(
         reader,

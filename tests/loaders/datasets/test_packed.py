@@ -198,7 +198,7 @@ def test_transform_runs_per_sample_in_both_paths(packed: Packed) -> None:
 def test_pickling_carries_no_open_shards(packed: Packed) -> None:
     ds = PackedDataset.open(packed.root)
     ds[0], ds[len(ds) - 1], ds.gather([1, len(ds) - 2])
-    assert ds.reader._arrays and ds.reader._span is not None  # opened in this process
+    assert ds.reader.maps.arrays and ds.reader.maps.span is not None  # opened in this process
     blob = pickle.dumps(ds)
     assert len(blob) < 10_000
     twin = pickle.loads(blob)

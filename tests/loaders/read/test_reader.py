@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import loaders.read.reader
+import loaders.read.maps
 from etl.errors import ShardError
 from loaders.read.catalog import ShardSet, open_catalog
 from loaders.read.page_cache import advise_file, byte_pages, row_pages
@@ -48,7 +48,7 @@ def check(
 ):
     shards = open_catalog(packed.root).select().shards
     reader = ShardReader(shards, release_every=release_every)
-    reader.use_span = use_span
+    reader.maps.use_span = use_span
     out = np.full((len(shard), *packed.sample_shape), 7, dtype=np.uint8)
     reader.gather(np.asarray(shard, dtype=np.int32), np.asarray(row, dtype=np.int32), out)
     np.testing.assert_array_equal(out, expected(packed, shards.names, shard, row))
@@ -82,7 +82,7 @@ def test_release_every_within_a_gather_still_reads_right(packed: Packed, use_spa
 
 def test_empty_and_wrong_outputs(packed: Packed, use_span: bool) -> None:
     reader = ShardReader(open_catalog(packed.root).select().shards)
-    reader.use_span = use_span
+    reader.maps.use_span = use_span
     none = np.zeros(0, dtype=np.int32)
     reader.gather(none, none, np.empty((0, *packed.sample_shape), dtype=np.uint8))
     strided = np.empty((4, *packed.sample_shape), dtype=np.uint8)[::2]
@@ -257,13 +257,13 @@ def test_no_address_space_for_a_span_means_row_by_row_not_an_error(
     def no_room(*args: object, **kwargs: object) -> None:
         raise OSError(12, "mmap of 633318697828352 bytes failed: Cannot allocate memory")
 
-    monkeypatch.setattr(loaders.read.reader, "ShardSpan", no_room)
+    monkeypatch.setattr(loaders.read.maps, "ShardSpan", no_room)
     shards = open_catalog(packed.root).select().shards
     reader = ShardReader(shards)
     out = np.empty((4, *packed.sample_shape), dtype=np.uint8)
     shard, row = np.array([0, 1, 2, 0]), np.array([1, 0, 2, 3])
     reader.gather(shard, row, out)
-    assert not reader.use_span
+    assert not reader.maps.use_span
     want = expected(packed, shards.names, shard.tolist(), row.tolist())
     np.testing.assert_array_equal(out, want)
 

@@ -462,5 +462,5 @@ def test_verify_true_is_verify_shards_and_warns_once(
         warnings.simplefilter("error")
         PackedDataset.open(packed.root, verify=True)  # no second warning
         new = PackedDataset.open(packed.root, verify="shards")
-    assert old.reader.verify_shards and new.reader.verify_shards
+    assert old.reader.maps.verify_shards and new.reader.maps.verify_shards
     assert old.selection.shards.row_sums is None and new.selection.shards.row_sums is None

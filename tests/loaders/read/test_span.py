@@ -75,7 +75,7 @@ def test_a_shard_with_another_header_length_falls_back_to_row_copies(packed: Pac
     shard, row = [0, 1, 2, 1, 0], [10, 3, 8, 0, 0]
     out = np.empty((5, 8, 8, 3), dtype=np.uint8)
     reader.gather(np.array(shard), np.array(row), out)
-    assert reader.use_span is False
+    assert reader.maps.use_span is False
     np.testing.assert_array_equal(out, expected(packed, shard, row))
 
 
