@@ -76,6 +76,10 @@ class RaggedImages:
         """Every sample as a [C, H, W] view."""
         return [self.image(k) for k in range(len(self))]
 
+    def one_size(self) -> bool:
+        """Whether every sample has the same height and width (then `padded` pads nothing)."""
+        return len({*self.heights.tolist()}) == 1 and len({*self.widths.tolist()}) == 1
+
     def padded(self) -> torch.Tensor:
         """uint8 [B, C, H, W], each sample in the top-left corner of its row and zeros around:
         the padded batch an augmentation written for one takes (one copy a sample)."""

@@ -151,9 +151,11 @@ def make_batch(
     indices: NDArray[np.int64] | None,
     pin: bool = False,
     columns: Columns | None = None,
+    form: type[ColumnBatch] = ColumnBatch,
 ) -> AnyBatch:
     """A Batch, or an IndexedBatch when `indices` are given, or a ColumnBatch with `columns`
-    (and indices); with `pin`, its labels (and column tensors) in pinned memory like its images
+    (and indices), of type `form` (one of `loaders.batch.forms`' for samples of several sizes);
+    with `pin`, its labels (and column tensors) in pinned memory like its images
     (a pageable label copy would wait for the image copy before it: see `DeviceLoader`).
     Indices stay pageable: they are read on the CPU."""
     label_tensor = torch.from_numpy(labels)
@@ -162,7 +164,7 @@ def make_batch(
     if columns is not None:
         assert indices is not None, "a batch with columns carries its indices"
         tensors = {name: _column_tensor(value, pin) for name, value in columns.items()}
-        return ColumnBatch(images, label_tensor, torch.from_numpy(indices), tensors)
+        return form(images, label_tensor, torch.from_numpy(indices), tensors)
     if indices is None:
         return Batch(images, label_tensor)
     return IndexedBatch(images, label_tensor, torch.from_numpy(indices))

@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 from torch.utils.data import Dataset
 
 from etl.format.flat import channels_of, sides_of
+from loaders.batch.forms import BackToBackBatch, PaddedBatch
 from loaders.batch.types import (
     SIZE_COLUMNS,
     AnyBatch,
@@ -278,14 +279,15 @@ class Mixture(Dataset[tuple[Any, ...]]):
             if flat is not None:
                 heights[start:stop], widths[start:stop] = flat[0][:, 1], flat[0][:, 2]
         sizes: Columns = {SIZE_COLUMNS[0]: heights, SIZE_COLUMNS[1]: widths}
+        form: type[ColumnBatch] = PaddedBatch
         if self.memory.back_to_back:
             channels = channels_of(self.sample_shape, self.layout)
             ends = np.concatenate([[0], np.cumsum(heights * widths * channels)])
-            shape = (int(ends[-1]),)
+            shape, form = (int(ends[-1]),), BackToBackBatch
             fill = partial(self._fill_back_to_back, parts, ends)
         else:
             fill = partial(self._fill_padded, parts)
-        return self.memory.batch(shape, labels, fill, index, sizes)
+        return self.memory.batch(shape, labels, fill, index, sizes, form)
 
     def _fill_rows(self, parts: list[_Part], out: NDArray[np.uint8]) -> None:
         """Each member's samples of a batch into their rows of `out` (members of one shape)."""

@@ -25,7 +25,6 @@ from etl.format.views import View
 from etl.storage.location import StoreOptions, open_location
 from loaders.augment.worker_crop import REDUCING_GAP, Crop, WorkerCrop, cropped_batch
 from loaders.batch.types import (
-    SIZE_COLUMNS,
     AnyBatch,
     Columns,
     ModelInputs,
@@ -337,17 +336,14 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         carried = self.with_indices or sel.values or sel.own_sizes or memory.encoded
         given = index % max(len(self), 1) if carried else None
         columns = sel.values.batch(given) if sel.values is not None and given is not None else None
-        shape, read, columns = batch_reads(
-            self.reader, sel, index, columns, memory.back_to_back, memory.encoded
-        )
+        plan = batch_reads(self.reader, sel, index, columns, memory.back_to_back, memory.encoded)
         if self.transform is None:
-            return self.memory.batch(shape, labels, read, given, columns)
+            return self.memory.batch(plan.shape, labels, plan.fill, given, plan.columns, plan.form)
         if sel.places is not None:  # each sample at its own size through the transform
             transformed = [self._own_size(int(i))[0] for i in index % len(self)]
-            columns = {k: v for k, v in (columns or {}).items() if k not in SIZE_COLUMNS}
-            return self._stacked(transformed, labels, given, columns or None)
-        raw = np.empty(shape, dtype=np.uint8)
-        read(raw)
+            return self._stacked(transformed, labels, given, columns)
+        raw = np.empty(plan.shape, dtype=np.uint8)
+        plan.fill(raw)
         transformed = [self.transform(torch.from_numpy(x)) for x in raw]
         return self._stacked(transformed, labels, given, columns)
 

@@ -351,12 +351,12 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
                 memory = self.memory
                 given = self.with_indices or sel.values or sel.own_sizes or memory.encoded
                 columns = sel.values.batch(chunk) if sel.values is not None else None
-                shape, read, columns = batch_reads(
+                plan = batch_reads(
                     self.reader, sel, chunk, columns, memory.back_to_back, memory.encoded
                 )
                 yield self.memory.batch(
-                    shape, sel.labels[chunk].astype(np.int64), read, chunk if given else None,
-                    columns,
+                    plan.shape, sel.labels[chunk].astype(np.int64), plan.fill,
+                    chunk if given else None, plan.columns, plan.form,
                 )  # fmt: skip
             done = int(np.searchsorted(ends, start + len(chunk), side="right"))
             for finished in range(done):
@@ -367,9 +367,9 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
         sel = self.selection
         if sel.places is not None:  # at its own size
             at = np.array([index])
-            shape, read, _ = batch_reads(self.reader, sel, at, None)
-            image = np.empty(shape, np.uint8)
-            read(image)
+            plan = batch_reads(self.reader, sel, at, None)
+            image = np.empty(plan.shape, np.uint8)
+            plan.fill(image)
             return torch.from_numpy(image[0]), int(sel.labels[index])
         image = self.reader.row(int(sel.shard_idx[index]), int(sel.rows[index]))
         return torch.from_numpy(image), int(sel.labels[index])

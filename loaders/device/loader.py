@@ -10,13 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from etl.deprecations import warn_once
 from loaders.augment.crops import Augment, Sizes
+from loaders.batch.forms import BackToBackBatch, EncodedBatch, SizedBatch
 from loaders.batch.ragged import RaggedImages
-from loaders.batch.types import SIZE_COLUMNS, STORED_COLUMNS, Batch, ColumnBatch, IndexedBatch
+from loaders.batch.types import Batch, ColumnBatch, IndexedBatch
+from loaders.device.checks import batch_channels, checked_batch
 from loaders.device.decode import JpegDecoder, decode_batch, in_batch, jpeg_decoder
 from loaders.loader.packed import PackedLoader
 
@@ -108,19 +109,9 @@ class DeviceLoader:
         """Whether the loader's batches carry indices because asked (`with_indices=True`),
         not only because a padded batch needs them for its crops."""
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self.scale: torch.Tensor | None = None
-        self.shift: torch.Tensor | None = None
-        self.channels = _channels(dataset, self.layout, mean, std)
+        self.channels = batch_channels(dataset, self.layout, mean, std)
         """Channels every batch must have (None: not known here)."""
-        if dtype is not None:
-            channels = self.channels or 1
-            m = torch.tensor(mean if mean is not None else [0.0] * channels, dtype=torch.float64)
-            s = torch.tensor(std if std is not None else [1.0] * channels, dtype=torch.float64)
-            if len(m) != len(s):
-                raise ValueError(f"mean has {len(m)} values and std {len(s)}")
-            # (x / 255 - mean) / std == x * (1 / (255 std)) - mean / std: two in-place ops.
-            self.scale = (1 / (255 * s)).view(1, -1, 1, 1).to(self.device, dtype)
-            self.shift = (m / s).view(1, -1, 1, 1).to(self.device, dtype)
+        self.scale, self.shift = _scale_shift(mean, std, self.channels, self.device, dtype)
         if augment is not None and isinstance(loader, PackedLoader) and self.channels:
             loader.send_back_to_back()
         self.decoder: JpegDecoder | None = None
@@ -209,79 +200,58 @@ class DeviceLoader:
         """
         if batch is None:
             return None
-        images, labels, indices, columns = self._check(batch)
+        batch = checked_batch(batch, self.channels, self.layout, self.dtype, self.device)
         if self.copy_stream is None:
-            return self._convert(images, labels, indices, columns)
-        made_there = [t for t in (images, labels) if isinstance(t, torch.Tensor) and t.is_cuda]
+            return self._convert(batch)
+        made_there = [t for t in batch[:2] if isinstance(t, torch.Tensor) and t.is_cuda]
         if made_there:
             self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.copy_stream):
-            converted = self._convert(images, labels, indices, columns)
+            converted = self._convert(batch)
         for tensor in made_there:
             tensor.record_stream(self.copy_stream)
         return converted
 
-    def _convert(
-        self,
-        images: torch.Tensor,
-        labels: torch.Tensor,
-        indices: torch.Tensor | None,
-        columns: dict[str, Any] | None = None,
-    ) -> Any:
-        """Copy to the device and convert (on whichever stream is current); a column that is a
-        tensor is copied too, a list stays as it is. Stored bytes (decode="device") are
-        decoded there first."""
-        layout = self.layout
-        if columns is not None and STORED_COLUMNS[0] in columns:
-            images, layout = self._decoded(images, columns, indices), "CHW"
-            columns = {k: v for k, v in columns.items() if k not in STORED_COLUMNS}
+    def _convert(self, batch: Any) -> Any:
+        """Copy to the device and convert (on whichever stream is current), by the batch's
+        form (`loaders.batch.forms`): stored bytes are decoded there first, samples of several
+        sizes go through the augmentation (or are made one batch where they have one size)."""
+        layout, indices = self.layout, batch[2] if len(batch) >= 3 else None
+        if isinstance(batch, EncodedBatch):
+            images, layout = self._decoded(batch, indices), "CHW"
         else:
-            images = images.to(self.device, non_blocking=True)
-        labels = labels.to(self.device, non_blocking=True)
-        sizes = _sizes(columns)
-        if self.augment is None and images.dim() == 1 and sizes is not None:
-            heights, widths = (np.asarray(side, np.int64) for side in sizes)
-            ragged = RaggedImages(images, heights, widths, self.channels or 1, layout)
-            if len({*sizes[0].tolist()}) == 1 and len({*sizes[1].tolist()}) == 1:
-                images, layout, sizes = ragged.padded(), "CHW", None  # decoded at one size
-                columns = {k: v for k, v in (columns or {}).items() if k not in SIZE_COLUMNS}
-                columns = columns or None
-                if columns is None and not self._with_indices:
-                    indices = None  # carried for the sizes alone
-        if self.augment is None:
-            if sizes is not None:
-                raise ValueError(
-                    "this batch holds samples of several sizes, padded (a Mixture of several "
-                    "shapes, or samples that keep their aspect ratio): give DeviceLoader "
-                    "augment=RandomResizedCrop(...) or CenterCrop(...) to make them one size"
-                )
+            images = batch[0].to(self.device, non_blocking=True)
+        labels = batch[1].to(self.device, non_blocking=True)
+        sized = isinstance(batch, SizedBatch)
+        sizes = batch.sizes if isinstance(batch, SizedBatch) else None
+        columns = batch.other_columns() if sized else getattr(batch, "columns", None)
+        ragged = None
+        if isinstance(batch, BackToBackBatch | EncodedBatch):
+            assert sizes is not None and self.channels is not None  # see checked_batch
+            ragged = RaggedImages(images, *sizes, self.channels, layout)
+        if self.augment is None and ragged is not None and ragged.one_size():
+            images, layout, sizes, ragged = ragged.padded(), "CHW", None, None
+        if self.augment is not None:
+            images = self._augmented(ragged or images, indices, sizes, layout)
+        elif sizes is not None:
+            raise ValueError(
+                "this batch holds samples of several sizes, padded (a Mixture of several "
+                "shapes, or samples that keep their aspect ratio): give DeviceLoader "
+                "augment=RandomResizedCrop(...) or CenterCrop(...) to make them one size"
+            )
+        else:
             images = prepare_images(
                 images, layout, self.dtype, self.scale, self.shift, self.channels_last
             )
-        else:
-            images = self._augmented(images, indices, sizes, layout)
-        if sizes is not None and columns is not None:  # used: the batch is one size now
-            columns = {k: v for k, v in columns.items() if k not in SIZE_COLUMNS} or None
-            if columns is None and not self._with_indices:
-                return Batch(images, labels)
-        if columns is not None and indices is not None:
-            moved = {
-                name: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
-                for name, v in columns.items()
-            }
-            return ColumnBatch(images, labels, indices, moved)
-        if indices is None:
-            return Batch(images, labels)
-        return IndexedBatch(images, labels, indices)  # indices stay on the CPU, for lookups
+        if sized and columns is None and not self._with_indices:
+            indices = None  # carried for the sizes alone
+        return _moved_batch(images, labels, indices, columns, self.device)
 
-    def _decoded(
-        self, stored: torch.Tensor, columns: dict[str, Any], indices: torch.Tensor | None
-    ) -> torch.Tensor:
+    def _decoded(self, batch: EncodedBatch, indices: torch.Tensor | None) -> torch.Tensor:
         """A batch's stored bytes (CPU) decoded on the device: CHW samples back to back; a
         sample that does not decode is named by its shard and row."""
         assert self.decoder_name and self.channels is not None
-        nbytes, codecs = (columns[name].cpu().numpy() for name in STORED_COLUMNS)
-        heights, widths = (columns[name].cpu().numpy() for name in SIZE_COLUMNS)
+        (nbytes, codecs), (heights, widths) = batch.stored, batch.sizes
         name = in_batch
         rows_of = getattr(getattr(self.loader, "dataset", None), "manifest_rows", None)
         if indices is not None and rows_of is not None:
@@ -292,29 +262,27 @@ class DeviceLoader:
                 return f"{row['shard']}: row {row['row']} (index {index})"
 
         return decode_batch(
-            stored.cpu(), nbytes, codecs, heights, widths, self.channels, self.layout,
+            batch.images.cpu(), nbytes, codecs, heights, widths, self.channels, self.layout,
             self.decoder, self.device, name,
         )  # fmt: skip
 
     def _augmented(
         self,
-        images: torch.Tensor,
+        images: torch.Tensor | RaggedImages,
         indices: torch.Tensor | None,
         sizes: Sizes | None,
         layout: str,
     ) -> torch.Tensor:
-        """Augment NCHW uint8 images on the device, then convert and normalise in place; a
-        padded batch's `sizes` tell the augmentation each sample's own size."""
+        """Augment NCHW uint8 images (or samples back to back) on the device, then convert
+        and normalise in place; a padded batch's `sizes` tell the augmentation each sample's
+        own size."""
         assert self.augment is not None and self.dtype is not None
         epoch = int(getattr(self.loader, "epoch", 0))
-        if images.dim() == 1:  # samples back to back, each its own size
-            assert sizes is not None and self.channels is not None  # see _check
-            heights, widths = (np.asarray(side, np.int64) for side in sizes)
-            ragged = RaggedImages(images, heights, widths, self.channels, layout)
+        if isinstance(images, RaggedImages):  # samples back to back, each its own size
             if getattr(self.augment, "takes_ragged", False):
-                out = self.augment(ragged, indices, epoch).to(self.dtype)  # type: ignore[arg-type]
+                out = self.augment(images, indices, epoch).to(self.dtype)  # type: ignore[arg-type]
                 return self._normalised(out)
-            images, layout = ragged.padded(), "CHW"
+            images, layout = images.padded(), "CHW"
         nchw = images.permute(0, 3, 1, 2) if layout == "HWC" else images
         if sizes is None:
             out = self.augment(nchw, indices, epoch).to(self.dtype)
@@ -332,72 +300,46 @@ class DeviceLoader:
             out = out.contiguous(memory_format=torch.channels_last)
         return out
 
-    def _check(
-        self, batch: Any
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, Any] | None]:
-        """(images, labels, indices or None, columns or None) of a batch, refused unless its
-        images are what the conversion asked for expects: 4-d, channels where `layout` puts
-        them, uint8 when a dtype is asked for (a float image's range is unknown: /255 may be
-        wrong)."""
-        columns = batch[3] if isinstance(batch, ColumnBatch) else None
-        if columns is None and (not isinstance(batch, tuple | list) or len(batch) not in (2, 3)):
-            raise TypeError(
-                f"DeviceLoader takes batches of (images, labels[, indices]), got "
-                f"{type(batch).__name__}; move what another collate_fn returns yourself"
-            )
-        images, labels = batch[0], batch[1]
-        indices = batch[2] if len(batch) >= 3 else None
-        if _back_to_back(images, columns):
-            if self.channels is None:
-                raise ValueError(
-                    "DeviceLoader got samples back to back and cannot tell their channels: "
-                    "give it mean=/std= or a loader over a PackedDataset"
-                )
-            return images, labels, indices, columns
-        if not isinstance(images, torch.Tensor) or images.dim() != 4:
-            shape = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images)
-            raise ValueError(f"DeviceLoader takes images as one [B, ...] 4-d tensor, got {shape}")
-        for name, tensor in (("images", images), ("labels", labels)):
-            where = getattr(tensor, "device", None)
-            if where is not None and where.type != "cpu" and where != self.device:
-                raise ValueError(
-                    f"DeviceLoader on {self.device} takes batches in CPU memory or on "
-                    f"{self.device}; got {name} on {where}"
-                )
-        channels = images.shape[-1] if self.layout == "HWC" else images.shape[1]
-        if self.channels is not None and channels != self.channels:
-            other = "CHW" if self.layout == "HWC" else "HWC"
-            raise ValueError(
-                f"batch images of shape {tuple(images.shape)} do not have {self.channels} "
-                f"channels where layout {self.layout!r} puts them; a transform that returns "
-                f"{other} needs DeviceLoader(..., layout={other!r})"
-            )
-        if self.dtype is not None and images.dtype != torch.uint8:
-            raise TypeError(
-                f"DeviceLoader(dtype=...) converts uint8 images (0-255) and got {images.dtype}; "
-                "leave the float conversion to it, or pass dtype=None and normalise yourself"
-            )
-        return images, labels, indices, columns
+
+def _scale_shift(
+    mean: Sequence[float] | None,
+    std: Sequence[float] | None,
+    channels: int | None,
+    device: torch.device,
+    dtype: torch.dtype | None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The per-channel [1, C, 1, 1] scale and shift on `device` that make uint8 pixels
+    normalised floats: (x / 255 - mean) / std == x * (1 / (255 std)) - mean / std, two
+    in-place ops (None, None without a dtype: no conversion)."""
+    if dtype is None:
+        return None, None
+    m = torch.tensor(mean if mean is not None else [0.0] * (channels or 1), dtype=torch.float64)
+    s = torch.tensor(std if std is not None else [1.0] * (channels or 1), dtype=torch.float64)
+    if len(m) != len(s):
+        raise ValueError(f"mean has {len(m)} values and std {len(s)}")
+    scale = (1 / (255 * s)).view(1, -1, 1, 1).to(device, dtype)
+    return scale, (m / s).view(1, -1, 1, 1).to(device, dtype)
 
 
-def _back_to_back(images: Any, columns: dict[str, Any] | None) -> bool:
-    """Whether a batch holds its samples back to back (1-d uint8 images, each sample's size
-    in its columns), as `PackedLoader.send_back_to_back` makes them."""
-    return (
-        isinstance(images, torch.Tensor)
-        and images.dim() == 1
-        and images.dtype == torch.uint8
-        and columns is not None
-        and SIZE_COLUMNS[0] in columns
-    )
-
-
-def _sizes(columns: dict[str, Any] | None) -> Sizes | None:
-    """Each sample's (heights, widths) when the batch is padded (`SIZE_COLUMNS`), on the CPU."""
-    if columns is None or SIZE_COLUMNS[0] not in columns:
-        return None
-    height, width = (columns[name] for name in SIZE_COLUMNS)
-    return height.cpu().numpy(), width.cpu().numpy()
+def _moved_batch(
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    indices: torch.Tensor | None,
+    columns: dict[str, Any] | None,
+    device: torch.device,
+) -> Any:
+    """The batch `DeviceLoader` yields: with columns a ColumnBatch, its tensors copied to
+    `device` (a list stays as it is); else an IndexedBatch when indices are left (they stay
+    on the CPU, for lookups), else a Batch."""
+    if columns is not None and indices is not None:
+        moved = {
+            name: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+            for name, v in columns.items()
+        }
+        return ColumnBatch(images, labels, indices, moved)
+    if indices is None:
+        return Batch(images, labels)
+    return IndexedBatch(images, labels, indices)
 
 
 def bound_device(device: torch.device | str | None) -> torch.device:
@@ -415,16 +357,3 @@ def bound_device(device: torch.device | str | None) -> torch.device:
     if bound.type == "cuda" and bound.index is None:
         bound = torch.device("cuda", torch.cuda.current_device())
     return bound
-
-
-def _channels(
-    dataset: Any, layout: str, mean: Sequence[float] | None, std: Sequence[float] | None
-) -> int | None:
-    """Channels of the batches: as many as mean/std values, else the stored sample's."""
-    for given in (mean, std):
-        if given is not None:
-            return len(given)
-    shape = getattr(dataset, "sample_shape", None)
-    if shape is None:
-        return None
-    return int(shape[-1] if getattr(dataset, "layout", layout) == "HWC" else shape[0])

@@ -30,7 +30,7 @@ import torch
 from numpy.typing import NDArray
 from torch.utils.data import get_worker_info
 
-from loaders.batch.types import AnyBatch, Columns, Fill, make_batch
+from loaders.batch.types import AnyBatch, ColumnBatch, Columns, Fill, make_batch
 from loaders.memory.buffer_pool import BufferPool
 from loaders.memory.ring import SharedRing, shared_bytes
 
@@ -75,25 +75,26 @@ class BatchMemory:
         fill: Fill,
         indices: NDArray[np.int64] | None = None,
         columns: Columns | None = None,
+        form: type[ColumnBatch] = ColumnBatch,
     ) -> AnyBatch:
         """A batch of uint8 images of `shape` written by `fill`, with int64 `labels` (and
         the samples' dataset `indices`, which make it an IndexedBatch, and their `columns`,
-        which make it a ColumnBatch)."""
+        which make it a ColumnBatch of type `form`: `loaders.read.batch_plan.BatchRead`)."""
         nbytes = math.prod(shape)
         if get_worker_info() is not None:
             ring = self.ring
             slot = ring.claim(nbytes) if ring is not None else None
             if ring is not None and slot is not None:
-                return ring.write(slot, shape, fill, labels, indices, columns)
+                return ring.write(slot, shape, fill, labels, indices, columns, form)
             images = shared_bytes(nbytes).view(shape)
         elif self.pin:
             images = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
         else:
             lent = self._pool.lend(shape)
             fill(lent)
-            return make_batch(torch.from_numpy(lent), labels, indices, columns=columns)
+            return make_batch(torch.from_numpy(lent), labels, indices, columns=columns, form=form)
         fill(images.numpy())
-        return make_batch(images, labels, indices, pin=self.pin, columns=columns)
+        return make_batch(images, labels, indices, pin=self.pin, columns=columns, form=form)
 
 
 _said_no_cuda = False

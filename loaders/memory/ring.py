@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from loaders.batch.types import AnyBatch, Batch, Columns, Fill, make_batch
+from loaders.batch.types import AnyBatch, Batch, ColumnBatch, Columns, Fill, make_batch
 from loaders.memory.pinning import Registration, register
 from loaders.read.span import prefault
 
@@ -151,10 +151,11 @@ class SharedRing:
         labels: NDArray[np.int64],
         indices: NDArray[np.int64] | None = None,
         columns: Columns | None = None,
+        form: type[ColumnBatch] = ColumnBatch,
     ) -> Batch:
         """Fill a claimed slot; the batch pickles as the slot number, not the bytes (and
-        arrives as an IndexedBatch when `indices` are given, a ColumnBatch with `columns`,
-        which travel with the slot number)."""
+        arrives as an IndexedBatch when `indices` are given, a `form` with `columns`, which
+        travel with the slot number)."""
         data, owner = self.arrays()
         try:
             images = data[slot, : math.prod(shape)].reshape(shape)
@@ -164,7 +165,7 @@ class SharedRing:
             owner[slot] = 0
             raise
         batch = _RingBatch(torch.from_numpy(images), torch.from_numpy(labels))
-        batch.slot = (self.token, slot, os.getpid(), shape, labels, indices, columns)
+        batch.slot = (self.token, slot, os.getpid(), shape, labels, indices, columns, form)
         return batch
 
     def settle(self) -> None:
@@ -208,8 +209,9 @@ class _RingBatch(Batch):
     """A Batch in a ring slot, in a worker; unpickled in the main process as a plain Batch."""
 
     slot: tuple[
-        str, int, int, tuple[int, ...], NDArray[np.int64], NDArray[np.int64] | None, Columns | None
-    ]
+        str, int, int, tuple[int, ...], NDArray[np.int64], NDArray[np.int64] | None,
+        Columns | None, type[ColumnBatch],
+    ]  # fmt: skip
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_receive, self.slot)
@@ -223,6 +225,7 @@ def _receive(
     labels: NDArray[np.int64],
     indices: NDArray[np.int64] | None,
     columns: Columns | None = None,
+    form: type[ColumnBatch] = ColumnBatch,
 ) -> AnyBatch:
     """The main process's side of a ring slot: a Batch viewing it, freeing it when dropped."""
     ring = _RINGS.get(token)
@@ -237,7 +240,7 @@ def _receive(
     owner[slot] = _MAIN
     view = data[slot, : math.prod(shape)].reshape(shape)  # the object the batch tensor wraps
     weakref.finalize(view, ring._drop, slot, os.getpid()).atexit = False
-    return make_batch(torch.from_numpy(view), labels, indices, columns=columns)
+    return make_batch(torch.from_numpy(view), labels, indices, columns=columns, form=form)
 
 
 def _alive(pid: int) -> bool:

@@ -4,16 +4,28 @@ back; or stored encoded, decoded to one size)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
-from loaders.batch.types import SIZE_COLUMNS, STORED_COLUMNS, Columns
+from loaders.batch.forms import BackToBackBatch, EncodedBatch, PaddedBatch
+from loaders.batch.types import SIZE_COLUMNS, STORED_COLUMNS, ColumnBatch, Columns, Fill
 from loaders.read.catalog import Selection
 from loaders.read.flat_rows import Take, back_to_back_bytes, padded_shape
 from loaders.read.reader import ShardReader
+
+
+class BatchRead(NamedTuple):
+    """How one batch is read: what `BatchMemory.batch` takes."""
+
+    shape: tuple[int, ...]
+    fill: Fill
+    columns: Columns | None
+    form: type[ColumnBatch] = ColumnBatch
+    """The batch's type where it has columns: one of `loaders.batch.forms`' when its samples
+    have several sizes."""
 
 
 def batch_reads(
@@ -23,15 +35,18 @@ def batch_reads(
     columns: Columns | None,
     back_to_back: bool = False,
     encoded: bool = False,
-) -> tuple[tuple[int, ...], Callable[[NDArray[np.uint8]], None], Columns | None]:
-    """(shape, fill, columns) of the batch of `index` (checked) for `BatchMemory.batch`: rows of
-    the stored shape, or samples that keep their aspect ratio padded to their largest sides
-    (with `back_to_back`, one after another in a 1-d batch), with each one's size in
-    `SIZE_COLUMNS` beside `columns`. With `encoded`, samples stored encoded come as their
-    stored bytes back to back, with `STORED_COLUMNS` too, for the device to decode."""
+) -> BatchRead:
+    """How the batch of `index` (checked) is read for `BatchMemory.batch`: rows of the stored
+    shape, or samples that keep their aspect ratio padded to their largest sides
+    (`PaddedBatch`; with `back_to_back`, one after another in a 1-d `BackToBackBatch`), with
+    each one's size in `SIZE_COLUMNS` beside `columns`. With `encoded`, samples stored encoded
+    come as their stored bytes back to back (`EncodedBatch`), with `STORED_COLUMNS` too, for
+    the device to decode."""
     shard_idx, rows = sel.shard_idx[index], sel.rows[index]
     if sel.places is None:
-        return (len(index), *sel.sample_shape), partial(reader.gather, shard_idx, rows), columns
+        return BatchRead(
+            (len(index), *sel.sample_shape), partial(reader.gather, shard_idx, rows), columns
+        )
     places = sel.places[index]
     stored = sel.stored[index] if sel.stored is not None else None
     if encoded and stored is not None:  # for the device to decode: stored bytes back to back
@@ -43,16 +58,19 @@ def batch_reads(
         def fill(out: NDArray[np.uint8]) -> None:
             reader.gather_flat(shard_idx, rows, places, sel.layout, None, stored, take(out))
 
-        return (int(ends[-1]) if len(ends) else 0,), fill, {**(columns or {}), **sizes, **kept}
+        nbytes = int(ends[-1]) if len(ends) else 0
+        return BatchRead((nbytes,), fill, {**(columns or {}), **sizes, **kept}, EncodedBatch)
     read = partial(reader.gather_flat, shard_idx, rows, places, sel.layout, stored=stored)
     if not sel.own_sizes:  # stored encoded at one size: a batch as a fixed-size one
-        return (len(index), *sel.sample_shape), read, columns
+        return BatchRead((len(index), *sel.sample_shape), read, columns)
+    form: type[ColumnBatch] = PaddedBatch
     if back_to_back:
+        form = BackToBackBatch
         shape: tuple[int, ...] = (back_to_back_bytes(places, sel.channels),)
     else:
         shape = padded_shape(len(index), places, sel.channels, sel.layout)
     sizes = {SIZE_COLUMNS[0]: places[:, 1].copy(), SIZE_COLUMNS[1]: places[:, 2].copy()}
-    return shape, read, {**(columns or {}), **sizes}
+    return BatchRead(shape, read, {**(columns or {}), **sizes}, form)
 
 
 def _put_stored(ends: NDArray[np.int64], out: NDArray[np.uint8]) -> Take:
