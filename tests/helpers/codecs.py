@@ -47,6 +47,22 @@ def write_config(folder: Path, codec: str, resize: str = "size: [32, 40]", extra
     return path
 
 
+def pack_photos(
+    folder: Path,
+    codec: str,
+    count: int,
+    resize: str = "mode: keep_aspect, shorter: 24, longer: 40",
+    sides: tuple[int, int] = (90, 120),
+) -> Path:
+    """`write_photos` packed by `etl run` with `codec`, the aspect kept by default: the out dir."""
+    from etl.config import load_config
+    from etl.run import pipeline
+
+    write_photos(folder / "images", count=count, sides=sides)
+    assert pipeline.run(load_config(write_config(folder, codec, resize=resize))).committed
+    return folder / "out"
+
+
 def read_plainly(out: Path, version: int = 1) -> tuple[dict[bytes, bytes], list[dict[str, Any]]]:
     """(schema metadata, rows) of a version's manifest, read with pyarrow alone."""
     with ipc.open_file(out / "versions" / f"v{version:06d}" / "manifest.arrow") as f:

@@ -10,13 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from etl.config import load_config
-from etl.run import pipeline
 from loaders import CenterCrop, DeviceLoader, PackedDataset, make_loader
 from loaders.batch.forms import BackToBackBatch, EncodedBatch, PaddedBatch, SizedBatch
 from loaders.batch.types import Batch, ColumnBatch
 from tests.helpers.aspect import pack_aspect, read_plainly
-from tests.helpers.codecs import pixels_of, write_config, write_photos
+from tests.helpers.codecs import pack_photos, pixels_of
 from tests.helpers.codecs import read_plainly as read_encoded
 
 pytestmark = [
@@ -33,11 +31,7 @@ def aspect_kept(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def jpeg(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Photos packed as JPEG with their aspect kept (the out dir)."""
-    folder = tmp_path_factory.mktemp("photos")
-    write_photos(folder / "images", count=9)
-    config = write_config(folder, "jpeg", resize="mode: keep_aspect, shorter: 24, longer: 40")
-    assert pipeline.run(load_config(config)).committed
-    return folder / "out"
+    return pack_photos(tmp_path_factory.mktemp("photos"), "jpeg", count=9)
 
 
 def _sides_by_source(out: Path) -> dict[str, tuple[int, int]]:

@@ -18,11 +18,9 @@ import pytest
 import torch
 
 import loaders.device.loader
-from etl.config import load_config
-from etl.run import pipeline
 from loaders import DeviceLoader, PackedDataset, RandomResizedCrop, make_loader
 from loaders.device.decode import _cpu_name
-from tests.helpers.codecs import write_config, write_photos
+from tests.helpers.codecs import pack_photos
 from tests.helpers.cuda import batches_without_a_sync
 
 pytestmark = [
@@ -39,11 +37,8 @@ BREAKS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
 
 @pytest.fixture(scope="module")
 def jpeg(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("gpu-jpeg")
-    write_photos(folder / "images", count=40, sides=(200, 260))
-    config = write_config(folder, "jpeg", resize="mode: keep_aspect, shorter: 96, longer: 160")
-    assert pipeline.run(load_config(config)).committed
-    return folder / "out"
+    resize = "mode: keep_aspect, shorter: 96, longer: 160"
+    return pack_photos(tmp_path_factory.mktemp("gpu-jpeg"), "jpeg", 40, resize, (200, 260))
 
 
 def _has_nvimgcodec() -> bool:

@@ -18,17 +18,14 @@ import pytest
 import torch
 from PIL import Image
 
-from etl.config import load_config
 from etl.errors import ShardError
-from etl.run import pipeline
 from loaders import CenterCrop, DeviceLoader, PackedDataset, RandomResizedCrop, make_loader
 from loaders.device.decode import jpeg_decoder
 from tests.helpers.codecs import (
+    pack_photos,
     pixels_of,
     read_plainly,
     stored_of,
-    write_config,
-    write_photos,
     zeroed_copy,
 )
 from tests.helpers.packed import Packed, make_packed
@@ -47,11 +44,7 @@ NAMES = {None: "simplejpeg ", "nvimgcodec": "nvImageCodec "}
 @pytest.fixture(scope="module")
 def jpeg(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Photos packed as JPEG with their aspect kept (the out dir)."""
-    folder = tmp_path_factory.mktemp("photos")
-    write_photos(folder / "images", count=10)
-    config = write_config(folder, "jpeg", resize="mode: keep_aspect, shorter: 24, longer: 40")
-    assert pipeline.run(load_config(config)).committed
-    return folder / "out"
+    return pack_photos(tmp_path_factory.mktemp("photos"), "jpeg", count=10)
 
 
 @pytest.fixture(scope="module")
