@@ -39,7 +39,7 @@ from etl.format.schema import REJECTS_SCHEMA, SAMPLES_SCHEMA, SHARDS_SCHEMA, Man
 from etl.format.shards import ShardWriter
 from loaders import PackedDataset, PackedStream, make_loader, stream_loader
 from loaders.datasets.packed import collate_batch
-from loaders.datasets.stream import stream_order
+from loaders.order.stream_orders import stream_order
 from loaders.order.orders import balanced_order, block_order, random_order
 from loaders.order.quality import class_mix_distance
 from loaders.read.catalog import open_catalog

@@ -280,7 +280,7 @@ class Mixture(Dataset[tuple[Any, ...]]):
                 heights[start:stop], widths[start:stop] = flat[0][:, 1], flat[0][:, 2]
         sizes: Columns = {SIZE_COLUMNS[0]: heights, SIZE_COLUMNS[1]: widths}
         form: type[ColumnBatch] = PaddedBatch
-        if self.memory.back_to_back:
+        if self.memory.form is not PaddedBatch:  # back to back (Mixtures send none encoded)
             channels = channels_of(self.sample_shape, self.layout)
             ends = np.concatenate([[0], np.cumsum(heights * widths * channels)])
             shape, form = (int(ends[-1]),), BackToBackBatch

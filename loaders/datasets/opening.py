@@ -1,5 +1,7 @@
-"""How `PackedDataset.open` was called: what a run's record keeps to open the same selection
-again, the former store keywords it still takes, and the warning for a retired version."""
+"""How `PackedDataset.open` opens a dataset: its location (a folder, a URL, a view), the
+version and selection read, the row checks and a store's shard access; what a run's record
+keeps to open the same selection again; the former store keywords it still takes, and the
+warning for a retired version."""
 
 from __future__ import annotations
 
@@ -7,15 +9,17 @@ import os
 import time
 import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from etl.deprecations import warn_once
 from etl.format.manifest import VERSIONS_DIR
 from etl.format.retirement import retired_versions
 from etl.format.views import View
-from etl.storage.location import Location, StoreOptions, StoreUrl, as_location
-from loaders.read.catalog import Where
+from etl.storage.location import Location, StoreOptions, StoreUrl, as_location, open_location
+from loaders.read.catalog import Selection, Where, open_catalog
+from loaders.read.row_checks import Verify, checked_rows, checks_of, row_checksums
 
 
 def how_opened(
@@ -96,3 +100,47 @@ def warn_if_retired(location: Location, version: int) -> None:
             RuntimeWarning,
             stacklevel=3,
         )
+
+
+def open_selection(
+    path: Path | str | View,
+    split: str | Sequence[str] | None,
+    classes: Sequence[str | int] | None,
+    where: Where | None,
+    version: int | None,
+    verify: Verify,
+    verify_manifest: bool,
+    store: StoreOptions | None,
+    columns: Sequence[str] | None,
+    renamed: dict[str, Any],
+) -> tuple[Selection, str | None]:
+    """The selection `PackedDataset.open` reads (its arguments mean what it says), with its
+    rows' checksums where rows are checked and its store's shard access, and the checks
+    chosen (`loaders.read.row_checks.checks_of`)."""
+    view = path if isinstance(path, View) else None
+    if view is not None:
+        check_view_alone(split=split, classes=classes, where=where, version=version)
+        version = view.version
+    checks = checks_of(verify)
+    location = open_location(
+        view.dataset if view else cast(Path | str, path),
+        store_options(store, renamed),
+        view.folder if view else "",
+    )
+    version = location.fetch_version(version)
+    catalog = open_catalog(location.root, version, verify_manifest)
+    warn_if_retired(location, catalog.version)
+    selected = catalog.select_view(view) if view else catalog.select(split, classes, where)
+    selection = catalog.with_columns(selected, columns)
+    sums = None
+    if checks in ("rows", "once"):
+        sums = row_checksums(catalog, selection)
+        selection = checked_rows(selection, sums, once=checks == "once")
+    if location.store is not None:
+        shards = selection.shards
+        cache, ranged = location.shard_access(
+            shards, lambda: sums or row_checksums(catalog, selection)
+        )
+        shards = replace(shards, url=location.store.url, cache=cache, ranged=ranged)
+        selection = replace(selection, shards=shards)
+    return selection, checks

@@ -10,34 +10,32 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import torch
 from numpy.typing import NDArray
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset
 
 from etl.format.views import View
-from etl.storage.location import StoreOptions, open_location
+from etl.storage.location import StoreOptions
 from loaders.augment.worker_crop import REDUCING_GAP, Crop, WorkerCrop, cropped_batch
+from loaders.batch.forms import EncodedBatch
 from loaders.batch.types import (
     AnyBatch,
-    Columns,
     ModelInputs,
     Samples,
-    make_batch,
 )
-from loaders.datasets.opening import check_view_alone, how_opened, store_options, warn_if_retired
+from loaders.datasets.opening import how_opened, open_selection
 from loaders.memory.batch_memory import BatchMemory
-from loaders.read.batch_plan import batch_reads
-from loaders.read.catalog import Selection, Where, open_catalog
-from loaders.read.flat_rows import stored_lengths
+from loaders.read.batch_plan import batch_reads, own_size_sample, prefetch_reads
+from loaders.read.catalog import Selection, Where
 from loaders.read.reader import ShardReader
-from loaders.read.row_checks import Verify, checked_rows, checks_of, row_checksums
+from loaders.read.row_checks import Verify
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 
@@ -104,11 +102,11 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
             selection.shards, verify_shards, release_every, readahead, drop_behind
         )
         self.memory = BatchMemory()
+        """Where batches are gathered (`make_loader` sets pinning and the workers' ring)."""
         self.opened: dict[str, Any] | None = None
         """How `open` was called (dataset, version, split, classes, where=): what a run's
         record keeps to open it again (`loaders.loader.trace`); None for a view or a callable
         where=."""
-        """Where batches are gathered (`make_loader` sets pinning and the workers' ring)."""
         self.with_indices = False
         """Whether gathered batches carry each sample's index (an `IndexedBatch`)."""
         self.crop: WorkerCrop | None = None
@@ -155,32 +153,9 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         (`cache_dir`, `storage_options`, `store_timeout`, `cache_limit`, `ranged`), which
         still work and warn once.
         """
-        view = path if isinstance(path, View) else None
-        if view is not None:
-            check_view_alone(split=split, classes=classes, where=where, version=version)
-            version = view.version
-        checks = checks_of(verify)
-        location = open_location(
-            view.dataset if view else cast(Path | str, path),
-            store_options(store, renamed),
-            view.folder if view else "",
+        selection, checks = open_selection(
+            path, split, classes, where, version, verify, verify_manifest, store, columns, renamed
         )
-        version = location.fetch_version(version)
-        catalog = open_catalog(location.root, version, verify_manifest)
-        warn_if_retired(location, catalog.version)
-        selected = catalog.select_view(view) if view else catalog.select(split, classes, where)
-        selection = catalog.with_columns(selected, columns)
-        sums = None
-        if checks in ("rows", "once"):
-            sums = row_checksums(catalog, selection)
-            selection = checked_rows(selection, sums, once=checks == "once")
-        if location.store is not None:
-            shards = selection.shards
-            cache, ranged = location.shard_access(
-                shards, lambda: sums or row_checksums(catalog, selection)
-            )
-            shards = replace(shards, url=location.store.url, cache=cache, ranged=ranged)
-            selection = replace(selection, shards=shards)
         dataset = cls(
             selection, transform, checks == "shards", release_every, readahead, drop_behind
         )
@@ -257,14 +232,8 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
 
     @property
     def sample_sizes(self) -> NDArray[np.int64]:
-        """[len, 2]: the stored (height, width) of every sample, one for all in a fixed-size
-        dataset, each its own where samples keep their aspect ratio."""
-        sel = self.selection
-        if sel.places is not None:
-            return sel.places[:, 1:].copy()
-        shape = sel.sample_shape
-        sides = shape[:2] if sel.layout == "HWC" else shape[1:]
-        return np.tile(np.asarray(sides, np.int64), (len(sel), 1))
+        """[len, 2]: the stored (height, width) of every sample (`Selection.sample_sizes`)."""
+        return self.selection.sample_sizes()
 
     def __getitem__(self, index: int) -> tuple[Any, ...]:
         """(image, label); with `columns`, (image, label, index, {column: value}). Where
@@ -283,18 +252,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
     def _own_size(self, i: int) -> tuple[Any, ...]:
         """`dataset[i]` of a dataset whose samples keep their aspect ratio."""
         sel = self.selection
-        assert sel.places is not None
-        _, height, width = sel.places[i].tolist()
-        channels = sel.channels
-        shape = (
-            (1, height, width, channels) if sel.layout == "HWC" else (1, channels, height, width)
-        )
-        out = np.empty(shape, np.uint8)
-        stored = sel.stored[[i]] if sel.stored is not None else None
-        self.reader.gather_flat(
-            sel.shard_idx[[i]], sel.rows[[i]], sel.places[[i]], sel.layout, out, stored
-        )
-        image = torch.from_numpy(out[0])
+        image = torch.from_numpy(own_size_sample(self.reader, sel, i))
         if self.transform is not None:
             image = self.transform(image)
         if sel.values is None:
@@ -312,15 +270,8 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         """Start reading the samples of `indices` from disk and return at once (see
         `ShardReader.prefetch`); a bad index is left for the gather to name."""
         index = np.asarray(indices, dtype=np.int64)
-        sel = self.selection
-        if not len(index) or index.min() < -len(self) or index.max() >= len(self):
-            return
-        if sel.places is not None:
-            stored = sel.stored[index] if sel.stored is not None else None
-            lengths = stored_lengths(sel.places[index], stored, sel.channels)
-            self.reader.prefetch_places(sel.shard_idx[index], sel.places[index], lengths)
-            return
-        self.reader.prefetch(sel.shard_idx[index], sel.rows[index])
+        if len(index) and -len(self) <= index.min() and index.max() < len(self):
+            prefetch_reads(self.reader, self.selection, index)
 
     def gather(self, indices: Sequence[int] | NDArray[np.integer]) -> AnyBatch:
         """A whole batch gathered into one contiguous buffer, in the order of `indices`."""
@@ -333,19 +284,19 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         if self.crop is not None:
             return self._cropped(index % len(self), labels, self.crop)
         memory = self.memory
-        carried = self.with_indices or sel.values or sel.own_sizes or memory.encoded
+        carried = self.with_indices or sel.values or sel.own_sizes or memory.form is EncodedBatch
         given = index % max(len(self), 1) if carried else None
         columns = sel.values.batch(given) if sel.values is not None and given is not None else None
-        plan = batch_reads(self.reader, sel, index, columns, memory.back_to_back, memory.encoded)
+        plan = batch_reads(self.reader, sel, index, columns, memory.form)
         if self.transform is None:
             return self.memory.batch(plan.shape, labels, plan.fill, given, plan.columns, plan.form)
         if sel.places is not None:  # each sample at its own size through the transform
             transformed = [self._own_size(int(i))[0] for i in index % len(self)]
-            return self._stacked(transformed, labels, given, columns)
+            return self.memory.stacked(transformed, labels, given, columns)
         raw = np.empty(plan.shape, dtype=np.uint8)
         plan.fill(raw)
         transformed = [self.transform(torch.from_numpy(x)) for x in raw]
-        return self._stacked(transformed, labels, given, columns)
+        return self.memory.stacked(transformed, labels, given, columns)
 
     def _cropped(
         self, index: NDArray[np.int64], labels: NDArray[np.int64], crop: WorkerCrop
@@ -363,32 +314,7 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
         raw = np.empty(shape, dtype=np.uint8)
         read(raw)
         transformed = [self.transform(torch.from_numpy(x)) for x in raw]
-        return self._stacked(transformed, labels, given, columns)
-
-    def _stacked(
-        self,
-        images: list[torch.Tensor],
-        labels: NDArray[np.int64],
-        given: NDArray[np.int64] | None,
-        columns: Columns | None,
-    ) -> AnyBatch:
-        """Transformed samples as one batch. uint8 samples of one shape are stacked straight
-        into the batch memory: a ring slot in a worker (pinned in place for CUDA: NOTE [ a
-        ring pinned in place ] in `loaders.memory.pinning`), pinned memory in the main process.
-        Others (floats, several shapes) are stacked anew, and pinned here without workers:
-        what `pin_output` promises, a transform or not."""
-        first = images[0]
-        if first.dtype == torch.uint8 and all(i.shape == first.shape for i in images):
-
-            def fill(out: NDArray[np.uint8]) -> None:
-                torch.stack(images, out=torch.from_numpy(out))
-
-            shape = (len(images), *first.shape)
-            return self.memory.batch(shape, labels, fill, given, columns)
-        stacked = torch.stack(images)
-        if self.memory.pin and get_worker_info() is None:
-            stacked = stacked.pin_memory()
-        return make_batch(stacked, labels, given, pin=self.memory.pin, columns=columns)
+        return self.memory.stacked(transformed, labels, given, columns)
 
 
 def _crop_shape(size: tuple[int, int], channels: int, layout: str) -> tuple[int, int, int]:

@@ -1,11 +1,11 @@
 """The iterable dataset: whole shards streamed in a seeded order, for data much larger than RAM.
 
-Each (rank, worker) pair is a "slot"; an epoch's shards are laid end to end in an order that is a
-pure function of (seed, epoch) and cut into one equal stretch per slot (`deal_pieces`), so every
-selected sample is read exactly once per epoch across all slots and every rank yields the same
-number of batches. A slot takes `window` shards at a time, has the kernel read the next window's
-files ahead (sequentially), and yields batches in a shuffled order of the current window; each
-shard is unmapped once its window is done, so resident memory stays at about two windows.
+Each (rank, worker) pair is a "slot", dealt an equal stretch of the epoch's shards in an order
+that is a pure function of (seed, epoch) (`loaders.order.stream_orders`), so every selected
+sample is read exactly once per epoch across all slots and every rank yields the same number of
+batches. A slot takes `window` shards at a time, has the kernel read the next window's files
+ahead (sequentially), and yields batches in a shuffled order of the current window; each shard
+is unmapped once its window is done, so resident memory stays at about two windows.
 
 NOTE [ stream resume ]: DataLoader asks its workers for batches round-robin from worker 0, and
 every slot yields the same number of batches, so after B batches of an epoch worker w has
@@ -24,100 +24,19 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
-from numpy.typing import NDArray
 from torch.utils.data import IterableDataset, get_worker_info
 
+from loaders.batch.forms import EncodedBatch
 from loaders.batch.types import AnyBatch
 from loaders.memory.batch_memory import BatchMemory
-from loaders.order.orders import Order, seeded_rng
+from loaders.order.orders import Order
+from loaders.order.stream_orders import SharedEpoch, slot_share, stream_order
 from loaders.order.world import rank_and_world
-from loaders.read.batch_plan import batch_reads
+from loaders.read.batch_plan import batch_reads, own_size_sample
 from loaders.read.catalog import Selection
 from loaders.read.page_cache import advise_file
 from loaders.read.reader import ShardReader
 from loaders.read.row_checks import Verify, as_verified, checks_of
-
-
-def slot_share(n: int, n_slots: int, drop_last: bool = False) -> int:
-    """Samples every slot yields in an epoch: n / n_slots, rounded up (padded) or down (dropped)."""
-    if n_slots < 1:
-        raise ValueError(f"n_slots must be >= 1, got {n_slots}")
-    return n // n_slots if drop_last else -(-n // n_slots)
-
-
-def deal_pieces(
-    sizes: NDArray[np.integer],
-    n_slots: int,
-    seed: int,
-    epoch: int,
-    shuffle: bool = True,
-    drop_last: bool = False,
-) -> list[NDArray[np.int64]]:
-    """Deal samples to `n_slots` slots as pieces of shards: per slot, rows (shard, first, end).
-
-    The shards are laid end to end (in a seeded random order when `shuffle`) and the sequence
-    is cut into `n_slots` contiguous stretches whose lengths differ by at most one, so a slot
-    reads consecutive shards whole, but for the first and last, which it may share with its
-    neighbours. With `drop_last` the n % n_slots samples at the end are dealt to nobody, and
-    every stretch has the same length.
-    """
-    if n_slots < 1:
-        raise ValueError(f"n_slots must be >= 1, got {n_slots}")
-    sizes = np.asarray(sizes, dtype=np.int64)
-    ranked = seeded_rng(seed, epoch).permutation(len(sizes)) if shuffle else np.arange(len(sizes))
-    ends = np.cumsum(sizes[ranked])
-    starts = ends - sizes[ranked]
-    n = int(ends[-1]) if len(ends) else 0
-    share, extra = divmod(n, n_slots)
-    pieces = []
-    for slot in range(n_slots):
-        lo = slot * share + (0 if drop_last else min(slot, extra))
-        hi = lo + share + (0 if drop_last or slot >= extra else 1)
-        touched = np.arange(np.searchsorted(ends, lo, "right"), np.searchsorted(starts, hi))
-        first = np.maximum(lo - starts[touched], 0)
-        end = np.minimum(hi, ends[touched]) - starts[touched]
-        keep = end > first
-        pieces.append(np.stack([ranked[touched], first, end], axis=1)[keep].astype(np.int64))
-    return pieces
-
-
-def stream_order(
-    shard_idx: NDArray[np.integer],
-    slot: int,
-    n_slots: int,
-    seed: int,
-    epoch: int,
-    window: int = 8,
-    shuffle: bool = True,
-    drop_last: bool = False,
-) -> list[Order]:
-    """The dataset indices one slot yields in an epoch, as one array per group of `window` shards.
-
-    `shard_idx` is in (shard, row) order, as a `Selection` is. Within a group indices are
-    shuffled (seeded by seed, epoch and slot) when `shuffle`, else in (shard, row) order. Every
-    slot yields `slot_share` indices: a slot dealt one sample less repeats the first index of
-    its last group (or of the dataset), as `partition` pads ranks.
-    """
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
-    shard_idx = np.asarray(shard_idx)
-    n_shards = int(shard_idx.max()) + 1 if len(shard_idx) else 0
-    sizes = np.bincount(shard_idx, minlength=n_shards)
-    first = np.cumsum(sizes) - sizes
-    mine = deal_pieces(sizes, n_slots, seed, epoch, shuffle, drop_last)[slot]
-    rng = np.random.default_rng([seed, epoch, n_slots, slot])
-    groups = []
-    for start in range(0, len(mine), window):
-        pieces = mine[start : start + window]
-        idx = np.concatenate([np.arange(first[s] + a, first[s] + b) for s, a, b in pieces])
-        groups.append(rng.permutation(idx) if shuffle else idx)
-    short = slot_share(len(shard_idx), n_slots, drop_last) - sum(len(g) for g in groups)
-    if short:
-        if groups:
-            groups[-1] = np.concatenate([groups[-1], groups[-1][:short]])
-        else:
-            groups.append(np.zeros(short, dtype=np.int64))
-    return groups
 
 
 class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
@@ -168,44 +87,26 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
         """DataLoader workers reading this stream (`stream_loader` sets it): slots per rank."""
         self.with_indices = False
         """Whether batches carry each sample's index (an `IndexedBatch`)."""
-        # NOTE [ epoch in shared memory ]: persistent workers keep their own copy of this
-        # object, so a plain attribute set by set_epoch() would never reach them. A tensor in
-        # shared memory is seen by forked and spawned workers alike. `_resume` holds
-        # (generation, batches): a loaded state's batches delivered, applied by each copy of
-        # the stream once per generation (`_applied` is that copy's own).
-        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
-        self._resume = torch.zeros(2, dtype=torch.int64).share_memory_()
-        self._applied = 0
-        self.epoch_calls = 0
-        """How many times an epoch was chosen (`set_epoch`, a loaded state): its loader
-        advances the epoch by itself only where none was chosen since its last pass."""
+        self.epochs = SharedEpoch()
+        """The epoch read and a loaded state's resume point, seen by every worker."""
 
     @property
     def epoch(self) -> int:
-        return int(self._epoch.item())
+        return self.epochs.epoch
+
+    @property
+    def epoch_calls(self) -> int:
+        """How many times an epoch was chosen (`SharedEpoch.calls`)."""
+        return self.epochs.calls
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the order of `epoch`; a loaded state's epoch keeps its resume point (as
-        `OrderSampler.set_epoch` does), another epoch while one waits mid-epoch is refused."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int | np.integer) or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
-        self.epoch_calls += 1
-        waiting = self.pending_batches()
-        if waiting and epoch != self.epoch:
-            if waiting < len(self):
-                raise ValueError(
-                    f"a loaded state resumes epoch {self.epoch} after {waiting} batches; call "
-                    f"set_epoch({self.epoch}) before iterating, or load no state to start "
-                    f"epoch {epoch} afresh"
-                )
-            self._resume[1] = 0
-        self._epoch.fill_(int(epoch))
+        """Select the order of `epoch` (`SharedEpoch.choose`)."""
+        self.epochs.choose(epoch, len(self))
 
     def advance(self) -> None:
         """Go on to the next epoch, as after a whole pass with no `set_epoch` (NOTE [ epochs
         advance by themselves ] in `loaders.order.run_batches`); not a choice of epoch."""
-        self._resume[1] = 0
-        self._epoch.fill_(self.epoch + 1)
+        self.epochs.advance()
 
     def __len__(self) -> int:
         """Batches (samples with batch_size=None) this rank yields in an epoch, all workers."""
@@ -230,20 +131,15 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
     def resume(self, epoch: int, batches: int) -> None:
         """Make the next iteration of `epoch` skip the first `batches` batches this rank's
         loader delivered (see NOTE [ stream resume ])."""
-        if not 0 <= batches <= len(self):
-            raise ValueError(f"batches {batches} is outside 0..{len(self)}")
-        self._resume[1] = 0  # no longer waits mid-epoch: any epoch may be set
-        self.set_epoch(epoch)
-        self._resume.copy_(torch.tensor([int(self._resume[0]) + 1, batches]))
+        self.epochs.resume(epoch, batches, len(self))
 
     def pending_batches(self) -> int | None:
         """The batches a loaded state will skip in the next iteration, None if none waits."""
-        generation, batches = self._resume.tolist()
-        return batches if generation > self._applied else None
+        return self.epochs.pending()
 
     def mark_started(self) -> None:
         """Note that an iteration began in worker processes, which took the resume point."""
-        self._applied = int(self._resume[0])
+        self.epochs.take()
 
     @property
     def pin_output(self) -> bool:
@@ -325,8 +221,7 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
 
     def __iter__(self) -> Iterator[AnyBatch | tuple[torch.Tensor, int]]:
         sel = self.selection
-        delivered = self.pending_batches() or 0
-        self._applied = int(self._resume[0])
+        delivered = self.epochs.take() or 0
         slot, n_slots = self.slot(delivered)
         groups = self.groups(slot, n_slots)
         if not groups:
@@ -349,11 +244,12 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
             else:
                 # samples that keep their aspect ratio: padded, their sizes beside (indexed)
                 memory = self.memory
-                given = self.with_indices or sel.values or sel.own_sizes or memory.encoded
+                given = (
+                    self.with_indices or sel.values or sel.own_sizes
+                    or memory.form is EncodedBatch
+                )  # fmt: skip
                 columns = sel.values.batch(chunk) if sel.values is not None else None
-                plan = batch_reads(
-                    self.reader, sel, chunk, columns, memory.back_to_back, memory.encoded
-                )
+                plan = batch_reads(self.reader, sel, chunk, columns, memory.form)
                 yield self.memory.batch(
                     plan.shape, sel.labels[chunk].astype(np.int64), plan.fill,
                     chunk if given else None, plan.columns, plan.form,
@@ -366,11 +262,9 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
     def _sample(self, index: int) -> tuple[torch.Tensor, int]:
         sel = self.selection
         if sel.places is not None:  # at its own size
-            at = np.array([index])
-            plan = batch_reads(self.reader, sel, at, None)
-            image = np.empty(plan.shape, np.uint8)
-            plan.fill(image)
-            return torch.from_numpy(image[0]), int(sel.labels[index])
+            return torch.from_numpy(own_size_sample(self.reader, sel, index)), int(
+                sel.labels[index]
+            )
         image = self.reader.row(int(sel.shard_idx[index]), int(sel.rows[index]))
         return torch.from_numpy(image), int(sel.labels[index])
 

@@ -85,12 +85,6 @@ def named_order(
     return factory
 
 
-def order_sampler_of(sampler: Any, batch_sampler: Any) -> OrderSampler | None:
-    """The order sampler a loader's batches come from, if it is one of ours."""
-    inner = getattr(batch_sampler, "sampler", None) if batch_sampler is not None else sampler
-    return inner if isinstance(inner, OrderSampler) else None
-
-
 def order_seed(seed: int | None, generator: torch.Generator | None) -> int:
     """The seed of a loader's order: `seed`, else one drawn from `generator`, else 0."""
     if generator is None:
@@ -102,7 +96,7 @@ def order_seed(seed: int | None, generator: torch.Generator | None) -> int:
     return int(torch.randint(0, 2**62, (), generator=generator))
 
 
-def loader_sampler(
+def map_batching(
     dataset: PackedDataset | Mixture,
     batch_size: int | None,
     shuffle: bool | str | AspectBuckets | None,
@@ -110,10 +104,13 @@ def loader_sampler(
     batch_sampler: Sampler[Any] | None,
     drop_last: bool,
     options_of: Callable[[], OrderOptions],
-) -> Sampler[int] | None:
-    """The sampler a `PackedLoader` of a map-style dataset reads in: the one given, a
-    `Mixture`'s own, or the `shuffle` order by name; None where a batch sampler is given.
-    `options_of` is called only for an order of ours: it may draw a seed from a generator."""
+) -> tuple[dict[str, Any], OrderSampler | None]:
+    """How a `PackedLoader` of a map-style dataset batches: DataLoader's keywords for it (the
+    batch sampler given; or batch size, drop_last and the sampler: the one given, a
+    `Mixture`'s own, or the `shuffle` order by name), and the order of ours it reads in, which
+    the loader then batches through a `RunBatchSampler` (None: a batch sampler or a torch
+    sampler given). `options_of` is called only for an order of ours: it may draw a seed from
+    a generator."""
     if sampler is not None and shuffle:
         raise ValueError("pass either sampler= or shuffle=, not both (as with DataLoader)")
     if isinstance(dataset, Mixture):
@@ -123,14 +120,17 @@ def loader_sampler(
                 "or batch_sampler="
             )
         options = options_of()
-        return dataset.sampler(
+        sampler = dataset.sampler(
             options.seed, options.rank, options.world_size, drop_last, batch_size or 1
         )
-    if batch_sampler is None and sampler is None:
+    elif batch_sampler is not None:
+        return {"batch_sampler": batch_sampler}, None
+    elif sampler is None:
         if batch_size is None:
             raise ValueError("PackedLoader batches: batch_size=None is for a PackedStream")
         made = named_order(shuffle or False)(dataset, options_of())
         if isinstance(shuffle, bool | str | None):  # what a run's record rebuilds it from
             made.named = shuffle or False
-        return made
-    return sampler
+        sampler = made
+    batching = {"batch_size": batch_size, "sampler": sampler, "drop_last": drop_last}
+    return batching, sampler if isinstance(sampler, OrderSampler) else None

@@ -20,36 +20,29 @@ shards, and exact, elastic resume.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, Sampler
+from torch.utils.data import DataLoader, Sampler
 
 from etl.errors import EtlError
-from etl.storage.cache import BoundedCache
+from loaders.batch.forms import BackToBackBatch, EncodedBatch
 from loaders.datasets.mixture import Mixture
 from loaders.datasets.packed import PackedDataset, collate_batch, passes_batches
 from loaders.datasets.stream import PackedStream, refuse_loader_options
-from loaders.loader.gathering import collate_of, memory_of
-from loaders.loader.named_orders import OrderOptions, loader_sampler, order_sampler_of, order_seed
+from loaders.loader.gathering import ask_form, collate_of, copies_on, memory_of, pinned_ring
+from loaders.loader.iteration import batches_in_process, bounded_cache, counted, fetch_ahead
+from loaders.loader.named_orders import OrderOptions, map_batching, order_seed
 from loaders.loader.readers import held_ahead, refuse_indices_for_keras
-from loaders.loader.states import StreamPosition, load_state, state_of
+from loaders.loader.states import StreamPosition, begin_stream, load_state, state_of
 from loaders.loader.workers import from_worker, stop_workers
-from loaders.memory.batch_memory import BatchMemory, batch_memory, resolve_pin_memory
-from loaders.memory.ring import SharedRing
+from loaders.memory.batch_memory import resolve_pin_memory
 from loaders.order.aspect_buckets import AspectBuckets
 from loaders.order.history import RunHistory
 from loaders.order.resume import State
-from loaders.order.run_batches import Pass, RunBatchSampler
+from loaders.order.run_batches import RunBatchSampler
 from loaders.order.samplers import OrderSampler
-
-
-def _bounded_cache(dataset: object) -> BoundedCache | None:
-    """The bounded cache a map-style dataset reads through, if any."""
-    shards = getattr(getattr(dataset, "selection", None), "shards", None)
-    return getattr(shards, "cache", None)
 
 
 class PackedLoader(DataLoader[Any]):
@@ -89,6 +82,10 @@ class PackedLoader(DataLoader[Any]):
 
     _is_accelerate_prepared = True
     use_stateful_dataloader = True
+    to_skip = 0
+    """Batches a state loaded `for_skipping` expects the trainer to skip."""
+    _position: StreamPosition | None = None
+    """A stream's iteration in progress, or the last one (None: none since `set_epoch`)."""
 
     def __init__(
         self,
@@ -118,49 +115,36 @@ class PackedLoader(DataLoader[Any]):
         if dataloader_options.get("in_order", True) is not True:
             raise ValueError("in_order=False would make the batch order, and so resume, random")
         pin = resolve_pin_memory(pin_memory)
-        common: dict[str, Any] = {
-            "num_workers": num_workers,
-            "timeout": timeout,
-            "worker_init_fn": worker_init_fn,
-            "multiprocessing_context": multiprocessing_context,
-            "prefetch_factor": prefetch_factor,
-            "persistent_workers": persistent_workers,
-            **dataloader_options,
-        }
-        self._position: StreamPosition | None = None
-        self.to_skip = 0
-        """Batches a state loaded `for_skipping` expects the trainer to skip."""
+        common: dict[str, Any] = dict(
+            num_workers=num_workers, timeout=timeout, worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context, prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers, **dataloader_options,
+        )  # fmt: skip
         if isinstance(dataset, PackedStream):
             refuse_loader_options(batch_size, shuffle, sampler, batch_sampler, drop_last, generator)
             self._init_stream(dataset, pin, with_indices, common)
             return
-        sampler = loader_sampler(
+        batching, order = map_batching(
             dataset, batch_size, shuffle, sampler, batch_sampler, drop_last,
             lambda: OrderOptions(
                 batch_size or 1, order_seed(seed, generator), rank, world_size, drop_last
             ),
         )  # fmt: skip
-        order = order_sampler_of(sampler, batch_sampler)
         size = batch_size if batch_sampler is None else getattr(batch_sampler, "batch_size", None)
         collate = collate_of(dataset, collate_fn, as_inputs, with_indices)
         memory = memory_of(collate, pin, size, dataset.sample_shape, common)
-        batching: dict[str, Any] = (
-            {"batch_sampler": batch_sampler}
-            if batch_sampler is not None
-            else {"batch_size": batch_size, "sampler": sampler, "drop_last": drop_last}
-        )
         super().__init__(
             dataset.with_memory(memory, with_indices),
             **batching,
             collate_fn=collate,
             # NOTE: without workers and with our collate the loader gathers into pinned
-            # memory itself (`_in_process`); DataLoader's pinning only ever runs on batches
-            # that workers or another collate made.
+            # memory itself (`batches_in_process`); DataLoader's pinning only ever runs on
+            # batches that workers or another collate made.
             pin_memory=pin,
             generator=generator,
             **common,
         )
-        if order is not None and batch_sampler is None:  # NOTE [ our batch sampler ]
+        if order is not None:  # NOTE [ our batch sampler ]
             runs = RunBatchSampler(order, int(batch_size or 1), drop_last, memory)
             object.__setattr__(self, "batch_sampler", runs)
 
@@ -169,11 +153,9 @@ class PackedLoader(DataLoader[Any]):
     ) -> None:
         """A loader of a stream: its batches as the stream makes them, through a ring with
         workers (the stream brings its own batch size and order)."""
-        size, workers = stream.batch_size, common["num_workers"]
-        batch_bytes = None if size is None else size * math.prod(stream.selection.sample_shape)
-        memory = batch_memory(
-            pin, workers, common["prefetch_factor"], batch_bytes, common["multiprocessing_context"]
-        )
+        workers = common["num_workers"]
+        shape = stream.selection.sample_shape
+        memory = memory_of(collate_batch, pin, stream.batch_size, shape, common)
         super().__init__(
             stream.with_memory(memory, workers, with_indices),
             batch_size=None,
@@ -184,28 +166,16 @@ class PackedLoader(DataLoader[Any]):
 
     def send_back_to_back(self) -> bool:
         """Have batches of samples of several sizes (that keep their aspect ratio, a `Mixture`
-        of several shapes) come with their samples one after another, `images` 1-d with each
-        sample's size in `SIZE_COLUMNS`, instead of padded to the largest: what `DeviceLoader`
-        asks for (NOTE [ back to back ] in `loaders.batch.ragged`). Whether they will: not through
-        another `collate_fn`, which gets samples; workers already running (persistent ones)
-        keep sending padded batches, which `DeviceLoader` takes as well."""
-        memory = getattr(self.dataset, "memory", None)
-        if not passes_batches(self.collate_fn) or not isinstance(memory, BatchMemory):
-            return False
-        memory.back_to_back = True
-        return True
+        of several shapes) come as a `BackToBackBatch`, `images` 1-d, instead of padded to the
+        largest: what `DeviceLoader` asks for (NOTE [ back to back ] in `loaders.batch.ragged`).
+        Whether they will: `loaders.loader.gathering.ask_form`; a padded batch from workers
+        already running is taken by `DeviceLoader` as well."""
+        return ask_form(self.dataset, self.collate_fn, BackToBackBatch)
 
     def send_encoded(self) -> bool:
-        """Have samples stored encoded come still encoded, back to back, with their sizes,
-        stored bytes and codecs (`STORED_COLUMNS`), for `DeviceLoader(decode="device")` to
-        decode there. Whether they will: as `send_back_to_back`, and not where the dataset
-        crops in its workers (`with_crop`), which needs the pixels there."""
-        memory = getattr(self.dataset, "memory", None)
-        if getattr(self.dataset, "crop", None) is not None or not self.send_back_to_back():
-            return False
-        assert isinstance(memory, BatchMemory)
-        memory.encoded = True
-        return True
+        """Have samples stored encoded come still encoded, as an `EncodedBatch`, for
+        `DeviceLoader(decode="device")` to decode there. Whether they will: `ask_form`."""
+        return ask_form(self.dataset, self.collate_fn, EncodedBatch)
 
     @property
     def run(self) -> RunBatchSampler | None:
@@ -254,117 +224,37 @@ class PackedLoader(DataLoader[Any]):
         passing = run.begin() if run is not None else None
         if run is not None:
             run.delivered(0)  # this loader counts what it hands out
-        position = self._position = self._begin_stream()
+        position = self._position = begin_stream(self.stream, self._position)
         self.hold_back(ahead)
         if passing is not None and hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(passing.epoch)  # its crops are drawn per epoch
-        ring = self._pinned_ring()
+        ring = pinned_ring(self.dataset, self.pin_memory, self.num_workers)
         if ring is not None:
             ring.settle()  # the last epoch's slots, before this epoch's workers claim them
         batches: Iterator[Any] | None = None
         try:
             if self.num_workers == 0 and passes_batches(self.collate_fn):
-                batches = self._in_process()
+                batches = batches_in_process(self.dataset, self.batch_sampler, self.collate_fn)
             else:
                 batches = super().__iter__()
                 if stream is not None:
                     stream.mark_started()  # the workers took the resume point
-            self._fetch_ahead(passing, position)  # after the workers are forked: a thread here
-            for count, batch in enumerate(batches, 1):
-                if run is not None:
-                    run.delivered(count)
-                if position is not None:
-                    position.batches = count
-                if ring is not None:
-                    ring.settle()  # NOTE [ freed after the copy ] in loaders.memory.ring
-                yield batch
-            if ring is not None:
-                ring.settle()
+            fetch_ahead(self.dataset, passing, position, self._batch_size())  # a thread, now
+            yield from counted(batches, run, position, ring)
             if ahead:
                 self.hold_back(0)  # the wrapper has handed on the last batch
         except EtlError as exc:
             stop_workers(batches, self.persistent_workers)
             raise from_worker(exc) from None
         finally:
-            cache = _bounded_cache(self.dataset)
+            cache = bounded_cache(self.dataset)
             if cache is not None:
                 cache.stop_ahead()
-
-    def _pinned_ring(self) -> SharedRing | None:
-        """The ring workers fill, page-locked for CUDA (once, before the first workers start)
-        where batches are pinned: NOTE [ a ring pinned in place ] in `loaders.memory.pinning`."""
-        memory = getattr(self.dataset, "memory", None)
-        ring = memory.ring if isinstance(memory, BatchMemory) else None
-        if ring is None or not self.pin_memory or self.num_workers == 0:
-            return None
-        return ring if ring.pin() else None
 
     def copies_on(self, device: torch.device) -> None:
         """Say on which device's current stream the batches' copies are queued (the default:
         the current device), so a pinned ring slot is freed after the copy there."""
-        memory = getattr(self.dataset, "memory", None)
-        if isinstance(memory, BatchMemory) and memory.ring is not None:
-            memory.ring.copies_on = device
-
-    def _fetch_ahead(self, passing: Pass | None, position: StreamPosition | None) -> None:
-        """For a dataset read through a bounded cache, have its shards downloaded in the
-        order this iteration's batches will need them (NOTE [ bounded cache ])."""
-        cache = _bounded_cache(self.dataset)
-        if cache is None:
-            return
-        shard_idx = self.dataset.selection.shard_idx  # type: ignore[attr-defined]
-        stream = self.stream
-        if stream is not None and position is not None:
-            chunks: Iterator[Any] = stream.delivery(position.skip)
-            cache.fetch_ahead((shard_idx[c].tolist() for c in chunks), lambda: position.batches)
-        elif passing is not None:
-            order, size = passing.indices, self._batch_size()
-            chunks = (order[i : i + size] for i in range(0, len(order), size))
-            cache.fetch_ahead((shard_idx[c].tolist() for c in chunks), passing.delivered)
-
-    def _begin_stream(self) -> StreamPosition | None:
-        """A stream's iteration begins: the next epoch after a whole one with no `set_epoch`
-        since (NOTE [ epochs advance by themselves ] in `loaders.order.run_batches`)."""
-        stream, last = self.stream, self._position
-        if stream is None:
-            return None
-        if (
-            last is not None and last.calls == stream.epoch_calls
-            and last.epoch == stream.epoch and last.whole(len(stream))
-        ):  # fmt: skip
-            stream.advance()
-        skip = stream.pending_batches() or 0
-        return StreamPosition(stream.epoch, skip, calls=stream.epoch_calls)
-
-    def _in_process(self) -> Iterator[Any]:
-        """What DataLoader yields with num_workers=0, without its per-batch bookkeeping.
-
-        NOTE: measured with benchmarks/load/throughput.py (random batches of 256 x 12 KiB):
-        DataLoader's single-process iterator costs ~0.1-0.2 ms a batch (a profiler range,
-        the batch sampler, the fetcher), 10-20% of gathering the batch. Without workers it
-        only calls the dataset and collate_fn, as this does; pinning is done by the gather.
-
-        NOTE [ read the next batch ahead ]: before a batch is handed out, the dataset is asked
-        to `prefetch` the next one (disk reads start, nothing waits), so a cold next batch is
-        read while the training step runs on this one instead of after it. Workers need no
-        such step: DataLoader already keeps `prefetch_factor` batches a worker under way.
-        """
-        collate = self.collate_fn
-        dataset: Any = self.dataset
-        if isinstance(dataset, IterableDataset):
-            for item in dataset:
-                yield collate(item)
-            return
-        assert self.batch_sampler is not None, "PackedLoader always batches"
-        prefetch = getattr(dataset, "prefetch", None)
-        batches = iter(self.batch_sampler)
-        indices = next(batches, None)
-        while indices is not None:
-            batch = collate(dataset.__getitems__(indices))
-            indices = next(batches, None)
-            if indices is not None and prefetch is not None:
-                prefetch(indices)  # NOTE [ read the next batch ahead ]
-            yield batch
+        copies_on(self.dataset, device)
 
     def hold_back(self, batches: int) -> None:
         """Say that `batches` of those this loader handed out are held by a wrapper (such as

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loaders.datasets.mixture import Mixture
+from loaders.datasets.stream import PackedStream
 from loaders.order.resume import State, check_global_batch, check_state
 
 
@@ -98,3 +99,18 @@ def identity_of(loader: Any) -> dict[str, int | str]:
     if stream is not None:
         return {**identity, **stream.identity()}
     return {**identity, "batch_size": loader._batch_size()}
+
+
+def begin_stream(stream: PackedStream | None, last: StreamPosition | None) -> StreamPosition | None:
+    """Where a stream's iteration begins (None: not a stream): the next epoch after a whole
+    one with no `set_epoch` since (NOTE [ epochs advance by themselves ] in
+    `loaders.order.run_batches`), `last` being the last iteration's position."""
+    if stream is None:
+        return None
+    if (
+        last is not None and last.calls == stream.epoch_calls
+        and last.epoch == stream.epoch and last.whole(len(stream))
+    ):  # fmt: skip
+        stream.advance()
+    skip = stream.pending_batches() or 0
+    return StreamPosition(stream.epoch, skip, calls=stream.epoch_calls)

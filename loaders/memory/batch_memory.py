@@ -30,6 +30,7 @@ import torch
 from numpy.typing import NDArray
 from torch.utils.data import get_worker_info
 
+from loaders.batch.forms import PaddedBatch, SizedBatch
 from loaders.batch.types import AnyBatch, ColumnBatch, Columns, Fill, make_batch
 from loaders.memory.buffer_pool import BufferPool
 from loaders.memory.ring import SharedRing, shared_bytes
@@ -45,12 +46,10 @@ class BatchMemory:
     def __init__(self, pin: bool = False, ring: SharedRing | None = None) -> None:
         self.pin = pin
         self.ring = ring
-        self.back_to_back = False
-        """Whether a batch of samples of several sizes comes with its samples one after another
-        (1-d images) rather than padded: set by `PackedLoader.send_back_to_back`."""
-        self.encoded = False
-        """Whether samples stored encoded come still encoded, back to back, for the device to
-        decode (`STORED_COLUMNS`): set by `PackedLoader.send_encoded`."""
+        self.form: type[SizedBatch] = PaddedBatch
+        """The form asked of batches of samples of several sizes (`loaders.batch.forms`):
+        padded, back to back (`PackedLoader.send_back_to_back`), or still encoded where stored
+        so (`PackedLoader.send_encoded`)."""
         self._pool = BufferPool()
         self.gathered = 0
         """Batches asked for in this process (`note_gather`; none where DataLoader workers
@@ -95,6 +94,30 @@ class BatchMemory:
             return make_batch(torch.from_numpy(lent), labels, indices, columns=columns, form=form)
         fill(images.numpy())
         return make_batch(images, labels, indices, pin=self.pin, columns=columns, form=form)
+
+    def stacked(
+        self,
+        images: list[torch.Tensor],
+        labels: NDArray[np.int64],
+        indices: NDArray[np.int64] | None = None,
+        columns: Columns | None = None,
+    ) -> AnyBatch:
+        """Samples made one by one (by a dataset's `transform`) as one batch. uint8 samples of
+        one shape are stacked straight into this memory: a ring slot in a worker (pinned in
+        place for CUDA: NOTE [ a ring pinned in place ] in `loaders.memory.pinning`), pinned
+        memory in the main process. Others (floats, several shapes) are stacked anew, and
+        pinned here without workers: what `pin_output` promises, a transform or not."""
+        first = images[0]
+        if first.dtype == torch.uint8 and all(i.shape == first.shape for i in images):
+
+            def fill(out: NDArray[np.uint8]) -> None:
+                torch.stack(images, out=torch.from_numpy(out))
+
+            return self.batch((len(images), *first.shape), labels, fill, indices, columns)
+        stacked = torch.stack(images)
+        if self.pin and get_worker_info() is None:
+            stacked = stacked.pin_memory()
+        return make_batch(stacked, labels, indices, pin=self.pin, columns=columns)
 
 
 _said_no_cuda = False

@@ -12,5 +12,6 @@ Modules:
 - `resume`:         the state a training job saves, and its checks
 - `run_batches`:    the batch sampler that carries a run's state: epoch, position, history
 - `samplers`:       torch samplers over the pure orders: distributed, resumable
+- `stream_orders`:  a stream's slots and windows, and its epoch shared with its workers
 - `world`:          rank and world size
 """

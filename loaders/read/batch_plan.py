@@ -10,10 +10,10 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from loaders.batch.forms import BackToBackBatch, EncodedBatch, PaddedBatch
+from loaders.batch.forms import BackToBackBatch, EncodedBatch, PaddedBatch, SizedBatch
 from loaders.batch.types import SIZE_COLUMNS, STORED_COLUMNS, ColumnBatch, Columns, Fill
 from loaders.read.catalog import Selection
-from loaders.read.flat_rows import Take, back_to_back_bytes, padded_shape
+from loaders.read.flat_rows import Take, back_to_back_bytes, padded_shape, stored_lengths
 from loaders.read.reader import ShardReader
 
 
@@ -33,15 +33,14 @@ def batch_reads(
     sel: Selection,
     index: NDArray[np.int64],
     columns: Columns | None,
-    back_to_back: bool = False,
-    encoded: bool = False,
+    form: type[SizedBatch] = PaddedBatch,
 ) -> BatchRead:
     """How the batch of `index` (checked) is read for `BatchMemory.batch`: rows of the stored
     shape, or samples that keep their aspect ratio padded to their largest sides
-    (`PaddedBatch`; with `back_to_back`, one after another in a 1-d `BackToBackBatch`), with
-    each one's size in `SIZE_COLUMNS` beside `columns`. With `encoded`, samples stored encoded
-    come as their stored bytes back to back (`EncodedBatch`), with `STORED_COLUMNS` too, for
-    the device to decode."""
+    (`PaddedBatch`; asked for another `form`, one after another in a 1-d `BackToBackBatch`),
+    with each one's size in `SIZE_COLUMNS` beside `columns`. Asked for an `EncodedBatch`,
+    samples stored encoded come as their stored bytes back to back, with `STORED_COLUMNS` too,
+    for the device to decode."""
     shard_idx, rows = sel.shard_idx[index], sel.rows[index]
     if sel.places is None:
         return BatchRead(
@@ -49,7 +48,9 @@ def batch_reads(
         )
     places = sel.places[index]
     stored = sel.stored[index] if sel.stored is not None else None
-    if encoded and stored is not None:  # for the device to decode: stored bytes back to back
+    if (
+        form is EncodedBatch and stored is not None
+    ):  # for the device to decode: stored bytes back to back
         ends = np.cumsum(stored[:, 0])
         take = partial(_put_stored, ends)
         sizes = {SIZE_COLUMNS[0]: places[:, 1].copy(), SIZE_COLUMNS[1]: places[:, 2].copy()}
@@ -63,14 +64,14 @@ def batch_reads(
     read = partial(reader.gather_flat, shard_idx, rows, places, sel.layout, stored=stored)
     if not sel.own_sizes:  # stored encoded at one size: a batch as a fixed-size one
         return BatchRead((len(index), *sel.sample_shape), read, columns)
-    form: type[ColumnBatch] = PaddedBatch
-    if back_to_back:
-        form = BackToBackBatch
+    made: type[ColumnBatch] = PaddedBatch
+    if form is not PaddedBatch:
+        made = BackToBackBatch
         shape: tuple[int, ...] = (back_to_back_bytes(places, sel.channels),)
     else:
         shape = padded_shape(len(index), places, sel.channels, sel.layout)
     sizes = {SIZE_COLUMNS[0]: places[:, 1].copy(), SIZE_COLUMNS[1]: places[:, 2].copy()}
-    return BatchRead(shape, read, {**(columns or {}), **sizes}, form)
+    return BatchRead(shape, read, {**(columns or {}), **sizes}, made)
 
 
 def _put_stored(ends: NDArray[np.int64], out: NDArray[np.uint8]) -> Take:
@@ -80,3 +81,26 @@ def _put_stored(ends: NDArray[np.int64], out: NDArray[np.uint8]) -> Take:
         out[int(ends[j]) - data.size : int(ends[j])] = data
 
     return take
+
+
+def own_size_sample(reader: ShardReader, sel: Selection, i: int) -> NDArray[np.uint8]:
+    """Sample `i` of a selection whose samples keep their aspect ratio, at its own size in the
+    stored layout (decoded where stored encoded)."""
+    assert sel.places is not None
+    _, height, width = sel.places[i].tolist()
+    sides = (height, width, sel.channels) if sel.layout == "HWC" else (sel.channels, height, width)
+    out = np.empty((1, *sides), np.uint8)
+    stored = sel.stored[[i]] if sel.stored is not None else None
+    reader.gather_flat(sel.shard_idx[[i]], sel.rows[[i]], sel.places[[i]], sel.layout, out, stored)
+    return out[0]
+
+
+def prefetch_reads(reader: ShardReader, sel: Selection, index: NDArray[np.int64]) -> None:
+    """Have the kernel start the reads of the batch of `index` (in range), as `batch_reads`
+    would make them: rows, or each flat sample's stored bytes at its place."""
+    if sel.places is None:
+        reader.prefetch(sel.shard_idx[index], sel.rows[index])
+        return
+    stored = sel.stored[index] if sel.stored is not None else None
+    lengths = stored_lengths(sel.places[index], stored, sel.channels)
+    reader.prefetch_places(sel.shard_idx[index], sel.places[index], lengths)

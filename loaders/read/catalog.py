@@ -184,6 +184,15 @@ class Selection:
     def __len__(self) -> int:
         return len(self.positions)
 
+    def sample_sizes(self) -> NDArray[np.int64]:
+        """[len, 2]: the stored (height, width) of every sample, one for all in a fixed-size
+        selection, each its own where samples keep their aspect ratio."""
+        if self.places is not None:
+            return self.places[:, 1:].copy()
+        shape = self.sample_shape
+        sides = shape[:2] if self.layout == "HWC" else shape[1:]
+        return np.tile(np.asarray(sides, np.int64), (len(self), 1))
+
     @cached_property
     def fingerprint(self) -> str:
         """A digest of which manifest rows this selection holds, in which order (resume states

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from loaders import PackedStream, stream_loader
-from loaders.datasets.stream import deal_pieces, slot_share, stream_order
+from loaders.order.stream_orders import deal_pieces, slot_share, stream_order
 from loaders.read.catalog import open_catalog
 from tests.helpers.packed import Packed, make_packed
 
