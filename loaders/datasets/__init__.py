@@ -3,8 +3,9 @@
 
 Modules:
 - `joined_reader`: one reader over a `Mixture`'s members' shards
+- `member_reads`:  a `Mixture`'s batch read member by member, and its members' checks
 - `mixture`:       `Mixture`: datasets or views read as one by weight
-- `opening`:       how `PackedDataset.open` was called: a run's record, former keywords
+- `opening`:       how `PackedDataset.open` opens a selection, and the record of it
 - `packed`:        `PackedDataset`: the map-style dataset
 - `stream`:        `PackedStream`: whole shards streamed, for data larger than RAM
 """

@@ -13,7 +13,6 @@ import copy
 import hashlib
 from collections.abc import Mapping, Sequence
 from functools import partial
-from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -21,7 +20,7 @@ import pyarrow as pa
 from numpy.typing import NDArray
 from torch.utils.data import Dataset
 
-from etl.format.flat import channels_of, sides_of
+from etl.format.flat import channels_of
 from loaders.batch.forms import BackToBackBatch, PaddedBatch
 from loaders.batch.types import (
     SIZE_COLUMNS,
@@ -32,6 +31,14 @@ from loaders.batch.types import (
     Samples,
 )
 from loaders.datasets.joined_reader import join_members
+from loaders.datasets.member_reads import (
+    check_members,
+    fill_back_to_back,
+    fill_padded,
+    fill_rows,
+    member_parts,
+    part_sizes,
+)
 from loaders.datasets.packed import PackedDataset
 from loaders.memory.batch_memory import BatchMemory
 from loaders.order.mixture_orders import schedule_of
@@ -69,21 +76,7 @@ class Mixture(Dataset[tuple[Any, ...]]):
                 f"{len(weights)} weights"
             )
         self.schedule = schedule_of(weights, schedule)
-        for step, vector in self.schedule:
-            if len(vector) > len(members):
-                raise ValueError(
-                    f"weights at step {step} name {len(vector)} members of {len(members)}"
-                )
-            empty = [i for i, m in enumerate(members) if len(m) == 0 and vector[i] > 0]
-            if empty:
-                raise ValueError(f"member {empty[0]} has no sample but a weight above 0")
-        layouts = {m.layout for m in members}
-        channels = {channels_of(m.sample_shape, m.layout) for m in members}
-        if len(layouts) > 1 or len(channels) > 1:
-            raise ValueError(
-                f"members store {sorted(layouts)} samples of {sorted(channels)} channels: a "
-                "batch holds one layout and one channel count; pack them alike"
-            )
+        check_members(members, self.schedule)
         ragged = any(m.selection.own_sizes for m in members)
         self.sizes_differ = ragged or len({m.sample_shape for m in members}) > 1
         """Members store samples of several sizes (several shapes, or samples that keep their
@@ -256,79 +249,23 @@ class Mixture(Dataset[tuple[Any, ...]]):
         member = self.member_of(index)
         grouped = np.argsort(member, kind="stable")
         index, member = index[grouped], member[grouped]
-        bounds = np.searchsorted(member, np.arange(len(self.members) + 1))
-        labels = np.empty(len(index), dtype=np.int64)
-        parts: list[_Part] = []
-        for m, (start, stop) in enumerate(pairwise(bounds)):
-            if start == stop:
-                continue
-            local = index[start:stop] - self.offsets[m]
-            sel = self.members[m].selection
-            labels[start:stop] = self._labels[m][sel.labels[local]]
-            flat = None
-            if sel.places is not None:
-                flat = sel.places[local], None if sel.stored is None else sel.stored[local]
-            parts.append((m, int(start), int(stop), sel.shard_idx[local], sel.rows[local], flat))
-
+        labels, parts = member_parts(self.members, self.offsets, self._labels, index, member)
         shape = (len(index), *self.sample_shape)
         if not self.sizes_differ:
             given = index if self.with_indices else None
-            return self.memory.batch(shape, labels, partial(self._fill_rows, parts), given)
-        heights, widths = (np.asarray(v, dtype=np.int64)[member] for v in self._sides())
-        for _, start, stop, _, _, flat in parts:
-            if flat is not None:
-                heights[start:stop], widths[start:stop] = flat[0][:, 1], flat[0][:, 2]
+            fill = partial(fill_rows, self.members, parts)
+            return self.memory.batch(shape, labels, fill, given)
+        heights, widths = part_sizes(self.members, parts, member)
         sizes: Columns = {SIZE_COLUMNS[0]: heights, SIZE_COLUMNS[1]: widths}
         form: type[ColumnBatch] = PaddedBatch
         if self.memory.form is not PaddedBatch:  # back to back (Mixtures send none encoded)
             channels = channels_of(self.sample_shape, self.layout)
             ends = np.concatenate([[0], np.cumsum(heights * widths * channels)])
             shape, form = (int(ends[-1]),), BackToBackBatch
-            fill = partial(self._fill_back_to_back, parts, ends)
+            fill = partial(fill_back_to_back, self.members, parts, ends)
         else:
-            fill = partial(self._fill_padded, parts)
+            fill = partial(fill_padded, self.members, parts)
         return self.memory.batch(shape, labels, fill, index, sizes, form)
-
-    def _fill_rows(self, parts: list[_Part], out: NDArray[np.uint8]) -> None:
-        """Each member's samples of a batch into their rows of `out` (members of one shape)."""
-        for m, start, stop, shard_idx, rows, flat in parts:
-            reader = self.members[m].reader
-            if flat is not None:  # stored encoded: decoded into its rows
-                reader.gather_flat(shard_idx, rows, flat[0], self.layout, out[start:stop], flat[1])
-            else:
-                reader.gather(shard_idx, rows, out[start:stop])
-
-    def _fill_padded(self, parts: list[_Part], out: NDArray[np.uint8]) -> None:
-        """Each member's samples of a batch into their rows of `out`, padded to its shape."""
-        for m, start, stop, shard_idx, rows, flat in parts:
-            reader = self.members[m].reader
-            if flat is not None:  # samples of flat shards: padded where they go
-                reader.gather_flat(shard_idx, rows, flat[0], self.layout, out[start:stop], flat[1])
-                continue
-            own = np.empty((stop - start, *self.members[m].sample_shape), dtype=np.uint8)
-            reader.gather(shard_idx, rows, own)
-            padded = out[start:stop]
-            padded.fill(0)
-            padded[tuple(slice(0, d) for d in (stop - start, *own.shape[1:]))] = own
-
-    def _fill_back_to_back(
-        self, parts: list[_Part], ends: NDArray[np.int64], out: NDArray[np.uint8]
-    ) -> None:
-        """Each member's samples of a batch into 1-d `out`, one after another, sample k's
-        bytes ending at `ends[k + 1]`."""
-        for m, start, stop, shard_idx, rows, flat in parts:
-            reader = self.members[m].reader
-            bytes_of = out[int(ends[start]) : int(ends[stop])]
-            if flat is not None:
-                reader.gather_flat(shard_idx, rows, flat[0], self.layout, bytes_of, flat[1])
-            else:
-                own = bytes_of.reshape(stop - start, *self.members[m].sample_shape)
-                reader.gather(shard_idx, rows, own)
-
-    def _sides(self) -> tuple[list[int], list[int]]:
-        """Each member's stored height and width."""
-        sides = [sides_of(m.sample_shape, m.layout) for m in self.members]
-        return [h for h, _ in sides], [w for _, w in sides]
 
     def prefetch(self, indices: Sequence[int] | NDArray[np.integer]) -> None:
         index = np.asarray(indices, dtype=np.int64)
@@ -341,11 +278,3 @@ class Mixture(Dataset[tuple[Any, ...]]):
         member = self.member_of(index)
         for m in np.unique(member).tolist():
             self.members[m].prefetch(index[member == m] - self.offsets[m])
-
-
-_Flat = tuple[NDArray[np.int64], NDArray[np.int64] | None]
-"""A member's samples of flat shards: their places, and (stored encoded) their stored bytes
-and codecs (`Selection.places`, `Selection.stored`)."""
-_Part = tuple[int, int, int, NDArray[np.int32], NDArray[np.int64], _Flat | None]
-"""One member's samples of a batch: (member, start, stop in the batch, shard_idx, rows, and
-where its shards are flat, their places)."""
