@@ -13,7 +13,7 @@ from rich.text import Text
 
 from etl.cli.app import app, out
 from etl.cli.progress import BarProgress
-from etl.config import BACKENDS, Backend, load_config
+from etl.config import BACKENDS, Backend, PipelineConfig, load_config
 from etl.format.shards import SHARDS_DIR
 from etl.maintenance import audit as audit_lib
 from etl.maintenance import checkup
@@ -237,6 +237,61 @@ def _print_repair(fixed: repair_lib.RepairReport) -> None:
         out.print(f"note: {note}", highlight=False)
 
 
+def _audit_options(
+    config: PipelineConfig | None,
+    source: Path | None,
+    version: int | None,
+    fast: bool,
+    deep: bool,
+    sample_rate: float | None,
+    seed: int | None,
+    jobs: int | None,
+    backend: str | None,
+    address: str | None,
+) -> audit_lib.AuditOptions:
+    """What `etl audit` checks, and how: the flags, and the sources of `--config` or
+    `--source` whose bytes the samples are checked against."""
+    if address is not None and backend is None:
+        backend = "dask"
+    if backend is not None and backend not in BACKENDS:
+        raise typer.BadParameter(f"{backend!r}; expected one of {', '.join(BACKENDS)}")
+    source_root, records = checkup.sources_to_check(config, source)
+    return audit_lib.AuditOptions(
+        version=version,
+        fast=fast,
+        deep=deep,
+        sample_rate=sample_rate,
+        seed=seed,
+        source_root=source_root,
+        source_options=config.source.storage_options if config is not None else {},
+        store=config.output.store() if config is not None else StoreOptions(),
+        records=records,
+        jobs=jobs,
+        backend=cast(Backend, backend or "loky"),  # checked against BACKENDS above
+        address=address,
+    )
+
+
+def _repaired(
+    report: audit_lib.AuditReport,
+    options: audit_lib.AuditOptions,
+    config: PipelineConfig,
+    bar: AuditBar,
+    show: bool,
+) -> checkup.Checkup:
+    """`--repair`: the damage repaired as a new version, audited again, each step shown."""
+    records = options.records
+    moved = options.source_root or (records.path if records else None)
+    result = checkup.repair_and_recheck(report, options, config, moved, bar)
+    if show and result.repair is None:
+        out.print("repair    nothing to repair: no damaged sample or shard")
+    if show and result.repair is not None:
+        _print_repair(result.repair)
+    if show and result.after is not None:
+        _print_report(result.after, title=f"\naudit of repaired version {result.after.version}:")
+    return result
+
+
 @app.command()
 def audit(
     dataset: DatasetArg,
@@ -263,25 +318,9 @@ def audit(
     In a bucket:  etl audit s3://bucket/ds (what the store serves now)
     """
     _check_flags(fast, deep, sample_rate, repair, config_path, report_path)
-    if address is not None and backend is None:
-        backend = "dask"
-    if backend is not None and backend not in BACKENDS:
-        raise typer.BadParameter(f"{backend!r}; expected one of {', '.join(BACKENDS)}")
     config = load_config(config_path) if config_path else None
-    source_root, records = checkup.sources_to_check(config, source)
-    options = audit_lib.AuditOptions(
-        version=version,
-        fast=fast,
-        deep=deep,
-        sample_rate=sample_rate,
-        seed=seed,
-        source_root=source_root,
-        source_options=config.source.storage_options if config is not None else {},
-        store=config.output.store() if config is not None else StoreOptions(),
-        records=records,
-        jobs=jobs,
-        backend=cast(Backend, backend or "loky"),  # checked against BACKENDS above
-        address=address,
+    options = _audit_options(
+        config, source, version, fast, deep, sample_rate, seed, jobs, backend, address
     )
     show = not (quiet or as_json)
     bar = AuditBar(enabled=show)
@@ -291,16 +330,7 @@ def audit(
     result = checkup.Checkup(report)
     if repair:
         assert config is not None
-        moved = options.source_root or (records.path if records else None)
-        result = checkup.repair_and_recheck(report, options, config, moved, bar)
-        if show and result.repair is None:
-            out.print("repair    nothing to repair: no damaged sample or shard")
-        if show and result.repair is not None:
-            _print_repair(result.repair)
-        if show and result.after is not None:
-            _print_report(
-                result.after, title=f"\naudit of repaired version {result.after.version}:"
-            )
+        result = _repaired(report, options, config, bar, show)
     if report_path is not None:
         result.write(report_path)
     if as_json:

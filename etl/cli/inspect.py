@@ -15,6 +15,7 @@ from etl.cli.app import app, out
 from etl.config import PipelineConfig, SourceConfig, load_config
 from etl.errors import EtlError
 from etl.explore import dataset as explore
+from etl.explore.drawing import Sheet
 from etl.format.atomic import replacing
 from etl.start import scaffold, survey
 from etl.storage.location import as_location
@@ -285,6 +286,47 @@ def _sheet_source(config: PipelineConfig | None, moved_to: Path | None) -> Sourc
     return source
 
 
+def _reject_sheet(
+    ds: explore.Dataset,
+    config_path: Path | None,
+    moved_to: Path | None,
+    count: int,
+    seed: int,
+    reasons: list[str] | None,
+    columns: int | None,
+    cell: int,
+) -> Sheet:
+    """`etl show --rejects`: the sheet of rejected files, read from the config's source (or
+    `--source`), decoded as the config decodes them."""
+    config = load_config(config_path) if config_path else None
+    return ds.reject_sheet(
+        _sheet_source(config, moved_to),
+        decode=config.decode if config else None,
+        n=count,
+        seed=seed,
+        reasons=reasons,
+        columns=columns,
+        cell=cell,
+    )
+
+
+def _say_written(
+    sheet: Sheet, out_path: Path, what: str, version: int, seed: int | None, as_json: bool
+) -> None:
+    """What `etl show` wrote: a line, or the sheet's boxes as JSON (`--json`)."""
+    if as_json:
+        payload = {"out": str(out_path), "version": version, "kind": what, **sheet.to_dict()}
+        print(json.dumps(payload, indent=2))
+        return
+    width, height = sheet.image.size
+    out.print(
+        f"wrote {out_path} ({width}x{height} px): {len(sheet.boxes)} {what} of version "
+        f"{version}" + ("" if seed is None else f", seed {seed}"),
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 @app.command()
 def show(
     directory: DirArg,
@@ -321,17 +363,7 @@ def show(
     _check_show_flags(rejects, {**for_samples, "--where": where, "--with": shown}, for_rejects)
     ds = explore.open_dataset(as_location(directory), version)
     if rejects:
-        config = load_config(config_path) if config_path else None
-        sheet_source = _sheet_source(config, source)
-        sheet = ds.reject_sheet(
-            sheet_source,
-            decode=config.decode if config else None,
-            n=count,
-            seed=seed,
-            reasons=wanted_reasons,
-            columns=columns,
-            cell=cell,
-        )
+        sheet = _reject_sheet(ds, config_path, source, count, seed, wanted_reasons, columns, cell)
         what = "rejects"
     else:
         sheet = ds.contact_sheet(
@@ -347,14 +379,4 @@ def show(
         )
         what = "samples"
     _save_png(sheet.image, out_path)
-    if as_json:
-        payload = {"out": str(out_path), "version": ds.version, "kind": what, **sheet.to_dict()}
-        print(json.dumps(payload, indent=2))
-        return
-    width, height = sheet.image.size
-    out.print(
-        f"wrote {out_path} ({width}x{height} px): {len(sheet.boxes)} {what} of version "
-        f"{ds.version}" + ("" if wanted_ids else f", seed {seed}"),
-        highlight=False,
-        soft_wrap=True,
-    )
+    _say_written(sheet, out_path, what, ds.version, None if wanted_ids else seed, as_json)

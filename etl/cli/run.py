@@ -59,44 +59,53 @@ def _print_report(report: pipeline.RunReport) -> None:
         out.print(f"note: {note}")
 
 
+JobsOpt = Annotated[int | None, typer.Option("--jobs", "-j", help="Override run.n_jobs.")]
+BackendOpt = Annotated[
+    str | None,
+    typer.Option(help="Override run.backend (auto, loky, threading, sequential, dask)."),
+]
+AddressOpt = Annotated[
+    str | None,
+    typer.Option(help="Dask scheduler, e.g. tcp://10.0.0.5:8786 (implies --backend dask)."),
+]
+DryRunOpt = Annotated[
+    bool, typer.Option("--dry-run", help="Print the plan and stop; write nothing.")
+]
+RebuildOpt = Annotated[
+    bool, typer.Option(help="Pack everything again as a new version (after a config change).")
+]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="List files in the plan.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress, no summary.")]
+AsJsonOpt = Annotated[
+    bool,
+    typer.Option(
+        "--json",
+        help="Print the summary as JSON, with the seconds each phase took "
+        "(list, hash, plan, pack, commit, and upload for a bucket).",
+    ),
+]
+ReportOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--report",
+        help="Also write the version's HTML report (etl report) to this file.",
+        show_default=False,
+    ),
+]
+
+
 @app.command()
 def run(
     config_path: ConfigArg,
-    jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Override run.n_jobs.")] = None,
-    backend: Annotated[
-        str | None,
-        typer.Option(help="Override run.backend (auto, loky, threading, sequential, dask)."),
-    ] = None,
-    address: Annotated[
-        str | None,
-        typer.Option(help="Dask scheduler, e.g. tcp://10.0.0.5:8786 (implies --backend dask)."),
-    ] = None,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the plan and stop; write nothing.")
-    ] = False,
-    rebuild: Annotated[
-        bool, typer.Option(help="Pack everything again as a new version (after a config change).")
-    ] = False,
-    verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="List files in the plan.")
-    ] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress, no summary.")] = False,
-    as_json: Annotated[
-        bool,
-        typer.Option(
-            "--json",
-            help="Print the summary as JSON, with the seconds each phase took "
-            "(list, hash, plan, pack, commit, and upload for a bucket).",
-        ),
-    ] = False,
-    report_path: Annotated[
-        Path | None,
-        typer.Option(
-            "--report",
-            help="Also write the version's HTML report (etl report) to this file.",
-            show_default=False,
-        ),
-    ] = None,
+    jobs: JobsOpt = None,
+    backend: BackendOpt = None,
+    address: AddressOpt = None,
+    dry_run: DryRunOpt = False,
+    rebuild: RebuildOpt = False,
+    verbose: VerboseOpt = False,
+    quiet: QuietOpt = False,
+    as_json: AsJsonOpt = False,
+    report_path: ReportOpt = None,
 ) -> None:
     """Pack the images that pipeline.yaml describes into shards and a new manifest version.
 

@@ -102,36 +102,40 @@ def diff(
         out.print(f"  ~ {row['source']}: {'; '.join(what)}", highlight=False)
 
 
+KeepLastOpt = Annotated[
+    int, typer.Option(help="Keep the last K versions (a new compacted one counts).")
+]
+KeepOpt = Annotated[list[int] | None, typer.Option(help="Also keep this version (repeatable).")]
+MinDeadOpt = Annotated[
+    float, typer.Option(help="Rewrite a shard when at least this fraction is dead rows.")
+]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Say what would go; do nothing.")]
+GraceOpt = Annotated[
+    str,
+    typer.Option(
+        help="How long a retired version stays whole for jobs still reading it (24h, "
+        "30m, 7d; 0 removes it at once): its files go at the first compaction after.",
+    ),
+]
+StoreConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        help="pipeline.yaml whose output.storage_options and store_timeout reach the "
+        "dataset's store (as its runs reach it).",
+    ),
+]
+
+
 @app.command()
 def compact(
     directory: ReadArg,
-    keep_last: Annotated[
-        int, typer.Option(help="Keep the last K versions (a new compacted one counts).")
-    ] = 1,
-    keep: Annotated[
-        list[int] | None, typer.Option(help="Also keep this version (repeatable).")
-    ] = None,
-    min_dead: Annotated[
-        float, typer.Option(help="Rewrite a shard when at least this fraction is dead rows.")
-    ] = 0.5,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Say what would go; do nothing.")
-    ] = False,
-    grace: Annotated[
-        str,
-        typer.Option(
-            help="How long a retired version stays whole for jobs still reading it (24h, "
-            "30m, 7d; 0 removes it at once): its files go at the first compaction after.",
-        ),
-    ] = "24h",
-    config_path: Annotated[
-        Path | None,
-        typer.Option(
-            "--config",
-            help="pipeline.yaml whose output.storage_options and store_timeout reach the "
-            "dataset's store (as its runs reach it).",
-        ),
-    ] = None,
+    keep_last: KeepLastOpt = 1,
+    keep: KeepOpt = None,
+    min_dead: MinDeadOpt = 0.5,
+    dry_run: DryRunOpt = False,
+    grace: GraceOpt = "24h",
+    config_path: StoreConfigOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Rewrite mostly-dead shards and delete versions and shards outside the retention policy.

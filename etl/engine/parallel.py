@@ -114,62 +114,85 @@ def _head_start(
     signal) stops the threads after their current task and joins them, as the workers are
     stopped (NOTE [ stop the workers on the way out ])."""
     handout = _Handout(len(tasks), starting)
-    finished: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-
-    def work() -> None:
-        try:
-            while (index := handout.take()) is not None:
-                finished.put(("result", fn(tasks[index], *args)))
-        except BaseException as exc:  # re-raised in the caller's thread
-            finished.put(("error", exc))  # queued before the handout closes: see below
-            handout.close()
-        finally:
-            finished.put(("end", None))
-
-    count = min(worker_count(run), len(tasks))
-    threads = [
-        threading.Thread(target=work, name=f"etl-head-{i}", daemon=True) for i in range(count)
-    ]
-    running = len(threads)
+    crew = _HeadThreads(fn, tasks, args, handout, min(worker_count(run), len(tasks)))
     rest: Iterator[R] = iter(())
+    try:
+        crew.start()
+        while crew.running and not handout.closed and not starting.started:
+            yield from crew.take(HEAD_START_POLL)
+        yield from crew.take(None)  # a thread's error, if that is why the handout closed
+        given = handout.close()
+        if given < len(tasks):
+            rest = _parallel_results(fn, _Tail(tasks, given), run, *args)
+        for result in rest:
+            yield result
+            yield from crew.take(None)
+        while crew.running:
+            yield from crew.take(HEAD_START_POLL)
+    finally:
+        handout.close()
+        _close(rest)
+        crew.join()
 
-    def take(timeout: float | None) -> list[R]:
-        """The threads' results waiting (up to `timeout` for the first; None: no wait)."""
-        nonlocal running
-        found: list[R] = []
-        while running:
+
+class _HeadThreads:
+    """The head start's threads: each takes tasks from the handout until it closes, and puts
+    its results (or its error, which closes the handout) on one queue the caller takes from."""
+
+    def __init__(
+        self,
+        fn: Callable[..., R],
+        tasks: Sequence[T],
+        args: tuple[Any, ...],
+        handout: _Handout,
+        count: int,
+    ) -> None:
+        self._fn, self._tasks, self._args, self._handout = fn, tasks, args, handout
+        self._finished: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"etl-head-{i}", daemon=True)
+            for i in range(count)
+        ]
+        self.running = len(self._threads)
+        """Threads that have not ended yet."""
+
+    def _work(self) -> None:
+        try:
+            while (index := self._handout.take()) is not None:
+                self._finished.put(("result", self._fn(self._tasks[index], *self._args)))
+        except BaseException as exc:  # re-raised in the caller's thread
+            self._finished.put(("error", exc))  # queued before the handout closes: see take
+            self._handout.close()
+        finally:
+            self._finished.put(("end", None))
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def join(self) -> None:
+        for thread in self._threads:
+            thread.join()
+
+    def take(self, timeout: float | None) -> list[Any]:
+        """The threads' results waiting (up to `timeout` for the first; None: no wait); a
+        thread's error raised here."""
+        found: list[Any] = []
+        while self.running:
             try:
-                kind, value = finished.get(timeout=timeout) if timeout else finished.get_nowait()
+                kind, value = (
+                    self._finished.get(timeout=timeout) if timeout else self._finished.get_nowait()
+                )
             except queue.Empty:
                 break
             timeout = None
             if kind == "error":
                 raise value
             if kind == "end":
-                running -= 1
+                self.running -= 1
             else:
                 found.append(value)
         return found
-
-    try:
-        for thread in threads:
-            thread.start()
-        while running and not handout.closed and not starting.started:
-            yield from take(HEAD_START_POLL)
-        yield from take(None)  # a thread's error, if that is why the handout closed
-        given = handout.close()
-        if given < len(tasks):
-            rest = _parallel_results(fn, _Tail(tasks, given), run, *args)
-        for result in rest:
-            yield result
-            yield from take(None)
-        while running:
-            yield from take(HEAD_START_POLL)
-    finally:
-        handout.close()
-        _close(rest)
-        for thread in threads:
-            thread.join()
 
 
 class _Handout:

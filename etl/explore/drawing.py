@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -212,6 +212,66 @@ class Chart(_Picture):
     colors: dict[str, tuple[int, int, int]]
 
 
+@dataclass(frozen=True)
+class _Fonts:
+    small: Any
+    label: Any
+    title: Any
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a class-balance chart's parts go, in pixels: each class a slot of `slot` wide
+    holding its group of bars (`bar_w` each, `group_w` together), the plot's left edge and
+    baseline, and the class names under it, written vertically where they are too wide."""
+
+    bar_w: int
+    group_w: int
+    slot: int
+    vertical: bool
+    label_h: int
+    left: int
+    base: int
+    title_h: int
+    line: int
+    width: int
+    height: int
+
+
+MAX_LABEL = 160
+"""Pixels of the longest class name written vertically."""
+
+
+def _layout(
+    classes: Sequence[str],
+    splits: Sequence[str],
+    ticks: list[int],
+    top_count: int,
+    legend_w: int,
+    title: str,
+    fonts: _Fonts,
+) -> _Layout:
+    """The chart's measures, from the widest count, class name, tick and legend."""
+    line = _line_height(fonts.label)
+    widest = max(_text_width(fonts.small, str(v)) for v in (*ticks, top_count))
+    bar_w = max(14, math.ceil(widest) + 4)
+    group_w = len(splits) * bar_w + (len(splits) - 1) * 2
+    label_w = max(_text_width(fonts.label, _printable(fonts.label, c)) for c in classes)
+    vertical = label_w > max(group_w, 90)
+    slot = (max(group_w, line) if vertical else max(group_w, math.ceil(label_w))) + 16
+    label_h = (min(math.ceil(label_w), MAX_LABEL) if vertical else line) + 6
+    left = 12 + math.ceil(max(_text_width(fonts.small, str(t)) for t in ticks)) + 8
+    title_h = _line_height(fonts.title) + 6 if title else 0
+    base = PAD + title_h + line + 10 + _line_height(fonts.small) + PLOT_HEIGHT  # the x axis
+    width = max(left + len(classes) * slot + PAD, legend_w + 2 * PAD, 320)
+    if title:
+        width = max(width, min(1200, math.ceil(_text_width(fonts.title, title)) + 2 * PAD))
+    return _Layout(
+        bar_w, group_w, slot, vertical, label_h, left, base, title_h, line, width,
+        base + 4 + label_h + PAD,
+    )  # fmt: skip
+
+
 def draw_class_balance(
     counts: Mapping[str, Mapping[str, int]], classes: Sequence[str], title: str = ""
 ) -> Chart:
@@ -225,70 +285,76 @@ def draw_class_balance(
     if not splits or not classes:
         raise ValueError("nothing to draw: no split or no class")
     colors = {s: PALETTE[i % len(PALETTE)] for i, s in enumerate(splits)}
-    small, label_font, title_font = font(11), font(13), font(15)
-    line = _line_height(label_font)
+    fonts = _Fonts(font(11), font(13), font(15))
     top_count = max((counts[s].get(c, 0) for s in splits for c in classes), default=0)
-    ticks = _ticks(top_count)
-    scale_max = max(top_count, 1)
-
-    bar_w = max(14, math.ceil(max(_text_width(small, str(v)) for v in (*ticks, top_count))) + 4)
-    group_w = len(splits) * bar_w + (len(splits) - 1) * 2
-    label_w = max(_text_width(label_font, _printable(label_font, c)) for c in classes)
-    vertical = label_w > max(group_w, 90)
-    max_label = 160
-    slot = (max(group_w, line) if vertical else max(group_w, math.ceil(label_w))) + 16
-    label_h = (min(math.ceil(label_w), max_label) if vertical else line) + 6
-
-    left = 12 + math.ceil(max(_text_width(small, str(t)) for t in ticks)) + 8
+    ticks, scale_max = _ticks(top_count), max(top_count, 1)
     legend = [f"{s}: {sum(counts[s].get(c, 0) for c in classes)}" for s in splits]
-    legend_w = sum(math.ceil(_text_width(label_font, t)) + 34 for t in legend)
-    title_h = _line_height(title_font) + 6 if title else 0
-    base = PAD + title_h + line + 10 + _line_height(small) + PLOT_HEIGHT  # y of the x axis
-    width = max(left + len(classes) * slot + PAD, legend_w + 2 * PAD, 320)
-    if title:
-        width = max(width, min(1200, math.ceil(_text_width(title_font, title)) + 2 * PAD))
-    height = base + 4 + label_h + PAD
-
-    image = Image.new("RGB", (width, height), PAPER)
+    legend_w = sum(math.ceil(_text_width(fonts.label, t)) + 34 for t in legend)
+    at = _layout(classes, splits, ticks, top_count, legend_w, title, fonts)
+    image = Image.new("RGB", (at.width, at.height), PAPER)
     draw = ImageDraw.Draw(image)
-    if title:
-        draw.text((PAD, PAD), fit_text(title_font, title, width - 2 * PAD), INK, title_font)
-    x = PAD
-    for split, text in zip(splits, legend, strict=True):
-        y = PAD + title_h
-        draw.rectangle((x, y + 2, x + line - 4, y + line - 2), fill=colors[split])
-        draw.text((x + line, y), text, INK, label_font)
-        x += math.ceil(_text_width(label_font, text)) + 34
-    for t in ticks:
-        y = base - round(PLOT_HEIGHT * t / scale_max)
-        draw.line((left, y, width - PAD, y), fill=(225, 225, 225))
-        draw.text((left - 6, y), str(t), MUTED, small, anchor="rm")
-    draw.line((left, base, width - PAD, base), fill=INK)
-    draw.line((left, base - PLOT_HEIGHT - 4, left, base), fill=INK)
-
+    keys = zip(legend, [colors[s] for s in splits], strict=True)
+    _draw_frame(draw, at, fonts, title, keys, ticks, scale_max)
     bars: dict[tuple[str, str], Box] = {}
     for i, name in enumerate(classes):
-        x0 = left + i * slot + (slot - group_w) // 2
+        x0 = at.left + i * at.slot + (at.slot - at.group_w) // 2
         for j, split in enumerate(splits):
             n = counts[split].get(name, 0)
-            bx = x0 + j * (bar_w + 2)
+            bx = x0 + j * (at.bar_w + 2)
             h = round(PLOT_HEIGHT * n / scale_max)
-            bars[(name, split)] = (bx, base - h, bx + bar_w, base)
+            bars[(name, split)] = (bx, at.base - h, bx + at.bar_w, at.base)
             if h:
-                draw.rectangle((bx, base - h, bx + bar_w - 1, base - 1), fill=colors[split])
-            draw.text((bx + bar_w / 2, base - h - 2), str(n), INK, small, anchor="md")
-        centre = left + i * slot + slot // 2
-        if vertical:
-            text = fit_text(label_font, name, max_label)
-            strip = Image.new("L", (math.ceil(_text_width(label_font, text)) + 2, line), 0)
-            ImageDraw.Draw(strip).text((1, 0), text, 255, label_font)
-            strip = strip.rotate(90, expand=True)
-            image.paste(INK, (centre - strip.width // 2, base + 6), strip)
-        else:
-            draw.text(
-                (centre, base + 4), _printable(label_font, name), INK, label_font, anchor="ma"
-            )
+                draw.rectangle(
+                    (bx, at.base - h, bx + at.bar_w - 1, at.base - 1), fill=colors[split]
+                )
+            draw.text((bx + at.bar_w / 2, at.base - h - 2), str(n), INK, fonts.small, anchor="md")
+        _draw_class_name(image, draw, at, fonts, name, at.left + i * at.slot + at.slot // 2)
     return Chart(image=image, bars=bars, colors=colors)
+
+
+def _draw_frame(
+    draw: ImageDraw.ImageDraw,
+    at: _Layout,
+    fonts: _Fonts,
+    title: str,
+    legend: Iterable[tuple[str, tuple[int, int, int]]],
+    ticks: list[int],
+    scale_max: int,
+) -> None:
+    """The title, the legend (each split's colour and total), the ticks and the axes."""
+    if title:
+        draw.text((PAD, PAD), fit_text(fonts.title, title, at.width - 2 * PAD), INK, fonts.title)
+    x, y = PAD, PAD + at.title_h
+    for text, color in legend:
+        draw.rectangle((x, y + 2, x + at.line - 4, y + at.line - 2), fill=color)
+        draw.text((x + at.line, y), text, INK, fonts.label)
+        x += math.ceil(_text_width(fonts.label, text)) + 34
+    for t in ticks:
+        y = at.base - round(PLOT_HEIGHT * t / scale_max)
+        draw.line((at.left, y, at.width - PAD, y), fill=(225, 225, 225))
+        draw.text((at.left - 6, y), str(t), MUTED, fonts.small, anchor="rm")
+    draw.line((at.left, at.base, at.width - PAD, at.base), fill=INK)
+    draw.line((at.left, at.base - PLOT_HEIGHT - 4, at.left, at.base), fill=INK)
+
+
+def _draw_class_name(
+    image: Image.Image,
+    draw: ImageDraw.ImageDraw,
+    at: _Layout,
+    fonts: _Fonts,
+    name: str,
+    centre: int,
+) -> None:
+    """A class's name under its group, centred on `centre`: vertical where too wide."""
+    if at.vertical:
+        text = fit_text(fonts.label, name, MAX_LABEL)
+        strip = Image.new("L", (math.ceil(_text_width(fonts.label, text)) + 2, at.line), 0)
+        ImageDraw.Draw(strip).text((1, 0), text, 255, fonts.label)
+        strip = strip.rotate(90, expand=True)
+        image.paste(INK, (centre - strip.width // 2, at.base + 6), strip)
+    else:
+        label = _printable(fonts.label, name)
+        draw.text((centre, at.base + 4), label, INK, fonts.label, anchor="ma")
 
 
 def _ticks(top: int) -> list[int]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from etl.config import Backend, PipelineConfig
+from etl.config import Backend, PipelineConfig, RunConfig
 from etl.engine.parallel import choose_run, engine, parallel_map
 from etl.errors import EtlError, ManifestError
 from etl.format.commit import clean_leftovers, commit_version
@@ -124,27 +124,42 @@ def repair(
             tasks = _repair_tasks(located, manifest.version + 1, config.samples_per_shard, writer)
             outcomes = [RepairOutcome(None, (), tuple(unlocated))]
             run = choose_run(jobs, backend, address, worth_workers=len(tasks) > 1)
-            # workers read spooled records from the output folder, files from the source
-            spooled = kind_of(config.source).spooled
-            where = location(config.source, source_root)
-            readable = [] if spooled or not isinstance(where, Path) else [where]
             progress.start("repair", len(items))
             progress.advance(len(unlocated))
             try:
-                with (
-                    engine(run, writable_root=root, readable=readable),
-                    parallel_map(
-                        repair_shard, tasks, run, config, str(root), manifest.meta.sample_shape
-                    ) as repaired,
-                ):
-                    for outcome in repaired:
-                        outcomes.append(outcome)
-                        progress.advance(len(outcome.stored) + len(outcome.failed))
+                outcomes += _repaired_shards(tasks, run, config, source_root, manifest, progress)
             finally:
                 progress.stop()
         _commit_repair(manifest, items, outcomes, report, out)
     out.seconds = time.perf_counter() - started
     return out
+
+
+def _repaired_shards(
+    tasks: Sequence[RepairTask],
+    run: RunConfig,
+    config: PipelineConfig,
+    source_root: Path | str | None,
+    manifest: Manifest,
+    progress: Progress,
+) -> list[RepairOutcome]:
+    """Each task's new shard, written by the run's workers (which read spooled records from
+    the output folder, files from the source), progress advanced per sample."""
+    spooled = kind_of(config.source).spooled
+    where = location(config.source, source_root)
+    readable = [] if spooled or not isinstance(where, Path) else [where]
+    root = manifest.root
+    outcomes = []
+    with (
+        engine(run, writable_root=root, readable=readable),
+        parallel_map(
+            repair_shard, tasks, run, config, str(root), manifest.meta.sample_shape
+        ) as repaired,
+    ):
+        for outcome in repaired:
+            outcomes.append(outcome)
+            progress.advance(len(outcome.stored) + len(outcome.failed))
+    return outcomes
 
 
 def _repairable(report: AuditReport, config: PipelineConfig) -> tuple[Path, Manifest]:
@@ -232,13 +247,14 @@ def _repair_tasks(
     ]
 
 
-def _commit_repair(
-    manifest: Manifest,
+def _record_outcomes(
     repaired: Sequence[RepairItem],
     outcomes: Iterable[RepairOutcome],
     report: AuditReport,
     out: RepairReport,
-) -> None:
+) -> tuple[dict[str, tuple[str, int, str, Placed | None]], list[ShardInfo]]:
+    """Each sample's outcome in `out` (failed, or repaired and how), and where each repaired
+    sample now is, with the new shards."""
     items = {i.sample_id: i for i in repaired}
     stored_bytes = {f.sample_id: f.actual for f in report.bad_samples}
     moved: dict[str, tuple[str, int, str, Placed | None]] = {}
@@ -280,6 +296,19 @@ def _commit_repair(
                     "how": how,
                 }
             )
+    return moved, new_shards
+
+
+def _commit_repair(
+    manifest: Manifest,
+    repaired: Sequence[RepairItem],
+    outcomes: Iterable[RepairOutcome],
+    report: AuditReport,
+    out: RepairReport,
+) -> None:
+    """Commit the repaired samples as the next version (nothing where none was), every
+    sample's outcome in `out`."""
+    moved, new_shards = _record_outcomes(repaired, outcomes, report, out)
     out.repaired.sort(key=lambda r: r["source"])
     out.failed.sort(key=lambda r: r["source"])
     out.shards_written.sort()

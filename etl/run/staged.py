@@ -86,22 +86,11 @@ def staged_plan(
         for start in range(0, files.num_rows, WINDOW_ROWS):
             window = files.slice(start, WINDOW_ROWS)
             samples, previous_rejects = window_of.upto(window.column("source")[-1].as_py())
-            known = known_digests(window, samples, previous_rejects)
-            wanted = hash_wanted(window, known)
-            on_known(int((~wanted).sum()))
-            hashed: pa.Array = pa.nulls(window.num_rows, pa.string())
-            failed = pa.array([], pa.string())  # a listed reject is never a listed file
-            if wanted.any():
-                found, unreadable = hash_files(window.filter(pa.array(wanted)))
-                hashed = pc.replace_with_mask(hashed, pa.array(wanted), found)
-                rejects.add(rejects_table(unreadable))
-                unread = pa.array([r.source for r in unreadable], pa.string())
-                failed = unread
-            digests = pc.coalesce(window.column("content_hash"), known, hashed)
-            old_ids, old_hashes = same_source(window, samples)
-            matched += len(old_ids) - old_ids.null_count
+            checked, listed_before = _checked_window(
+                window, samples, previous_rejects, hash_files, rejects, on_known
+            )
+            matched += listed_before
             names.update(value_codes(window.column("class_name"))[0])
-            checked = check_window(window, digests, failed, old_ids, old_hashes)
             buckets.add(checked, buckets_of(checked.column("digest"), count))
             _store(stored, samples)
             del window, checked, samples
@@ -122,6 +111,34 @@ def staged_plan(
         decided.counts["deleted"] = previous.samples.num_rows - matched
     kept = (*maps, rejected)
     return assemble(config, version, classes, decided, rejected.table, kept, writer)
+
+
+def _checked_window(
+    window: pa.Table,
+    samples: pa.Table | None,
+    previous_rejects: pa.Table | None,
+    hash_files: HashFiles,
+    rejects: SortedSpill,
+    on_known: Callable[[int], None],
+) -> tuple[pa.Table, int]:
+    """One window of listed files checked against the previous version's `samples` and
+    `previous_rejects` of the same sources: hashed where the previous version does not vouch
+    for them (the unreadable ones rejected), then each file's digest, id and verdict
+    (`check_window`); and how many of them the previous version listed."""
+    known = known_digests(window, samples, previous_rejects)
+    wanted = hash_wanted(window, known)
+    on_known(int((~wanted).sum()))
+    hashed: pa.Array = pa.nulls(window.num_rows, pa.string())
+    failed = pa.array([], pa.string())  # a listed reject is never a listed file
+    if wanted.any():
+        found, unreadable = hash_files(window.filter(pa.array(wanted)))
+        hashed = pc.replace_with_mask(hashed, pa.array(wanted), found)
+        rejects.add(rejects_table(unreadable))
+        failed = pa.array([r.source for r in unreadable], pa.string())
+    digests = pc.coalesce(window.column("content_hash"), known, hashed)
+    old_ids, old_hashes = same_source(window, samples)
+    checked = check_window(window, digests, failed, old_ids, old_hashes)
+    return checked, len(old_ids) - old_ids.null_count
 
 
 def _store(stored: Buckets, samples: pa.Table | None) -> None:

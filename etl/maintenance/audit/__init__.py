@@ -50,6 +50,7 @@ from etl.engine.parallel import engine
 from etl.errors import ConfigError, ManifestError
 from etl.format.manifest import (
     MANIFEST_FILE,
+    Manifest,
     list_versions,
     read_manifest,
     refuse_other_format,
@@ -119,19 +120,7 @@ def audit(
     started = time.perf_counter()
     root, number = resolve(Path(path), options.version)
     refuse_other_format(version_dir(root, number) / MANIFEST_FILE)
-    seed = options.seed
-    if options.mode == "sample" and seed is None:
-        seed = secrets.randbits(32)
-    report = AuditReport(
-        root=root,
-        version=number,
-        latest=list_versions(root)[-1],
-        mode=options.mode,
-        checksum=None,
-        source_root=options.source_root or (options.records.path if options.records else None),
-        sample_rate=options.sample_rate,
-        seed=seed,
-    )
+    report = _new_report(root, number, options)
     check_record(root, number, report)
     try:
         manifest = open_manifest(root, number)
@@ -145,6 +134,39 @@ def audit(
         report.seconds = time.perf_counter() - started
         return report
 
+    _check_version(manifest, root, number, options, progress, report)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _new_report(root: Path, number: int, options: AuditOptions) -> AuditReport:
+    """The report of auditing version `number` as `options` say, before any check: a sample
+    drawn with no seed given gets one, which the report names so the draw can be repeated."""
+    seed = options.seed
+    if options.mode == "sample" and seed is None:
+        seed = secrets.randbits(32)
+    return AuditReport(
+        root=root,
+        version=number,
+        latest=list_versions(root)[-1],
+        mode=options.mode,
+        checksum=None,
+        source_root=options.source_root or (options.records.path if options.records else None),
+        sample_rate=options.sample_rate,
+        seed=seed,
+    )
+
+
+def _check_version(
+    manifest: Manifest,
+    root: Path,
+    number: int,
+    options: AuditOptions,
+    progress: Progress,
+    report: AuditReport,
+) -> None:
+    """The checks of a version whose manifest reads: its shards and samples (all, or the
+    sample drawn), the dataset's files meanwhile, and the sources' bytes where given."""
     kind = manifest.meta.config.get("source_kind", "folder")
     known = kind_named(kind)
     if options.source_root is not None and not (known is not None and known.by_path):
@@ -156,7 +178,7 @@ def audit(
     report.format_version = manifest.meta.format_version
     report.samples_total = manifest.samples.num_rows
     report.shards_total = manifest.shards.num_rows
-    selected = _select_samples(manifest.samples.num_rows, options.sample_rate, seed)
+    selected = _select_samples(manifest.samples.num_rows, options.sample_rate, report.seed)
     local_root = options.source_root if isinstance(options.source_root, Path) else None
     readable = [manifest.path, *([local_root] if local_root else [])]
     with engine(options.run_config(0), readable=readable):
@@ -174,9 +196,7 @@ def audit(
             verify_records(manifest, selected, options.records, progress, report)
     if options.mode == "sample":
         drawn = manifest.samples.column("sample_id").take(pa.array(selected))
-        report.notes.append(_sampling_note(report, seed, drawn))
-    report.seconds = time.perf_counter() - started
-    return report
+        report.notes.append(_sampling_note(report, report.seed, drawn))
 
 
 def _audit_store(url: str, options: AuditOptions, progress: Progress) -> AuditReport:

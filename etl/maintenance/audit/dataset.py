@@ -88,25 +88,43 @@ def open_manifest(root: Path, number: int) -> Manifest:
     return manifest
 
 
-def check_manifest(manifest: Manifest) -> list[Finding]:
-    """Integrity checks beyond `read_manifest`'s coherence: values the format defines exactly."""
-    samples, shards, meta = manifest.samples, manifest.shards, manifest.meta
-    where = f"{VERSIONS_DIR}/{version_name(meta.version)}"
-    found: list[Finding] = []
+class _Findings:
+    """The findings of a manifest's checks, in the version folder `where`."""
 
-    def check(ok: NDArray[np.bool_], file: str, what: str, label: Sequence[Any]) -> None:
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.found: list[Finding] = []
+
+    def check(self, ok: NDArray[np.bool_], file: str, what: str, label: Sequence[Any]) -> None:
         """A finding naming the first rows where `ok` fails, by `label` (a column: only those
         rows become Python values)."""
         bad = np.flatnonzero(~ok)
         if len(bad):
             examples = ", ".join(_text(label[int(i)]) for i in bad[:MAX_EXAMPLES])
             more = f" (and {len(bad) - MAX_EXAMPLES} more)" if len(bad) > MAX_EXAMPLES else ""
-            found.append(Finding("manifest", f"{where}/{file}: {what}: {examples}{more}"))
+            self.add(file, f"{what}: {examples}{more}")
 
+    def add(self, file: str, what: str) -> None:
+        self.found.append(Finding("manifest", f"{self.where}/{file}: {what}"))
+
+
+def check_manifest(manifest: Manifest) -> list[Finding]:
+    """Integrity checks beyond `read_manifest`'s coherence: values the format defines exactly,
+    of the samples (and rejects) and of the shards."""
+    meta = manifest.meta
+    findings = _Findings(f"{VERSIONS_DIR}/{version_name(meta.version)}")
     width = HEX_LENGTH.get(meta.checksum)
     if width is None:
-        found.append(Finding("manifest", f"{where}/{MANIFEST_FILE}: unknown {meta.checksum!r}"))
-        return found
+        findings.add(MANIFEST_FILE, f"unknown {meta.checksum!r}")
+        return findings.found
+    _check_samples(manifest, width, findings)
+    _check_shards(manifest, width, findings)
+    return findings.found
+
+
+def _check_samples(manifest: Manifest, width: int, findings: _Findings) -> None:
+    """Each sample's id, checksums, source path, class name and order; no source rejected."""
+    samples, meta, check = manifest.samples, manifest.meta, findings.check
     sources = samples.column("source")
     check(
         _ids_match(sources, samples.column("sample_id")),
@@ -123,12 +141,7 @@ def check_manifest(manifest: Manifest) -> list[Finding]:
         )
     kind = kind_named(meta.config.get("source_kind", "folder"))
     if kind is not None and kind.by_path:  # other kinds' sources are keys, not paths
-        check(
-            ~unsafe_path(sources),
-            MANIFEST_FILE,
-            "source path leaves the source root",
-            sources,
-        )
+        check(~unsafe_path(sources), MANIFEST_FILE, "source path leaves the source root", sources)
     labels = np.asarray(samples.column("label").to_numpy(), dtype=np.int64)
     inside = (labels >= 0) & (labels < len(meta.classes))
     named = pc.take(
@@ -149,6 +162,10 @@ def check_manifest(manifest: Manifest) -> list[Finding]:
     both = bool_mask(pc.is_in(rejected, value_set=sources))
     check(~both, REJECTS_FILE, "also in manifest", rejected)
 
+
+def _check_shards(manifest: Manifest, width: int, findings: _Findings) -> None:
+    """Each shard's size for its rows, its checksums, and each listed once."""
+    shards, meta, check = manifest.shards, manifest.meta, findings.check
     shard_names = shards.column("shard").to_pylist()
     recorded = shards.column("bytes").to_numpy()
     if meta.ragged:  # each sample its own size: at least a byte a row
@@ -160,8 +177,7 @@ def check_manifest(manifest: Manifest) -> list[Finding]:
     check(is_hex(shards.column("checksum"), str(width)), SHARDS_FILE, "bad checksum", shard_names)
     check(is_hex(shards.column("blake3"), "64"), SHARDS_FILE, "bad blake3", shard_names)
     if len(set(shard_names)) != len(shard_names):
-        found.append(Finding("manifest", f"{where}/{SHARDS_FILE}: a shard is listed twice"))
-    return found
+        findings.add(SHARDS_FILE, "a shard is listed twice")
 
 
 def _text(value: Any) -> str:

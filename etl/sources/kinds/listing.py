@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,8 @@ from etl.sources.timed import check_in_store, read_file
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from etl.format.sample_columns import SampleColumn
 
 
 def listing_batches(
@@ -43,15 +46,9 @@ def listing_batches(
     `path` may be an object's URL (`options`: its store's).
     """
 
-    def skip(row: Any) -> str:
-        assert bad_rows is not None
-        bad_rows.append((row.number or 0, row.text))
-        return "skip"
-
     # NOTE: imported here, not above: pack workers import this module (SourceFile,
     # SourceReject) and never read a listing; pyarrow would add to every worker's start-up.
     import pyarrow as pa
-    import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
     suffix = PurePosixPath(str(path)).suffix.lower()
@@ -65,29 +62,7 @@ def listing_batches(
             parquet = pq.ParquetFile(source)
             schema, batches = parquet.schema_arrow, parquet.iter_batches(LISTING_BATCH)
         else:
-            reader = pacsv.open_csv(
-                source,
-                # NOTE: one thread, so the handler sees every bad row with its line number
-                read_options=pacsv.ReadOptions(use_threads=bad_rows is None),
-                parse_options=pacsv.ParseOptions(
-                    delimiter="\t" if suffix == ".tsv" else ",",
-                    invalid_row_handler=skip if bad_rows is not None else None,
-                ),
-                # NOTE: types are inferred from the first block and then fixed, so every column
-                # a caller reads as text is named: a label column of digits that turns to
-                # words a million rows later is not an error
-                convert_options=pacsv.ConvertOptions(
-                    # NOTE: only an empty cell is null: pyarrow's default also reads NA, null,
-                    # nan, N/A... as null, which would make a class, a path or a caption
-                    # named so a missing value
-                    strings_can_be_null=True,
-                    null_values=[""],
-                    column_types={
-                        **{name: pa.string() for name in text_columns},
-                        **{name: pa.binary() for name in byte_columns},
-                    },
-                ),
-            )
+            reader = _open_csv(source, suffix, text_columns, byte_columns, bad_rows)
             schema, batches = reader.schema, reader
     except (pa.ArrowInvalid, OSError) as exc:
         raise SourceError(f"{path}: cannot read listing ({exc})") from None
@@ -99,6 +74,48 @@ def listing_batches(
             raise SourceError(f"{path}: cannot read listing ({exc})") from None
 
     return schema, checked()
+
+
+def _open_csv(
+    source: Any,
+    suffix: str,
+    text_columns: tuple[str, ...],
+    byte_columns: tuple[str, ...],
+    bad_rows: list[tuple[int, str]] | None,
+) -> Any:
+    """pyarrow's streaming reader of a CSV (TSV for ".tsv") listing, as `listing_batches`
+    reads it: named columns as text or bytes, only an empty cell null, bad rows recorded."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    def skip(row: Any) -> str:
+        assert bad_rows is not None
+        bad_rows.append((row.number or 0, row.text))
+        return "skip"
+
+    return pacsv.open_csv(
+        source,
+        # NOTE: one thread, so the handler sees every bad row with its line number
+        read_options=pacsv.ReadOptions(use_threads=bad_rows is None),
+        parse_options=pacsv.ParseOptions(
+            delimiter="\t" if suffix == ".tsv" else ",",
+            invalid_row_handler=skip if bad_rows is not None else None,
+        ),
+        # NOTE: types are inferred from the first block and then fixed, so every column a
+        # caller reads as text is named: a label column of digits that turns to words a
+        # million rows later is not an error
+        convert_options=pacsv.ConvertOptions(
+            # NOTE: only an empty cell is null: pyarrow's default also reads NA, null, nan,
+            # N/A... as null, which would make a class, a path or a caption named so a
+            # missing value
+            strings_can_be_null=True,
+            null_values=[""],
+            column_types={
+                **{name: pa.string() for name in text_columns},
+                **{name: pa.binary() for name in byte_columns},
+            },
+        ),
+    )
 
 
 LISTING_BATCH = 1 << 14
@@ -179,8 +196,6 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
     twice is found on the sorted listing (`ListingBuilder`), not in a set."""
     listing, options = config.path, config.storage_options
     _check(config)
-    from etl.format.sample_columns import BadValue, values_of  # NOTE: here: imports pyarrow
-
     bad_rows: list[tuple[int, str]] = []
     columns = context.columns if context is not None else ()
     keys = [c.key for c in columns]
@@ -196,6 +211,7 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
     taken = ListingBuilder(context.scratch if context is not None else None, columns)
     line_of = _line_names(listing, bad_rows)
     met = Occurrences()
+    rows_in = _ListedRows(str(listing), find, taken, met, columns, is_text)
     for batch in batches:
         rows = batch.num_rows
         paths = table_column(batch, config.path_column, listing, required=True)
@@ -204,35 +220,8 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
         assert paths is not None and labels is not None
         cells = {key: batch.column(key).to_pylist() for key in keys}
         for at, (raw, label, split) in enumerate(zip(paths, labels, splits, strict=True)):
-            line = next(line_of)
-            where = f"{listing}:{line}"
-            if raw is None or not raw.strip():
-                taken.reject(
-                    SourceReject(f"{listing_name} {line}", "bad_row", f"{where}: empty path")
-                )
-                met.meet("")
-                continue
-            pure = PurePosixPath(raw.strip().replace("\\", "/"))
-            relative = os.path.normpath(pure.as_posix())
-            source = names.to_source(os.fsencode(relative))
-            met.meet(source)
-            if pure.is_absolute() or relative == ".." or relative.startswith("../"):
-                why = f"{where}: path {raw!r} is outside the listing's folder"
-                taken.reject(SourceReject(source, "outside_root", why))
-                continue
-            full, outcome = find(source, relative, where)
-            if isinstance(outcome, SourceReject):
-                taken.reject(outcome)
-            elif label is None or not label.strip():
-                taken.reject(outcome.reject(source, "unknown_label", f"{line} has no label"))
-            else:
-                try:
-                    record = {k: cells[k][at] for k in keys}
-                    values = values_of(columns, record, is_text) if keys else ()
-                except BadValue as exc:
-                    taken.reject(outcome.reject(source, "bad_column", f"{where}: {exc}"))
-                    continue
-                taken.files.add(source, full, label.strip(), outcome, split or None, None, values)
+            record = {k: cells[k][at] for k in keys}
+            rows_in.take(next(line_of), raw, label, split, record)
     for number, text_of_row in bad_rows:
         where = f"{listing}:{number}"
         taken.reject(
@@ -246,6 +235,52 @@ def list_listing(config: ListingSource, context: ListContext | None = None) -> S
     if taken.duplicated:
         _refuse_twice(config, met.positions(taken.duplicated[0]), bad_rows)
     return found
+
+
+@dataclass
+class _ListedRows:
+    """Each row of a listing taken as a listed file, or a reject naming its line: an empty
+    path, one outside the listing's folder, one `find` refuses, no label, a bad column value.
+    `met` counts every row's source, so a path listed twice can name both lines."""
+
+    listing: str
+    find: FindFile
+    taken: ListingBuilder
+    met: Occurrences
+    columns: tuple[SampleColumn, ...]
+    is_text: bool
+
+    def take(
+        self, line: str, raw: str | None, label: str | None, split: str | None, record: dict
+    ) -> None:
+        from etl.format.sample_columns import BadValue, values_of  # NOTE: here: imports pyarrow
+
+        where, taken = f"{self.listing}:{line}", self.taken
+        if raw is None or not raw.strip():
+            name = PurePosixPath(self.listing).name
+            taken.reject(SourceReject(f"{name} {line}", "bad_row", f"{where}: empty path"))
+            self.met.meet("")
+            return
+        pure = PurePosixPath(raw.strip().replace("\\", "/"))
+        relative = os.path.normpath(pure.as_posix())
+        source = names.to_source(os.fsencode(relative))
+        self.met.meet(source)
+        if pure.is_absolute() or relative == ".." or relative.startswith("../"):
+            why = f"{where}: path {raw!r} is outside the listing's folder"
+            taken.reject(SourceReject(source, "outside_root", why))
+            return
+        full, outcome = self.find(source, relative, where)
+        if isinstance(outcome, SourceReject):
+            taken.reject(outcome)
+        elif label is None or not label.strip():
+            taken.reject(outcome.reject(source, "unknown_label", f"{line} has no label"))
+        else:
+            try:
+                values = values_of(self.columns, record, self.is_text) if record else ()
+            except BadValue as exc:
+                taken.reject(outcome.reject(source, "bad_column", f"{where}: {exc}"))
+                return
+            taken.files.add(source, full, label.strip(), outcome, split or None, None, values)
 
 
 def _check_columns(schema: pa.Schema, config: ListingSource, keys: Sequence[str]) -> None:

@@ -97,28 +97,9 @@ def _take_shard(
                     sample = _Sample(key)
                     if key in finished:
                         twice.add(key)
-                sample.extensions.append(extension)
-                if PurePosixPath(os.fsdecode(name)).is_absolute() or b".." in name.split(b"/"):
-                    sample.problem = (
-                        "outside_root",
-                        f"member {member.name!r} leads outside the shard (never extracted)",
-                    )
-                if extension not in wanted or sample.problem is not None:
-                    continue
-                if extension in sample.data:
+                at = path if in_place else None
+                if _take_member(tar, member, name, extension, sample, wanted, config, at):
                     twice.add(key)
-                elif not member.isfile():
-                    what = "a link" if member.issym() or member.islnk() else "not a regular file"
-                    sample.problem = ("not_a_file", f"member {member.name!r} is {what} (not read)")
-                elif member.size > config.max_file_bytes:
-                    why = too_large(member.size, config.max_file_bytes)
-                    sample.problem = ("file_too_large", f"member {member.name!r}: {why}")
-                else:
-                    reader = tar.extractfile(member)
-                    assert reader is not None  # a regular member
-                    sample.data[extension] = reader.read()
-                    if in_place:
-                        sample.at[extension] = f"{member.offset_data}+{member.size}@{path}"
     except TAR_ERRORS as exc:
         cut = isinstance(exc, EOFError) or "unexpected end" in str(exc)
         reason, what = ("truncated", "ends early") if cut else ("unreadable", "cannot be read")
@@ -136,6 +117,45 @@ def _take_shard(
             "duplicate_key",
             f"the key appears more than once in {relative}",
         )
+
+
+def _take_member(
+    tar: tarfile.TarFile,
+    member: tarfile.TarInfo,
+    name: bytes,
+    extension: str,
+    sample: _Sample,
+    wanted: set[str],
+    config: WebDatasetSource,
+    at: str | None,
+) -> bool:
+    """Read one member of `sample` that it wants (a member's image, label or column), or say
+    why the sample cannot be one: a name that leads outside the shard, a link or special
+    file, one too large. `at`: the shard's path on local disk, where workers read members in
+    place. Whether the sample already had a member of this extension (its key is twice)."""
+    sample.extensions.append(extension)
+    if PurePosixPath(os.fsdecode(name)).is_absolute() or b".." in name.split(b"/"):
+        sample.problem = (
+            "outside_root",
+            f"member {member.name!r} leads outside the shard (never extracted)",
+        )
+    if extension not in wanted or sample.problem is not None:
+        return False
+    if extension in sample.data:
+        return True
+    if not member.isfile():
+        what = "a link" if member.issym() or member.islnk() else "not a regular file"
+        sample.problem = ("not_a_file", f"member {member.name!r} is {what} (not read)")
+    elif member.size > config.max_file_bytes:
+        why = too_large(member.size, config.max_file_bytes)
+        sample.problem = ("file_too_large", f"member {member.name!r}: {why}")
+    else:
+        reader = tar.extractfile(member)
+        assert reader is not None  # a regular member
+        sample.data[extension] = reader.read()
+        if at is not None:
+            sample.at[extension] = f"{member.offset_data}+{member.size}@{at}"
+    return False
 
 
 def _split_name(name: bytes) -> tuple[bytes, str]:
