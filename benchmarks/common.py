@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
 import platform
 import time
 from collections.abc import Iterable
+from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 
 def cpu_model() -> str:
@@ -109,3 +114,28 @@ def synthetic_options(doc: str, samples: int, size: int, rounds: int) -> argpars
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--steps", type=int, default=10_000)
     return parser.parse_args()
+
+
+def machine_info() -> dict[str, Any]:
+    """The machine and library versions a benchmark's figures were measured with."""
+    model = cpu_model()
+    return {
+        "cores": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
+        "cpu": model,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "pillow": package_version("pillow"),
+        "numpy": np.__version__,
+        "joblib": package_version("joblib"),
+        "date": datetime.date.today().isoformat(),
+        "load_before": os.getloadavg()[0],
+    }
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)

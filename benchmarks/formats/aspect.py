@@ -81,6 +81,8 @@ def load_rate(
     import torch
 
     from loaders import DeviceLoader, PackedDataset, RandomResizedCrop, make_loader
+    from loaders.batch.forms import PaddedBatch
+    from loaders.loader.gathering import ask_form
 
     dataset = PackedDataset.open(out)
     loader = make_loader(
@@ -90,7 +92,7 @@ def load_rate(
     crop = RandomResizedCrop(224, seed=1)
     feed = DeviceLoader(loader, device, dtype=torch.float32, augment=crop)
     if padded:
-        loader.dataset.memory.back_to_back = False  # undo what DeviceLoader asked for
+        ask_form(loader.dataset, loader.collate_fn, PaddedBatch)  # undo DeviceLoader's ask
     count = 0
     start = time.perf_counter()
     for batch in feed:
@@ -98,6 +100,47 @@ def load_rate(
     if device != "cpu":
         torch.cuda.synchronize()
     return count / (time.perf_counter() - start)
+
+
+def _report(
+    args: argparse.Namespace,
+    work: Path,
+    reads: dict[str, tuple[str, bool]],
+    packs: dict[str, list[float]],
+    loads: dict[tuple[str, int], list[float]],
+    load_before: float,
+) -> None:
+    """The README table of bytes, pack and load rates, and aspect-kept against fixed."""
+    sizes = {n: shard_bytes(work / n / "out") for n in RESIZES}
+    med = statistics.median
+    print(
+        f"Machine: {os.cpu_count()} cores, {cpu_model()}, Python {sys.version.split()[0]}, "
+        f"{date.today()}; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} "
+        f"after. {args.photos} photos, median of {args.rounds} interleaved rounds.\n"
+    )
+    print(f"Loading with RandomResizedCrop(224) on the {args.device}.\n")
+    print("| storage | bytes on disk | pack photos/s (whole `etl run`, "
+          f"{args.jobs} jobs) | load 0 workers samples/s | load 2 workers samples/s |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|")
+    for name, (stored, _) in reads.items():
+        print(
+            f"| {name} | {sizes[stored] / 2**20:,.0f} MiB | {med(packs[stored]):,.0f} | "
+            f"{med(loads[(name, 0)]):,.0f} | {med(loads[(name, 2)]):,.0f} |"
+        )
+    print()
+    ratio = {
+        "bytes": sizes["aspect"] / sizes["fixed"],
+        "pack": med(packs["aspect"]) / med(packs["fixed"]),
+        **{
+            f"load {w} workers{' padded' if name == PADDED else ''}": (
+                med(loads[(name, w)]) / med(loads[("fixed", w)])
+            )
+            for name in ("aspect", PADDED)
+            for w in (0, 2)
+        },
+    }
+    print("aspect / fixed: " + ", ".join(f"{k} **{v:.2f}x**" for k, v in ratio.items()))
+    print(json.dumps({"ratios": ratio, "sizes": sizes}), file=sys.stderr)
 
 
 def main() -> None:
@@ -132,36 +175,7 @@ def main() -> None:
                 loads[(name, workers)].append(rate)
                 print(f"round {round_ + 1}: {name} {workers} workers: {rate:.0f} samples/s",
                       file=sys.stderr)  # fmt: skip
-    sizes = {n: shard_bytes(work / n / "out") for n in RESIZES}
-    med = statistics.median
-    print(
-        f"Machine: {os.cpu_count()} cores, {cpu_model()}, Python {sys.version.split()[0]}, "
-        f"{date.today()}; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} "
-        f"after. {args.photos} photos, median of {args.rounds} interleaved rounds.\n"
-    )
-    print(f"Loading with RandomResizedCrop(224) on the {args.device}.\n")
-    print("| storage | bytes on disk | pack photos/s (whole `etl run`, "
-          f"{args.jobs} jobs) | load 0 workers samples/s | load 2 workers samples/s |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|")
-    for name, (stored, _) in reads.items():
-        print(
-            f"| {name} | {sizes[stored] / 2**20:,.0f} MiB | {med(packs[stored]):,.0f} | "
-            f"{med(loads[(name, 0)]):,.0f} | {med(loads[(name, 2)]):,.0f} |"
-        )
-    print()
-    ratio = {
-        "bytes": sizes["aspect"] / sizes["fixed"],
-        "pack": med(packs["aspect"]) / med(packs["fixed"]),
-        **{
-            f"load {w} workers{' padded' if name == PADDED else ''}": (
-                med(loads[(name, w)]) / med(loads[("fixed", w)])
-            )
-            for name in ("aspect", PADDED)
-            for w in (0, 2)
-        },
-    }
-    print("aspect / fixed: " + ", ".join(f"{k} **{v:.2f}x**" for k, v in ratio.items()))
-    print(json.dumps({"ratios": ratio, "sizes": sizes}), file=sys.stderr)
+    _report(args, work, reads, packs, loads, load_before)
 
 
 if __name__ == "__main__":

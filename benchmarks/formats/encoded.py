@@ -218,72 +218,70 @@ def _moved(ds: Any, cache: Path, ranged: bool) -> float:
     return float(version + rows)
 
 
-def gpu_epochs(
-    out: Path, decode: str, workers: int, crop_in_workers: bool, decoder: str | None = None
-) -> dict[str, Any]:
-    """Samples/s and peak GPU memory of 3 epochs of 224 `RandomResizedCrop`s onto the GPU
-    (the first a warm-up): decoded in the workers or on the device (by `decoder`), or cropped
-    in the workers."""
-    import torch
-
-    from loaders import DeviceLoader, PackedDataset, RandomResizedCrop, make_loader
-
-    crop = RandomResizedCrop(224, seed=0)
-    ds = PackedDataset.open(out)
-    if crop_in_workers:
-        ds = ds.with_crop(crop)
-    loader = make_loader(
-        ds, batch_size=256, shuffle=True, num_workers=workers, persistent_workers=workers > 0,
-        with_indices=True,
-    )  # fmt: skip
-    device = DeviceLoader(
-        loader, dtype=torch.float32, augment=None if crop_in_workers else crop, decode=decode,
-        decoder=decoder,
-    )  # fmt: skip
-    rates, peaks = [], []
-    for epoch in range(3):
-        loader.set_epoch(epoch)
-        torch.cuda.reset_peak_memory_stats()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        count = 0
-        for batch in device:
-            count += len(batch[1])
-        torch.cuda.synchronize()
-        rates.append(count / (time.perf_counter() - start))
-        peaks.append(torch.cuda.max_memory_allocated() / 2**20)
-    return {"samples_per_s": statistics.median(rates[1:]), "peak_mib": peaks,
-            "decoder": device.decoder_name or "workers"}  # fmt: skip
-
-
-def gpu_main(photos: Path, n: int, work: Path) -> dict[str, Any]:
-    """The GPU table: one aspect-kept JPEG pack read four ways onto the GPU."""
-    import torch
-
-    folder = work / "gpu-jpeg"
-    pack(folder, photos, "jpeg", RESIZES["aspect 256/512"])
-    cores = os.cpu_count() or 2
-    workers = max(2, min(8, cores // 2))
-    runs: dict[str, tuple[Any, ...]] = {
-        f"decode + crop on the GPU, {workers} workers gather": ("device", workers, False),
-        "decode + crop on the GPU, 2 workers gather": ("device", 2, False),
-        f"the same by nvImageCodec, {workers} workers gather": (
-            "device",
-            workers,
-            False,
-            "nvimgcodec",
-        ),
-        f"decode in {workers} workers, crop on the GPU": ("workers", workers, False),
-        f"decode + crop in {workers} workers": ("workers", workers, True),
-    }
-    table = {name: gpu_epochs(folder / "out", *how) for name, how in runs.items()}
-    print(f"{n} photos, {torch.cuda.get_device_name(0)}, {cores} cores")
-    print("| 224 RandomResizedCrop onto the GPU | samples/s | peak GPU MiB, epochs 1-3 | decoder |")
-    print("|---|---:|---|---|")
-    for name, r in table.items():
-        peaks = ", ".join(f"{p:.0f}" for p in r["peak_mib"])
-        print(f"| {name} | {r['samples_per_s']:,.0f} | {peaks} | {r['decoder']} |")
+def _pack_rounds(work: Path, photos: Path, count: int, rounds: int) -> list[dict[str, Any]]:
+    """Each resize and codec packed once a round (the order rotated): shard bytes and pack
+    rate, each against raw's of the same samples."""
+    times: dict[str, list[float]] = {}
+    sizes: dict[str, int] = {}
+    for r in range(rounds):
+        order = [(n, c) for n in RESIZES for c in CODECS]
+        order = order[r % len(order) :] + order[: r % len(order)]  # rotate each round
+        for name, codec in order:
+            key = f"{name} {codec}"
+            seconds, shard_bytes = pack(
+                work / key.replace(" ", "-").replace("/", "-"), photos, codec, RESIZES[name]
+            )
+            times.setdefault(key, []).append(seconds)
+            sizes[key] = shard_bytes
+    table = []
+    for name in RESIZES:
+        raw_key = f"{name} raw"
+        for codec in CODECS:
+            key = f"{name} {codec}"
+            ratios = [t_raw / t for t_raw, t in zip(times[raw_key], times[key], strict=True)]
+            table.append({
+                "samples": name, "codec": codec,
+                "bytes": sizes[key], "of_raw": sizes[key] / sizes[raw_key],
+                "pack_photos_per_s": count / statistics.median(times[key]),
+                "pack_rate_of_raw": statistics.median(ratios),
+            })  # fmt: skip
     return table
+
+
+def _read_rounds(fixed: dict[str, Path], rounds: int) -> dict[str, Any]:
+    """Epochs of the fixed-size datasets, each codec with 0 and 2 workers, against a bare
+    simplejpeg loop: medians, and medians of the per-round ratios."""
+    reads = []
+    for _ in range(rounds):
+        row = {"bare simplejpeg loop, 1 process": bare_rate(fixed["jpeg"])}
+        for codec in CODECS:
+            for workers in (0, 2):
+                row[f"{codec}, {workers} workers"] = epoch_rate(fixed[codec], workers)
+        reads.append(row)
+    return {
+        "read": {k: statistics.median(r[k] for r in reads) for k in reads[0]},
+        "read_of_bare": {
+            k: statistics.median(r[k] / r["bare simplejpeg loop, 1 process"] for r in reads)
+            for k in reads[0]
+        },
+    }
+
+
+def _crop_rounds(aspect: dict[str, Path], rounds: int) -> dict[str, Any]:
+    """Epochs of random crops of the aspect-kept datasets, against a bare loop that decodes,
+    crops and resizes each photo: medians, and medians of the per-round ratios."""
+    bare = "bare loop: decode + crop + resize, 1 process"
+    crops = []
+    for _ in range(rounds):
+        row = {bare: bare_crop_rate(aspect["jpeg"])}
+        for codec in ("raw", "jpeg"):
+            for workers in (0, 2):
+                row[f"{codec}, {workers} workers"] = crop_rate(aspect[codec], workers)
+        crops.append(row)
+    return {
+        "crop": {k: statistics.median(r[k] for r in crops) for k in crops[0]},
+        "crop_of_bare": {k: statistics.median(r[k] / r[bare] for r in crops) for k in crops[0]},
+    }
 
 
 def main() -> None:
@@ -297,66 +295,22 @@ def main() -> None:
     photos = cache / f"bench-photos-{args.photos}"
     make_photos(photos, args.photos)
     if args.gpu:
+        from benchmarks.gpu.encoded_epochs import gpu_main
+
         with tempfile.TemporaryDirectory(prefix="bench-encoded-gpu-") as tmp:
-            table = gpu_main(photos, args.photos, Path(tmp))
+            table = gpu_main(photos, args.photos, Path(tmp))  # benchmarks/gpu/encoded_epochs.py
         if args.json:
             args.json.write_text(json.dumps(table, indent=2))
         return
     results: dict[str, Any] = {"photos": args.photos, "cpu": cpu_model(), "cores": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="bench-encoded-") as tmp:
         work = Path(tmp)
-        times: dict[str, list[float]] = {}
-        sizes: dict[str, int] = {}
-        for r in range(args.rounds):
-            order = [(n, c) for n in RESIZES for c in CODECS]
-            order = order[r % len(order) :] + order[: r % len(order)]  # rotate each round
-            for name, codec in order:
-                key = f"{name} {codec}"
-                seconds, shard_bytes = pack(
-                    work / key.replace(" ", "-").replace("/", "-"), photos, codec, RESIZES[name]
-                )
-                times.setdefault(key, []).append(seconds)
-                sizes[key] = shard_bytes
-        table = []
-        for name in RESIZES:
-            raw_key = f"{name} raw"
-            for codec in CODECS:
-                key = f"{name} {codec}"
-                ratios = [t_raw / t for t_raw, t in zip(times[raw_key], times[key], strict=True)]
-                table.append({
-                    "samples": name, "codec": codec,
-                    "bytes": sizes[key], "of_raw": sizes[key] / sizes[raw_key],
-                    "pack_photos_per_s": args.photos / statistics.median(times[key]),
-                    "pack_rate_of_raw": statistics.median(ratios),
-                })  # fmt: skip
-        results["pack"] = table
+        results["pack"] = _pack_rounds(work, photos, args.photos, args.rounds)
         fixed = {c: work / f"224-fixed-{c}" / "out" for c in CODECS}
-        reads = []
-        for _ in range(args.rounds):
-            row = {"bare simplejpeg loop, 1 process": bare_rate(fixed["jpeg"])}
-            for codec in CODECS:
-                for workers in (0, 2):
-                    row[f"{codec}, {workers} workers"] = epoch_rate(fixed[codec], workers)
-            reads.append(row)
-        results["read"] = {k: statistics.median(r[k] for r in reads) for k in reads[0]}
-        results["read_of_bare"] = {
-            k: statistics.median(r[k] / r["bare simplejpeg loop, 1 process"] for r in reads)
-            for k in reads[0]
-        }
+        results.update(_read_rounds(fixed, args.rounds))
         results["store"] = store_epochs({c: fixed[c] for c in ("raw", "jpeg")}, args.rounds)
         aspect = {c: work / f"aspect-256-512-{c}" / "out" for c in ("raw", "jpeg")}
-        crops = []
-        for _ in range(args.rounds):
-            row = {"bare loop: decode + crop + resize, 1 process": bare_crop_rate(aspect["jpeg"])}
-            for codec in ("raw", "jpeg"):
-                for workers in (0, 2):
-                    row[f"{codec}, {workers} workers"] = crop_rate(aspect[codec], workers)
-            crops.append(row)
-        bare = "bare loop: decode + crop + resize, 1 process"
-        results["crop"] = {k: statistics.median(r[k] for r in crops) for k in crops[0]}
-        results["crop_of_bare"] = {
-            k: statistics.median(r[k] / r[bare] for r in crops) for k in crops[0]
-        }
+        results.update(_crop_rounds(aspect, args.rounds))
     print_tables(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

@@ -2,5 +2,6 @@
 `pack.sh` run one part).
 
 Modules:
-- `device_decode`: which library decodes a batch's JPEGs on the device
+- `device_decode`:  which library decodes a batch's JPEGs on the device
+- `encoded_epochs`: JPEG samples read onto the GPU four ways (`formats.encoded --gpu`)
 """

@@ -3,6 +3,7 @@ cold page cache.
 
 Modules:
 - `augment`:     batched augmentation and the CUDA feed, side by side
+- `copies`:      memcpy and ways to gather a batch, against the loaders' gather
 - `cold`:        reads from disk, against the device itself
 - `from_store`:  training from object storage against local disk and the endpoint's limit
 - `mixture`:     what a mixture costs and whether it keeps its weights

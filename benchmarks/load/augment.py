@@ -33,8 +33,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import cpu_model
-from benchmarks.load.throughput import table, write_synthetic
+from benchmarks.common import cpu_model, table
+from benchmarks.load.throughput import write_synthetic
 from loaders import DeviceLoader, PackedDataset, make_loader
 from loaders.augment.crops import RandomResizedCrop, resized_crop
 from loaders.augment.draws import crop_boxes, flips
@@ -175,61 +175,105 @@ def report_cpu(batch: int, stored: int, size: int, rounds: int) -> None:
         print("\nkornia is not installed (pip install kornia): its row is missing.")
 
 
-def report_device(device: torch.device, workdir: Path, quick: bool, tiny: bool) -> None:
-    cuda = device.type == "cuda"
-    stored, size, batch = (32, 24, 16) if tiny else (256, 224, 256)
-    shape = (stored, stored, 3)
-    write_synthetic(workdir, (8 if tiny else (256 if quick else 768)) << 20, shape)
-    print(f"\n### {torch.cuda.get_device_name(device) if cuda else 'CPU'}: the feed\n")
+def _feed(
+    loader: Iterable[Any], steps: int, step: Callable[[torch.Tensor], Any], device: torch.device
+) -> tuple[float, float]:
+    """(seconds to the first batch: workers' start-up and the first copy; seconds per batch
+    after it) over `steps` batches of `loader`, each followed by `step`."""
+    done, start, first = 0, time.perf_counter(), 0.0
+    for images, *_ in loader:
+        step(images)
+        done += 1
+        if done == 1:
+            _sync(device)
+            first = time.perf_counter() - start
+            start = time.perf_counter()
+        if done == steps:
+            break
+    _sync(device)
+    return first, (time.perf_counter() - start) / max(done - 1, 1)
 
-    batch_bytes = batch * stored * stored * 3
+
+def _copy_limit(device: torch.device, batch_bytes: int) -> float:
+    """Bytes/s of a 1 GiB pinned host-to-device copy (NaN off CUDA), after printing what a
+    batch of `batch_bytes` copies at, pinned and pageable."""
+    if device.type != "cuda":
+        return float("nan")
+    big = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
+    target = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    limit = big.numel() / timed(lambda: target.copy_(big, non_blocking=True), device, 3)
+    pinned = torch.empty(batch_bytes, dtype=torch.uint8, pin_memory=True)
     pageable = torch.empty(batch_bytes, dtype=torch.uint8)
     rows = []
-    if cuda:
-        big = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
-        target = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-        limit = big.numel() / timed(lambda: target.copy_(big, non_blocking=True), device, 3)
-        pinned = torch.empty(batch_bytes, dtype=torch.uint8, pin_memory=True)
-        for name, source in (("pinned", pinned), ("pageable", pageable)):
-            seconds = timed(lambda s=source: s.to(device, non_blocking=True), device, 10)
-            rows.append(
-                [
-                    f"{name} batch of {batch_bytes >> 20} MiB",
-                    f"{batch_bytes / seconds / 1e9:.1f}",
-                    f"{batch_bytes / seconds / limit:.0%}",
-                ]
-            )
-        rows.append(["limit: 1 GiB pinned copy", f"{limit / 1e9:.1f}", "100%"])
-        print(table(["host -> device", "GB/s", "of limit"], rows))
-        del big, target, pinned  # 2 GiB that must not count in the memory measured below
-        torch.cuda.empty_cache()
-    else:
-        limit = float("nan")
+    for name, source in (("pinned", pinned), ("pageable", pageable)):
+        seconds = timed(lambda s=source: s.to(device, non_blocking=True), device, 10)
+        rows.append(
+            [
+                f"{name} batch of {batch_bytes >> 20} MiB",
+                f"{batch_bytes / seconds / 1e9:.1f}",
+                f"{batch_bytes / seconds / limit:.0%}",
+            ]
+        )
+    rows.append(["limit: 1 GiB pinned copy", f"{limit / 1e9:.1f}", "100%"])
+    print(table(["host -> device", "GB/s", "of limit"], rows))
+    return limit  # its 2 GiB freed on return: they must not count in the memory measured after
 
+
+def _overlap(
+    device: torch.device, loader: Any, fed: Callable[[], DeviceLoader], steps: int
+) -> None:
+    """On CUDA: a compute step alone, with `fed()`'s batches copied on the side stream, and
+    with the same pinned batches copied on the compute stream (each copy between two steps
+    instead of beside them)."""
+    weights = torch.randn(4096, 4096, device=device)
+
+    def compute(_: torch.Tensor) -> None:
+        for _ in range(8):
+            weights.matmul(weights)
+
+    alone = timed(lambda: compute(weights), device, 5)
+    _, side = _feed(fed(), steps, compute, device)
+    plain_batches = ((b.images.to(device, non_blocking=True), b.labels) for b in loader)
+    _, plain = _feed(plain_batches, steps, compute, device)
+    rows = [
+        ["compute alone", f"{alone * 1e3:.1f}", "1.00x"],
+        ["DeviceLoader (side stream) + augment", f"{side * 1e3:.1f}", f"{side / alone:.2f}x"],
+        ["copy on the compute stream", f"{plain * 1e3:.1f}", f"{plain / alone:.2f}x"],
+    ]
+    print(table(["step", "ms", "vs compute alone"], rows))
+
+
+def _epoch_memory(device: torch.device, fed: Callable[[], DeviceLoader], batch: int, size: int,
+                  batch_bytes: int) -> None:  # fmt: skip
+    """On CUDA: GPU memory before, after and at its peak over an epoch of `fed()`."""
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    _feed(fed(), 10**9, lambda images: None, device)
+    after = torch.cuda.memory_allocated(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    print(
+        f"\nGPU memory over an epoch of DeviceLoader + RandomResizedCrop: {before >> 20} "
+        f"MiB before, {after >> 20} MiB after, peak {(peak - before) >> 20} MiB above "
+        f"before (a batch of {batch_bytes >> 20} MiB uint8, its float32 crops "
+        f"{batch * size * size * 3 * 4 >> 20} MiB)"
+    )
+
+
+def report_device(device: torch.device, workdir: Path, quick: bool, tiny: bool) -> None:
+    """The feed on `device`: the copy limit (CUDA), each way of feeding crops, their overlap
+    with compute and the GPU memory of an epoch (CUDA)."""
+    cuda = device.type == "cuda"
+    stored, size, batch = (32, 24, 16) if tiny else (256, 224, 256)
+    write_synthetic(workdir, (8 if tiny else (256 if quick else 768)) << 20, (stored, stored, 3))
+    print(f"\n### {torch.cuda.get_device_name(device) if cuda else 'CPU'}: the feed\n")
+    batch_bytes = batch * stored * stored * 3
+    limit = _copy_limit(device, batch_bytes)
+    if cuda:
+        torch.cuda.empty_cache()
     ds = PackedDataset.open(workdir)
     augment = RandomResizedCrop(size, seed=0)
-
-    def feed(
-        loader: Iterable[Any], steps: int, step: Callable[[torch.Tensor], Any]
-    ) -> tuple[float, float]:
-        """(seconds to the first batch: workers' start-up and the first copy; seconds per
-        batch after it) over `steps` batches of `loader`, each followed by `step`."""
-        done, start, first = 0, time.perf_counter(), 0.0
-        for images, *_ in loader:
-            step(images)
-            done += 1
-            if done == 1:
-                _sync(device)
-                first = time.perf_counter() - start
-                start = time.perf_counter()
-            if done == steps:
-                break
-        _sync(device)
-        return first, (time.perf_counter() - start) / max(done - 1, 1)
-
     steps = 4 if tiny else (20 if quick else 60)
     loader = make_loader(ds, batch_size=batch, shuffle=True, with_indices=True, num_workers=2)
-
     in_process = make_loader(ds, batch_size=batch, shuffle=True, with_indices=True)
 
     def on_device(source: Any = loader, **kw: Any) -> DeviceLoader:
@@ -238,9 +282,8 @@ def report_device(device: torch.device, workdir: Path, quick: bool, tiny: bool) 
     def per_sample_transform(image: torch.Tensor) -> torch.Tensor:
         top, left = (stored - size) // 2, (stored - size) // 2
         crop = image.permute(2, 0, 1)[None, :, top : top + size, left : left + size].float()
-        return F.interpolate(crop, (size, size), mode="bilinear", align_corners=False)[0].to(
-            torch.uint8
-        )
+        resized = F.interpolate(crop, (size, size), mode="bilinear", align_corners=False)
+        return resized[0].to(torch.uint8)
 
     slow = make_loader(
         PackedDataset.open(workdir, transform=per_sample_transform),
@@ -248,17 +291,12 @@ def report_device(device: torch.device, workdir: Path, quick: bool, tiny: bool) 
         shuffle=True,
         num_workers=2,
     )
-    nothing: Callable[[torch.Tensor], Any] = lambda images: None  # noqa: E731
-    rows = []
-    for name, run in (
+    feeds: list[tuple[str, Callable[[], DeviceLoader]]] = [
         (
             "DeviceLoader + RandomResizedCrop (batched, on device)",
             lambda: on_device(augment=augment),
         ),
-        (
-            "the same, 0 workers",
-            lambda: on_device(in_process, augment=augment),
-        ),
+        ("the same, 0 workers", lambda: on_device(in_process, augment=augment)),
         (
             "DeviceLoader, per-sample transform in the dataset",
             lambda: DeviceLoader(
@@ -266,65 +304,21 @@ def report_device(device: torch.device, workdir: Path, quick: bool, tiny: bool) 
             ),
         ),
         ("DeviceLoader, no augmentation", lambda: on_device()),
-    ):
-        first, per_batch = feed(run(), steps, nothing)
-        rows.append(
-            [
-                name,
-                f"{first * 1e3:.0f}",
-                f"{batch / per_batch:,.0f}",
-                f"{batch / per_batch / (limit / (stored * stored * 3)):.0%}" if cuda else "-",
-            ]
-        )
+    ]
+    rows = []
+    for name, run in feeds:
+        first, per_batch = _feed(run(), steps, lambda images: None, device)
+        of_limit = f"{batch / per_batch / (limit / (stored * stored * 3)):.0%}" if cuda else "-"
+        rows.append([name, f"{first * 1e3:.0f}", f"{batch / per_batch:,.0f}", of_limit])
     print(
         f"\n{size}x{size} crops from {stored}x{stored} shards, batch {batch}, 2 workers unless "
         "said; the first batch (workers' start-up included) apart:\n"
     )
     print(table(["feed", "first batch ms", "samples/s after it", "of copy limit"], rows))
-
     if cuda:
-        weights = torch.randn(4096, 4096, device=device)
-
-        def compute(_: torch.Tensor) -> None:
-            for _ in range(8):
-                weights.matmul(weights)
-
-        alone = timed(lambda: compute(weights), device, 5)
-        _, side = feed(on_device(augment=augment), steps, compute)
-        # The baseline: the same pinned batches copied without blocking, but on the compute
-        # stream, so each copy runs between two steps instead of beside them.
-        _, plain = feed(
-            ((b.images.to(device, non_blocking=True), b.labels) for b in loader),
-            steps,
-            compute,
-        )
-        print(
-            table(
-                ["step", "ms", "vs compute alone"],
-                [
-                    ["compute alone", f"{alone * 1e3:.1f}", "1.00x"],
-                    [
-                        "DeviceLoader (side stream) + augment",
-                        f"{side * 1e3:.1f}",
-                        f"{side / alone:.2f}x",
-                    ],
-                    ["copy on the compute stream", f"{plain * 1e3:.1f}", f"{plain / alone:.2f}x"],
-                ],
-            )
-        )
-        del weights
-        torch.cuda.empty_cache()
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        feed(on_device(augment=augment), 10**9, nothing)
-        after = torch.cuda.memory_allocated(device)
-        peak = torch.cuda.max_memory_allocated(device)
-        print(
-            f"\nGPU memory over an epoch of DeviceLoader + RandomResizedCrop: {before >> 20} "
-            f"MiB before, {after >> 20} MiB after, peak {(peak - before) >> 20} MiB above "
-            f"before (a batch of {batch_bytes >> 20} MiB uint8, its float32 crops "
-            f"{batch * size * size * 3 * 4 >> 20} MiB)"
-        )
+        _overlap(device, loader, lambda: on_device(augment=augment), steps)
+        torch.cuda.empty_cache()  # the weights of its compute step are gone
+        _epoch_memory(device, lambda: on_device(augment=augment), batch, size, batch_bytes)
 
 
 def main() -> None:

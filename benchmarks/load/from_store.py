@@ -121,6 +121,81 @@ def block_epochs(ds: Any, epochs: int) -> list[float]:
     return seconds
 
 
+def _one_round(
+    work: Path,
+    url: str,
+    local: Path,
+    shards: list[str],
+    port: int,
+    limit: int,
+    times: dict[str, list[float]],
+) -> None:
+    """Each contender once, its seconds appended to `times`: the endpoint's GETs, epochs from
+    the bucket (cache cold, then warm) and from local disk, and shard-group epochs through a
+    cache half the dataset's size."""
+    import s3fs
+
+    from etl.storage.location import StoreOptions
+    from loaders import PackedDataset
+
+    fresh = s3fs.S3FileSystem(**options(port), skip_instance_cache=True)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(fresh.cat_file, shards))
+    times["endpoint"].append(time.perf_counter() - start)
+    cache = work / "cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    for name in ("cold", "warm"):
+        start = time.perf_counter()
+        epoch(
+            PackedDataset.open(
+                url, store=StoreOptions(cache_dir=cache, storage_options=options(port))
+            )
+        )
+        times[name].append(time.perf_counter() - start)
+    start = time.perf_counter()
+    epoch(PackedDataset.open(local))
+    times["local"].append(time.perf_counter() - start)
+    limited = work / "limited"
+    shutil.rmtree(limited, ignore_errors=True)
+    ds = PackedDataset.open(
+        url,
+        store=StoreOptions(cache_dir=limited, storage_options=options(port), cache_limit=limit),
+    )
+    first, second = block_epochs(ds, 2)
+    times["limit-1"].append(first)
+    times["limit-2"].append(second)
+    times["local-blocks"].append(block_epochs(PackedDataset.open(local), 1)[0])
+
+
+def _report(args: argparse.Namespace, times: dict[str, list[float]], n: int, shape: tuple) -> None:
+    """The README table: each contender's samples/s, against local disk and the endpoint."""
+    rate = {k: n / statistics.median(v) for k, v in times.items()}
+    mib = n * shape[0] * shape[1] * 3 / 2**20
+    print(
+        f"# load.from_store, {time.strftime('%Y-%m-%d')}, {cpu_model()}, "
+        f"{os.cpu_count()} CPUs: {n} samples of {shape} ({mib:,.0f} MiB), "
+        f"shards of {args.per_shard:,}, moto S3 on "
+        "127.0.0.1, "
+        f"median of {args.rounds} rounds\n"
+    )
+    print("| contender | samples/s | vs local | vs endpoint |")
+    print("|---|---:|---:|---:|")
+    for name, label in (
+        ("endpoint", "endpoint: 8 concurrent GETs of every shard"),
+        ("cold", "from the bucket, cache cold (open + epoch)"),
+        ("warm", "from the bucket, cache warm (open + epoch)"),
+        ("local", "local disk (open + epoch)"),
+        ("limit-1", "cache limit half the dataset, shard groups, epoch 1 (cold)"),
+        ("limit-2", "cache limit half the dataset, shard groups, epoch 2"),
+        ("local-blocks", "local disk, shard groups (epoch)"),
+    ):
+        print(
+            f"| {label} | {rate[name]:,.0f} | {rate[name] / rate['local']:.2f} "
+            f"| {rate[name] / rate['endpoint']:.2f} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=5000)
@@ -131,7 +206,6 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     import s3fs
 
-    from etl.storage.location import StoreOptions
     from etl.storage.store import StoreDataset
     from loaders import PackedDataset
 
@@ -152,64 +226,12 @@ def main() -> None:
         sizes = [(local / name).stat().st_size for name in shards_of(local)]
         limit = max(sum(sizes) // 2, max(sizes))  # never below one shard (an error)
         for _ in range(args.rounds):
-            fresh = s3fs.S3FileSystem(**options(port), skip_instance_cache=True)
-            start = time.perf_counter()
-            with ThreadPoolExecutor(8) as pool:
-                list(pool.map(fresh.cat_file, shards))
-            times["endpoint"].append(time.perf_counter() - start)
-            cache = work / "cache"
-            shutil.rmtree(cache, ignore_errors=True)
-            for name in ("cold", "warm"):
-                start = time.perf_counter()
-                epoch(
-                    PackedDataset.open(
-                        url, store=StoreOptions(cache_dir=cache, storage_options=options(port))
-                    )
-                )
-                times[name].append(time.perf_counter() - start)
-            start = time.perf_counter()
-            epoch(PackedDataset.open(local))
-            times["local"].append(time.perf_counter() - start)
-            limited = work / "limited"
-            shutil.rmtree(limited, ignore_errors=True)
-            ds = PackedDataset.open(
-                url,
-                store=StoreOptions(
-                    cache_dir=limited, storage_options=options(port), cache_limit=limit
-                ),
-            )
-            first, second = block_epochs(ds, 2)
-            times["limit-1"].append(first)
-            times["limit-2"].append(second)
-            times["local-blocks"].append(block_epochs(PackedDataset.open(local), 1)[0])
+            _one_round(work, url, local, shards, port, limit, times)
         mirror = StoreDataset(url, work / "cache", options(port)).root
         for name in PackedDataset.open(local).selection.shards.names:
             if not filecmp.cmp(local / name, mirror / name, shallow=False):
                 raise SystemExit(f"{name}: the cached copy differs from the packed shard")
-        rate = {k: n / statistics.median(v) for k, v in times.items()}
-        mib = n * shape[0] * shape[1] * 3 / 2**20
-        print(
-            f"# load.from_store, {time.strftime('%Y-%m-%d')}, {cpu_model()}, "
-            f"{os.cpu_count()} CPUs: {n} samples of {shape} ({mib:,.0f} MiB), "
-            f"shards of {args.per_shard:,}, moto S3 on "
-            "127.0.0.1, "
-            f"median of {args.rounds} rounds\n"
-        )
-        print("| contender | samples/s | vs local | vs endpoint |")
-        print("|---|---:|---:|---:|")
-        for name, label in (
-            ("endpoint", "endpoint: 8 concurrent GETs of every shard"),
-            ("cold", "from the bucket, cache cold (open + epoch)"),
-            ("warm", "from the bucket, cache warm (open + epoch)"),
-            ("local", "local disk (open + epoch)"),
-            ("limit-1", "cache limit half the dataset, shard groups, epoch 1 (cold)"),
-            ("limit-2", "cache limit half the dataset, shard groups, epoch 2"),
-            ("local-blocks", "local disk, shard groups (epoch)"),
-        ):
-            print(
-                f"| {label} | {rate[name]:,.0f} | {rate[name] / rate['local']:.2f} "
-                f"| {rate[name] / rate['endpoint']:.2f} |"
-            )
+        _report(args, times, n, shape)
     finally:
         server.kill()
         server.wait()

@@ -31,8 +31,8 @@ def mixture(a: Path, b: Path) -> object:
     from loaders import Mixture, PackedDataset, View
 
     views = [
-        View(str(a), where="CAST(sample_id AS INTEGER) % 2 = 0"),
-        View(str(a), where="CAST(sample_id AS INTEGER) % 2 = 1"),
+        View(str(a), where="label % 2 = 0"),
+        View(str(a), where="label % 2 = 1"),
         View(str(b)),
     ]
     return Mixture([PackedDataset.open(v) for v in views], weights=WEIGHTS)

@@ -33,142 +33,14 @@ from numpy.typing import NDArray
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
-from etl.format.commit import commit
-from etl.format.manifest import table_from_rows
-from etl.format.schema import REJECTS_SCHEMA, SAMPLES_SCHEMA, SHARDS_SCHEMA, ManifestMeta
-from etl.format.shards import ShardWriter
+from benchmarks.common import table
+from benchmarks.load.copies import BATCH, Memcpy, median, report_copies
 from loaders import PackedDataset, PackedStream, make_loader, stream_loader
-from loaders.datasets.packed import collate_batch
-from loaders.order.stream_orders import stream_order
 from loaders.order.orders import balanced_order, block_order, random_order
 from loaders.order.quality import class_mix_distance
+from loaders.order.stream_orders import stream_order
 from loaders.read.catalog import open_catalog
-from loaders.read.reader import ShardReader
-
-BATCH = 256
-
-
-def seconds(run: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
-
-
-class Memcpy:
-    """(c): single-thread np.copyto of one large buffer, far larger than the caches; measured
-    again in every round so that ratios compare numbers taken under the same load, as the best
-    of three copies (other processes can only make a copy slower, never faster)."""
-
-    def __init__(self, nbytes: int) -> None:
-        self.src = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
-        self.dst = np.empty_like(self.src)
-        np.copyto(self.dst, self.src)  # fault every page in first
-
-    def gbps(self) -> float:
-        best = min(seconds(lambda: np.copyto(self.dst, self.src)) for _ in range(3))
-        return self.src.nbytes / best / 1e9
-
-
-def median(values: Iterable[float]) -> float:
-    return float(np.median(list(values)))
-
-
-# --- (c) memcpy and the copy methods -------------------------------------------------------
-
-
-def copy_methods(
-    ds: PackedDataset, big: NDArray[np.uint8], memcpy: Memcpy, batches: int, rounds: int
-) -> dict[str, list[tuple[float, float]]]:
-    """(GB/s, GB/s of memcpy in the same round) per round, for ways to gather random batches of
-    BATCH samples into a preallocated buffer."""
-    sel = ds.selection
-    rng = np.random.default_rng(1)
-    picks = [rng.integers(0, len(ds), BATCH) for _ in range(batches)]
-    out = torch.empty((BATCH, *ds.sample_shape), dtype=torch.uint8).numpy()
-    shards = [ds.reader.array(s) for s in range(len(sel.shards))]
-    memmaps = [np.load(ds.selection.shards.path(s), mmap_mode="r") for s in range(len(shards))]
-    big_tensor = torch.from_numpy(np.array(big))  # a private copy: torch wants writable memory
-    flat_out = torch.from_numpy(out)
-
-    def loaders_gather(i: NDArray[np.int64]) -> None:
-        ds.reader.gather(sel.shard_idx[i], sel.rows[i], out)
-
-    by_rows = ShardReader(sel.shards)
-    by_rows.maps.use_span = False
-
-    def loaders_rows(i: NDArray[np.int64]) -> None:
-        by_rows.gather(sel.shard_idx[i], sel.rows[i], out)
-
-    def loaders_getitems(i: NDArray[np.int64]) -> None:
-        collate_batch(ds.__getitems__(i.tolist()))  # a list of ints, as DataLoader passes it
-
-    def copyto_rows(i: NDArray[np.int64]) -> None:
-        pairs = zip(sel.shard_idx[i].tolist(), sel.rows[i].tolist(), strict=True)
-        for j, (s, r) in enumerate(pairs):
-            np.copyto(out[j], shards[s][r])
-
-    def copyto_rows_memmap(i: NDArray[np.int64]) -> None:
-        pairs = zip(sel.shard_idx[i].tolist(), sel.rows[i].tolist(), strict=True)
-        for j, (s, r) in enumerate(pairs):
-            np.copyto(out[j], memmaps[s][r])
-
-    def fancy_per_shard(i: NDArray[np.int64]) -> None:
-        for s in np.unique(sel.shard_idx[i]).tolist():
-            where = np.flatnonzero(sel.shard_idx[i] == s)
-            out[where] = shards[s][sel.rows[i][where]]
-
-    def take_per_shard_sorted(i: NDArray[np.int64]) -> None:
-        order = np.argsort(sel.shard_idx[i], kind="stable")
-        shard, row = sel.shard_idx[i][order], sel.rows[i][order]
-        cuts = (np.flatnonzero(np.diff(shard)) + 1).tolist()
-        for a, b in zip([0, *cuts], [*cuts, len(i)], strict=True):
-            np.take(shards[shard[a]], row[a:b], axis=0, out=out[a:b], mode="clip")
-
-    def fancy_big(i: NDArray[np.int64]) -> None:
-        out[...] = big[i]
-
-    def take_big(i: NDArray[np.int64]) -> None:
-        np.take(big, i, axis=0, out=out)
-
-    def take_big_clip(i: NDArray[np.int64]) -> None:
-        np.take(big, i, axis=0, out=out, mode="clip")
-
-    def index_select_big(i: NDArray[np.int64]) -> None:
-        torch.index_select(big_tensor, 0, torch.from_numpy(i), out=flat_out)
-
-    def memcpy_batch(i: NDArray[np.int64]) -> None:
-        np.copyto(out, big[:BATCH])
-
-    methods: dict[str, Callable[[NDArray[np.int64]], None]] = {
-        "loaders ShardReader.gather: one np.take over a ShardSpan, order kept": loaders_gather,
-        "loaders ShardReader.gather without a span: a slice copy per row": loaders_rows,
-        "loaders __getitems__: gather + labels + reused batch buffer": loaders_getitems,
-        "np.copyto per row, ndarray views": copyto_rows,
-        "np.copyto per row, np.memmap objects": copyto_rows_memmap,
-        "numpy fancy indexing per shard, scattered into the batch": fancy_per_shard,
-        "np.take(mode='clip') per shard, batch left in (shard, row) order**": (
-            take_per_shard_sorted
-        ),
-        "numpy fancy indexing, one 4-d memmap*": fancy_big,
-        "np.take(axis=0, out=), one 4-d memmap* (mode='raise' copies out)": take_big,
-        "np.take(axis=0, out=, mode='clip'), one 4-d memmap*: a C loop per row": take_big_clip,
-        "torch.index_select(out=), one big tensor*": index_select_big,
-        "memcpy of the same bytes, contiguous": memcpy_batch,
-    }
-    nbytes = batches * BATCH * int(np.prod(ds.sample_shape))
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in methods}
-    for _ in range(rounds):
-        reference = memcpy.gbps()
-        for name, method in methods.items():
-            rate = nbytes / seconds(partial(_each, method, picks)) / 1e9
-            results[name].append((rate, reference))
-    return results
-
-
-def _each(method: Callable[[NDArray[np.int64]], None], picks: list[NDArray[np.int64]]) -> None:
-    for pick in picks:
-        method(pick)
-
+from tests.helpers.random_dataset import write_random_dataset
 
 # --- the loaders being compared ------------------------------------------------------------
 
@@ -241,68 +113,10 @@ def write_synthetic(
     root: Path, total_bytes: int, shape: tuple[int, ...], per_shard: int = 1000
 ) -> int:
     """A packed dataset of random pixels, `total_bytes` large, in shards of `per_shard`
-    samples."""
+    samples (`tests.helpers.random_dataset`); its sample count."""
     n = max(per_shard, total_bytes // int(np.prod(shape)))
-    rng = np.random.default_rng(0)
-    samples, shards = [], []
-    for k in range(-(-n // per_shard)):
-        rows = min(per_shard, n - per_shard * k)
-        name = f"shards/v000001-{k:05d}.npy"
-        block = rng.integers(0, 256, (rows, *shape), dtype=np.uint8)
-        with ShardWriter(root, name, rows, shape, "xxh3_64") as writer:
-            for r in range(rows):
-                _, checksum = writer.append(block[r])
-                i = per_shard * k + r
-                samples.append(_synthetic_row(i, name, r, checksum, shape))
-            info = writer.finish()
-        assert info is not None
-        shards.append(
-            {
-                "shard": name,
-                "rows": rows,
-                "bytes": info.bytes,
-                "checksum": info.checksum,
-                "blake3": info.blake3,
-            }
-        )
-    meta = ManifestMeta(
-        version=1,
-        sample_shape=shape,
-        layout="HWC",
-        classes=tuple(f"c{i}" for i in range(6)),
-        checksum="xxh3_64",
-        config_digest="bench",
-        config={},
-        tool_version="bench",
-    )
-    commit(
-        root,
-        meta,
-        table_from_rows(samples, SAMPLES_SCHEMA),
-        table_from_rows(shards, SHARDS_SCHEMA),
-        table_from_rows([], REJECTS_SCHEMA),
-    )
+    write_random_dataset(root, n, shape, per_shard)
     return n
-
-
-def _synthetic_row(
-    i: int, shard: str, row: int, checksum: str, shape: tuple[int, ...]
-) -> dict[str, Any]:
-    return {
-        "sample_id": str(i),
-        "source": f"c{i % 6}/{i:08d}.png",
-        "source_size": 1,
-        "source_mtime_ns": 1,
-        "source_hash": str(i),
-        "source_height": shape[0],
-        "source_width": shape[1],
-        "label": i % 6,
-        "class_name": f"c{i % 6}",
-        "split": "train",
-        "shard": shard,
-        "row": row,
-        "checksum": checksum,
-    }
 
 
 def rss_over_epoch(root: Path, release_every: int | None, workers: int) -> list[str]:
@@ -324,30 +138,6 @@ def rss_over_epoch(root: Path, release_every: int | None, workers: int) -> list[
 
 
 # --- report --------------------------------------------------------------------------------
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def report_copies(ds: PackedDataset, big: NDArray[np.uint8], memcpy: Memcpy, quick: bool) -> None:
-    rounds = 3 if quick else 7
-    methods = copy_methods(ds, big, memcpy, batches=20 if quick else 60, rounds=rounds)
-    rows = [
-        [name, f"{median(r for r, _ in v):.2f}", f"{median(r / c for r, c in v):.0%}"]
-        for name, v in methods.items()
-    ]
-    reference = [c for _, c in next(iter(methods.values()))]
-    rows.append(["(c) np.copyto of one large buffer (memcpy)", f"{median(reference):.2f}", "100%"])
-    print(f"## Copy methods: random batches of {BATCH} into a preallocated buffer\n")
-    print(f"Median of {rounds} rounds; 'of memcpy' is the median of per-round ratios.\n")
-    print(table(["method", "GB/s", "of memcpy"], rows))
-    print(
-        "\n*one file holding the whole dataset, for comparison. "
-        "**C speed, but a batch in the order asked needs a second pass.\n"
-    )
 
 
 Contenders = dict[tuple[str, int], Iterable[Any]]

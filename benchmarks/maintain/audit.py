@@ -31,80 +31,22 @@ from pathlib import Path
 
 import numpy as np
 import psutil
-import xxhash
 
 from benchmarks.common import cpu_model
-from etl.format.commit import commit
-from etl.format.manifest import table_from_rows
-from etl.format.schema import REJECTS_SCHEMA, SAMPLES_SCHEMA, SHARDS_SCHEMA, ManifestMeta
-from etl.format.shards import ShardWriter
 from etl.maintenance.audit import AuditOptions, audit
+from tests.helpers.random_dataset import write_random_dataset
 
 SHAPE = (64, 64, 3)
 CHECKSUM = "xxh3_64"
 
 
 def make_dataset(root: Path, total_mib: int, shard_mib: int, seed: int = 0) -> list[Path]:
-    """Random samples in shards of about `shard_mib`, committed as version 1."""
+    """Random samples in shards of about `shard_mib`, committed as version 1
+    (`tests.helpers.random_dataset`)."""
     sample_bytes = int(np.prod(SHAPE))
-    n = total_mib * 2**20 // sample_bytes
     per_shard = max(1, shard_mib * 2**20 // sample_bytes)
-    rng = np.random.default_rng(seed)
-    samples, shards = [], []
-    for index, start in enumerate(range(0, n, per_shard)):
-        count = min(per_shard, n - start)
-        name = f"shards/v000001-{index:05d}.npy"
-        block = np.frombuffer(rng.bytes(count * sample_bytes), np.uint8).reshape(count, *SHAPE)
-        with ShardWriter(root, name, count, SHAPE, CHECKSUM) as writer:
-            for i in range(count):
-                source = f"noise/{start + i:08d}.png"
-                row, checksum = writer.append(block[i])
-                samples.append(
-                    {
-                        "sample_id": xxhash.xxh3_64_hexdigest(source.encode()),
-                        "source": source,
-                        "source_size": 1,
-                        "source_mtime_ns": 0,
-                        "source_hash": f"{start + i:016x}",
-                        "source_height": SHAPE[0],
-                        "source_width": SHAPE[1],
-                        "label": 0,
-                        "class_name": "noise",
-                        "split": "train",
-                        "shard": name,
-                        "row": row,
-                        "checksum": checksum,
-                    }
-                )
-            info = writer.finish()
-        assert info is not None
-        shards.append(
-            {
-                "shard": info.name,
-                "rows": info.rows,
-                "bytes": info.bytes,
-                "checksum": info.checksum,
-                "blake3": info.blake3,
-            }
-        )
-    meta = ManifestMeta(
-        version=1,
-        sample_shape=SHAPE,
-        layout="HWC",
-        classes=("noise",),
-        checksum=CHECKSUM,
-        config_digest="bench",
-        config={},
-        tool_version="bench",
-    )
-    commit(
-        root,
-        meta,
-        table_from_rows(samples, SAMPLES_SCHEMA),
-        table_from_rows(shards, SHARDS_SCHEMA),
-        table_from_rows([], REJECTS_SCHEMA),
-    )
-    return sorted((root / "shards").glob("*.npy"))
+    count = total_mib * 2**20 // sample_bytes
+    return write_random_dataset(root, count, SHAPE, per_shard, ("noise",), seed)
 
 
 def warm(files: list[Path]) -> None:
@@ -131,6 +73,37 @@ def machine() -> str:
     )
 
 
+def _cases(root: Path, names: list[str]) -> list[tuple[str, int, Callable[[], object]]]:
+    """(label, jobs, call) of every case timed: `sha256sum` of the shard files in one and two
+    processes, and the audit in each mode with 1 and 2 jobs."""
+
+    def sha256sum() -> None:
+        subprocess.run(["sha256sum", *names], capture_output=True, check=True)
+
+    def sha256sum_2() -> None:
+        subprocess.run(
+            ["xargs", "-P", "2", "-n", str(max(1, len(names) // 8)), "sha256sum"],
+            input="\n".join(names),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+
+    cases: list[tuple[str, int, Callable[[], object]]] = [
+        ("`sha256sum` (one process)", 1, sha256sum),
+        ("`sha256sum` (`xargs -P 2`)", 2, sha256sum_2),
+    ]
+    for label, options in [
+        ("audit (default): xxh3 per shard and per sample", AuditOptions()),
+        ("audit `--deep`: the default + blake3 per shard", AuditOptions(deep=True)),
+        ("audit `--fast`: xxh3 per shard", AuditOptions(fast=True)),
+        ("audit `--sample-rate 0.01` (effective)", AuditOptions(sample_rate=0.01, seed=0)),
+    ]:
+        for jobs in (1, 2):
+            cases.append((label, jobs, partial(_checked_audit, root, replace(options, jobs=jobs))))
+    return cases
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mib", type=int, default=384, help="dataset size (MiB)")
@@ -146,34 +119,7 @@ def main() -> None:
         files = make_dataset(root, args.mib, args.shard_mib)
         size = sum(p.stat().st_size for p in files)
         warm(files)
-        names = [str(p) for p in files]
-
-        def sha256sum() -> None:
-            subprocess.run(["sha256sum", *names], capture_output=True, check=True)
-
-        def sha256sum_2() -> None:
-            subprocess.run(
-                ["xargs", "-P", "2", "-n", str(max(1, len(names) // 8)), "sha256sum"],
-                input="\n".join(names),
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-
-        cases: list[tuple[str, int, Callable[[], object]]] = [
-            ("`sha256sum` (one process)", 1, sha256sum),
-            ("`sha256sum` (`xargs -P 2`)", 2, sha256sum_2),
-        ]
-        for label, options in [
-            ("audit (default): xxh3 per shard and per sample", AuditOptions()),
-            ("audit `--deep`: the default + blake3 per shard", AuditOptions(deep=True)),
-            ("audit `--fast`: xxh3 per shard", AuditOptions(fast=True)),
-            ("audit `--sample-rate 0.01` (effective)", AuditOptions(sample_rate=0.01, seed=0)),
-        ]:
-            for jobs in (1, 2):
-                cases.append(
-                    (label, jobs, partial(_checked_audit, root, replace(options, jobs=jobs)))
-                )
+        cases = _cases(root, [str(p) for p in files])
         # NOTE: rounds interleave every case, so a neighbour's load hits them all alike.
         wall: list[list[float]] = [[] for _ in cases]
         cpu: list[list[float]] = [[] for _ in cases]

@@ -29,9 +29,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import machine_info
 from benchmarks.load.from_store import create_bucket, free_port, options, start_server
 from benchmarks.pack.grid import write_config
-from benchmarks.pack.throughput import machine_info
 from benchmarks.photos import make_photos
 
 BUCKET = "photos"
@@ -78,6 +78,59 @@ def samples(out: Path | str, cache: Path) -> list[tuple[Any, ...]]:
     return sorted(tuple(row.values()) for row in table.to_pylist())
 
 
+def _rounds(
+    args: argparse.Namespace,
+    variants: list[str],
+    sources: dict[str, str],
+    work: Path,
+    env: dict[str, str],
+    fs: Any,
+    keys: list[str],
+    times: dict[str, list[float]],
+) -> dict[str, Path | str]:
+    """The interleaved rounds, each variant's seconds appended to `times`; where each run
+    wrote its dataset."""
+    outputs: dict[str, Path | str] = {}
+    for round_ in range(args.rounds):
+        turn = round_ % len(variants)
+        for variant in variants[turn:] + variants[:turn]:
+            if variant == "endpoint":
+                seconds = endpoint_seconds(fs, keys)
+            else:
+                out: Path | str = work / f"out-{variant}"
+                if variant == "to-bucket":
+                    out = f"s3://{BUCKET}/out-{round_}"
+                shutil.rmtree(out, ignore_errors=True)
+                config = write_config(
+                    work / f"{variant}.yaml", sources[variant], out, 256, args.jobs
+                )
+                seconds = etl_seconds(config, env)
+                outputs[variant] = out
+            times[variant].append(seconds)
+            rate = args.photos / seconds
+            print(f"round {round_ + 1}: {variant:>8} {rate:8.1f} photos/s", file=sys.stderr)
+    return outputs
+
+
+def _report(args: argparse.Namespace, times: dict[str, list[float]]) -> None:
+    """The JSON line and the README table of the median rates."""
+    rate = {v: args.photos / statistics.median(t) for v, t in times.items()}
+    info = machine_info()
+    print(json.dumps({"machine": info, "photos": args.photos, "jobs": args.jobs, "rate": rate}))
+    print(
+        f"\n{args.photos:,} photos, {args.jobs} jobs, median of {args.rounds} rounds "
+        f"({info['cores']} cores, {info['cpu']}, Python {info['python']}, {info['date']}):\n\n"
+        "| | photos/s | x local disk |\n|---|---:|---:|\n"
+        f"| `etl run`, source on local disk | {rate['local']:.0f} | 1.00x |\n"
+        f"| `etl run`, source in the bucket | {rate['bucket']:.0f} | "
+        f"**{rate['bucket'] / rate['local']:.2f}x** |\n"
+        f"| `etl run`, bucket into a bucket | {rate['to-bucket']:.0f} | "
+        f"**{rate['to-bucket'] / rate['local']:.2f}x** |\n"
+        f"| endpoint: 8 concurrent GETs, no decode | {rate['endpoint']:.0f} | "
+        f"{rate['endpoint'] / rate['local']:.2f}x |"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--photos", type=int, default=1000)
@@ -107,27 +160,9 @@ def main() -> None:
             "AWS_DEFAULT_REGION": "us-east-1",
             "ETL_CACHE": str(work / "cache"),
         }
-        bucket = f"s3://{BUCKET}/photos"
-        sources = {"local": str(root), "bucket": bucket, "to-bucket": bucket}
-        outputs: dict[str, Path | str] = {}
-        for round_ in range(args.rounds):
-            turn = round_ % len(variants)
-            for variant in variants[turn:] + variants[:turn]:
-                if variant == "endpoint":
-                    seconds = endpoint_seconds(fs, keys)
-                else:
-                    out: Path | str = work / f"out-{variant}"
-                    if variant == "to-bucket":
-                        out = f"s3://{BUCKET}/out-{round_}"
-                    shutil.rmtree(out, ignore_errors=True)
-                    config = write_config(
-                        work / f"{variant}.yaml", sources[variant], out, 256, args.jobs
-                    )
-                    seconds = etl_seconds(config, env)
-                    outputs[variant] = out
-                times[variant].append(seconds)
-                rate = args.photos / seconds
-                print(f"round {round_ + 1}: {variant:>8} {rate:8.1f} photos/s", file=sys.stderr)
+        sources = {"local": str(root), "bucket": f"s3://{BUCKET}/photos"}
+        sources["to-bucket"] = sources["bucket"]
+        outputs = _rounds(args, variants, sources, work, env, fs, keys, times)
         os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
         local = samples(outputs["local"], work / "cache")
         for variant in ("bucket", "to-bucket"):
@@ -136,21 +171,7 @@ def main() -> None:
     finally:
         server.kill()
         shutil.rmtree(work, ignore_errors=True)
-    rate = {v: args.photos / statistics.median(t) for v, t in times.items()}
-    info = machine_info()
-    print(json.dumps({"machine": info, "photos": args.photos, "jobs": args.jobs, "rate": rate}))
-    print(
-        f"\n{args.photos:,} photos, {args.jobs} jobs, median of {args.rounds} rounds "
-        f"({info['cores']} cores, {info['cpu']}, Python {info['python']}, {info['date']}):\n\n"
-        "| | photos/s | x local disk |\n|---|---:|---:|\n"
-        f"| `etl run`, source on local disk | {rate['local']:.0f} | 1.00x |\n"
-        f"| `etl run`, source in the bucket | {rate['bucket']:.0f} | "
-        f"**{rate['bucket'] / rate['local']:.2f}x** |\n"
-        f"| `etl run`, bucket into a bucket | {rate['to-bucket']:.0f} | "
-        f"**{rate['to-bucket'] / rate['local']:.2f}x** |\n"
-        f"| endpoint: 8 concurrent GETs, no decode | {rate['endpoint']:.0f} | "
-        f"{rate['endpoint'] / rate['local']:.2f}x |"
-    )
+    _report(args, times)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.pack.throughput import machine_info
+from benchmarks.common import machine_info
 from benchmarks.photos import make_photos
 
 DEFAULT_SHARD_MIB = 256
@@ -206,6 +206,8 @@ def benchmark(
 
 
 def markdown(grid: Grid) -> str:
+    """The README section: the machine, then each shard size's rate against the naive writer,
+    against the default shard size, 'auto' against 'loky', scaling with jobs, and phases."""
     m = grid.machine
     default = str(DEFAULT_SHARD_MIB) if DEFAULT_SHARD_MIB in grid.shards else None
     lines = [
@@ -227,53 +229,71 @@ def markdown(grid: Grid) -> str:
             naive = grid.rate(size, jobs, "naive")
             lines.append(f"| {size:,} | {jobs} | {naive:.0f} | " + " | ".join(cells) + " |")
     if default is not None:
-        lines += ["", "Each shard size against the default (256 MiB), same round:", ""]
-        lines += ["| photos | jobs | " + " | ".join(f"{s} MiB" for s in grid.shards) + " |"]
-        lines += ["|---:|---:|" + "---:|" * len(grid.shards)]
-        for size in grid.sizes:
-            for jobs in grid.jobs:
-                cells = [f"{grid.ratio(size, jobs, str(s), default):.2f}x" for s in grid.shards]
-                lines.append(f"| {size:,} | {jobs} | " + " | ".join(cells) + " |")
+        lines += _against_default(grid, default)
     if any(r["variant"] == LOKY for r in grid.runs) and default is not None:
-        lines += [
-            "",
-            f"Backend 'auto' (the default) against 'loky' (processes only), {default} MiB "
-            "shards, same round:",
-            "",
-            "| photos | jobs | loky photos/s, x naive | auto photos/s, x naive | auto x loky |",
-            "|---:|---:|---:|---:|---:|",
-        ]
-        for size in grid.sizes:
-            for jobs in grid.jobs:
-                lines.append(
-                    f"| {size:,} | {jobs} | {grid.rate(size, jobs, LOKY):.0f}, "
-                    f"{grid.ratio(size, jobs, LOKY):.2f}x | {grid.rate(size, jobs, default):.0f}, "
-                    f"{grid.ratio(size, jobs, default):.2f}x | "
-                    f"**{grid.ratio(size, jobs, default, LOKY):.2f}x** |"
-                )
-    if len(grid.jobs) > 1:
-        base = min(grid.jobs)
-        shard = default or str(grid.shards[0])
-        lines += [
-            "",
-            f"Scaling with jobs ({shard} MiB shards), photos/s and speed-up over {base} job(s):",
-            "",
-            "| photos | jobs | naive | naive speed-up | etl | etl speed-up | etl x naive |",
-            "|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for size in grid.sizes:
-            for jobs in grid.jobs:
-                naive, etl = grid.rate(size, jobs, "naive"), grid.rate(size, jobs, shard)
-                lines.append(
-                    f"| {size:,} | {jobs} | {naive:.0f} | "
-                    f"{naive / grid.rate(size, base, 'naive'):.2f}x | {etl:.0f} | "
-                    f"{etl / grid.rate(size, base, shard):.2f}x | "
-                    f"{grid.ratio(size, jobs, shard):.2f}x |"
-                )
+        lines += _auto_against_loky(grid, default)
     shard = default or str(grid.shards[0])
+    if len(grid.jobs) > 1:
+        lines += _scaling(grid, shard)
+    return "\n".join(lines + _phases(grid, shard))
+
+
+def _against_default(grid: Grid, default: str) -> list[str]:
+    lines = ["", "Each shard size against the default (256 MiB), same round:", ""]
+    lines += ["| photos | jobs | " + " | ".join(f"{s} MiB" for s in grid.shards) + " |"]
+    lines += ["|---:|---:|" + "---:|" * len(grid.shards)]
+    for size in grid.sizes:
+        for jobs in grid.jobs:
+            cells = [f"{grid.ratio(size, jobs, str(s), default):.2f}x" for s in grid.shards]
+            lines.append(f"| {size:,} | {jobs} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _auto_against_loky(grid: Grid, default: str) -> list[str]:
+    lines = [
+        "",
+        f"Backend 'auto' (the default) against 'loky' (processes only), {default} MiB "
+        "shards, same round:",
+        "",
+        "| photos | jobs | loky photos/s, x naive | auto photos/s, x naive | auto x loky |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for size in grid.sizes:
+        for jobs in grid.jobs:
+            lines.append(
+                f"| {size:,} | {jobs} | {grid.rate(size, jobs, LOKY):.0f}, "
+                f"{grid.ratio(size, jobs, LOKY):.2f}x | {grid.rate(size, jobs, default):.0f}, "
+                f"{grid.ratio(size, jobs, default):.2f}x | "
+                f"**{grid.ratio(size, jobs, default, LOKY):.2f}x** |"
+            )
+    return lines
+
+
+def _scaling(grid: Grid, shard: str) -> list[str]:
+    base = min(grid.jobs)
+    lines = [
+        "",
+        f"Scaling with jobs ({shard} MiB shards), photos/s and speed-up over {base} job(s):",
+        "",
+        "| photos | jobs | naive | naive speed-up | etl | etl speed-up | etl x naive |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for size in grid.sizes:
+        for jobs in grid.jobs:
+            naive, etl = grid.rate(size, jobs, "naive"), grid.rate(size, jobs, shard)
+            lines.append(
+                f"| {size:,} | {jobs} | {naive:.0f} | "
+                f"{naive / grid.rate(size, base, 'naive'):.2f}x | {etl:.0f} | "
+                f"{etl / grid.rate(size, base, shard):.2f}x | "
+                f"{grid.ratio(size, jobs, shard):.2f}x |"
+            )
+    return lines
+
+
+def _phases(grid: Grid, shard: str) -> list[str]:
     jobs = grid.jobs[0]
     names = list(grid.phases(grid.sizes[0], jobs, shard))
-    lines += [
+    lines = [
         "",
         f"Phases of `etl run` ({shard} MiB shards, {jobs} jobs), median seconds:",
         "",
@@ -286,7 +306,7 @@ def markdown(grid: Grid) -> str:
         lines.append(
             f"| {size:,} | " + " | ".join(f"{phases[n]:.2f}" for n in names) + f" | {whole:.2f} |"
         )
-    return "\n".join(lines)
+    return lines
 
 
 def ceiling(grid: Grid) -> str:

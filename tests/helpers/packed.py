@@ -25,7 +25,7 @@ from etl.format.flat import sides_of
 from etl.format.manifest import RECORDED_FILES, table_from_rows
 from etl.format.record import write_record
 from etl.format.schema import REJECTS_SCHEMA, SAMPLES_SCHEMA, SHARDS_SCHEMA, ManifestMeta
-from etl.format.shards import ShardWriter
+from etl.format.shards import ShardInfo, ShardWriter
 
 CHECKSUM = "xxh3_64"
 
@@ -114,15 +114,7 @@ def make_packed(
                 writer.append(orphan if codec == "raw" else orphan.reshape(-1))
             info = writer.finish()
         assert info is not None
-        shard_rows.append(
-            {
-                "shard": info.name,
-                "rows": info.rows,
-                "bytes": info.bytes,
-                "checksum": info.checksum,
-                "blake3": info.blake3,
-            }
-        )
+        shard_rows.append(shard_row(info))
     meta = ManifestMeta(
         version=1,
         sample_shape=sample_shape,
@@ -154,6 +146,17 @@ def make_packed(
         sample_shape=sample_shape,
         layout=layout,
     )
+
+
+def shard_row(info: ShardInfo) -> dict[str, object]:
+    """A finished shard as its row of the shards table."""
+    return {
+        "shard": info.name,
+        "rows": info.rows,
+        "bytes": info.bytes,
+        "checksum": info.checksum,
+        "blake3": info.blake3,
+    }
 
 
 def _placed(
