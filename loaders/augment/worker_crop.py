@@ -22,7 +22,9 @@ same on every run with the same decoder (the loader's state records it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -45,6 +47,7 @@ from loaders.augment.draws import crop_boxes, flips
 from loaders.read.catalog import Selection
 from loaders.read.flat_rows import decode_failure
 from loaders.read.reader import ShardReader
+from loaders.read.threads import run_each
 
 Crop = RandomResizedCrop | CenterCrop
 
@@ -186,23 +189,32 @@ def cropped_batch(
         height, width = sel.sample_shape[:2] if layout == "HWC" else sel.sample_shape[1:]
         sides = np.full(len(index), height, np.int64), np.full(len(index), width, np.int64)
         boxes, mirrored, resized = crop.boxes(epoch, index, *sides)
-        for j in range(len(index)):
-            one = resized[j] if resized is not None else None
-            flat = whole[j].reshape(-1)
-            crop_sample(flat, RAW, height, width, channels, layout, boxes[j], one,
-                        bool(mirrored[j]), crop, out[j])  # fmt: skip
+        run_each([
+            partial(crop_sample, whole[j].reshape(-1), RAW, height, width, channels, layout,
+                    boxes[j], resized[j] if resized is not None else None, bool(mirrored[j]),
+                    crop, out[j])
+            for j in range(len(index))
+        ])  # fmt: skip
         return
     places = sel.places[index]
     stored = sel.stored[index] if sel.stored is not None else None
     boxes, mirrored, resized = crop.boxes(epoch, index, places[:, 1], places[:, 2])
+    calls: list[Callable[[], None]] = []
 
-    def take(j: int, data: NDArray[np.uint8], height: int, width: int, codec: int) -> None:
-        one = resized[j] if resized is not None else None
+    def one(j: int, data: NDArray[np.uint8], height: int, width: int, codec: int) -> None:
         try:
-            crop_sample(data, codec, height, width, channels, layout, boxes[j], one,
-                        bool(mirrored[j]), crop, out[j])  # fmt: skip
+            crop_sample(data, codec, height, width, channels, layout, boxes[j],
+                        resized[j] if resized is not None else None, bool(mirrored[j]), crop,
+                        out[j])  # fmt: skip
         except DecodeFailure as exc:
             shard = reader.shards
             raise decode_failure(shard, int(shard_idx[j]), int(rows[j]), exc) from None
 
+    def take(j: int, data: NDArray[np.uint8], height: int, width: int, codec: int) -> None:
+        calls.append(partial(one, j, data, height, width, codec))
+
+    # NOTE: the reader checks each sample's stored bytes and hands them over (a view of its
+    # shard's map, which the view keeps mapped, or bytes a ranged read fetched); the decodes
+    # and crops then run on the loader's threads (`loaders.read.threads`), all finished here.
     reader.gather_flat(shard_idx, rows, places, layout, None, stored, take)
+    run_each(calls)

@@ -11,4 +11,5 @@ Modules:
 - `row_checks`:   which rows a loader checks, and where their checksums live
 - `shard_checks`: a shard's checksum, its probe row, rows hashed as copied
 - `span`:         every shard mapped in one array, so a batch is one numpy call
+- `threads`:      a batch's per-sample work (decode, crop) spread over a pool of threads
 """

@@ -29,7 +29,7 @@ from loaders.read.flat_rows import (
 from loaders.read.maps import ShardMaps
 from loaders.read.page_cache import advise_places
 from loaders.read.shard_checks import take_checked
-from loaders.read.span import ShardSpan, copy_rows
+from loaders.read.span import ShardSpan, copy_rows, take_spread
 
 
 class ShardReader:
@@ -192,7 +192,7 @@ class ShardReader:
                 span_rows = span.first[shard] + row
                 self._advise(span, span_rows)
                 if self.shards.row_sums is None:
-                    span.take(span_rows, out)
+                    take_spread(span, span_rows, out)
                 else:
                     bad = take_checked(
                         span, span_rows, self.shards.row_sums, self.shards.seen(), shard, row, out

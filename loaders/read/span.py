@@ -33,9 +33,12 @@ import mmap
 import os
 import sys
 import weakref
+from functools import partial
 
 import numpy as np
 from numpy.typing import NDArray
+
+from loaders.read.threads import run_each, spread
 
 SUPPORTED = sys.platform in ("linux", "darwin") and hasattr(mmap, "MAP_ANONYMOUS")
 
@@ -262,6 +265,16 @@ class ShardSpan:
         self._array = None
         self.mapped[:] = False
         self._close()
+
+
+def take_spread(span: ShardSpan, span_rows: NDArray[np.int64], out: NDArray[np.uint8]) -> None:
+    """`span.take`, each of the loader's threads copying its share of the rows into its part
+    of `out` (`loaders.read.threads.spread`)."""
+    shares = spread(len(span_rows), out.nbytes)
+    if len(shares) == 1:
+        span.take(span_rows, out)
+        return
+    run_each([partial(span.take, span_rows[a:b], out[a:b]) for a, b in shares])
 
 
 def copy_rows(
