@@ -69,9 +69,11 @@ def crop_per_sample(image: Any) -> Any:
 
 def contenders(device: str, crop: bool) -> dict[str, dict[str, Any]]:
     """The loaders measured, by name: make_loader's options (and `unpinned`: a ring left as
-    it was before it was page-locked in place)."""
+    it was before it was page-locked in place; `threads`: torch's thread count during its
+    epochs, the loader's threads without workers: `loaders.read.threads`)."""
     chosen: dict[str, dict[str, Any]] = {
         "0 workers": {"num_workers": 0},
+        "0 workers, 2 threads": {"num_workers": 0, "threads": 2},
         "2 workers": {"num_workers": 2},
         "2 workers, persistent": {"num_workers": 2, "persistent_workers": True},
     }
@@ -101,9 +103,11 @@ def measure(
     torch.set_num_threads(1)
     results: dict[str, list[list[float]]] = {}
     loaders = {}
+    threads: dict[str, int] = {}
     for name, options in contenders(device, crop).items():
         options = dict(options)
         unpinned, cropped = options.pop("unpinned", False), options.pop("crop", False)
+        threads[name] = options.pop("threads", 1)
         ds = PackedDataset.open(data, transform=crop_per_sample if cropped else None)
         if jpeg:
             ds = ds.with_crop(RandomResizedCrop(224, seed=0))
@@ -112,15 +116,19 @@ def measure(
         if unpinned and ring is not None:
             ring.pin_tried = True  # never registered: the pin thread copies every batch
         loaders[name] = loader
-    for loader in loaders.values():  # warm up: pages mapped, persistent workers started
+    for name, loader in loaders.items():  # warm up: pages mapped, persistent workers started
+        torch.set_num_threads(threads[name])
         _epoch(loader, device)
+        torch.set_num_threads(1)
     shards = [np.load(p, mmap_mode="r") for p in sorted((data / "shards").glob("*.npy"))]
     sizes = np.array([len(s) for s in shards])
     starts = np.cumsum(sizes) - sizes
     for epoch in range(1, rounds + 1):
         for name, loader in loaders.items():
             loader.set_epoch(epoch)
+            torch.set_num_threads(threads[name])
             results.setdefault(name, []).append(_epoch(loader, device))
+            torch.set_num_threads(1)
         if jpeg:
             from benchmarks.formats.encoded import bare_crop_rate
 
