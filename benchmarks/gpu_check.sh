@@ -162,6 +162,6 @@ if [ "$PART" != tests ]; then
         "$OUT/bench-workers.log" "$OUT/bench-workers-jpeg.log"
 fi
 echo
-note "took $SECONDS s of the ${BUDGET} s budget (--part $PART)"
+echo "took $SECONDS s of the ${BUDGET} s budget (--part $PART)" >> "$SUMMARY"
 cat "$SUMMARY"
 ! grep -q "^FAIL\|^SKIP" "$SUMMARY"
