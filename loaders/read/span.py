@@ -270,10 +270,7 @@ class ShardSpan:
 def take_spread(span: ShardSpan, span_rows: NDArray[np.int64], out: NDArray[np.uint8]) -> None:
     """`span.take`, each of the loader's threads copying its share of the rows into its part
     of `out` (`loaders.read.threads.spread`)."""
-    shares = spread(len(span_rows), out.nbytes)
-    if len(shares) == 1:
-        span.take(span_rows, out)
-        return
+    shares = spread(len(span_rows), out.nbytes)  # one share runs in this thread
     run_each([partial(span.take, span_rows[a:b], out[a:b]) for a, b in shares])
 
 

@@ -39,6 +39,8 @@ def _shared_pool(threads: int) -> ThreadPoolExecutor:
     global _pool, _pool_pid
     with _pool_lock:
         if _pool is None or _pool_pid != os.getpid() or _pool._max_workers != threads:
+            if _pool is not None and _pool_pid == os.getpid():
+                _pool.shutdown(wait=False)  # torch's thread count changed: its threads go
             _pool = ThreadPoolExecutor(threads, thread_name_prefix=_PREFIX)
             _pool_pid = os.getpid()
         return _pool
