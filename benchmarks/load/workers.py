@@ -88,13 +88,28 @@ def contenders(device: str, crop: bool) -> dict[str, dict[str, Any]]:
     return chosen
 
 
+BARE = "per-row copy, 1 thread"
+BARE_JPEG = "bare loop: decode + crop + resize, 1 process"
+
+
 def measure(
-    data: Path, rounds: int, size: int, device: str = "cpu", crop: bool = False, jpeg: bool = False
+    data: Path,
+    rounds: int,
+    size: int,
+    device: str = "cpu",
+    crop: bool = False,
+    jpeg: bool = False,
+    only: str | None = None,
 ) -> dict[str, list[list[float]]]:
     """[epoch seconds, seconds to the first batch] per round, for each contender and the
-    per-row copy (with `jpeg`, the bare decode loop); run in a fresh process whose `sys.path`
-    starts with the tree measured. With CUDA, also "copy GB/s" ([ring batch, torch pinned,
-    registration seconds])."""
+    per-row copy (with `jpeg`, the bare decode loop), or only the one named `only`; run in a
+    fresh process whose `sys.path` starts with the tree measured. With CUDA, also "copy GB/s"
+    ([ring batch, torch pinned, registration seconds]).
+
+    NOTE [ one contender a process ]: contenders measured in one process disturbed each other:
+    a fork for workers write-protects the parent's anonymous pages (its pooled batch buffers),
+    so every later in-process batch faulted each page again (0 workers with 2 threads: 26,442
+    samples/s beside the workers, 59,103 alone, 2-core VM). `main` gives each its own."""
     import torch
 
     from loaders import PackedDataset, RandomResizedCrop, make_loader
@@ -104,7 +119,10 @@ def measure(
     results: dict[str, list[list[float]]] = {}
     loaders = {}
     threads: dict[str, int] = {}
-    for name, options in contenders(device, crop).items():
+    chosen = contenders(device, crop)
+    if only is not None:
+        chosen = {name: chosen[name] for name in chosen if name == only}
+    for name, options in chosen.items():
         options = dict(options)
         unpinned, cropped = options.pop("unpinned", False), options.pop("crop", False)
         threads[name] = options.pop("threads", 1)
@@ -129,12 +147,13 @@ def measure(
             torch.set_num_threads(threads[name])
             results.setdefault(name, []).append(_epoch(loader, device))
             torch.set_num_threads(1)
+        if only not in (None, BARE, BARE_JPEG):
+            continue
         if jpeg:
             from benchmarks.formats.encoded import bare_crop_rate
 
-            bare = "bare loop: decode + crop + resize, 1 process"
             seconds = len(PackedDataset.open(data)) / bare_crop_rate(data)
-            results.setdefault(bare, []).append([seconds, 0.0])
+            results.setdefault(BARE_JPEG, []).append([seconds, 0.0])
             continue
         order = np.random.default_rng(epoch).permutation(int(sizes.sum()))
         out = np.empty((BATCH, size, size, 3), dtype=np.uint8)
@@ -143,8 +162,8 @@ def measure(
             for k, i in enumerate(order[b : b + BATCH]):
                 s = int(np.searchsorted(starts, i, "right") - 1)
                 out[k] = shards[s][i - starts[s]]
-        results.setdefault("per-row copy, 1 thread", []).append([time.perf_counter() - start, 0.0])
-    if device == "cuda":
+        results.setdefault(BARE, []).append([time.perf_counter() - start, 0.0])
+    if device == "cuda" and "2 workers, persistent" in loaders:
         results["copy GB/s"] = [_copy_rates(loaders["2 workers, persistent"])]
     return results
 
@@ -188,7 +207,14 @@ def _copy_rates(loader: Any, repeats: int = 20) -> list[float]:
 
 
 def run_tree(
-    tree: Path, data: Path, rounds: int, size: int, device: str, crop: bool, jpeg: bool
+    tree: Path,
+    data: Path,
+    rounds: int,
+    size: int,
+    device: str,
+    crop: bool,
+    jpeg: bool,
+    only: str | None = None,
 ) -> dict[str, list[list[float]]]:
     # This file's `measure`, run against `tree`'s loaders (first on sys.path).
     code = (
@@ -197,7 +223,7 @@ def run_tree(
         f"measure = runpy.run_path({__file__!r})['measure'];"
         "from pathlib import Path;"
         f"print(json.dumps(measure(Path({str(data)!r}), {rounds}, {size}, {device!r}, {crop},"
-        f" {jpeg})))"
+        f" {jpeg}, {only!r})))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tree
@@ -238,11 +264,15 @@ def main() -> None:
             f" {os.cpu_count()} CPUs; {args.rounds} rounds; batches to {device}\n"
         )
         runs: dict[str, list[dict[str, list[list[float]]]]] = {name: [] for name in trees}
-        for _ in range(2):  # two fresh processes per tree, interleaved
+        names = [*contenders(device, args.crop), BARE_JPEG if args.jpeg else BARE]
+        for _ in range(2):  # two rounds of fresh processes, trees interleaved
             for name, tree in trees.items():
-                runs[name].append(
-                    run_tree(tree, data, args.rounds, args.size, device, args.crop, args.jpeg)
-                )
+                result: dict[str, list[list[float]]] = {}
+                for only in names:  # NOTE [ one contender a process ]
+                    result |= run_tree(
+                        tree, data, args.rounds, args.size, device, args.crop, args.jpeg, only
+                    )
+                runs[name].append(result)
     print(report(runs, args.samples))
     for name, results in runs.items():
         for result in results:
