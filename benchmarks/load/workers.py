@@ -74,11 +74,20 @@ def contenders(device: str, crop: bool) -> dict[str, dict[str, Any]]:
     chosen: dict[str, dict[str, Any]] = {
         "0 workers": {"num_workers": 0},
         "0 workers, 2 threads": {"num_workers": 0, "threads": 2},
-        "2 workers": {"num_workers": 2},
-        "2 workers, persistent": {"num_workers": 2, "persistent_workers": True},
+        "num_workers=2 (the habit), 2 threads": {"num_workers": 2, "threads": 2},
+        "2 workers": {"num_workers": 2, "workers_as": "processes", "persistent_workers": False},
+        "2 workers, persistent": {
+            "num_workers": 2,
+            "workers_as": "processes",
+            "persistent_workers": True,
+        },
     }
     if device == "cuda":
-        chosen["2 workers, ring not pinned"] = {"num_workers": 2, "unpinned": True}
+        chosen["2 workers, ring not pinned"] = {
+            "num_workers": 2,
+            "workers_as": "processes",
+            "unpinned": True,
+        }
     if crop:
         chosen["0 workers, crop per sample"] = {"num_workers": 0, "crop": True}
         chosen["2 workers, crop per sample"] = {"num_workers": 2, "crop": True}
@@ -100,6 +109,7 @@ def measure(
     crop: bool = False,
     jpeg: bool = False,
     only: str | None = None,
+    step: float = 0.0,
 ) -> dict[str, list[list[float]]]:
     """[epoch seconds, seconds to the first batch] per round, for each contender and the
     per-row copy (with `jpeg`, the bare decode loop), or only the one named `only`; run in a
@@ -112,35 +122,18 @@ def measure(
     samples/s beside the workers, 59,103 alone, 2-core VM). `main` gives each its own."""
     import torch
 
-    from loaders import PackedDataset, RandomResizedCrop, make_loader
+    from loaders import PackedDataset
 
     warnings.filterwarnings("ignore", "CUDA is not available", RuntimeWarning)
     torch.set_num_threads(1)
+    STEP[0] = step
     results: dict[str, list[list[float]]] = {}
-    loaders = {}
-    threads: dict[str, int] = {}
-    chosen = contenders(device, crop)
-    if only is not None:
-        chosen = {name: chosen[name] for name in chosen if name == only}
-    for name, options in chosen.items():
-        options = dict(options)
-        unpinned, cropped = options.pop("unpinned", False), options.pop("crop", False)
-        threads[name] = options.pop("threads", 1)
-        ds = PackedDataset.open(data, transform=crop_per_sample if cropped else None)
-        if jpeg:
-            ds = ds.with_crop(RandomResizedCrop(224, seed=0))
-        loader = make_loader(ds, batch_size=BATCH, shuffle=True, **options)
-        ring = getattr(getattr(loader.dataset, "memory", None), "ring", None)
-        if unpinned and ring is not None:
-            ring.pin_tried = True  # never registered: the pin thread copies every batch
-        loaders[name] = loader
+    loaders, threads = _loaders(data, device, crop, jpeg, only)
     for name, loader in loaders.items():  # warm up: pages mapped, persistent workers started
         torch.set_num_threads(threads[name])
         _epoch(loader, device)
         torch.set_num_threads(1)
     shards = [np.load(p, mmap_mode="r") for p in sorted((data / "shards").glob("*.npy"))]
-    sizes = np.array([len(s) for s in shards])
-    starts = np.cumsum(sizes) - sizes
     for epoch in range(1, rounds + 1):
         for name, loader in loaders.items():
             loader.set_epoch(epoch)
@@ -155,21 +148,64 @@ def measure(
             seconds = len(PackedDataset.open(data)) / bare_crop_rate(data)
             results.setdefault(BARE_JPEG, []).append([seconds, 0.0])
             continue
-        order = np.random.default_rng(epoch).permutation(int(sizes.sum()))
-        out = np.empty((BATCH, size, size, 3), dtype=np.uint8)
-        start = time.perf_counter()
-        for b in range(0, len(order), BATCH):
-            for k, i in enumerate(order[b : b + BATCH]):
-                s = int(np.searchsorted(starts, i, "right") - 1)
-                out[k] = shards[s][i - starts[s]]
-        results.setdefault(BARE, []).append([time.perf_counter() - start, 0.0])
+        results.setdefault(BARE, []).append([_per_row_copy(shards, epoch, size), 0.0])
     if device == "cuda" and "2 workers, persistent" in loaders:
         results["copy GB/s"] = [_copy_rates(loaders["2 workers, persistent"])]
     return results
 
 
+def _loaders(
+    data: Path, device: str, crop: bool, jpeg: bool, only: str | None
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """The contenders' loaders by name (only `only`'s when given), and the torch threads each
+    runs with."""
+    from loaders import PackedDataset, RandomResizedCrop, make_loader
+
+    loaders = {}
+    threads: dict[str, int] = {}
+    chosen = contenders(device, crop)
+    if only is not None:
+        chosen = {name: chosen[name] for name in chosen if name == only}
+    for name, options in chosen.items():
+        options = dict(options)
+        unpinned, cropped = options.pop("unpinned", False), options.pop("crop", False)
+        threads[name] = options.pop("threads", 1)
+        ds = PackedDataset.open(data, transform=crop_per_sample if cropped else None)
+        if jpeg:
+            ds = ds.with_crop(RandomResizedCrop(224, seed=0))
+        try:
+            loader = make_loader(ds, batch_size=BATCH, shuffle=True, **options)
+        except TypeError:  # a tree from before `workers_as`: its workers were processes
+            options.pop("workers_as", None)
+            loader = make_loader(ds, batch_size=BATCH, shuffle=True, **options)
+        ring = getattr(getattr(loader.dataset, "memory", None), "ring", None)
+        if unpinned and ring is not None:
+            ring.pin_tried = True  # never registered: the pin thread copies every batch
+        loaders[name] = loader
+    return loaders, threads
+
+
+def _per_row_copy(shards: list[Any], epoch: int, size: int) -> float:
+    """Seconds of a random epoch's batches copied row by row from `np.load` maps, 1 thread."""
+    sizes = np.array([len(s) for s in shards])
+    starts = np.cumsum(sizes) - sizes
+    order = np.random.default_rng(epoch).permutation(int(sizes.sum()))
+    out = np.empty((BATCH, size, size, 3), dtype=np.uint8)
+    start = time.perf_counter()
+    for b in range(0, len(order), BATCH):
+        for k, i in enumerate(order[b : b + BATCH]):
+            s = int(np.searchsorted(starts, i, "right") - 1)
+            out[k] = shards[s][i - starts[s]]
+    return time.perf_counter() - start
+
+
+STEP = [0.0]
+"""Seconds of a training step after each batch (`--step-ms`), set in the measuring process."""
+
+
 def _epoch(loader: Any, device: str) -> list[float]:
-    """[seconds, seconds to the first batch] of one epoch, each batch copied to `device`."""
+    """[seconds, seconds to the first batch] of one epoch, each batch copied to `device`
+    (and a step of `STEP` seconds that leaves the CPU to the loader, as a GPU's would)."""
     import torch
 
     start = time.perf_counter()
@@ -179,6 +215,8 @@ def _epoch(loader: Any, device: str) -> list[float]:
             images.to(device, non_blocking=True)
         if first is None:
             first = time.perf_counter() - start
+        if STEP[0]:
+            time.sleep(STEP[0])
     if device == "cuda":
         torch.cuda.synchronize()
     return [time.perf_counter() - start, first or 0.0]
@@ -215,6 +253,7 @@ def run_tree(
     crop: bool,
     jpeg: bool,
     only: str | None = None,
+    step: float = 0.0,
 ) -> dict[str, list[list[float]]]:
     # This file's `measure`, run against `tree`'s loaders (first on sys.path).
     code = (
@@ -223,7 +262,7 @@ def run_tree(
         f"measure = runpy.run_path({__file__!r})['measure'];"
         "from pathlib import Path;"
         f"print(json.dumps(measure(Path({str(data)!r}), {rounds}, {size}, {device!r}, {crop},"
-        f" {jpeg}, {only!r})))"
+        f" {jpeg}, {only!r}, {step})))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tree
@@ -241,6 +280,9 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda where present")
     parser.add_argument("--crop", action="store_true", help="add a per-sample crop in workers")
     parser.add_argument("--jpeg", action="store_true", help="photos stored as JPEG, cropped")
+    parser.add_argument(
+        "--step-ms", type=float, default=0.0, help="a training step's ms after each batch"
+    )
     args = parser.parse_args()
     if args.crop and args.jpeg:
         parser.error("--crop and --jpeg are two different datasets: give one")
@@ -270,8 +312,9 @@ def main() -> None:
                 result: dict[str, list[list[float]]] = {}
                 for only in names:  # NOTE [ one contender a process ]
                     result |= run_tree(
-                        tree, data, args.rounds, args.size, device, args.crop, args.jpeg, only
-                    )
+                        tree, data, args.rounds, args.size, device, args.crop, args.jpeg, only,
+                        args.step_ms / 1000,
+                    )  # fmt: skip
                 runs[name].append(result)
     print(report(runs, args.samples))
     for name, results in runs.items():

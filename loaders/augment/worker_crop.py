@@ -48,6 +48,7 @@ from loaders.read.catalog import Selection
 from loaders.read.flat_rows import decode_failure
 from loaders.read.reader import ShardReader
 from loaders.read.threads import run_each
+from loaders.read.timing import stage
 
 Crop = RandomResizedCrop | CenterCrop
 
@@ -189,12 +190,14 @@ def cropped_batch(
         height, width = sel.sample_shape[:2] if layout == "HWC" else sel.sample_shape[1:]
         sides = np.full(len(index), height, np.int64), np.full(len(index), width, np.int64)
         boxes, mirrored, resized = crop.boxes(epoch, index, *sides)
-        run_each([
+        crops = [
             partial(crop_sample, whole[j].reshape(-1), RAW, height, width, channels, layout,
                     boxes[j], resized[j] if resized is not None else None, bool(mirrored[j]),
                     crop, out[j])
             for j in range(len(index))
-        ])  # fmt: skip
+        ]  # fmt: skip
+        with stage("crop"):
+            run_each(crops)
         return
     places = sel.places[index]
     stored = sel.stored[index] if sel.stored is not None else None
@@ -217,4 +220,5 @@ def cropped_batch(
     # shard's map, which the view keeps mapped, or bytes a ranged read fetched); the decodes
     # and crops then run on the loader's threads (`loaders.read.threads`), all finished here.
     reader.gather_flat(shard_idx, rows, places, layout, None, stored, take)
-    run_each(calls)
+    with stage("crop"):
+        run_each(calls)

@@ -225,8 +225,8 @@ class Mixture(Dataset[tuple[Any, ...]]):
         return twin
 
     def __getitems__(self, indices: Sequence[int]) -> Samples:
-        self.memory.note_gather()
-        return Samples(self.gather(indices))
+        with self.memory.gathering():
+            return Samples(self.gather(indices))
 
     def __getitem__(self, index: int) -> tuple[Any, ...]:
         return Samples(self.gather([index]))[0]

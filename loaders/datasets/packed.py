@@ -263,8 +263,8 @@ class PackedDataset(Dataset[tuple[torch.Tensor, int]]):
     def __getitems__(self, indices: Sequence[int]) -> Samples:
         """A whole batch gathered into one buffer, as the sequence of samples DataLoader
         expects; `collate_batch` unwraps the batch (see `gather`)."""
-        self.memory.note_gather()
-        return Samples(self.gather(indices))
+        with self.memory.gathering():
+            return Samples(self.gather(indices))
 
     def prefetch(self, indices: Sequence[int] | NDArray[np.integer]) -> None:
         """Start reading the samples of `indices` from disk and return at once (see

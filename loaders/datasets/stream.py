@@ -249,11 +249,13 @@ class PackedStream(IterableDataset[AnyBatch | tuple[torch.Tensor, int]]):
                     or memory.form is EncodedBatch
                 )  # fmt: skip
                 columns = sel.values.batch(chunk) if sel.values is not None else None
-                plan = batch_reads(self.reader, sel, chunk, columns, memory.form)
-                yield self.memory.batch(
-                    plan.shape, sel.labels[chunk].astype(np.int64), plan.fill,
-                    chunk if given else None, plan.columns, plan.form,
-                )  # fmt: skip
+                with memory.times.making():
+                    plan = batch_reads(self.reader, sel, chunk, columns, memory.form)
+                    batch = memory.batch(
+                        plan.shape, sel.labels[chunk].astype(np.int64), plan.fill,
+                        chunk if given else None, plan.columns, plan.form,
+                    )  # fmt: skip
+                yield batch
             done = int(np.searchsorted(ends, start + len(chunk), side="right"))
             for finished in range(done):
                 for shard in shards[finished]:

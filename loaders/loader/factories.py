@@ -28,7 +28,7 @@ class LoaderOptions(TypedDict, total=False):
     pin_memory: bool | None
     drop_last: bool
     prefetch_factor: int | None
-    persistent_workers: bool
+    persistent_workers: bool | None
     worker_init_fn: Callable[[int], None] | None
     timeout: float
     generator: torch.Generator | None
@@ -38,6 +38,8 @@ class LoaderOptions(TypedDict, total=False):
     multiprocessing_context: Any
     with_indices: bool
     as_inputs: bool
+    workers_as: str | None
+    log_stats: bool
 
 
 def make_loader(
@@ -64,13 +66,11 @@ def make_loader(
     (`pixel_values` uint8 [B, C, H, W], `labels`), what `loaders.trainers.hf.PackedTrainer`
     reads.
 
-    NOTE [ num_workers ]: measured with benchmarks/load/throughput.py (random batches of 256,
-    2-core VM). 12 KiB samples, 0 workers: ~1.0 ms of main-process CPU per batch, ~80% of it
-    in memmove itself (`loaders.read.span`). 2 workers: ~0.5 ms of main-process CPU per batch (a
-    ring slot arrives as a number, see `loaders.batch.types`) plus ~1.5 ms of workers' CPU, so on
-    two cores they deliver ~0.75-0.8x of 0 workers. With 147 KiB (224x224x3) samples the
-    per-batch costs are small next to the copy and 2 workers deliver ~1.5x. Workers also pay
-    off by keeping the training process's share small, and for a per-sample `transform`.
+    `num_workers=N` makes batches on the loader's threads unless they need processes (a
+    per-sample `transform`, your `collate_fn`, a `worker_init_fn` or a context: NOTE
+    [ num_workers out of habit ] in `loaders.loader.workers`); `workers_as` ("threads",
+    "processes") decides it. Worker processes are persistent unless `persistent_workers=False`.
+    On threads the next `prefetch_factor` batches (2) are read ahead while the loop works.
 
     Every keyword but `batch_size` is `LoaderOptions`', passed to `PackedLoader` as given.
     """

@@ -11,6 +11,7 @@ from typing import Any
 
 from loaders.batch.forms import EncodedBatch, SizedBatch
 from loaders.datasets.packed import CollateInputs, collate_batch, passes_batches
+from loaders.datasets.stream import PackedStream
 from loaders.memory.batch_memory import BatchMemory, batch_memory
 from loaders.memory.ring import SharedRing
 
@@ -47,6 +48,18 @@ def memory_of(
         pin, common["num_workers"], common["prefetch_factor"], batch_bytes,
         common["multiprocessing_context"],
     )  # fmt: skip
+
+
+def stream_parts(
+    stream: PackedStream, pin: bool, with_indices: bool, common: dict[str, Any]
+) -> tuple[PackedStream, dict[str, Any]]:
+    """DataLoader's dataset and keywords for a loader of `stream`: its batches as the stream
+    makes them, through a ring with workers (the stream brings its own batch size and order)."""
+    workers = common["num_workers"]
+    shape = stream.selection.sample_shape
+    memory = memory_of(collate_batch, pin, stream.batch_size, shape, common)
+    options = dict(batch_size=None, collate_fn=collate_batch, pin_memory=pin and workers > 0)
+    return stream.with_memory(memory, workers, with_indices), options | common
 
 
 def ask_form(dataset: Any, collate: Callable[[Any], Any], form: type[SizedBatch]) -> bool:

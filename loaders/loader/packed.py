@@ -16,6 +16,19 @@ shards, and exact, elastic resume.
 
 `loaders.loader.factories.make_loader` and `stream_loader` build one with this project's defaults
 (batches of 256).
+
+NOTE [ our batch sampler ]: a map-style loader over one of our orders batches through a
+`RunBatchSampler` of that order (`batch_size`, `drop_last`), where DataLoader would make a
+`BatchSampler` of it: DataLoader has no keyword for its class and refuses `batch_sampler`
+beside `batch_size`, `sampler` and `drop_last`, so it is put in place once DataLoader is
+made, and every attribute still reads as DataLoader's would.
+
+NOTE [ trainers ]: the order samplers are `DistributedSampler`s, so Lightning injects no
+sampler of its own over them; `state_dict`/`load_state_dict` make the loader `_Stateful`
+for Lightning's checkpoints. accelerate's `prepare` would wrap the batch sampler once more
+and give each rank a part of its part (accelerate#4199): the loader is already split
+between ranks, so it says it is prepared (`_is_accelerate_prepared`) and stateful
+(`use_stateful_dataloader`), and `save_state`/`load_state` save and restore its position.
 """
 
 from __future__ import annotations
@@ -29,14 +42,33 @@ from torch.utils.data import DataLoader, Sampler
 from etl.errors import EtlError
 from loaders.batch.forms import BackToBackBatch, EncodedBatch
 from loaders.datasets.mixture import Mixture
-from loaders.datasets.packed import PackedDataset, collate_batch, passes_batches
+from loaders.datasets.packed import PackedDataset, passes_batches
 from loaders.datasets.stream import PackedStream, refuse_loader_options
-from loaders.loader.gathering import ask_form, collate_of, copies_on, memory_of, pinned_ring
-from loaders.loader.iteration import batches_in_process, bounded_cache, counted, fetch_ahead
+from loaders.loader.gathering import (
+    ask_form,
+    collate_of,
+    copies_on,
+    memory_of,
+    pinned_ring,
+    stream_parts,
+)
+from loaders.loader.iteration import (
+    batches_in_process,
+    bounded_cache,
+    counted,
+    fetch_ahead,
+    reads_ahead,
+)
 from loaders.loader.named_orders import OrderOptions, map_batching, order_seed
 from loaders.loader.readers import held_ahead, refuse_indices_for_keras
 from loaders.loader.states import StreamPosition, begin_stream, load_state, state_of
-from loaders.loader.workers import from_worker, stop_workers
+from loaders.loader.stats import LoopTimes, log_epoch, making_times, summary
+from loaders.loader.workers import (
+    check_options,
+    from_worker,
+    stop_workers,
+    worker_options,
+)
 from loaders.memory.batch_memory import resolve_pin_memory
 from loaders.order.aspect_buckets import AspectBuckets
 from loaders.order.history import RunHistory
@@ -54,7 +86,9 @@ class PackedLoader(DataLoader[Any]):
     initialised torch.distributed) give each rank its own equal part of every epoch;
     `pin_memory=None` pins exactly when CUDA is present; `collate_fn` left as None yields
     `Batch(images, labels)` (an `IndexedBatch` with `with_indices`) without a copy beyond the
-    gather. A `PackedStream` brings its own batch size, order and seed.
+    gather; `num_workers` are the loader's threads unless the work needs processes or
+    `workers_as="processes"` says so (`loaders.loader.workers`), and those are persistent
+    unless told. A `PackedStream` brings its own batch size, order, seed and processes.
 
     NOTE [ resume position ]: with workers, DataLoader draws indices from the sampler ahead of
     the training loop (prefetch), so the sampler cannot know what was consumed. The loader
@@ -66,24 +100,18 @@ class PackedLoader(DataLoader[Any]):
     how many it holds (`hold_back`), so the state of this loader and of the wrapper both count
     only what reached the training loop.
 
-    NOTE [ our batch sampler ]: a map-style loader over one of our orders batches through a
-    `RunBatchSampler` of that order (`batch_size`, `drop_last`), where DataLoader would make a
-    `BatchSampler` of it: DataLoader has no keyword for its class and refuses `batch_sampler`
-    beside `batch_size`, `sampler` and `drop_last`, so it is put in place once DataLoader is
-    made, and every attribute still reads as DataLoader's would.
-
-    NOTE [ trainers ]: the order samplers are `DistributedSampler`s, so Lightning injects no
-    sampler of its own over them; `state_dict`/`load_state_dict` make the loader `_Stateful`
-    for Lightning's checkpoints. accelerate's `prepare` would wrap the batch sampler once more
-    and give each rank a part of its part (accelerate#4199): the loader is already split
-    between ranks, so it says it is prepared (`_is_accelerate_prepared`) and stateful
-    (`use_stateful_dataloader`), and `save_state`/`load_state` save and restore its position.
     """
 
     _is_accelerate_prepared = True
     use_stateful_dataloader = True
+    ahead = 0
+    """Batches read ahead on the loader's thread (NOTE [ batches read ahead on a thread ] in
+    `loaders.loader.iteration`); 0 where processes or DataLoader make them."""
     to_skip = 0
     """Batches a state loaded `for_skipping` expects the trainer to skip."""
+    _loop = LoopTimes()
+    log_stats = False
+    """Log one line at the end of each pass: how long the loop waited, the slowest stage."""
     _position: StreamPosition | None = None
     """A stream's iteration in progress, or the last one (None: none since `set_epoch`)."""
 
@@ -104,65 +132,49 @@ class PackedLoader(DataLoader[Any]):
         generator: torch.Generator | None = None,
         *,
         prefetch_factor: int | None = None,
-        persistent_workers: bool = False,
+        persistent_workers: bool | None = None,
         seed: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         with_indices: bool = False,
         as_inputs: bool = False,
+        workers_as: str | None = None,
+        log_stats: bool = False,
         **dataloader_options: Any,
     ) -> None:
-        if dataloader_options.get("in_order", True) is not True:
-            raise ValueError("in_order=False would make the batch order, and so resume, random")
-        pin = resolve_pin_memory(pin_memory)
+        streamed = isinstance(dataset, PackedStream) and num_workers > 0
+        check_options(dataloader_options, workers_as, streamed)
+        pin, self.log_stats = resolve_pin_memory(pin_memory), log_stats
         common: dict[str, Any] = dict(
             num_workers=num_workers, timeout=timeout, worker_init_fn=worker_init_fn,
             multiprocessing_context=multiprocessing_context, prefetch_factor=prefetch_factor,
-            persistent_workers=persistent_workers, **dataloader_options,
+            persistent_workers=bool(persistent_workers), **dataloader_options,
         )  # fmt: skip
         if isinstance(dataset, PackedStream):
             refuse_loader_options(batch_size, shuffle, sampler, batch_sampler, drop_last, generator)
-            self._init_stream(dataset, pin, with_indices, common)
+            streamed_dataset, options = stream_parts(dataset, pin, with_indices, common)
+            super().__init__(streamed_dataset, **options)
             return
+        # NOTE [ num_workers out of habit ] in loaders.loader.workers
+        self.ahead = worker_options(
+            dataset, common, collate_fn, as_inputs, persistent_workers, workers_as
+        )
         batching, order = map_batching(
             dataset, batch_size, shuffle, sampler, batch_sampler, drop_last,
-            lambda: OrderOptions(
-                batch_size or 1, order_seed(seed, generator), rank, world_size, drop_last
-            ),
+            lambda: OrderOptions(batch_size or 1, order_seed(seed, generator), rank, world_size,
+                                 drop_last),
         )  # fmt: skip
         size = batch_size if batch_sampler is None else getattr(batch_sampler, "batch_size", None)
         collate = collate_of(dataset, collate_fn, as_inputs, with_indices)
         memory = memory_of(collate, pin, size, dataset.sample_shape, common)
+        # NOTE: ours in process gathers into pinned memory; DataLoader pins what others make
         super().__init__(
-            dataset.with_memory(memory, with_indices),
-            **batching,
-            collate_fn=collate,
-            # NOTE: without workers and with our collate the loader gathers into pinned
-            # memory itself (`batches_in_process`); DataLoader's pinning only ever runs on
-            # batches that workers or another collate made.
-            pin_memory=pin,
-            generator=generator,
-            **common,
-        )
+            dataset.with_memory(memory, with_indices), **batching, collate_fn=collate,
+            pin_memory=pin, generator=generator, **common,
+        )  # fmt: skip
         if order is not None:  # NOTE [ our batch sampler ]
             runs = RunBatchSampler(order, int(batch_size or 1), drop_last, memory)
             object.__setattr__(self, "batch_sampler", runs)
-
-    def _init_stream(
-        self, stream: PackedStream, pin: bool, with_indices: bool, common: dict[str, Any]
-    ) -> None:
-        """A loader of a stream: its batches as the stream makes them, through a ring with
-        workers (the stream brings its own batch size and order)."""
-        workers = common["num_workers"]
-        shape = stream.selection.sample_shape
-        memory = memory_of(collate_batch, pin, stream.batch_size, shape, common)
-        super().__init__(
-            stream.with_memory(memory, workers, with_indices),
-            batch_size=None,
-            collate_fn=collate_batch,
-            pin_memory=pin and workers > 0,
-            **common,
-        )
 
     def send_back_to_back(self) -> bool:
         """Have batches of samples of several sizes (that keep their aspect ratio, a `Mixture`
@@ -231,25 +243,38 @@ class PackedLoader(DataLoader[Any]):
         ring = pinned_ring(self.dataset, self.pin_memory, self.num_workers)
         if ring is not None:
             ring.settle()  # the last epoch's slots, before this epoch's workers claim them
+        self._loop = LoopTimes()
+        making_times(self.dataset).reset()
         batches: Iterator[Any] | None = None
         try:
             if self.num_workers == 0 and passes_batches(self.collate_fn):
-                batches = batches_in_process(self.dataset, self.batch_sampler, self.collate_fn)
+                early = reads_ahead(self.dataset, self.ahead)
+                batches = batches_in_process(
+                    self.dataset, self.batch_sampler, self.collate_fn, early
+                )
             else:
                 batches = super().__iter__()
                 if stream is not None:
                     stream.mark_started()  # the workers took the resume point
             fetch_ahead(self.dataset, passing, position, self._batch_size())  # a thread, now
-            yield from counted(batches, run, position, ring)
+            yield from counted(batches, run, position, ring, self._loop)
             if ahead:
                 self.hold_back(0)  # the wrapper has handed on the last batch
+            if self.log_stats:
+                log_epoch(self.stats())
         except EtlError as exc:
-            stop_workers(batches, self.persistent_workers)
+            stop_workers(self, batches)
             raise from_worker(exc) from None
         finally:
             cache = bounded_cache(self.dataset)
             if cache is not None:
                 cache.stop_ahead()
+
+    def stats(self) -> dict[str, Any]:
+        """Where the time of the pass in progress (or the last one) went: how long the loop
+        waited for data and worked between batches, and how making batches here split into
+        stages; plain numbers for a logger (`loaders.loader.stats`)."""
+        return summary(self._loop, making_times(self.dataset))
 
     def copies_on(self, device: torch.device) -> None:
         """Say on which device's current stream the batches' copies are queued (the default:

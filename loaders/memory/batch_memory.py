@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 import multiprocessing
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -34,6 +36,7 @@ from loaders.batch.forms import PaddedBatch, SizedBatch
 from loaders.batch.types import AnyBatch, ColumnBatch, Columns, Fill, make_batch
 from loaders.memory.buffer_pool import BufferPool
 from loaders.memory.ring import SharedRing, shared_bytes
+from loaders.read.timing import MakingTimes
 
 
 class BatchMemory:
@@ -51,20 +54,29 @@ class BatchMemory:
         padded, back to back (`PackedLoader.send_back_to_back`), or still encoded where stored
         so (`PackedLoader.send_encoded`)."""
         self._pool = BufferPool()
+        self.times = MakingTimes()
+        """The time batches took to make in this process (`loaders.loader.stats`)."""
         self.gathered = 0
-        """Batches asked for in this process (`note_gather`; none where DataLoader workers
+        """Batches asked for in this process (`gathering`; none where DataLoader workers
         gather them): how a loader's batch sampler tells a pass its loop asks for batch by
         batch from one that workers draw ahead (NOTE [ the run lives in the sampler ] in
         `loaders.order.run_batches`)."""
 
-    def note_gather(self) -> None:
-        """A batch is asked of the dataset (`__getitems__`): counted in the main process."""
-        if get_worker_info() is None:
-            self.gathered += 1
+    @contextmanager
+    def gathering(self) -> Iterator[None]:
+        """A batch is asked of the dataset (`__getitems__`): counted and timed, with its stages
+        (`loaders.read.timing`), in the main process; a worker's goes unseen."""
+        if get_worker_info() is not None:
+            yield
+            return
+        self.gathered += 1
+        with self.times.making():
+            yield
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_pool"] = BufferPool()  # idle buffers are process-local and not worth sending
+        state["times"] = MakingTimes()
         return state
 
     def batch(

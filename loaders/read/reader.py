@@ -30,6 +30,7 @@ from loaders.read.maps import ShardMaps
 from loaders.read.page_cache import advise_places
 from loaders.read.shard_checks import take_checked
 from loaders.read.span import ShardSpan, copy_rows, take_spread
+from loaders.read.timing import stage
 
 
 class ShardReader:
@@ -140,6 +141,7 @@ class ShardReader:
         in the stored layout: what `DeviceLoader` asks for (see `loaders.batch.ragged`). A `take`
         instead of `out` gets each sample's checked stored bytes (`loaders.augment.worker_crop`)."""
         shard, row = self._checked_rows(shard_idx, rows)
+        given = take
         if take is None:
             assert out is not None
             put, channels = batch_writer(out, places, layout)
@@ -159,7 +161,9 @@ class ShardReader:
             resident = self.readahead and places_resident(self.maps.arrays, shard, places)
             if self.maps.drop_behind or (self.readahead and not resident):
                 self.prefetch_places(shard, places, sizes)
-            copy_flat(self.maps.arrays, self.shards, shard, row, places, take, channels, stored)
+            decoding = given is None and stored is not None and bool((stored[:, 1] != RAW).any())
+            with stage("decode" if decoding else "read"):
+                copy_flat(self.maps.arrays, self.shards, shard, row, places, take, channels, stored)
             starts = places[:, 0]
             self.maps.count(int(sizes.sum()), shard, starts, starts + sizes)
             self.maps.hold_only(())
@@ -188,17 +192,13 @@ class ShardReader:
         with self._lock:
             self.maps.hold_only(shard)  # first: what the last batch held may make room for this one
             span = self.maps.spanned(shard) if self.maps.use_span else None
-            if span is not None:
-                span_rows = span.first[shard] + row
-                self._advise(span, span_rows)
-                if self.shards.row_sums is None:
-                    take_spread(span, span_rows, out)
+            with stage("read"):
+                if span is not None:
+                    span_rows = span.first[shard] + row
+                    self._advise(span, span_rows)
+                    bad = _take(self.shards, span, span_rows, shard, row, out)
                 else:
-                    bad = take_checked(
-                        span, span_rows, self.shards.row_sums, self.shards.seen(), shard, row, out
-                    )
-            else:
-                self._gather_rows(shard, row, out)
+                    self._gather_rows(shard, row, out)
             self.maps.count_rows(shard, row)
             self.maps.hold_only(())  # an idle process holds nothing
         if span is None:
@@ -277,3 +277,20 @@ class ShardReader:
         """`gather` with one slice copy per row (or per run of consecutive rows)."""
         self.maps.open_all(shard)
         copy_rows(self.maps.flat, shard, row, out, self.maps.sample_bytes)
+
+
+def _take(
+    shards: ShardSet,
+    span: ShardSpan,
+    span_rows: NDArray[np.int64],
+    shard: NDArray[np.int64],
+    row: NDArray[np.int64],
+    out: NDArray[np.uint8],
+) -> int | None:
+    """Rows `span_rows` of `span` into `out` on the loader's threads, checked where `shards`
+    are read with row checks: the first bad one's position in the batch, or None."""
+    sums = shards.row_sums
+    if sums is None:
+        take_spread(span, span_rows, out)
+        return None
+    return take_checked(span, span_rows, sums, shards.seen(), shard, row, out)

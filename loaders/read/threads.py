@@ -59,17 +59,22 @@ def spread(count: int, nbytes: int) -> list[tuple[int, int]]:
 
 
 def run_each(calls: Sequence[Callable[[], None]]) -> None:
-    """Run every call, on the pool where this process has one (in this thread otherwise), and
-    return once all have finished; the first failure in call order is raised then, so nothing
-    is still writing into the batch when the caller sees it."""
+    """Run every call, the first in this thread and the others on the pool where this process
+    has one (all in this thread otherwise), and return once all have finished; the first
+    failure in call order is raised then, so nothing is still writing into the batch when the
+    caller sees it."""
     threads = sample_threads()
     if threads == 1 or len(calls) < 2:
         for call in calls:
             call()
         return
     pool = _shared_pool(threads)
-    futures: list[Future[None]] = [pool.submit(call) for call in calls]
+    futures: list[Future[None]] = [pool.submit(call) for call in calls[1:]]
     failure: BaseException | None = None
+    try:
+        calls[0]()  # NOTE: one share here: the thread would only wait (one wake-up less)
+    except BaseException as exc:
+        failure = exc
     for future in futures:
         error = future.exception()
         if error is not None and failure is None:

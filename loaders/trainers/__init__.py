@@ -3,4 +3,5 @@ uses it (the trainer library is theirs to install).
 
 Modules:
 - `hf`: transformers' `Trainer` over packed datasets, resumed exactly through its checkpoints
+- `lightning`: a callback that logs the train loader's stats each epoch
 """

@@ -15,7 +15,9 @@ loader knows neither the steps before it nor, with workers, how many batches the
   `etl trace CHECKPOINT_FOLDER` reads it) and, on `train(resume_from_checkpoint=...)`, loads it
   for the Trainer's own skip of the batches already trained on (NOTE [ skipping trainers ] in
   `loaders.order.run_batches`): the resumed run trains on exactly what an uninterrupted one
-  would, and its states name every step since the run began.
+  would, and its states name every step since the run began;
+- adds the train loader's stats to every log (`LoaderStatsLogger`: `loader/waited`, the share
+  of the loop's time spent waiting for data this epoch, `loader/wait_s`, the stages' seconds).
 
 Exact resume needs the loader's order, so the train loader is `shuffle=True` (a pure function
 of `seed` and the epoch) and `train_sampling="random"`; evaluation reads in order.
@@ -32,6 +34,25 @@ from transformers.trainer_callback import ExportableState
 
 from loaders.loader.factories import make_loader
 from loaders.loader.packed import PackedLoader
+from loaders.loader.stats import log_values
+
+
+class LoaderStatsLogger(TrainerCallback):
+    """Adds the train loader's `stats()` (`loaders.loader.stats`: how long the loop waited for
+    data this epoch, where making the batches spent its time) to every log the Trainer makes,
+    so its integrations (TensorBoard, W&B, trainer_state.json) carry them. `PackedTrainer`
+    puts it first among its callbacks, before the integrations read the log."""
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any
+    ) -> None:
+        stats = getattr(kw.get("train_dataloader"), "stats", None)
+        if logs is None or not callable(stats):
+            return
+        values = log_values(stats())
+        logs.update(values)
+        if state.log_history and state.log_history[-1] is not logs:
+            state.log_history[-1].update(values)  # the Trainer kept a copy of this log
 
 
 class LoaderCheckpoints(TrainerCallback, ExportableState):
@@ -92,6 +113,7 @@ class PackedTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.image_mean, self.image_std = image_mean, image_std
         self.add_callback(LoaderCheckpoints())
+        self.callback_handler.callbacks.insert(0, LoaderStatsLogger())  # before integrations
 
     def get_train_dataloader(self) -> PackedLoader:
         if self.train_dataset is None:

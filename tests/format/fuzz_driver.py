@@ -78,7 +78,9 @@ def python(read: Callable[[], None]) -> dict[str, Any]:
 
 def read_all(root: str, workers: int = 0, **options: Any) -> None:
     dataset = PackedDataset.open(root, **options)
-    loader = make_loader(dataset, batch_size=16, shuffle=True, num_workers=workers)
+    loader = make_loader(
+        dataset, batch_size=16, shuffle=True, num_workers=workers, workers_as="processes"
+    )
     count = sum(len(batch.labels) for batch in loader)
     assert count == len(dataset), f"read {count} of {len(dataset)} samples"
 

@@ -77,7 +77,7 @@ def test_a_training_node_decodes_stored_samples_with_its_own_extra(tmp_path: Pat
             f"    ds = PackedDataset.open({str(tmp_path)!r} + '/' + codec + '/out')",
             "    assert all(tuple(ds[i][0].shape) == (32, 40, 3) for i in range(len(ds)))",
             "    cropped = make_loader(ds.with_crop(RandomResizedCrop(16)), batch_size=3,",
-            "                          num_workers=2)",
+            "                          num_workers=2, workers_as='processes')",
             "    assert sum(len(images) for images, _ in cropped) == len(ds)",
             "    device = DeviceLoader(make_loader(ds, batch_size=3), device='cpu',",
             "                          augment=RandomResizedCrop(16), decode='device')",

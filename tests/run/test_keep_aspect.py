@@ -264,7 +264,9 @@ def test_keep_aspect_into_a_bucket_and_read_back_by_url(
         ranged = PackedDataset.open(
             "s3://aspect/ds", store=StoreOptions(ranged=True, cache_dir=tmp_path / "bare")
         )
-        loader = make_loader(ranged, batch_size=3, num_workers=workers, with_indices=True)
+        loader = make_loader(
+            ranged, batch_size=3, num_workers=workers, workers_as="processes", with_indices=True
+        )
         count = 0
         for images, _, indices, columns in loader:
             for j, i in enumerate(indices.tolist()):
@@ -547,7 +549,9 @@ def test_a_changed_byte_of_a_sample_is_named_by_the_default_open(
     dataset = PackedDataset.open(tmp_path / "out")
     sources = dataset.manifest_rows(range(len(dataset))).column("source").to_pylist()
     row = int(dataset.selection.rows[sources.index(victim["source"])])
-    loader = make_loader(dataset, batch_size=4, num_workers=workers, pin_memory=False)
+    loader = make_loader(
+        dataset, batch_size=4, num_workers=workers, workers_as="processes", pin_memory=False
+    )
     pattern = rf"{path.name}: row {row} does not match the checksum"
     with pytest.raises(ShardError, match=pattern):
         list(loader)

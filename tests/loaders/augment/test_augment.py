@@ -148,6 +148,7 @@ def augmented(packed: Packed, num_workers: int, epoch: int) -> dict[int, torch.T
         shuffle=True,
         seed=num_workers,
         num_workers=num_workers,
+        workers_as="processes",
         with_indices=True,
     )
     loader.set_epoch(epoch)

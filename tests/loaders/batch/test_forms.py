@@ -55,13 +55,15 @@ def test_samples_of_several_sizes_come_padded_or_back_to_back(
     sample's size is the manifest's, with 0 workers and through the ring of 2."""
     sides = _sides_by_source(aspect_kept)
     dataset = PackedDataset.open(aspect_kept)
-    padded = make_loader(dataset, batch_size=5, num_workers=workers)
+    padded = make_loader(dataset, batch_size=5, num_workers=workers, workers_as="processes")
     for batch in padded:
         assert type(batch) is PaddedBatch and isinstance(batch, ColumnBatch)
         assert batch.images.dim() == 4
         _sizes_match(batch, dataset, sides)
         assert batch.other_columns() is None  # the sizes are all it carries
-    loader = make_loader(PackedDataset.open(aspect_kept), batch_size=5, num_workers=workers)
+    loader = make_loader(
+        PackedDataset.open(aspect_kept), batch_size=5, num_workers=workers, workers_as="processes"
+    )
     assert loader.send_back_to_back()
     seen = 0
     for batch in loader:
@@ -79,7 +81,9 @@ def test_samples_sent_encoded_are_an_encoded_batch(jpeg: Path, workers: int) -> 
     the manifest has them, and whose images are those bytes one after another."""
     _, rows = read_encoded(jpeg)
     by_source = {row["source"]: row for row in rows}
-    loader = make_loader(PackedDataset.open(jpeg), batch_size=4, num_workers=workers)
+    loader = make_loader(
+        PackedDataset.open(jpeg), batch_size=4, num_workers=workers, workers_as="processes"
+    )
     assert loader.send_encoded()
     for batch in loader:
         assert type(batch) is EncodedBatch

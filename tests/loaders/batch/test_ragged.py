@@ -159,7 +159,9 @@ def test_a_loader_sends_its_samples_back_to_back(aspect_kept: Path, workers: int
     plainly = _samples_plainly(aspect_kept)
     dataset = PackedDataset.open(aspect_kept)
     sources = dataset.manifest_rows(np.arange(len(dataset))).column("source").to_pylist()
-    loader = make_loader(dataset, batch_size=4, shuffle=True, num_workers=workers)
+    loader = make_loader(
+        dataset, batch_size=4, shuffle=True, num_workers=workers, workers_as="processes"
+    )
     assert loader.send_back_to_back()
     seen = []
     for batch in loader:
@@ -189,7 +191,7 @@ def test_a_mixture_sends_its_samples_back_to_back(aspect_kept: Path, tmp_path: P
     fixed = make_packed(tmp_path / "fixed", shard_sizes=(7, 6), sample_shape=shape, layout=layout)
     members = [PackedDataset.open(aspect_kept), PackedDataset.open(fixed.root)]
     mix = Mixture(members, weights=[1, 1])
-    loader = make_loader(mix, batch_size=6, seed=3, num_workers=2)
+    loader = make_loader(mix, batch_size=6, seed=3, num_workers=2, workers_as="processes")
     assert loader.send_back_to_back()
     plainly = _samples_plainly(aspect_kept)
     sources = members[0].manifest_rows(np.arange(len(members[0]))).column("source").to_pylist()
@@ -230,7 +232,13 @@ def test_device_loader_crops_samples_back_to_back_from_each_whole_image(
     ]  # fmt: skip
     for augment, shuffle in cases:
         loader = make_loader(
-            dataset, batch_size=4, shuffle=shuffle, seed=2, num_workers=workers, with_indices=True
+            dataset,
+            batch_size=4,
+            shuffle=shuffle,
+            seed=2,
+            num_workers=workers,
+            workers_as="processes",
+            with_indices=True,
         )
         feed = DeviceLoader(loader, "cpu", dtype=torch.float32, augment=augment)
         seen: set[int] = set()
@@ -272,7 +280,7 @@ def test_an_augmentation_of_padded_batches_gets_them_padded(aspect_kept: Path) -
             assert not images[j, :, h:].any() and not images[j, :, :, w:].any()
         return images[:, :, :2, :2].float()
 
-    loader = make_loader(dataset, batch_size=5, shuffle=True, num_workers=2)
+    loader = make_loader(dataset, batch_size=5, shuffle=True, num_workers=2, workers_as="processes")
     batches = list(DeviceLoader(loader, "cpu", augment=mean_of_each))
     assert len(calls) == len(batches) == len(loader)
     assert all(len(shape) == 4 for shape in calls)
@@ -290,7 +298,12 @@ def test_another_collate_or_running_workers_keep_padded_batches(aspect_kept: Pat
     results = []
     for started in (False, True):
         loader = make_loader(
-            dataset, batch_size=4, shuffle=True, num_workers=2, persistent_workers=True
+            dataset,
+            batch_size=4,
+            shuffle=True,
+            num_workers=2,
+            workers_as="processes",
+            persistent_workers=True,
         )
         if started:
             padded = next(iter(loader))

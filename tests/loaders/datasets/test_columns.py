@@ -73,7 +73,9 @@ def test_every_batch_carries_its_samples_values(
 ) -> None:
     out, expected = captioned
     ds = PackedDataset.open(out, columns=NAMES)
-    loader = make_loader(ds, batch_size=5, shuffle=True, seed=3, num_workers=workers)
+    loader = make_loader(
+        ds, batch_size=5, shuffle=True, seed=3, num_workers=workers, workers_as="processes"
+    )
     seen: list[str] = []
     for batch in loader:
         sources = check_batch(batch, out, ds, expected)
@@ -82,7 +84,7 @@ def test_every_batch_carries_its_samples_values(
             assert np.array_equal(batch.images[i].numpy(), image)
         seen += sources
     assert sorted(seen) == sorted(expected)
-    loader = make_loader(ds, batch_size=7, num_workers=workers)
+    loader = make_loader(ds, batch_size=7, num_workers=workers, workers_as="processes")
     for batch in DeviceLoader(loader, device="cpu", dtype=torch.float32):
         check_batch(batch, out, ds, expected)
         assert batch.images.dtype == torch.float32

@@ -62,7 +62,9 @@ def test_batches_hold_each_members_samples(
     mix = Mixture(datasets, weights=[0.5, 0.2, 0.3])
     assert (mix._joined is not None) == joined
     assert mix.classes == ("ant", "bee", "cat", "dog")
-    loader = make_loader(mix, batch_size=6, num_workers=workers, with_indices=True, seed=3)
+    loader = make_loader(
+        mix, batch_size=6, num_workers=workers, workers_as="processes", with_indices=True, seed=3
+    )
     seen = 0
     for batch in loader:
         which = mix.member_of(batch.indices)
@@ -99,7 +101,9 @@ def test_a_changed_pixel_is_named_through_the_joined_reader(tmp_path: Path, work
     assert mix._joined is not None
     sums = mix._joined.reader.shards.row_sums
     assert sums is not None and len(sums.arrays()[0]) == 11 + 5
-    loader = make_loader(mix, batch_size=4, num_workers=workers, pin_memory=False)
+    loader = make_loader(
+        mix, batch_size=4, num_workers=workers, workers_as="processes", pin_memory=False
+    )
     with pytest.raises(ShardError, match=rf"{a.shards[0]}: row 5 does not match the checksum"):
         for epoch in range(8):  # a member's own epoch may span mixture epochs
             loader.set_epoch(epoch)
@@ -379,7 +383,9 @@ def test_members_of_several_sizes_meet_in_the_device_crop(
         image = torch.from_numpy(packs[m].images[at]).permute(2, 0, 1)
         return image
 
-    plain = make_loader(mix, batch_size=6, num_workers=workers, seed=2, with_indices=True)
+    plain = make_loader(
+        mix, batch_size=6, num_workers=workers, workers_as="processes", seed=2, with_indices=True
+    )
     for batch in plain:
         heights, widths = batch.columns["sample.height"], batch.columns["sample.width"]
         for i, index in enumerate(batch.indices.tolist()):

@@ -72,7 +72,9 @@ def test_a_dataset_in_a_bucket_reads_as_packed(endpoint: str, bucket: str, tmp_p
     assert_same_samples(ds, packed)
     seen = sorted(
         int(i)
-        for _, _, indices in make_loader(ds, batch_size=5, num_workers=2, with_indices=True)
+        for _, _, indices in make_loader(
+            ds, batch_size=5, num_workers=2, workers_as="processes", with_indices=True
+        )
         for i in indices
     )
     assert seen == list(range(len(ds)))
@@ -302,7 +304,14 @@ def test_ranged_reads_fetch_no_shard_and_verify_every_row(
 
     ds = opened()
     assert_same_samples(ds, packed)
-    loader = make_loader(ds, batch_size=3, shuffle=True, num_workers=workers, with_indices=True)
+    loader = make_loader(
+        ds,
+        batch_size=3,
+        shuffle=True,
+        num_workers=workers,
+        workers_as="processes",
+        with_indices=True,
+    )
     seen = by_index(loader)
     assert sorted(seen) == list(range(len(ds)))
     for i, image in seen.items():
@@ -328,7 +337,7 @@ def test_ranged_reads_fetch_no_shard_and_verify_every_row(
     data[first_row + row_bytes + 5] ^= 0xFF  # sample 1, a val sample
     fs.pipe(key, bytes(data))
     with pytest.raises(ShardError, match=r"v000001-00000\.npy: row 1 does not match"):
-        list(make_loader(opened(), batch_size=3, num_workers=workers))
+        list(make_loader(opened(), batch_size=3, num_workers=workers, workers_as="processes"))
 
 
 def test_ranged_is_for_a_store_and_without_a_cache_limit(

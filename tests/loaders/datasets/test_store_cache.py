@@ -114,7 +114,13 @@ def test_epochs_through_a_cache_smaller_than_the_dataset(
     folder = StoreDataset(url, cache, options(endpoint)).root / "shards"
     assert not list(folder.glob("*.npy")) if folder.is_dir() else True  # nothing at open
     loader = make_loader(
-        ds, batch_size=4, shuffle="shards", seed=3, num_workers=workers, with_indices=True
+        ds,
+        batch_size=4,
+        shuffle="shards",
+        seed=3,
+        num_workers=workers,
+        workers_as="processes",
+        with_indices=True,
     )
     two_epochs_within(loader, ds, packed, folder, limit)
 
@@ -146,7 +152,13 @@ def rank(rank: int, url: str, endpoint: str, cache: str, limit: int, port: int, 
             ),
         )
         loader = make_loader(
-            ds, batch_size=3, shuffle="shards", seed=5, num_workers=2, with_indices=True
+            ds,
+            batch_size=3,
+            shuffle="shards",
+            seed=5,
+            num_workers=2,
+            workers_as="processes",
+            with_indices=True,
         )
         seen = {}
         for epoch in (0, 1):
@@ -309,7 +321,13 @@ def test_a_resumed_epoch_through_a_cache_smaller_than_the_dataset(
     def loader_in(cache: Path) -> Any:
         ds = limited(url, endpoint, cache, limit)
         return make_loader(
-            ds, batch_size=4, shuffle="shards", seed=7, num_workers=2, with_indices=True
+            ds,
+            batch_size=4,
+            shuffle="shards",
+            seed=7,
+            num_workers=2,
+            workers_as="processes",
+            with_indices=True,
         )
 
     whole_run = loader_in(tmp_path / "whole")

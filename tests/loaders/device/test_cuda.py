@@ -80,7 +80,9 @@ def test_batches_are_pinned_and_arrive_intact(
         (lambda image: image.clone()) if transform else None
     )
     ds = PackedDataset.open(packed.root, transform=identity)
-    loader = make_loader(ds, batch_size=16, shuffle=True, num_workers=num_workers)
+    loader = make_loader(
+        ds, batch_size=16, shuffle=True, num_workers=num_workers, workers_as="processes"
+    )
     assert loader.pin_memory
     batches = list(loader)
     assert batches and all(b.images.is_pinned() and b.labels.is_pinned() for b in batches)
@@ -273,7 +275,7 @@ def test_samples_of_their_own_size_are_cropped_on_cuda_as_on_the_cpu(
     cases = [*((a, True) for a in augments), (ResizeToBucket(buckets), buckets)]
     for augment, shuffle in [*cases, (padded_only, True)]:
         options: Any = {"batch_size": 4, "shuffle": shuffle, "seed": 1, "with_indices": True}
-        loader = make_loader(ds, num_workers=num_workers, **options)
+        loader = make_loader(ds, num_workers=num_workers, workers_as="processes", **options)
         on_gpu = list(DeviceLoader(loader, dtype=torch.float32, augment=augment))
         assert next(iter(loader)).images.dim() == 1, "not sent back to back"
         for batch, cpu in zip(on_gpu, make_loader(ds, **options), strict=True):

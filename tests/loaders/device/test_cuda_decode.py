@@ -62,7 +62,14 @@ NAMES = {None: "torchvision ", "nvimgcodec": "nvImageCodec "}
 def _epoch(
     ds: PackedDataset, decode: str, epoch: int = 0, workers: int = 2, decoder: str | None = None
 ) -> list[torch.Tensor]:
-    loader = make_loader(ds, batch_size=8, shuffle=True, num_workers=workers, with_indices=True)
+    loader = make_loader(
+        ds,
+        batch_size=8,
+        shuffle=True,
+        num_workers=workers,
+        workers_as="processes",
+        with_indices=True,
+    )
     loader.set_epoch(epoch)
     crop = RandomResizedCrop(64, seed=1)
     device = DeviceLoader(loader, augment=crop, decode=decode, decoder=decoder)

@@ -87,7 +87,8 @@ def test_worker_batches_arrive_pinned_in_the_ring_without_a_copy(
     workers, with one registration for the ring's life."""
     ds = PackedDataset.open(packed.root, transform=transform)
     loader = make_loader(
-        ds, batch_size=8, shuffle=True, num_workers=2, persistent_workers=persistent,
+        ds, batch_size=8, shuffle=True, num_workers=2,
+        workers_as="processes", persistent_workers=persistent,
         with_indices=True,
     )  # fmt: skip
     ring = ring_of(loader)
@@ -116,7 +117,8 @@ def test_a_slot_is_not_reused_before_the_copy_that_reads_it_ran(
     before the copy read it."""
     ds = PackedDataset.open(packed.root)
     loader = make_loader(
-        ds, batch_size=8, shuffle=True, num_workers=2, persistent_workers=persistent,
+        ds, batch_size=8, shuffle=True, num_workers=2,
+        workers_as="processes", persistent_workers=persistent,
         with_indices=True,
     )  # fmt: skip
     arrived, expected = [], []
@@ -142,7 +144,9 @@ def test_a_slot_outlives_lightnings_own_batch_transfer(packed: Packed, tmp_path:
     import lightning as L
 
     ds = PackedDataset.open(packed.root)
-    loader = make_loader(ds, batch_size=8, shuffle=True, num_workers=2, with_indices=True)
+    loader = make_loader(
+        ds, batch_size=8, shuffle=True, num_workers=2, workers_as="processes", with_indices=True
+    )
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     class Check(L.LightningModule):
@@ -184,7 +188,9 @@ def test_a_slot_outlives_a_copy_in_an_accelerate_loop(packed: Packed) -> None:
 
     accelerator = Accelerator()
     ds = PackedDataset.open(packed.root)
-    loader = make_loader(ds, batch_size=8, shuffle=True, num_workers=2, with_indices=True)
+    loader = make_loader(
+        ds, batch_size=8, shuffle=True, num_workers=2, workers_as="processes", with_indices=True
+    )
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     model, optimizer, prepared = accelerator.prepare(model, optimizer, loader)
@@ -208,7 +214,9 @@ def test_an_augmented_device_loader_over_workers_equals_the_cpu(packed: Packed) 
     the CPU computes from the images written."""
     ds = PackedDataset.open(packed.root)
     crop = RandomResizedCrop(24, seed=3)
-    loader = make_loader(ds, batch_size=8, shuffle=True, num_workers=2, with_indices=True)
+    loader = make_loader(
+        ds, batch_size=8, shuffle=True, num_workers=2, workers_as="processes", with_indices=True
+    )
     device = DeviceLoader(loader, dtype=torch.float32, augment=crop)
     count = 0
     for images, _, indices in device:
@@ -244,7 +252,7 @@ def test_a_ring_not_registered_keeps_todays_path_and_says_why_once(
     monkeypatch.setattr(loaders.memory.ring, "_said_not_pinned", False)
     monkeypatch.setattr(loaders.memory.ring, "register", lambda memory: "CUDA error 712, say")
     ds = PackedDataset.open(packed.root)
-    loader = make_loader(ds, batch_size=8, num_workers=2, with_indices=True)
+    loader = make_loader(ds, batch_size=8, num_workers=2, workers_as="processes", with_indices=True)
     ring = ring_of(loader)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
@@ -263,7 +271,7 @@ def test_a_ring_is_registered_once_and_unregistered_with_its_loader(packed: Pack
     no longer registered (CUDA refuses to unregister it again). (The kernel's VmLck and
     VmPin do not count the driver's pins: both read 0 on an H100 machine, 2026-11-28.)"""
     ds = PackedDataset.open(packed.root)
-    loader = make_loader(ds, batch_size=8, shuffle=True, num_workers=2)
+    loader = make_loader(ds, batch_size=8, shuffle=True, num_workers=2, workers_as="processes")
     ring = ring_of(loader)
     registrations = []
     for epoch in range(5):
@@ -297,7 +305,7 @@ def test_padded_batches_of_own_size_samples_survive_a_held_copy(aspect_kept: Any
     ds = PackedDataset.open(aspect_kept)
     options: Any = {"batch_size": 4, "shuffle": True, "seed": 1, "with_indices": True}
     arrived = []
-    for images, _, _, _ in make_loader(ds, num_workers=2, **options):
+    for images, _, _, _ in make_loader(ds, num_workers=2, workers_as="processes", **options):
         torch.cuda._sleep(SLEEP)
         arrived.append(images.to("cuda", non_blocking=True))
         del images

@@ -65,7 +65,14 @@ def test_device_decode_makes_the_workers_pixels(
     crop = RandomResizedCrop(16, seed=4)
     made = {}
     for decode in ("workers", "device"):
-        loader = make_loader(ds, batch_size=4, shuffle=True, num_workers=workers, with_indices=True)
+        loader = make_loader(
+            ds,
+            batch_size=4,
+            shuffle=True,
+            num_workers=workers,
+            workers_as="processes",
+            with_indices=True,
+        )
         chosen = decoder if decode == "device" else None
         device = DeviceLoader(
             loader, dtype=torch.float32, augment=crop, decode=decode, decoder=chosen

@@ -73,7 +73,13 @@ def test_workers_give_the_same_samples_as_the_main_process(packed: Packed) -> No
     ds = PackedDataset.open(packed.root)
     plain = list(make_loader(ds, batch_size=8, shuffle="blocks", seed=2))
     workers = make_loader(
-        ds, batch_size=8, shuffle="blocks", seed=2, num_workers=2, persistent_workers=True
+        ds,
+        batch_size=8,
+        shuffle="blocks",
+        seed=2,
+        num_workers=2,
+        workers_as="processes",
+        persistent_workers=True,
     )
     first = list(workers)
     workers.set_epoch(0)
@@ -96,7 +102,13 @@ def test_resume_mid_epoch_gives_exactly_the_rest(
 
     def loader() -> loaders.loader.packed.PackedLoader:
         return make_loader(
-            ds, batch_size=5, shuffle=True, seed=9, num_workers=num_workers, drop_last=drop_last
+            ds,
+            batch_size=5,
+            shuffle=True,
+            seed=9,
+            num_workers=num_workers,
+            workers_as="processes",
+            drop_last=drop_last,
         )
 
     reference = loader()
@@ -216,7 +228,12 @@ def test_spawned_workers_reopen_shards_from_the_pickled_selection(packed: Packed
     ds = PackedDataset.open(packed.root, verify="shards")
     ds[0]  # a memmap open in the parent must not travel
     loader = make_loader(
-        ds, batch_size=8, shuffle=True, num_workers=1, multiprocessing_context="spawn"
+        ds,
+        batch_size=8,
+        shuffle=True,
+        num_workers=1,
+        workers_as="processes",
+        multiprocessing_context="spawn",
     )
     expected = positions_of(ds, packed, list(make_loader(ds, batch_size=8, shuffle=True)))
     assert positions_of(ds, packed, list(loader)) == expected
@@ -230,7 +247,9 @@ def test_with_cuda_batches_are_pinned_once(
     gathered into pinned memory, with workers DataLoader's pin thread copies them there."""
     # Only the routing can run here: pinned allocation itself needs a CUDA build and device.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    loader = make_loader(PackedDataset.open(packed.root), num_workers=num_workers)
+    loader = make_loader(
+        PackedDataset.open(packed.root), num_workers=num_workers, workers_as="processes"
+    )
     assert loader.dataset.pin_output is gather_pinned
     assert loader.pin_memory is True
     unpinned = make_loader(PackedDataset.open(packed.root), pin_memory=False)
@@ -260,20 +279,22 @@ def test_in_process_batches_are_what_dataloader_yields(packed: Packed, shuffle: 
     assert sorted(first) == sorted(ds.selection.positions.tolist())
 
 
-@pytest.mark.parametrize("readahead", [True, False])
+@pytest.mark.parametrize(("readahead", "ahead"), [(True, 1), (True, 0), (False, 0)])
 def test_in_process_loader_reads_the_next_batch_while_this_one_is_used(
-    tmp_path: Path, readahead: bool
+    tmp_path: Path, readahead: bool, ahead: int
 ) -> None:
     """From a cold page cache, with batches of one shard each: once the first batch is handed
     out, the next shard is read from disk while the caller still holds the first (its
-    training step); with `readahead` off nothing is read before it is asked for. The batches
-    are np.load's samples either way."""
+    training step), by the loader's thread (`prefetch_factor=1`) or by the kernel on advice
+    (`readahead`, with `prefetch_factor=0`), and the one after it is not; with neither,
+    nothing is read before it is asked for. The batches are np.load's samples either way."""
     built, paths, expected = cold_packed(tmp_path)
     ds = PackedDataset.open(built.root, readahead=readahead)
-    batches = iter(make_loader(ds, batch_size=64))
+    batches = iter(make_loader(ds, batch_size=64, prefetch_factor=ahead))
     first = next(batches)
-    read_ahead = wait_for(lambda: cached_fraction(paths[1]) > 0.95, 10 if readahead else 0.5)
-    assert read_ahead is readahead
+    reads = readahead or ahead > 0
+    read_ahead = wait_for(lambda: cached_fraction(paths[1]) > 0.95, 10 if reads else 0.5)
+    assert read_ahead is reads
     assert cached_fraction(paths[2]) < 0.05
     images = np.concatenate([b.images.numpy() for b in (first, *batches)])
     np.testing.assert_array_equal(images, np.concatenate(expected))

@@ -122,14 +122,18 @@ def test_a_state_saved_without_set_epoch_resumes_exactly(packed: Packed, workers
     second, a fresh loader given the state reads the rest of it, then the third."""
     expected = epochs_told(packed, 3)
     ds = PackedDataset.open(packed.root, split="train")
-    loader = make_loader(ds, batch_size=4, shuffle=True, seed=5, num_workers=workers)
+    loader = make_loader(
+        ds, batch_size=4, shuffle=True, seed=5, num_workers=workers, workers_as="processes"
+    )
     list(loader)
     batches = iter(loader)
     first = positions_of(ds, packed, [next(batches) for _ in range(3)])
     state = loader.state_dict()
     del batches
     assert (state["epoch"], state["step"]) == (1, len(loader) + 3)
-    fresh = make_loader(ds, batch_size=4, shuffle=True, seed=5, num_workers=workers)
+    fresh = make_loader(
+        ds, batch_size=4, shuffle=True, seed=5, num_workers=workers, workers_as="processes"
+    )
     fresh.load_state_dict(state)
     rest = positions_of(ds, packed, list(fresh))
     assert first + rest == expected[1]
@@ -146,7 +150,9 @@ def test_skip_first_batches_is_exact_and_reads_no_skipped_sample(
     are never gathered."""
     expected = epochs_told(packed, 2)
     ds = PackedDataset.open(packed.root, split="train")
-    loader = make_loader(ds, batch_size=4, shuffle=True, seed=5, num_workers=workers)
+    loader = make_loader(
+        ds, batch_size=4, shuffle=True, seed=5, num_workers=workers, workers_as="processes"
+    )
     gathered: list[list[int]] = []
     original = type(loader.dataset).__getitems__
 
@@ -216,7 +222,7 @@ def test_as_inputs_makes_each_batch_the_dict_a_hugging_face_model_takes(
     ds = PackedDataset.open(packed.root, split="train")
     plain = list(make_loader(ds, batch_size=4, shuffle=True, seed=5))
     loader = make_loader(ds, batch_size=4, shuffle=True, seed=5, num_workers=workers,
-                         as_inputs=True)  # fmt: skip
+                         workers_as="processes", as_inputs=True)  # fmt: skip
     inputs = list(loader)
     assert len(inputs) == len(plain)
     for batch, reference in zip(inputs, plain, strict=True):

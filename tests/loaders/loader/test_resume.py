@@ -91,7 +91,14 @@ def test_map_style_resume_is_exact_through_every_wrapper(
     positions = ds.selection.positions.tolist()
 
     def build() -> Any:
-        loader = make_loader(ds, batch_size=4, shuffle="blocks", seed=5, num_workers=num_workers)
+        loader = make_loader(
+            ds,
+            batch_size=4,
+            shuffle="blocks",
+            seed=5,
+            num_workers=num_workers,
+            workers_as="processes",
+        )
         return WRAPPERS[wrap](loader)
 
     reference = build()
@@ -335,9 +342,17 @@ def test_make_loader_takes_a_collate_fn(packed: Packed, num_workers: int) -> Non
         images = torch.stack([image for image, _ in samples]).float() / 255
         return {"pixels": images, "labels": torch.tensor([label for _, label in samples])}
 
-    loader = make_loader(ds, batch_size=8, shuffle=True, seed=4, num_workers=num_workers)
+    loader = make_loader(
+        ds, batch_size=8, shuffle=True, seed=4, num_workers=num_workers, workers_as="processes"
+    )
     custom = make_loader(
-        ds, batch_size=8, shuffle=True, seed=4, num_workers=num_workers, collate_fn=as_dict
+        ds,
+        batch_size=8,
+        shuffle=True,
+        seed=4,
+        num_workers=num_workers,
+        workers_as="processes",
+        collate_fn=as_dict,
     )
     pairs = list(zip(loader, custom, strict=True))
     assert len(pairs) == len(custom)
@@ -402,7 +417,12 @@ def test_batches_carry_indices_that_name_their_samples(
         loader: Any = stream_loader(stream, num_workers=num_workers, with_indices=True)
     else:
         loader = make_loader(
-            ds, batch_size=8, shuffle=True, num_workers=num_workers, with_indices=True
+            ds,
+            batch_size=8,
+            shuffle=True,
+            num_workers=num_workers,
+            workers_as="processes",
+            with_indices=True,
         )
     if kind == "device":
         loader = DeviceLoader(loader, device="cpu")

@@ -71,7 +71,7 @@ def test_every_step_of_a_run_resumed_twice_is_traced_to_what_it_read(
     def batches(loader: Any) -> Iterator[Any]:
         return iter(DeviceLoader(loader, device="cpu") if through == "DeviceLoader" else loader)
 
-    first = loader_of(ds, shuffle, drop_last, num_workers=workers)
+    first = loader_of(ds, shuffle, drop_last, num_workers=workers, workers_as="processes")
     step = steps(batches(first), read, 0, 0, None)
     first.set_epoch(1)
     wrapper = DeviceLoader(first, device="cpu") if through == "DeviceLoader" else first
@@ -79,7 +79,7 @@ def test_every_step_of_a_run_resumed_twice_is_traced_to_what_it_read(
     saved = wrapper.state_dict()
     assert saved["step"] == step
 
-    second = loader_of(ds, shuffle, drop_last, num_workers=workers)
+    second = loader_of(ds, shuffle, drop_last, num_workers=workers, workers_as="processes")
     second.load_state_dict(saved)
     second.set_epoch(1)
     step = steps(batches(second), read, step, 0, None)
@@ -314,7 +314,7 @@ def test_a_mixture_reweighted_and_resumed_elastically_is_traced_to_what_it_read(
     def mixed(mix: Any, **options: Any) -> Any:
         return make_loader(
             mix, batch_size=options.pop("batch_size", 4), seed=2, with_indices=True,
-            num_workers=workers, **options,
+            num_workers=workers, workers_as="processes", **options,
         )  # fmt: skip
 
     read: Read = {}

@@ -504,7 +504,9 @@ def test_plain_torch_code_takes_the_loader_as_a_dataloader(packed: Packed) -> No
             schedule.step()  # raises once stepped past epochs * steps_per_epoch
     assert schedule.last_epoch == epochs * len(loader)
 
-    dropped = make_loader(ds, batch_size=5, shuffle="blocks", drop_last=True, num_workers=2)
+    dropped = make_loader(
+        ds, batch_size=5, shuffle="blocks", drop_last=True, num_workers=2, workers_as="processes"
+    )
     assert dropped.drop_last is True and dropped.num_workers == 2
     assert len(dropped) == n // 5 == steps_of(dropped)
     assert dropped.prefetch_factor == 2  # torch's default with workers

@@ -80,7 +80,14 @@ def test_kept_batches_are_never_overwritten(packed: Packed) -> None:
 def test_workers_fill_ring_slots_and_the_main_process_frees_them(packed: Packed) -> None:
     ds = PackedDataset.open(packed.root)
     # Not pinned: with CUDA present DataLoader's pin thread copies each batch out of its slot.
-    loader = make_loader(ds, batch_size=8, num_workers=2, persistent_workers=True, pin_memory=False)
+    loader = make_loader(
+        ds,
+        batch_size=8,
+        num_workers=2,
+        workers_as="processes",
+        persistent_workers=True,
+        pin_memory=False,
+    )
     ring = loader.dataset.memory.ring
     assert ring is not None and len(ring) == 2 * 2 + 4
     base = ring.data.data_ptr()
@@ -98,7 +105,7 @@ def test_workers_fill_ring_slots_and_the_main_process_frees_them(packed: Packed)
 
 def test_batches_kept_past_the_ring_fall_back_and_stay_intact(packed: Packed) -> None:
     ds = PackedDataset.open(packed.root)
-    loader = make_loader(ds, batch_size=4, shuffle=True, num_workers=2)
+    loader = make_loader(ds, batch_size=4, shuffle=True, num_workers=2, workers_as="processes")
     ring = loader.dataset.memory.ring
     assert ring is not None
     batches = []
@@ -199,7 +206,9 @@ def test_memory_pickles_without_idle_buffers() -> None:
 
 def test_device_loader_over_workers_sees_every_batch_intact(packed: Packed) -> None:
     ds = PackedDataset.open(packed.root)
-    device = DeviceLoader(make_loader(ds, batch_size=4, num_workers=2), device="cpu")
+    device = DeviceLoader(
+        make_loader(ds, batch_size=4, num_workers=2, workers_as="processes"), device="cpu"
+    )
     kept = list(device)  # DeviceLoader holds a batch ahead; the list holds them all
     assert len(kept) == -(-len(ds) // 4)
     for k, (images, labels) in enumerate(kept):
@@ -236,7 +245,7 @@ def test_a_uint8_transform_in_workers_fills_ring_slots(packed: Packed) -> None:
     """A per-sample uint8 transform (a crop in the workers, say) stacks its samples straight
     into a ring slot, not into a fresh tensor; a float transform still gets its own stack."""
     ds = PackedDataset.open(packed.root, transform=lambda image: image.flip(0))
-    loader = make_loader(ds, batch_size=4, num_workers=2, with_indices=True)
+    loader = make_loader(ds, batch_size=4, num_workers=2, workers_as="processes", with_indices=True)
     ring = loader.dataset.memory.ring
     assert ring is not None
     batches = 0
@@ -248,7 +257,9 @@ def test_a_uint8_transform_in_workers_fills_ring_slots(packed: Packed) -> None:
         del images
     assert batches == -(-len(ds) // 4)
     floats = PackedDataset.open(packed.root, transform=lambda image: image.float() / 255)
-    float_loader = make_loader(floats, batch_size=4, num_workers=2, with_indices=True)
+    float_loader = make_loader(
+        floats, batch_size=4, num_workers=2, workers_as="processes", with_indices=True
+    )
     for images, _, indices in float_loader:
         want = images_of(floats, packed, indices.tolist()) / 255
         assert images.dtype == torch.float32 and np.allclose(images.numpy(), want)

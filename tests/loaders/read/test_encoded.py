@@ -66,10 +66,17 @@ def test_every_read_path_decodes_to_the_packed_pixels(zlib_packed: Packed, worke
         image, label = ds[i]
         np.testing.assert_array_equal(image.numpy(), packed.images[positions[i]])
         assert label == packed.labels[positions[i]]
-    plain = make_loader(ds, batch_size=4, shuffle=True, num_workers=workers)
+    plain = make_loader(ds, batch_size=4, shuffle=True, num_workers=workers, workers_as="processes")
     first = next(iter(plain))
     assert len(first) == 2 and tuple(first[0].shape[1:]) == packed.sample_shape
-    loader = make_loader(ds, batch_size=4, shuffle=True, num_workers=workers, with_indices=True)
+    loader = make_loader(
+        ds,
+        batch_size=4,
+        shuffle=True,
+        num_workers=workers,
+        workers_as="processes",
+        with_indices=True,
+    )
     seen = _by_index(loader)
     assert sorted(seen) == list(range(len(ds)))
     for i, image in seen.items():
@@ -102,7 +109,14 @@ def test_a_changed_stored_byte_is_named_before_any_decode(
     with pytest.raises(ShardError, match=r"v000001-00000\.npy: row 1 does not decode \(zlib"):
         PackedDataset.open(root, verify=False)[at]
     with pytest.raises(ShardError, match=r"row 1 does not decode"):
-        list(make_loader(PackedDataset.open(root, verify=False), batch_size=4, num_workers=2))
+        list(
+            make_loader(
+                PackedDataset.open(root, verify=False),
+                batch_size=4,
+                num_workers=2,
+                workers_as="processes",
+            )
+        )
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +163,9 @@ def test_a_mixture_of_raw_and_jpeg_members_and_device_crops(photos: tuple[Path, 
     jpeg_ds, raw_ds = PackedDataset.open(jpeg), PackedDataset.open(raw)
     members = [raw_ds, jpeg_ds]
     mixture = Mixture(members, weights=[1, 1])
-    loader = make_loader(mixture, batch_size=6, num_workers=2, with_indices=True)
+    loader = make_loader(
+        mixture, batch_size=6, num_workers=2, workers_as="processes", with_indices=True
+    )
     seen = set()
     for images, _, index, columns in loader:
         for j, i in enumerate(index.tolist()):
@@ -219,7 +235,8 @@ def test_etl_show_draws_encoded_samples(
 def _crops(ds: PackedDataset, crop: Any, epoch: int, workers: int, **options: Any) -> np.ndarray:
     """One epoch of `ds.with_crop(crop)` in index order, as an NCHW float array."""
     loader = make_loader(
-        ds.with_crop(crop), batch_size=5, shuffle=False, num_workers=workers, with_indices=True,
+        ds.with_crop(crop), batch_size=5, shuffle=False, num_workers=workers,
+        workers_as="processes", with_indices=True,
         **options,
     )  # fmt: skip
     loader.set_epoch(epoch)
@@ -257,7 +274,8 @@ def test_worker_crops_follow_the_epoch_in_persistent_workers(photos: tuple[Path,
     ds = PackedDataset.open(jpeg)
     crop = RandomResizedCrop(16, seed=7)
     loader = make_loader(
-        ds.with_crop(crop), batch_size=4, shuffle=True, num_workers=2, with_indices=True,
+        ds.with_crop(crop), batch_size=4, shuffle=True, num_workers=2,
+        workers_as="processes", with_indices=True,
         persistent_workers=True,
     )  # fmt: skip
     epochs = []
@@ -327,4 +345,4 @@ def test_a_damaged_sample_under_a_worker_crop_is_named(zlib_packed: Packed, tmp_
     path.write_bytes(bytes(data))
     ds = PackedDataset.open(root, verify=False).with_crop(CenterCrop(4))
     with pytest.raises(ShardError, match=r"v000001-00000\.npy: row 2 does not decode"):
-        list(make_loader(ds, batch_size=4, num_workers=2))
+        list(make_loader(ds, batch_size=4, num_workers=2, workers_as="processes"))

@@ -98,7 +98,7 @@ def test_shard_with_a_different_shape_is_refused(packed: Packed) -> None:
 def test_missing_shard_is_a_shard_error_in_workers_too(packed: Packed) -> None:
     ds = PackedDataset.open(packed.root)
     (packed.root / ds.selection.shards.names[2]).unlink()
-    loader = make_loader(ds, batch_size=4, num_workers=1, pin_memory=False)
+    loader = make_loader(ds, batch_size=4, num_workers=1, workers_as="processes", pin_memory=False)
     with pytest.raises(ShardError, match="missing"):
         list(loader)
 
@@ -111,7 +111,7 @@ def test_workers_stop_as_soon_as_an_error_ends_their_epoch(tmp_path: Path) -> No
     ds = PackedDataset.open(packed.root)
     (packed.root / ds.selection.shards.names[2]).unlink()
     before = set(psutil.Process().children())
-    loader = make_loader(ds, batch_size=2, num_workers=2, pin_memory=False)
+    loader = make_loader(ds, batch_size=2, num_workers=2, workers_as="processes", pin_memory=False)
     with pytest.raises(ShardError) as raised:
         list(loader)
     assert raised.value.__traceback__ is not None
@@ -139,7 +139,9 @@ def test_a_shard_swapped_with_another_of_its_shape_is_refused_not_read(
     first.write_bytes(b)
     second.write_bytes(a)
     ds = PackedDataset.open(packed.root)
-    loader = make_loader(ds, batch_size=4, num_workers=workers, pin_memory=False)
+    loader = make_loader(
+        ds, batch_size=4, num_workers=workers, workers_as="processes", pin_memory=False
+    )
     with pytest.raises(ShardError, match=r"is not the sample the manifest stores there"):
         list(loader)
     with pytest.raises(ShardError, match=r"replaced or changed"):
@@ -199,7 +201,9 @@ def test_verify_rows_names_a_changed_pixel_as_its_row_is_read(packed: Packed, wo
     with pytest.raises(ShardError, match=pattern):
         PackedDataset.open(packed.root)[int(np.flatnonzero(positions == 1)[0])]
     with pytest.raises(ShardError, match=pattern):
-        list(make_loader(ds, batch_size=4, shuffle=True, num_workers=workers))
+        list(
+            make_loader(ds, batch_size=4, shuffle=True, num_workers=workers, workers_as="processes")
+        )
     with pytest.raises(ShardError, match=pattern):
         list(PackedStream(ds.selection, batch_size=4))
     plain = open_catalog(packed.root).select()  # no checks of its own: the stream makes them
@@ -219,7 +223,14 @@ def test_verify_once_checks_each_row_the_first_time_any_process_reads_it(
     (the flags are shared with the workers), and the next epoch hashes nothing; a changed
     pixel byte in a row not read yet is an error naming the shard and the row."""
     ds = PackedDataset.open(packed.root, verify="once")
-    loader = make_loader(ds, batch_size=4, shuffle=True, num_workers=workers, pin_memory=False)
+    loader = make_loader(
+        ds,
+        batch_size=4,
+        shuffle=True,
+        num_workers=workers,
+        workers_as="processes",
+        pin_memory=False,
+    )
     for images, _ in loader:
         assert images.shape[1:] == packed.sample_shape
     seen = ds.selection.shards.seen()
@@ -249,7 +260,14 @@ def test_verify_once_checks_each_row_the_first_time_any_process_reads_it(
     change_a_pixel_of_sample_1(packed)
     fresh = PackedDataset.open(packed.root, verify="once")
     pattern = r"v000001-00000\.npy: row 1 does not match the checksum.*repair: etl audit"
-    loader = make_loader(fresh, batch_size=4, shuffle=True, num_workers=workers, pin_memory=False)
+    loader = make_loader(
+        fresh,
+        batch_size=4,
+        shuffle=True,
+        num_workers=workers,
+        workers_as="processes",
+        pin_memory=False,
+    )
     with pytest.raises(ShardError, match=pattern):
         list(loader)
 
@@ -435,7 +453,9 @@ def test_an_unreadable_shard_mid_training_is_one_error_naming_samples_and_repair
         path.mkdir()
     else:
         flip_a_byte(path)
-    loader = make_loader(ds, batch_size=4, num_workers=workers, pin_memory=False)
+    loader = make_loader(
+        ds, batch_size=4, num_workers=workers, workers_as="processes", pin_memory=False
+    )
     with pytest.raises(ShardError) as info:
         list(loader)
     message = str(info.value)

@@ -44,7 +44,8 @@ def test_crops_on_threads_are_those_of_one_thread(
     jpeg: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An epoch's batches on 2 threads equal one thread's, batch for batch (a crop is a pure
-    function of seed, epoch and index), and the samples were cut by the pool's threads."""
+    function of seed, epoch and index), and the pool's threads cut some of the samples (the
+    thread that spreads them cuts one share itself)."""
     one = _epoch(jpeg, 1)
     workers: set[str] = set()
     cut = worker_crop.crop_sample
@@ -58,7 +59,7 @@ def test_crops_on_threads_are_those_of_one_thread(
     assert len(one) == len(two) == 3
     for a, b in zip(one, two, strict=True):
         np.testing.assert_array_equal(a, b)
-    assert workers and all(name.startswith("loaders-sample") for name in workers), workers
+    assert any(name.startswith("loaders-sample") for name in workers), workers
 
 
 def test_a_failure_is_raised_after_every_call_finished() -> None:
@@ -94,7 +95,7 @@ def test_no_pool_inside_a_dataloader_worker(jpeg: Path) -> None:
 
     seen = list(torch.utils.data.DataLoader(Threads(), batch_size=None, num_workers=2))
     assert seen == [1, 1]
-    assert len(list(make_loader(ds, batch_size=6, num_workers=2))) == 2
+    assert len(list(make_loader(ds, batch_size=6, num_workers=2, workers_as="processes"))) == 2
 
 
 @pytest.mark.parametrize("verify", ["once", False])
@@ -121,7 +122,7 @@ def test_a_large_batch_is_copied_by_the_threads(
     batch = ds.gather(order)
     plain = np.concatenate([np.load(p) for p in paths])
     np.testing.assert_array_equal(batch.images.numpy(), plain[order])
-    assert len(names) >= 2 and all(n.startswith("loaders-sample") for n in names), names
+    assert len(names) >= 2 and any(n.startswith("loaders-sample") for n in names), names
 
 
 def test_work_handed_on_from_a_pool_thread_runs_there() -> None:

@@ -38,7 +38,14 @@ def main() -> None:
 
     accelerator = Accelerator(cpu=True)
     dataset = PackedDataset.open(args.data, split="train")
-    loader = make_loader(dataset, batch_size=4, shuffle=True, seed=3, num_workers=args.workers)
+    loader = make_loader(
+        dataset,
+        batch_size=4,
+        shuffle=True,
+        seed=3,
+        num_workers=args.workers,
+        workers_as="processes",
+    )
     model = nn.Linear(math.prod(dataset.sample_shape), len(dataset.classes))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer, prepared = accelerator.prepare(model, optimizer, loader)

@@ -39,7 +39,9 @@ def main() -> None:
     record = Path(a.out) / "seen.jsonl"
 
     train = PackedDataset.open(a.data, split="train")
-    loader = make_loader(train, batch_size=4, shuffle=True, seed=3, num_workers=a.workers)
+    loader = make_loader(
+        train, batch_size=4, shuffle=True, seed=3, num_workers=a.workers, workers_as="processes"
+    )
     torch.manual_seed(0)
     model = nn.Linear(math.prod(train.sample_shape), len(train.classes))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

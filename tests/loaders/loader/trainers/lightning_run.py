@@ -75,6 +75,7 @@ class Tiny(L.LightningModule):
             shuffle=shuffle,
             seed=3,
             num_workers=workers,
+            workers_as="processes",
             persistent_workers=workers > 0,
         )
 

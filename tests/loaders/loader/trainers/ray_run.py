@@ -39,7 +39,14 @@ def loop(config: dict[str, Any]) -> None:
     rank = ray.train.get_context().get_world_rank()
     out = Path(config["out"])
     train = PackedDataset.open(config["data"], split="train")
-    loader = make_loader(train, batch_size=4, shuffle=True, seed=3, num_workers=config["workers"])
+    loader = make_loader(
+        train,
+        batch_size=4,
+        shuffle=True,
+        seed=3,
+        num_workers=config["workers"],
+        workers_as="processes",
+    )
     start_epoch = 0
     if config["resume"]:
         state = json.loads((out / f"state-{rank}.json").read_text())
