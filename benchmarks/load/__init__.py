@@ -2,9 +2,11 @@
 cold page cache.
 
 Modules:
+- `against_ffcv`: the loader against FFCV 1.0.2 (in its own venv) on the same samples
 - `augment`:     batched augmentation and the CUDA feed, side by side
 - `copies`:      memcpy and ways to gather a batch, against the loaders' gather
 - `cold`:        reads from disk, against the device itself
+- `ffcv_side`:   FFCV's half of `against_ffcv`, run by FFCV's venv (never imports ours)
 - `from_store`:  training from object storage against local disk and the endpoint's limit
 - `mixture`:     what a mixture costs and whether it keeps its weights
 - `throughput`:  loader throughput against the alternatives, memory, shuffle quality

@@ -317,6 +317,7 @@ def main() -> None:
                     )  # fmt: skip
                 runs[name].append(result)
     print(report(runs, args.samples))
+    print(stats_cost(runs, args.samples))
     for name, results in runs.items():
         for result in results:
             if "copy GB/s" in result:
@@ -338,6 +339,35 @@ def _jpeg_pack(work: Path, photos: int) -> Path:
     make_photos(source, photos)
     pack(work / "jpeg", source, "jpeg", RESIZES["aspect 256/512"])
     return work / "jpeg" / "out"
+
+
+def stats_cost(runs: dict[str, list[dict[str, list[list[float]]]]], n: int) -> str:
+    """What the loader's stats (`loaders.loader.stats`) cost a batch: the clock reads and
+    records one in-process batch makes (the loop's wait and step, the making, two stages),
+    timed alone here, against the batch time of this tree's default contender."""
+    from loaders.loader.stats import LoopTimes
+    from loaders.read.timing import MakingTimes, stage
+
+    loop, making, repeats = LoopTimes(), MakingTimes(), 20_000
+    start = time.perf_counter()
+    for _ in range(repeats):
+        asked = loop.asked()
+        with making.making():
+            with stage("read"):
+                pass
+            with stage("crop"):
+                pass
+        loop.handed(asked)
+    cost = (time.perf_counter() - start) / repeats
+    default = "num_workers=2 (the habit), 2 threads"
+    epochs = [e for r in runs["this"] for e in r.get(default, [])]
+    if not epochs:
+        return f"the stats cost {cost * 1e6:.1f} us a batch"
+    per_batch = statistics.median(seconds for seconds, _ in epochs) / -(-n // BATCH)
+    return (
+        f"the stats cost {cost * 1e6:.1f} us a batch: {cost / per_batch:.2%} of a batch of"
+        f" {default!r} ({per_batch * 1000:.2f} ms)"
+    )
 
 
 def report(runs: dict[str, list[dict[str, list[list[float]]]]], n: int) -> str:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from etl.errors import EtlError
+from etl.format.codecs import RAW
 
 
 def from_worker(exc: EtlError) -> EtlError:
@@ -55,20 +56,34 @@ def in_threads(
     `num_workers` processes (`workers_as`: "threads", "processes", or None to choose).
 
     NOTE [ num_workers out of habit ]: most loops pass `num_workers=8` (or os.cpu_count()) by
-    habit, and with our batches worker processes only cost: fork, a page table each, the ring.
-    Measured with benchmarks/load/workers.py (5,000 random 224x224x3 samples, 2-core VM, each
-    contender in its own process): 0 workers on 2 threads 54,302 samples/s; 2 workers 25,393
-    (fresh each epoch) and 43,133 (persistent). So `num_workers=N` runs on the threads unless
-    the batches need processes: a per-sample `transform` of the user's (Python code that may
-    hold the GIL), a `collate_fn` of the user's (given the samples), a `worker_init_fn` or a
-    `multiprocessing_context` (which only mean something in a process)."""
+    habit. Measured with benchmarks/load/workers.py (2-core VM, each contender in its own
+    process, batches of 256): random 224x224x3 raw samples, 2 threads 45,785-57,485 samples/s,
+    2 workers 26,470 fresh each epoch and 50,156 persistent (with a 4 ms step after each
+    batch: 50,229-52,163 against 27,453 and 46,604); JPEG photos (aspect kept, 256/512) with
+    `RandomResizedCrop(224)`, 2 threads 1,626-1,929, 2 workers 2,388 fresh and 2,730
+    persistent (the Python left per crop holds the GIL: docs/architecture.md). So
+    `num_workers=N` runs on the threads where samples are stored raw, and in persistent
+    processes where they are decoded here (stored encoded) or the batches need processes: a
+    per-sample `transform` of the user's (Python that may hold the GIL), a `collate_fn` of the
+    user's (given the samples), a `worker_init_fn` or a `multiprocessing_context` (which only
+    mean something in a process)."""
     if num_workers == 0 or workers_as == "threads":
         return True
     if workers_as == "processes":
         return False
     ours = collate_fn is None or as_inputs
-    plain = getattr(dataset, "transform", None) is None
+    plain = getattr(dataset, "transform", None) is None and not decodes(dataset)
     return ours and plain and worker_init_fn is None and multiprocessing_context is None
+
+
+def decodes(dataset: Any) -> bool:
+    """Whether some of `dataset`'s samples (a mixture's members' too) are stored encoded, so
+    making a batch decodes them: NOTE [ num_workers out of habit ]."""
+    for member in getattr(dataset, "members", (dataset,)):
+        stored = getattr(getattr(member, "selection", None), "stored", None)
+        if stored is not None and bool((stored[:, 1] != RAW).any()):
+            return True
+    return False
 
 
 def worker_options(

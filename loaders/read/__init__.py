@@ -12,4 +12,5 @@ Modules:
 - `shard_checks`: a shard's checksum, its probe row, rows hashed as copied
 - `span`:         every shard mapped in one array, so a batch is one numpy call
 - `threads`:      a batch's per-sample work (decode, crop) spread over a pool of threads
+- `timing`:       the stages of making a batch here (read, decode, crop), timed
 """

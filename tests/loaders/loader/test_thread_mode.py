@@ -130,6 +130,22 @@ def test_processes_where_the_work_needs_them(packed: tuple[Path, np.ndarray]) ->
         make_loader(PackedDataset.open(root), num_workers=2, workers_as="fibers")
 
 
+def test_samples_decoded_here_go_to_persistent_processes(tmp_path: Path) -> None:
+    """JPEG samples (decoded as batches are made, where the crops' Python holds the GIL):
+    `num_workers=2` starts persistent worker processes, and their batches are the crops one
+    thread makes in the training process."""
+    from loaders import RandomResizedCrop
+    from tests.helpers.codecs import pack_photos
+
+    root = pack_photos(tmp_path, "jpeg", count=8)
+    ds = PackedDataset.open(root).with_crop(RandomResizedCrop(16, seed=2))
+    habit = make_loader(ds, batch_size=4, num_workers=2)
+    assert (habit.num_workers, habit.persistent_workers, habit.ahead) == (2, True, 0)
+    here = make_loader(ds, batch_size=4)
+    for a, b in zip(habit, here, strict=True):
+        np.testing.assert_array_equal(a.images.numpy(), b.images.numpy())
+
+
 def test_a_bad_row_is_raised_at_its_batch(tmp_path: Path) -> None:
     """A row whose bytes changed on disk, read ahead: the batches before its own are handed
     out, then its batch raises the error naming the shard, and no thread is left reading."""
