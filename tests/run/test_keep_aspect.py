@@ -264,9 +264,10 @@ def test_keep_aspect_into_a_bucket_and_read_back_by_url(
         ranged = PackedDataset.open(
             "s3://aspect/ds", store=StoreOptions(ranged=True, cache_dir=tmp_path / "bare")
         )
-        loader = make_loader(
-            ranged, batch_size=3, num_workers=workers, workers_as="processes", with_indices=True
-        )
+        loader = make_loader(  # fresh workers each epoch: they take the form asked below
+            ranged, batch_size=3, num_workers=workers, workers_as="processes",
+            persistent_workers=False, with_indices=True,
+        )  # fmt: skip
         count = 0
         for images, _, indices, columns in loader:
             for j, i in enumerate(indices.tolist()):
