@@ -168,7 +168,9 @@ def jpeg_size(data: Any) -> tuple[int, int]:
     import simplejpeg
 
     try:
-        height, width, _, _ = simplejpeg.decode_jpeg_header(bytes(data))
+        height, width, _, _ = simplejpeg.decode_jpeg_header(
+            data if isinstance(data, np.ndarray | bytes) else bytes(data)
+        )
     except ValueError as exc:
         raise DecodeFailure(f"not a JPEG ({exc})") from None
     return int(height), int(width)
@@ -187,10 +189,8 @@ def dct_factor(source: tuple[int, int], needed: tuple[int, int], reducing_gap: f
     the one rule the loaders' decode and packing's draft use."""
     if reducing_gap < 1:
         raise ValueError(f"reducing_gap must be at least 1, got {reducing_gap}")
-    for factor in (8, 4, 2):
-        if all(s / factor >= reducing_gap * n for s, n in zip(source, needed, strict=True)):
-            return factor
-    return 1
+    room = min(source[0] / (reducing_gap * needed[0]), source[1] / (reducing_gap * needed[1]))
+    return 8 if room >= 8 else 4 if room >= 4 else 2 if room >= 2 else 1
 
 
 def decode_jpeg(

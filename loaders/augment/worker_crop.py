@@ -10,14 +10,18 @@ The parameters are `loaders.augment.crops`'s (`RandomResizedCrop`: torchvision's
 pure function of (seed, epoch, dataset index); `CenterCrop`: resize the shorter side, take the
 middle), so a run that crops in its workers draws the same boxes a `DeviceLoader` would.
 
-NOTE [ resampling in a worker ]: a box is cut from the decoded image and resized with
-`F.interpolate(..., "bilinear", align_corners=False, antialias=False)` on uint8 channels-last
-(torch's vectorised path: 0.08 ms a 224 sample on one core, against 0.55 ms in float32), which
-rounds to the nearest level: within 1 of the device path's float result for the same box. A
-JPEG whose box is at least `reducing_gap` (2) times the output on both sides is decoded at
-1/2, 1/4 or 1/8 scale first (`etl.format.codecs.dct_factor`) and the box scaled with it: the
-pixels then differ from a full decode's as a resample from a smaller image does, and are the
-same on every run with the same decoder (the loader's state records it).
+NOTE [ resampling in a worker ]: a box is cut from the decoded image (a view, no copy) and
+resized by OpenCV's `cv2.resize(..., INTER_LINEAR)` straight into the batch's slot: bilinear
+with half-pixel centres, no antialias, the formula of torch's `F.interpolate(..., "bilinear",
+align_corners=False)`, in 11-bit fixed point, so within 1 of the device path's float result
+for the same box (tested). OpenCV releases the GIL for the whole resize; torch's uint8
+`F.interpolate`, which it replaced, did not scale past one thread here (JPEG 224 + RRC 224 on
+2 threads: 3,750 samples/s with it, 6,100 with OpenCV; per 224 crop 0.11 ms against 0.066 ms;
+benchmarks/README.md, "Threads by default"). A JPEG whose box is at least `reducing_gap` (2)
+times the output on both sides is decoded at 1/2, 1/4 or 1/8 scale first
+(`etl.format.codecs.dct_factor`) and the box scaled with it: the pixels then differ from a
+full decode's as a resample from a smaller image does, and are the same on every run with the
+same decoder and resizer (the loader's state records both).
 """
 
 from __future__ import annotations
@@ -27,9 +31,8 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
+import cv2
 import numpy as np
-import torch
-import torch.nn.functional as F
 from numpy.typing import NDArray
 
 from etl.format.codecs import (
@@ -62,10 +65,15 @@ class WorkerCrop:
     reducing_gap: float = REDUCING_GAP
 
     def record(self) -> dict[str, Any]:
-        """What a run's record keeps of it (`loaders.loader.trace`): the crop, and the decoder that
-        made its pixels (a resumed run on another decoder may see pixels a level apart)."""
+        """What a run's record keeps of it (`loaders.loader.trace`): the crop, and the decoder and
+        resizer that made its pixels (a resumed run on others may see pixels a level apart)."""
         crop = {"kind": type(self.crop).__name__, **asdict(self.crop)}
-        return {"crop": crop, "reducing_gap": self.reducing_gap, "decoder": decoder_name()}
+        return {
+            "crop": crop,
+            "reducing_gap": self.reducing_gap,
+            "decoder": decoder_name(),
+            "resizer": f"OpenCV {cv2.__version__}",
+        }
 
     @property
     def size(self) -> tuple[int, int]:
@@ -120,47 +128,59 @@ def crop_sample(
     oh, ow = crop.size
     if resized is not None:  # centre crop: the whole image is what is resampled
         needed = (int(resized[0]), int(resized[1]))
-        region = (0, 0, height, width)
+        top, left, h, w = 0, 0, height, width
     else:
-        region = tuple(int(v) for v in box)  # type: ignore[assignment]
+        top, left, h, w = map(int, box.tolist())
         needed = (oh, ow)
-    factor = 1
     if codec == JPEG:
-        factor = dct_factor((region[2], region[3]), needed, crop.reducing_gap)
+        factor = dct_factor((h, w), needed, crop.reducing_gap)
         image = decode_jpeg(data, (height, width, channels), factor=factor)
+        if factor > 1:  # NOTE: the box at 1/factor scale (libjpeg's scaled sides round up)
+            top, left, h, w = top // factor, left // factor, h // factor, w // factor
     else:
         image = decode(data, codec, shape_of(height, width, channels, layout))
     hwc = image if layout == "HWC" or codec == JPEG else image.transpose(1, 2, 0)
-    top, left, h, w = (_scaled(v, factor) for v in region)
     h, w = max(1, min(h, hwc.shape[0] - top)), max(1, min(w, hwc.shape[1] - left))
-    if not hwc.flags.writeable:  # a raw sample is a view of the read-only shard: its box
-        hwc, top, left = hwc[top : top + h, left : left + w].copy(), 0, 0
-    # NOTE: a view of the box; `_resample` copies it channels-last (torch's copy of a box
-    # view: 1.2-1.35x faster a 224 crop than numpy copying it first, measured here)
-    source = torch.from_numpy(hwc).permute(2, 0, 1)[None][:, :, top : top + h, left : left + w]
-    if resized is not None:
-        scaled = _resample(source, needed)
-        top, left = round((needed[0] - oh) / 2.0), round((needed[1] - ow) / 2.0)
-        result = scaled[:, :, top : top + oh, left : left + ow]
+    source = hwc[top : top + h, left : left + w]
+    if resized is None:
+        into = out if layout == "HWC" else np.empty((oh, ow, channels), np.uint8)
+        made = _resample(source, (oh, ow), into)
     else:
-        result = _resample(source, (oh, ow))
-    if flip:
-        result = result.flip(-1)
-    target = torch.from_numpy(out)
-    target.copy_(result[0].permute(1, 2, 0) if layout == "HWC" else result[0])
+        top, left = round((needed[0] - oh) / 2.0), round((needed[1] - ow) / 2.0)
+        whole = _resample(source, needed, np.empty((*needed, channels), np.uint8))
+        made = whole[top : top + oh, left : left + ow]
+    if made is out:
+        if flip:  # in place: OpenCV swaps each row's ends
+            mat = _mat(out)
+            _written(cv2.flip(mat, 1, dst=mat), mat)
+        return
+    made = made[:, ::-1] if flip else made
+    np.copyto(out, made if layout == "HWC" else made.transpose(2, 0, 1))
 
 
-def _scaled(value: int, factor: int) -> int:
-    """A source pixel coordinate at 1/`factor` scale (libjpeg's scaled sides round up)."""
-    return value // factor if factor > 1 else value
+def _resample(
+    image: NDArray[np.uint8], size: tuple[int, int], out: NDArray[np.uint8]
+) -> NDArray[np.uint8]:
+    """Bilinear resize of an [h, w, C] view to `size` into `out` ([*size, C]), which it returns
+    (NOTE [ resampling in a worker ])."""
+    if image.shape[:2] == size:
+        np.copyto(out, image)
+        return out
+    mat = _mat(out)
+    _written(cv2.resize(_mat(image), size[::-1], dst=mat, interpolation=cv2.INTER_LINEAR), mat)
+    return out
 
 
-def _resample(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """Bilinear resize of a uint8 [1, C, h, w] to `size` (NOTE [ resampling in a worker ])."""
-    if tuple(image.shape[2:]) == size:
-        return image
-    lasting = image.contiguous(memory_format=torch.channels_last)
-    return F.interpolate(lasting, size=size, mode="bilinear", align_corners=False, antialias=False)
+def _mat(image: NDArray[np.uint8]) -> NDArray[np.uint8]:
+    """An [h, w, C] array as OpenCV takes it (one channel is 2-D there)."""
+    return image[..., 0] if image.shape[2] == 1 else image
+
+
+def _written(made: NDArray[Any], into: NDArray[np.uint8]) -> None:
+    """Where OpenCV did not write into `into` (it makes its own output where the one it is
+    given does not fit), the result copied there: never a batch slot left unwritten."""
+    if made is not into:
+        np.copyto(into, made.reshape(into.shape))
 
 
 def decoder_name() -> str:

@@ -12,10 +12,11 @@ which sample.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
 
 import torch
@@ -59,25 +60,34 @@ def spread(count: int, nbytes: int) -> list[tuple[int, int]]:
 
 
 def run_each(calls: Sequence[Callable[[], None]]) -> None:
-    """Run every call, the first in this thread and the others on the pool where this process
-    has one (all in this thread otherwise), and return once all have finished; the first
-    failure in call order is raised then, so nothing is still writing into the batch when the
-    caller sees it."""
-    threads = sample_threads()
-    if threads == 1 or len(calls) < 2:
+    """Run every call, on this thread and the pool's where this process has one (all on this
+    thread otherwise), and return once all have finished; the first failure in call order is
+    raised then, so nothing is still writing into the batch when the caller sees it.
+
+    NOTE [ calls drained, not submitted ]: this thread and `threads - 1` of the pool's each
+    take the next call not yet taken until none is left, so a batch of 256 crops costs two
+    hand-overs instead of 256 futures, each a lock, a wake-up and a turn of the GIL (JPEG crops
+    on 2 threads: see benchmarks/README.md, "Threads by default").
+    """
+    threads = min(sample_threads(), len(calls))
+    if threads < 2:
         for call in calls:
             call()
         return
-    pool = _shared_pool(threads)
-    futures: list[Future[None]] = [pool.submit(call) for call in calls[1:]]
-    failure: BaseException | None = None
-    try:
-        calls[0]()  # NOTE: one share here: the thread would only wait (one wake-up less)
-    except BaseException as exc:
-        failure = exc
-    for future in futures:
-        error = future.exception()
-        if error is not None and failure is None:
-            failure = error
-    if failure is not None:
-        raise failure
+    taken = itertools.count()  # NOTE: next() on it is atomic under the GIL (and free-threaded)
+    failures: dict[int, BaseException] = {}
+
+    def drain() -> None:
+        while (i := next(taken)) < len(calls):
+            try:
+                calls[i]()
+            except BaseException as exc:  # every call still runs: the batch is whole or raised
+                failures[i] = exc
+
+    pool = _shared_pool(sample_threads())
+    helpers = [pool.submit(drain) for _ in range(threads - 1)]
+    drain()
+    for helper in helpers:
+        helper.result()
+    if failures:
+        raise failures[min(failures)]
