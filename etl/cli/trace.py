@@ -4,6 +4,7 @@ loader state it saved (NOTE [ a run's history ] in `loaders.order.history`)."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -150,9 +151,9 @@ def _loader_state(record: Path) -> Mapping[str, Any]:
         if record.suffix == ".json":
             loaded: Any = json.loads(record.read_text())
         else:
-            import torch
-
-            loaded = torch.load(record, map_location="cpu", weights_only=True)
+            loaded = _torch_load(record)
+    except ConfigError:
+        raise
     except Exception as exc:
         # (a type weights_only does not allow is an UnpicklingError): one line, never a trace
         raise ConfigError(f"{record}: cannot read it ({described(exc)})") from None
@@ -160,6 +161,26 @@ def _loader_state(record: Path) -> Mapping[str, Any]:
         if "history" in found and "step" in found:
             return found
     raise ConfigError(f"{record}: holds no loader state with a run's history")
+
+
+SAFE_TORCH_LOAD = (2, 6)
+"""The first torch whose `torch.load(weights_only=True)` cannot be made to run code by the
+file it reads (CVE-2025-32434 bypassed it before): a checkpoint is data, never code."""
+
+
+def _torch_load(record: Path) -> Any:
+    """The checkpoint `record` read by torch with weights only; ConfigError, reading nothing,
+    where the installed torch is older than `SAFE_TORCH_LOAD`."""
+    import torch
+
+    found = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2])
+    if found < SAFE_TORCH_LOAD:
+        raise ConfigError(
+            f"{record}: not read: torch {torch.__version__}'s weights_only=True load can be "
+            "made to run code by the file (CVE-2025-32434); install torch>=2.6, or give the "
+            "loader state as JSON (json.dump(loader.state_dict(), f))"
+        )
+    return torch.load(record, map_location="cpu", weights_only=True)
 
 
 def _mappings(value: Any, depth: int = 0) -> Iterator[Mapping[str, Any]]:

@@ -128,7 +128,7 @@ class BoundedCache:
         return self.store.root / SHARDS_DIR
 
     def path(self, shard: int) -> Path:
-        return self.store.root / self.names[shard]
+        return self.store.shard_file(self.names[shard])
 
     # -- holds --------------------------------------------------------------------------
 

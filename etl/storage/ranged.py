@@ -22,6 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from etl.errors import ShardError
+from etl.format.coherence import check_shard_name
 from etl.format.row_checksums import RowChecksums, mismatch
 from etl.format.shards import HEADER_BYTES
 from etl.storage.store import StoreDataset
@@ -48,6 +49,8 @@ class RangedRows:
         self.url = url
         self.storage_options = dict(storage_options or {})
         self.timeout = timeout
+        for name in names:  # NOTE [ names from a store ]: no request outside the dataset
+            check_shard_name(name, url)
         self.names = tuple(names)
         self.sample_bytes = int(np.prod(sample_shape))
         self.offsets = np.asarray(sizes, np.int64) - np.asarray(rows, np.int64) * self.sample_bytes

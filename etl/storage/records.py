@@ -8,12 +8,15 @@ The hidden folder of a publishing attempt, `versions/.v000005-1f2e3d4c`, is name
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 from etl.errors import EtlError, ManifestError
+from etl.format.coherence import SHARD_FILE, check_shard_name
 from etl.format.manifest import SHARDS_FILE, load_table, version_name
 from etl.format.record import FILES_AT, RECORD_FILE
 from etl.format.shards import SHARDS_DIR
@@ -75,15 +78,56 @@ def recorded_files(record: Any, where: str) -> dict[str, int]:
 
 def changed_shards(cached: Path, fetched: Path, root: Path) -> list[str]:
     """A version re-published in the store (`fetched`, its new files, against the copy
-    `cached` in the mirror at `root`): the cached shards whose checksum changed, for the
-    caller to remove (a cached shard is trusted by its name: NOTE [ cache safety ])."""
+    `cached` in the mirror at `root`): the file names (in the mirror's `shards/`) of the cached
+    shards whose checksum changed, for the caller to remove (a cached shard is trusted by its
+    name: NOTE [ cache safety ]). Only plain shard names: a name a store wrote into a table
+    is never a path here (NOTE [ names from a store ] in etl.storage.store)."""
     if not (cached / SHARDS_FILE).is_file():
         return []
     try:
         before, after = (_checksums(folder / SHARDS_FILE) for folder in (cached, fetched))
-    except (EtlError, OSError, KeyError):  # cannot tell which: none is trusted
-        return [f"{SHARDS_DIR}/{p.name}" for p in (root / SHARDS_DIR).glob("*.npy")]
-    return [name for name, checksum in before.items() if after.get(name) != checksum]
+    except (EtlError, OSError, KeyError, TypeError):  # cannot tell which: none is trusted
+        return [p.name for p in (root / SHARDS_DIR).glob("*.npy") if SHARD_FILE.fullmatch(p.name)]
+    return [
+        check_shard_name(name, cached)
+        for name, checksum in before.items()
+        if after.get(name) != checksum and _plain(name)
+    ]
+
+
+def check_shard_names(fetched: Path, where: str) -> None:
+    """ManifestError unless every shard the fetched shards table names is 'shards/<plain
+    name>.npy': checked before the copy replaces the mirror's."""
+    if (fetched / SHARDS_FILE).is_file():
+        for name in load_table(fetched / SHARDS_FILE).column("shard").to_pylist():
+            check_shard_name(name, f"{where}/{SHARDS_FILE}")
+
+
+def remove_shard_files(root: Path, files: list[str]) -> None:
+    """Remove the mirror's shard files of these plain names: through the mirror's own
+    `shards/` folder (opened without following a link), by file name, so whatever a name
+    says nothing outside it is removed (a link there is removed, not what it points at)."""
+    if not files:
+        return
+    try:
+        folder = os.open(root / SHARDS_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return
+    try:
+        for file in files:
+            if SHARD_FILE.fullmatch(file):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(file, dir_fd=folder)
+    finally:
+        os.close(folder)
+
+
+def _plain(name: object) -> bool:
+    try:
+        check_shard_name(name, "")
+    except ManifestError:
+        return False
+    return True
 
 
 def _checksums(path: Path) -> dict[str, str]:

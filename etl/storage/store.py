@@ -27,6 +27,15 @@ once, to find the latest).
 The store is reached only through fsspec (`pip install 'etl-memmap[s3]'` for S3); credentials
 and endpoint come from the environment, the profile or `storage_options`, and are never
 written anywhere.
+
+NOTE [ names from a store ]: a store is trusted for bytes it can be checked on, never for
+where they go. Every name it serves is checked before it is used for anything: a commit
+record's files are plain names (`etl.storage.records.recorded_files`), a fetched shards
+table's shards are 'shards/<plain name>.npy' before the copy replaces the mirror's, and a
+shard becomes a local file only through `shard_file`. A changed shard is removed through the
+mirror's own `shards/` folder by file name (`remove_shard_files`), so a hostile table that
+names '/home/user/thesis.tex' or 'shards/../../x' (sealed by a record the store made itself)
+is refused in one line and removes nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
 from etl.errors import EtlError, ManifestError, ShardError
+from etl.format.coherence import check_shard_name
 from etl.format.manifest import (
     VERSIONS_DIR,
     version_name,
@@ -48,6 +58,7 @@ from etl.format.manifest import (
 )
 from etl.format.record import RECORD_FILE
 from etl.format.retirement import RETIRED_DIR, record_name, version_of_record
+from etl.format.shards import SHARDS_DIR
 from etl.storage import calls
 from etl.storage.cache_files import (
     TMP_PREFIX,
@@ -61,7 +72,14 @@ from etl.storage.cache_files import (
     shared_by_default,
 )
 from etl.storage.downloads import Reach, capped_digest, get_capped
-from etl.storage.records import changed_shards, files_at, read_record, recorded_files
+from etl.storage.records import (
+    changed_shards,
+    check_shard_names,
+    files_at,
+    read_record,
+    recorded_files,
+    remove_shard_files,
+)
 from etl.storage.transport import STORE_TIMEOUT, endpoint_of, filesystem, why
 
 CACHE_ENV = "ETL_CACHE"
@@ -125,6 +143,11 @@ class StoreDataset:
 
     def _in_store(self, *parts: str) -> str:
         return "/".join([self.store_root.rstrip("/"), *parts])
+
+    def shard_file(self, name: str) -> Path:
+        """The mirror's file of shard `name`; ManifestError for a name that is not
+        'shards/<plain name>.npy' (NOTE [ names from a store ])."""
+        return self.root / SHARDS_DIR / check_shard_name(name, self.url)
 
     def committed(self) -> list[int]:
         """The committed versions in the store, oldest first, maybe none: the version folders
@@ -198,9 +221,9 @@ class StoreDataset:
             stored = self._in_store(VERSIONS_DIR, kept_at) if kept_at else remote
             for name, size in recorded_files(record, where).items():
                 get_capped(self.reach, f"{stored}/{name}", staging / name, ManifestError, cap=size)
-            for name in changed_shards(folder, staging, self.root):
-                (self.root / name).unlink(missing_ok=True)  # fetched and verified again
-            replace_folder(staging, folder)
+            check_shard_names(staging, where)  # NOTE [ names from a store ]
+            remove_shard_files(self.root, changed_shards(folder, staging, self.root))
+            replace_folder(staging, folder)  # the changed shards are fetched and verified again
         finally:
             remove_tree(staging)
         return number
@@ -234,7 +257,7 @@ class StoreDataset:
         wanted = [
             (name, checksum, int(size))
             for name, checksum, size in zip(names, checksums, sizes, strict=True)
-            if not is_cached(self.root / name)
+            if not is_cached(self.shard_file(name))
         ]
         if not wanted:
             return
@@ -254,7 +277,7 @@ class StoreDataset:
         size_of = dict(zip(names, sizes, strict=True))
 
         def download(name: str) -> None:
-            final = self.root / name
+            final = self.shard_file(name)
             self.folder(final.parent)
             try:
                 there = self.bounded(self.fs.exists, self._in_store(name))
@@ -276,7 +299,7 @@ class StoreDataset:
                 done.result()
 
     def _fetch_shard(self, name: str, checksum: str, size: int, algorithm: str) -> None:
-        final = self.root / name
+        final = self.shard_file(name)
         self.folder(final.parent)
         with locked(final.with_name(final.name + ".lock"), self.shared):
             if is_cached(final):  # another process fetched it while this one waited
@@ -295,7 +318,7 @@ class StoreDataset:
         """Download shard `name` to its `.tmp-` file `partial` (`cache_files.exclusive_temp`),
         at most its recorded `size` bytes, verify it against `checksum` and rename it into
         place. The caller holds the shard's `.lock` (NOTE [ cache safety ])."""
-        final = self.root / name
+        final = self.shard_file(name)
         got = get_capped(self.reach, self._in_store(name), partial, ShardError, algorithm, cap=size)
         if got != checksum:
             partial.unlink(missing_ok=True)

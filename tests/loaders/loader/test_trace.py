@@ -192,6 +192,33 @@ def test_etl_trace_answers_from_a_checkpoint_without_the_training_code(
     assert code == 2 and "holds no loader state with a run's history" in err
 
 
+def test_etl_trace_reads_no_checkpoint_with_a_torch_whose_safe_load_can_be_bypassed(
+    packed: Packed,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under a torch older than 2.6 (its weights_only=True load could be made to run code,
+    CVE-2025-32434) a checkpoint is refused in one line, unread, while the same state as
+    JSON still answers."""
+    import torch
+
+    ds = PackedDataset.open(packed.root, split="train")
+    loader = loader_of(ds, "random", False)
+    steps(iter(loader), {}, 0, 0, 2)
+    checkpoint, as_json = tmp_path / "last.ckpt", tmp_path / "state.json"
+    torch.save({"loader": loader.state_dict()}, checkpoint)
+    as_json.write_text(json.dumps(loader.state_dict()))
+    loads: list[object] = []
+    monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(a))
+    monkeypatch.setattr(torch, "__version__", "2.5.1+cpu")
+    code, out, err = cli(["trace", str(checkpoint), "--step", "0"], capsys)
+    assert code == 2 and "CVE-2025-32434" in err and "torch>=2.6" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and not loads
+    code, out, err = cli(["trace", str(as_json), "--step", "0", "--json"], capsys)
+    assert code == 0 and json.loads(out)["samples"], err
+
+
 def test_whole_epochs_are_one_entry_and_an_epoch_cut_short_begins_another(packed: Packed) -> None:
     """30 epochs, the 21st left after 3 batches: two entries (epochs 0-20, 21-29), whatever
     the run's length, and every step still traced to what was read."""
