@@ -7,13 +7,16 @@ and keeps its traceback.
 
 from __future__ import annotations
 
+import os
 import sys
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
 from etl.engine import interrupt
 from etl.errors import EtlError
+from etl.storage.transport import ALLOW_ENV
 
 app = typer.Typer(
     name="etl",
@@ -28,9 +31,24 @@ app = typer.Typer(
 
 
 @app.callback()
-def _commands() -> None:
+def _commands(
+    allow_protocol: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-protocol",
+            metavar="PROTOCOL",
+            help="Also reach URLs of this protocol (repeat for more), besides the stores "
+            "s3, gs, gcs, az, abfs and abfss, e.g. --allow-protocol http; for this command "
+            "and the processes it starts.",
+        ),
+    ] = None,
+) -> None:
     """Keeps `etl <command>` a group when only the one command's module was imported
-    (`etl.cli.COMMAND_MODULES`): Typer runs a lone command as the app itself otherwise."""
+    (`etl.cli.COMMAND_MODULES`): Typer runs a lone command as the app itself otherwise. Takes
+    the options every command shares."""
+    if allow_protocol:  # NOTE [ no request nobody asked for ]: the user's word, to children too
+        given = os.environ.get(ALLOW_ENV, "").split(",")
+        os.environ[ALLOW_ENV] = ",".join(p for p in [*given, *allow_protocol] if p.strip())
 
 
 err = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)

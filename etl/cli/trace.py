@@ -11,9 +11,10 @@ from typing import Annotated, Any
 
 import typer
 
-from etl.cli.app import app, out
+from etl.cli.app import app, err, out
 from etl.cli.progress import BarProgress
-from etl.errors import ConfigError, described
+from etl.errors import ConfigError, described, redacted
+from etl.storage.location import StoreUrl, as_location
 
 
 @app.command()
@@ -34,6 +35,14 @@ def trace(
         Path | None, typer.Option("--sheet", help="With --step: a contact sheet of its samples.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")] = False,
+    allow_store: Annotated[
+        bool,
+        typer.Option(
+            "--allow-store",
+            help="Open a dataset in object storage that the state's record names (requests "
+            "go there with your credentials); without it such a state is refused.",
+        ),
+    ] = False,
 ) -> None:
     """Say which samples a run read at a step (--step), with each one's crop where the run
     cropped in its workers, or at which steps and ranks it read a sample (--sample), from a
@@ -46,21 +55,16 @@ def trace(
         raise typer.BadParameter("give --step N or --sample ID_OR_SOURCE")
     if sheet is not None and step is None:
         raise typer.BadParameter("--sheet draws the samples of a --step")
-    try:
-        from loaders.loader.trace import crops_at, rebuilt, samples_at, steps_of
-    except ModuleNotFoundError as exc:
-        raise ConfigError(
-            f"etl trace opens the run with the loaders ({exc.name} is missing): "
-            "pip install 'etl-memmap[loaders]'"
-        ) from None
+    tools = _tracing()
     state = _loader_state(record)
+    _check_datasets(record, tools.datasets_named(state), allow_store)
     try:
-        run = _Run(rebuilt(state), state)
+        run = _Run(tools.rebuilt(state), state)
         if step is not None:
-            answer = run.at_step(step, rank, samples_at, crops_at)
+            answer = run.at_step(step, rank, tools.samples_at, tools.crops_at)
         else:
             assert sample is not None
-            answer = run.reads_of(sample, steps_of, BarProgress(enabled=not as_json))
+            answer = run.reads_of(sample, tools.steps_of, BarProgress(enabled=not as_json))
     except ValueError as exc:
         raise ConfigError(f"{record}: {exc}") from None
     if sheet is not None:
@@ -70,6 +74,32 @@ def trace(
         print(json.dumps(answer, indent=2))
     else:
         _print_answer(answer, sheet)
+
+
+def _tracing() -> Any:
+    """`loaders.loader.trace`, or ConfigError naming what to install."""
+    try:
+        import loaders.loader.trace as tools
+    except ModuleNotFoundError as exc:
+        raise ConfigError(
+            f"etl trace opens the run with the loaders ({exc.name} is missing): "
+            "pip install 'etl-memmap[loaders]'"
+        ) from None
+    return tools
+
+
+def _check_datasets(record: Path, datasets: list[str], allow_store: bool) -> None:
+    """Say which datasets the state's record opens (stderr); ConfigError for one in object
+    storage without --allow-store: a state file is someone's word, and opening its URL sends
+    requests, signed with the user's credentials (NOTE [ no request nobody asked for ])."""
+    for dataset in datasets:
+        shown = redacted(dataset)
+        if isinstance(as_location(dataset), StoreUrl) and not allow_store:
+            raise ConfigError(
+                f"{record}: its run record names the dataset {shown!r} in object storage; "
+                "etl trace opens it only with --allow-store"
+            )
+        err.print(f"opening {shown} (as {record.name} records it)", highlight=False)
 
 
 class _Run:

@@ -13,6 +13,7 @@ from pydantic import (
 
 from etl.config.fields import ByteSize, Location, StrictModel
 from etl.storage.location import StoreUrl
+from etl.storage.transport import with_allowed
 
 DEFAULT_INCLUDE = ("*.jpg", "*.jpeg", "*.png", "*.bmp", "*.gif", "*.tif", "*.tiff", "*.webp")
 
@@ -45,6 +46,11 @@ class _SourceBase(StrictModel):
             raise ValueError(f"split fractions add up to {sum(split.values()):g} > 1")
         return split
 
+    allow_protocols: tuple[str, ...] = ()
+    """Protocols besides a store's (s3, gs, gcs, az, abfs, abfss) that `path`, or a listing's
+    locators, may name, e.g. [http]: nothing else is reached (NOTE [ no request nobody asked
+    for ] in etl.storage.transport)."""
+
     @model_validator(mode="after")
     def _options_need_a_store(self) -> _SourceBase:
         if self.storage_options and not isinstance(self.path, StoreUrl):
@@ -52,6 +58,9 @@ class _SourceBase(StrictModel):
                 "storage_options are for a source.path in object storage (s3://..., gs://...), "
                 f"not the local path {str(self.path)!r}"
             )
+        if self.allow_protocols:  # NOTE: they travel with the driver's options, to every read
+            reach = with_allowed(self.storage_options, self.allow_protocols)
+            object.__setattr__(self, "storage_options", reach)
         return self
 
     @field_validator("classes")

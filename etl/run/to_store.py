@@ -53,9 +53,9 @@ def reached(url: str, options: StoreOptions) -> tuple[StoreDataset, Path]:
     """The dataset at `url` as every writer reaches it (a run, a compaction, a repair), with
     the same `options` (`OutputConfig.store`): the store, mirrored into the `dataset/` folder
     of its work folder, and the work folder."""
-    work = work_folder(StoreDataset(url, storage_options=options.storage_options))
+    work = work_folder(StoreDataset(url, storage_options=options.reach))
     store = StoreDataset(
-        url, storage_options=options.storage_options, timeout=options.timeout, root=work / "dataset"
+        url, storage_options=options.reach, timeout=options.timeout, root=work / "dataset"
     )
     return store, work
 

@@ -163,6 +163,7 @@ def _source_lines(found: Survey, base: Path) -> list[str]:
         ),
         _kv(2, "io_timeout", source.io_timeout, "seconds a file's read may take; then rejected"),
         _kv(2, "storage_options", {}, "for a path in object storage: its fsspec options"),
+        _kv(2, "allow_protocols", [], "besides s3, gs, az...: e.g. [http]; nothing else is read"),
         "  split:                  # fractions by a hash of the path; the rest is train",
         *[_kv(4, k, v) for k, v in source.split.items()],
     ]

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from etl.format.sizes import parse_byte_size
-from etl.storage.transport import STORE_TIMEOUT
+from etl.storage.transport import STORE_TIMEOUT, with_allowed
 
 if TYPE_CHECKING:
     import numpy as np
@@ -78,7 +78,9 @@ class StoreOptions:
     removed to stay within it (`etl.storage.cache`). `ranged`: no shard is fetched, each
     batch's rows are read with ranged GETs and verified (`etl.storage.ranged`).
     `shared_cache`: the cache folder is shared with other users on purpose (default
-    `$ETL_CACHE_SHARED`; NOTE [ a cache nobody can poison ])."""
+    `$ETL_CACHE_SHARED`; NOTE [ a cache nobody can poison ]). `allow_protocols`: protocols
+    other than a store's (s3, gs, gcs, az, abfs, abfss) this may reach, e.g. ("memory",)
+    (NOTE [ no request nobody asked for ] in `etl.storage.transport`)."""
 
     cache_dir: Path | str | None = None
     storage_options: Mapping[str, Any] = field(default_factory=dict)
@@ -86,12 +88,18 @@ class StoreOptions:
     cache_limit: int | str | None = None
     ranged: bool = False
     shared_cache: bool | None = None
+    allow_protocols: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.ranged and self.cache_limit is not None:
             raise ValueError("ranged=True caches no shard: give it or cache_limit, not both")
         if self.cache_limit is not None:
             object.__setattr__(self, "cache_limit", parse_byte_size(self.cache_limit))
+
+    @property
+    def reach(self) -> dict[str, Any]:
+        """The driver's options, with the protocols the user allowed (`with_allowed`)."""
+        return with_allowed(self.storage_options, self.allow_protocols)
 
     def check_local(self, path: Path | str) -> None:
         """ValueError where an option that only a store has is given for a local `path`."""
@@ -164,7 +172,7 @@ class Location:
             from etl.storage.ranged import RangedRows
 
             ranged = RangedRows(
-                store.url, options.storage_options, options.timeout, shards.names,
+                store.url, options.reach, options.timeout, shards.names,
                 shards.sizes, shards.rows, shards.sample_shape, row_sums(),
             )  # fmt: skip
             return None, ranged
@@ -174,7 +182,7 @@ class Location:
         from etl.storage.cache import BoundedCache
 
         cache = BoundedCache(
-            store.url, options.cache_dir, options.storage_options, options.timeout,
+            store.url, options.cache_dir, options.reach, options.timeout,
             int(options.cache_limit), shards.names, shards.sizes, shards.checksums,
             shards.algorithm, options.shared_cache,
         )  # fmt: skip
@@ -197,7 +205,7 @@ def open_location(
     from etl.storage.store import StoreDataset
 
     store = StoreDataset(
-        text, options.cache_dir, options.storage_options, options.timeout,
+        text, options.cache_dir, options.reach, options.timeout,
         shared=options.shared_cache,
     )  # fmt: skip
     return Location(text, store.root, store, options)

@@ -139,14 +139,10 @@ class StoreDataset:
 
     def in_store(self, *parts: str) -> str:
         """The store's path of a file of the dataset ('shards', 'v000001-00000.npy')."""
-        return self._in_store(*parts)
-
-    def _in_store(self, *parts: str) -> str:
         return "/".join([self.store_root.rstrip("/"), *parts])
 
     def shard_file(self, name: str) -> Path:
-        """The mirror's file of shard `name`; ManifestError for a name that is not
-        'shards/<plain name>.npy' (NOTE [ names from a store ])."""
+        """The mirror's file of shard `name`, a checked name (NOTE [ names from a store ])."""
         return self.root / SHARDS_DIR / check_shard_name(name, self.url)
 
     def committed(self) -> list[int]:
@@ -155,7 +151,7 @@ class StoreDataset:
         cache). A writer's files before its version is published are in a hidden folder
         (NOTE [ publishing to a store ]); a version being compacted away loses its record
         first (`etl.maintenance.store_compact`)."""
-        folder = self._in_store(VERSIONS_DIR)
+        folder = self.in_store(VERSIONS_DIR)
         try:
             self.fs.invalidate_cache(folder)
             entries = self.bounded(self.fs.find, folder)  # one paged listing of the prefix
@@ -201,7 +197,7 @@ class StoreDataset:
             return self._fetch_version(number, folder, staging)
 
     def _fetch_version(self, number: int, folder: Path, staging: Path) -> int:
-        remote = self._in_store(VERSIONS_DIR, version_name(number))
+        remote = self.in_store(VERSIONS_DIR, version_name(number))
         record_path = f"{remote}/{RECORD_FILE}"
         try:
             try:
@@ -218,12 +214,12 @@ class StoreDataset:
             record = read_record(staging / RECORD_FILE, record_path)
             where = f"{self.url}/{VERSIONS_DIR}/{folder.name}"
             kept_at = files_at(record, number, where)
-            stored = self._in_store(VERSIONS_DIR, kept_at) if kept_at else remote
+            stored = self.in_store(VERSIONS_DIR, kept_at) if kept_at else remote
             for name, size in recorded_files(record, where).items():
                 get_capped(self.reach, f"{stored}/{name}", staging / name, ManifestError, cap=size)
             check_shard_names(staging, where)  # NOTE [ names from a store ]
             remove_shard_files(self.root, changed_shards(folder, staging, self.root))
-            replace_folder(staging, folder)  # the changed shards are fetched and verified again
+            replace_folder(staging, folder)  # and the changed shards fetched again
         finally:
             remove_tree(staging)
         return number
@@ -236,7 +232,7 @@ class StoreDataset:
         fetched = staging / "retired.json"
         try:
             get_capped(
-                self.reach, self._in_store(VERSIONS_DIR, name), fetched, ManifestError, cap=1 << 16
+                self.reach, self.in_store(VERSIONS_DIR, name), fetched, ManifestError, cap=1 << 16
             )
         except ManifestError:
             local.unlink(missing_ok=True)
@@ -280,13 +276,13 @@ class StoreDataset:
             final = self.shard_file(name)
             self.folder(final.parent)
             try:
-                there = self.bounded(self.fs.exists, self._in_store(name))
+                there = self.bounded(self.fs.exists, self.in_store(name))
             except Exception as exc:
                 raise ShardError(f"{self.url}/{name}: cannot look it up ({why(exc)})") from None
             if there:
                 get_capped(
                     self.reach,
-                    self._in_store(name),
+                    self.in_store(name),
                     final,
                     ShardError,
                     cap=size_of[name] + 1,
@@ -319,7 +315,7 @@ class StoreDataset:
         at most its recorded `size` bytes, verify it against `checksum` and rename it into
         place. The caller holds the shard's `.lock` (NOTE [ cache safety ])."""
         final = self.shard_file(name)
-        got = get_capped(self.reach, self._in_store(name), partial, ShardError, algorithm, cap=size)
+        got = get_capped(self.reach, self.in_store(name), partial, ShardError, algorithm, cap=size)
         if got != checksum:
             partial.unlink(missing_ok=True)
             raise ShardError(

@@ -4,7 +4,7 @@ driver a one-line error that names what to install."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from etl.errors import EtlError, described
@@ -16,14 +16,67 @@ Options = Mapping[str, Any]
 printed."""
 
 
+STORE_PROTOCOLS = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
+"""The stores a URL may name without the user's word (NOTE [ no request nobody asked for ])."""
+ALLOW_KEY = "etl:allow_protocols"
+"""The key under which `with_allowed` carries a user's extra protocols in a store's options
+(taken out before the options reach the driver)."""
+ALLOW_ENV = "ETL_ALLOW_PROTOCOLS"
+"""Extra protocols, comma-separated, for every store this process and its children reach
+(`etl --allow-protocol P`)."""
+
+
+def with_allowed(options: Options | None, protocols: Iterable[str]) -> dict[str, Any]:
+    """`options` that also let `protocols` be reached (`filesystem`)."""
+    merged = dict(options or {})
+    extra = tuple(dict.fromkeys([*merged.get(ALLOW_KEY, ()), *protocols]))
+    if extra:
+        merged[ALLOW_KEY] = extra
+    return merged
+
+
+def check_protocol(url: str, extra: Iterable[str], error: type[EtlError]) -> None:
+    """`error` unless `url`'s protocol is one of `STORE_PROTOCOLS`, or one the user allowed
+    (`extra`, or `ETL_ALLOW_PROTOCOLS`).
+
+    NOTE [ no request nobody asked for ]: a URL can come from a record, a state file, a view or
+    a listing someone else wrote; fsspec would reach any protocol it knows (http:// to a cloud
+    metadata service, a local host's port). A store protocol is the only kind read unless the
+    user names another: `StoreOptions(allow_protocols=...)`, `source.allow_protocols` in
+    pipeline.yaml, or `etl --allow-protocol P`."""
+    protocol = url.split("://", 1)[0].lower()
+    if not _known(protocol):
+        return  # a typo (s4://): fsspec's own error names it
+    allowed = {*STORE_PROTOCOLS, *extra}
+    allowed.update(p.strip() for p in os.environ.get(ALLOW_ENV, "").split(",") if p.strip())
+    if protocol in allowed:
+        return
+    raise error(
+        f"{url}: {protocol}:// is not a store this reads unless asked ({', '.join(STORE_PROTOCOLS)}"
+        f" are); to reach it: StoreOptions(allow_protocols=({protocol!r},)), "
+        f"source.allow_protocols: [{protocol}] in pipeline.yaml, or etl --allow-protocol {protocol}"
+    )
+
+
+def _known(protocol: str) -> bool:
+    try:
+        from fsspec.registry import known_implementations, registry
+    except ImportError:
+        return False  # fsspec is missing: `filesystem` says what to install
+    return protocol in known_implementations or protocol in registry
+
+
 def filesystem(url: str, options: Options | None, error: type[EtlError]) -> tuple[Any, str]:
-    """(the fsspec filesystem, the path within it) of `url`; `error` naming `url` and the
-    package to install when fsspec or the store's driver (s3fs, gcsfs, adlfs) is missing, or
-    the scheme when fsspec knows no store by it (a typo: `s4://`)."""
+    """(the fsspec filesystem, the path within it) of `url`; `error` naming `url` for a
+    protocol not allowed (`check_protocol`), and the package to install when fsspec or the
+    store's driver (s3fs, gcsfs, adlfs) is missing, or the scheme when fsspec knows no store
+    by it (a typo: `s4://`)."""
+    given = dict(options or {})
+    check_protocol(url, given.pop(ALLOW_KEY, ()), error)
     try:
         from fsspec.core import url_to_fs
 
-        fs, path = url_to_fs(url, **dict(options or {}))
+        fs, path = url_to_fs(url, **given)
     except ImportError as exc:
         raise error(
             f"{url}: reading from object storage needs fsspec and the store's driver "

@@ -213,6 +213,18 @@ def rebuilt(state: Mapping[str, Any], store: Any = None) -> Any:
     return loader
 
 
+def datasets_named(state: Mapping[str, Any]) -> list[str]:
+    """The datasets (paths or URLs) a state's run record would open, as written there (a
+    mixture's members each): what `etl trace` says it opens and asks leave for, for a URL,
+    before anything is opened. Empty for a state with no readable record."""
+    try:
+        run = json.loads(state.get("run") or "{}")
+        records = run["mixture"]["members"] if "mixture" in run else [run]
+        return [str(r.get("view", r)["dataset"]) for r in records]
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return []
+
+
 def _opened(record: Mapping[str, Any], store: Any) -> Any:
     """A dataset (or view) as a run's record says it was opened."""
     from loaders.datasets.packed import PackedDataset

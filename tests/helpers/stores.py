@@ -4,6 +4,7 @@ endpoint), and an endpoint that accepts connections and never answers (a hung st
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import socket
 import struct
@@ -28,6 +29,9 @@ def moto_endpoint() -> Iterator[str]:
     """moto's S3 server on a free port of 127.0.0.1, emptied and stopped on the way out."""
     from moto.server import ThreadedMotoServer
 
+    # NOTE: werkzeug logs each request at INFO to the stderr of the test that made its first
+    # one, which then reads as a command's output: its requests are not what a test reads
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()

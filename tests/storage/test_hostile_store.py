@@ -162,3 +162,30 @@ def test_changed_shards_of_a_hostile_cached_table_remove_only_plain_files(tmp_pa
     assert not any((root / "shards").iterdir())
     with pytest.raises(ManifestError, match="not of the form"):
         StoreDataset("s3://b/ds", tmp_path / "c").shard_file("shards/../../thesis.tex")
+
+
+@pytest.mark.timeout(120)
+def test_etl_trace_opens_a_store_a_state_names_only_when_allowed(
+    endpoint: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+) -> None:
+    """A state saved by a loader over a dataset in a bucket: `etl trace` refuses to open the
+    URL its record names (one line, exit code 2) until --allow-store, then says it opens it
+    and answers as the loader read."""
+    from loaders import make_loader
+
+    packed = make_packed(tmp_path / "ds", shard_sizes=(6, 5), sample_shape=(8, 8, 3))
+    url = uploaded(packed.root, endpoint, f"t{abs(hash(request.node.nodeid)) % 10**10}")
+    point_at(endpoint, monkeypatch, tmp_path / "cache")
+    loader = make_loader(PackedDataset.open(url), batch_size=4, shuffle=True, pin_memory=False)
+    first = next(iter(loader))
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps(loader.state_dict()))
+    code, _, err = cli(["trace", str(state), "--step", "0", "--json"], capsys)
+    assert code == 2 and "--allow-store" in err and url in err and "Traceback" not in err, err
+    code, out, err = cli(["trace", str(state), "--step", "0", "--json", "--allow-store"], capsys)
+    assert code == 0 and f"opening {url}" in err, err
+    assert len(json.loads(out)["samples"]) == len(first[0])

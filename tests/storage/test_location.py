@@ -97,11 +97,13 @@ def test_store_options_are_refused_for_a_local_folder_and_checked_up_front(
 
 def test_a_url_opens_its_mirror_in_the_cache_without_a_request(tmp_path: Path) -> None:
     """A URL's location is the mirror folder under the cache, one per URL; fsspec's memory
-    store stands in for a bucket (nothing is listed or fetched at open)."""
+    store stands in for a bucket (nothing is listed or fetched at open), allowed as a user
+    allows a protocol that is not a store's."""
     pytest.importorskip("fsspec")
-    first = open_location("memory://bucket/ds", StoreOptions(cache_dir=tmp_path))
-    again = open_location("memory://bucket/ds/", StoreOptions(cache_dir=tmp_path))
-    other = open_location("memory://bucket/other", StoreOptions(cache_dir=tmp_path))
+    options = StoreOptions(cache_dir=tmp_path, allow_protocols=("memory",))
+    first = open_location("memory://bucket/ds", options)
+    again = open_location("memory://bucket/ds/", options)
+    other = open_location("memory://bucket/other", options)
     assert first.store is not None and first.url == "memory://bucket/ds"
     assert first.root == again.root and first.root.parent == tmp_path
     assert other.root != first.root and not any(tmp_path.iterdir())

@@ -209,7 +209,7 @@ def _audit_store(url: str, options: AuditOptions, progress: Progress) -> AuditRe
     safe_folder(cache, cache, options.store.shared_cache or shared_by_default())
     scratch = Path(tempfile.mkdtemp(prefix=".audit-", dir=cache))
     try:
-        store = StoreDataset(url, scratch, options.store.storage_options, options.store.timeout)
+        store = StoreDataset(url, scratch, options.store.reach, options.store.timeout)
         number = store.fetch_version(options.version)
         try:
             shards = read_manifest(store.root, number).shards
