@@ -19,11 +19,34 @@ _SECRET_PARAMETER = re.compile(
 )
 
 
+_SECRET_OPTION = re.compile(
+    r"(?i)(--[\w-]*(?:secret|password|passwd|token|credential|access-key|account-key|sas)"
+    r"[\w-]*)(=|\s+)(?!-)\S+"
+)
+"""A command line's option that takes a secret, with its value (`--secret X`, `--token=X`)."""
+_ACCESS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")
+"""An AWS access key id, wherever it is written."""
+
+
 def redacted(text: str) -> str:
     """`text` with what a URL may carry to sign in (`user:pass@`, a SAS token's `sig=`, a
-    presigned URL's signature) replaced by '***': no message, report or log repeats it."""
+    presigned URL's signature), a command line's secret options' values and AWS access key
+    ids replaced by '***': no message, report, record or log repeats them."""
     text = _BARE_USERINFO.sub("***@", _USERINFO.sub(r"\1***@", text))
-    return _SECRET_PARAMETER.sub(r"\1***", text)
+    text = _SECRET_OPTION.sub(r"\1\2***", _SECRET_PARAMETER.sub(r"\1***", text))
+    return _ACCESS_KEY_ID.sub("***", text)
+
+
+def without_credentials(url: str) -> str:
+    """`url` with its user info and secret query parameters taken out (not masked): what a
+    run's record keeps to open it again, with credentials from the environment or the
+    storage options then (a masked '***@' would not open)."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(_USERINFO.sub(r"\1", url))
+    kept = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
+            if not _SECRET_PARAMETER.search(f"?{k}=x")]  # fmt: skip
+    return urlunsplit(parts._replace(query=urlencode(kept)))
 
 
 _ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)\b")

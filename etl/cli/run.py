@@ -13,7 +13,7 @@ from etl.cli.app import app, out
 from etl.cli.progress import BarProgress
 from etl.cli.report import check_report_path, describe
 from etl.config import PipelineConfig, load_config
-from etl.errors import EtlError
+from etl.errors import EtlError, redacted
 from etl.run import pipeline
 from etl.run.plan import Plan
 from etl.sources.registry import check_exists
@@ -166,7 +166,7 @@ def validate(config_path: ConfigArg) -> None:
     out.print(
         f"{config_path}: ok ({config.source.kind} source {config.source.path}, "
         f"samples {config.sample_shape} {config.output.layout}, "
-        f"{config.samples_per_shard} per shard, output {config.output.dir})"
+        f"{config.samples_per_shard} per shard, output {redacted(str(config.output.dir))})"
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -43,6 +44,9 @@ def trace(
             "go there with your credentials); without it such a state is refused.",
         ),
     ] = False,
+    max_epochs: Annotated[
+        int, typer.Option("--max-epochs", min=1, help="With --sample: epochs drawn at most.")
+    ] = 100_000,
 ) -> None:
     """Say which samples a run read at a step (--step), with each one's crop where the run
     cropped in its workers, or at which steps and ranks it read a sample (--sample), from a
@@ -64,9 +68,21 @@ def trace(
             answer = run.at_step(step, rank, tools.samples_at, tools.crops_at)
         else:
             assert sample is not None
-            answer = run.reads_of(sample, tools.steps_of, BarProgress(enabled=not as_json))
+            steps_of = partial(tools.steps_of, max_epochs=max_epochs)
+            answer = run.reads_of(sample, steps_of, BarProgress(enabled=not as_json))
     except ValueError as exc:
         raise ConfigError(f"{record}: {exc}") from None
+    _given(answer, state, sheet, step, as_json)
+
+
+def _given(
+    answer: dict[str, Any],
+    state: Mapping[str, Any],
+    sheet: Path | None,
+    step: int | None,
+    as_json: bool,
+) -> None:
+    """The answer drawn (--sheet) and printed, as JSON or for a reader."""
     if sheet is not None:
         _draw(state, answer["samples"], sheet, step)
         answer["sheet"] = str(sheet)

@@ -23,7 +23,7 @@ from typing import TypeAlias
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from etl.errors import ManifestError
+from etl.errors import ManifestError, redacted
 from etl.format.manifest import (
     MANIFEST_FILE,
     RECORDED_FILES,
@@ -60,7 +60,12 @@ def command_line() -> str:
     """This process's command line as a shell would take it back (`etl run pipeline.yaml`):
     what a version's metadata says made it. INVOKED_AS where the `etl` command set it, else
     `sys.argv`; the program is named by its file name alone, and `python -m pkg` as such, so
-    no home folder or virtual environment's path is recorded."""
+    no home folder or virtual environment's path is recorded, and no secret it was given
+    (`etl.errors.redacted`: a URL's user info and tokens, a `--secret`'s value)."""
+    return redacted(_command_line())
+
+
+def _command_line() -> str:
     args = list(INVOKED_AS or sys.argv)
     if not args:
         return ""

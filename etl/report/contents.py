@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etl.errors import EtlError
+from etl.errors import EtlError, redacted
 from etl.explore.dataset import Dataset
 from etl.progress import Progress
 from etl.report.charts import BarChart, Histogram, histogram, stacked_bars
@@ -118,10 +118,10 @@ def gather(
         progress.stop()
     return ReportData(
         title=f"{ds.name} v{ds.version}",
-        dataset=ds.location,
+        dataset=redacted(str(ds.location)),
         version=ds.version,
         summary=summary,
-        command=meta.command,
+        command=redacted(meta.command),
         config_json=json.dumps(dict(meta.config), indent=2, sort_keys=True),
         class_rows=rows,
         classes_chart=chart,

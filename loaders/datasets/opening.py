@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from etl.deprecations import warn_once
+from etl.errors import without_credentials
 from etl.format.manifest import VERSIONS_DIR
 from etl.format.retirement import retired_versions
 from etl.format.views import View
@@ -30,20 +31,21 @@ def how_opened(
     where: Where | None,
 ) -> dict[str, Any] | None:
     """What a run's record keeps to open the same selection again (`loaders.loader.trace`): the
-    dataset (absolute, or its URL), version and selection, or a view's chain of predicates;
-    None where a predicate is code (a callable where=, a pyarrow Expression)."""
+    dataset (absolute, or its URL without credentials), version and selection, or a view's
+    chain of predicates; None where a predicate is code (a callable where=, a pyarrow
+    Expression)."""
     if isinstance(path, View):
         if any(str(p.get("where", "")).startswith("arrow: ") for p in path.chain()):
             return None
         written = os.path.join(path.folder, path.dataset)
         in_store = isinstance(as_location(path.dataset), StoreUrl)
-        dataset = path.dataset if in_store else str(Path(written).resolve())
+        dataset = without_credentials(path.dataset) if in_store else str(Path(written).resolve())
         return {"view": {"dataset": dataset, "version": version, "chain": path.chain()}}
     if where is not None and not isinstance(where, str):
         return None
     in_store = isinstance(as_location(path), StoreUrl)
     return {
-        "dataset": str(path) if in_store else str(Path(path).resolve()),
+        "dataset": without_credentials(str(path)) if in_store else str(Path(path).resolve()),
         "version": version,
         "split": split if split is None or isinstance(split, str) else list(split),
         "classes": None if classes is None else list(classes),

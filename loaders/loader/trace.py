@@ -71,30 +71,62 @@ def crops_at(
     ]
 
 
+TRACE_EPOCHS = 100_000
+"""Epochs `steps_of` draws at most unless asked for more (`etl trace --max-epochs`): each is
+one order drawn, so a state's word cannot make it run for ever."""
+
+
 def steps_of(
-    loader: Any, state: Mapping[str, Any], sample: int, progress: Progress | None = None
+    loader: Any,
+    state: Mapping[str, Any],
+    sample: int,
+    progress: Progress | None = None,
+    max_epochs: int = TRACE_EPOCHS,
 ) -> list[tuple[int, int]]:
     """Every (step, rank) at which the run read dataset index `sample`, up to the step the
     state was saved at: one order drawn per epoch the history covers (`progress` counts
-    them: phase "trace")."""
+    them: phase "trace"). ValueError, before any is drawn, where they are more than
+    `max_epochs`, or an entry's steps per epoch are not the rebuilt loader's."""
     order, entries, end = _run_of(loader, state)
-    covered = []
-    for i, entry in enumerate(entries):
-        stop = entries[i + 1].step if i + 1 < len(entries) else end
-        for e in range(entry.epochs):
-            if entry.step + e * entry.span >= stop:
-                break
-            covered.append((entry, e, stop))
+    stops = [after.step for after in entries[1:]] + [end]
+    counts = [_epochs_before(entry, stop) for entry, stop in zip(entries, stops, strict=True)]
+    if sum(counts) > max_epochs:
+        raise ValueError(
+            f"the history covers {sum(counts):,} epochs, more than {max_epochs:,} to draw "
+            "(--max-epochs raises it)"
+        )
+    for entry in entries:
+        if entry.epochs > 1 and entry.span != _steps_per_epoch(order, entry):
+            raise ValueError(
+                f"the history's entry at step {entry.step} says {entry.span} steps an epoch; "
+                f"the run's loader, opened again, has {_steps_per_epoch(order, entry)}"
+            )
     progress = progress or Progress()
-    progress.start("trace", len(covered))
+    progress.start("trace", sum(counts))
     found: list[tuple[int, int]] = []
     try:
-        for entry, e, stop in covered:
-            found += _read_in(order, entry, e, stop, sample)
-            progress.advance(1)
+        for entry, stop, count in zip(entries, stops, counts, strict=True):
+            for e in range(count):
+                found += _read_in(order, entry, e, stop, sample)
+                progress.advance(1)
     finally:
         progress.stop()
     return sorted(found)
+
+
+def _epochs_before(entry: HistoryEntry, stop: int) -> int:
+    """How many of `entry`'s epochs begin before step `stop` (arithmetic, none drawn)."""
+    if entry.step >= stop:
+        return 0
+    if entry.epochs == 1:
+        return 1
+    return min(entry.epochs, -(-(stop - entry.step) // entry.span))
+
+
+def _steps_per_epoch(order: _Run, entry: HistoryEntry) -> int:
+    """Steps of one whole epoch of `entry`'s iteration, from the rebuilt loader's order."""
+    whole = len(_part(order, entry, 0, entry.epoch))
+    return whole // entry.batch_size if order.drop_last else -(-whole // entry.batch_size)
 
 
 def _read_in(

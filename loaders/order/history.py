@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import astuple, dataclass, replace
+from itertools import pairwise
 from typing import Any
 
 HISTORY_LIMIT = 4096
@@ -69,16 +70,29 @@ def decode(text: object) -> list[HistoryEntry]:
     ValueError naming the field for anything that is not what `encode` writes."""
     if text in (None, ""):
         return []
+    if (
+        not isinstance(text, str)
+        or len(text) > HISTORY_LIMIT * 160
+        or text.count(";") >= HISTORY_LIMIT
+    ):
+        raise ValueError(
+            f"loader state field 'history' is damaged: more than {HISTORY_LIMIT} entries"
+        )
     try:
-        assert isinstance(text, str)
         entries = [HistoryEntry(*(int(v) for v in part.split(":"))) for part in text.split(";")]
-    except (AssertionError, TypeError, ValueError):
+    except (TypeError, ValueError):
         raise ValueError("loader state field 'history' is damaged: not a run's history") from None
     if any(
         min(astuple(s)) < 0 or min(s.world_size, s.batch_size, s.epochs) < 1
         or (s.epochs > 1 and s.span < 1) for s in entries
     ):  # fmt: skip
         raise ValueError("loader state field 'history' is damaged: a negative or zero field")
+    for before, after in pairwise(entries):
+        if before.step + (before.epochs - 1) * before.span > after.step:
+            raise ValueError(
+                "loader state field 'history' is damaged: an entry's epochs run past the next "
+                f"entry's step {after.step}"
+            )
     return entries
 
 

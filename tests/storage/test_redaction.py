@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 
-from etl.errors import ManifestError, redacted
+from etl.errors import ManifestError, redacted, without_credentials
 from tests.helpers.cli import cli
 from tests.helpers.stores import new_bucket, point_at
 
@@ -72,3 +72,47 @@ def test_an_error_that_embeds_a_traceback_is_described_in_one_line() -> None:
         "[FileNotFoundError: http://127.0.0.1:1/download/b/o/out%2Fshards%2Fa.npy]"
     )
     assert described(OSError(5, "I/O error")) == "OSError: [Errno 5] I/O error"
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        (f"etl run p.yaml --address tls://dask:{SECRET}@127.0.0.1:8786", "--address tls://"),
+        (f"etl x --secret {SECRET} --token={SECRET} --rebuild", "--rebuild"),
+        ("etl x --key-id AKIAABCDEFGHIJKLMNOP", "--key-id"),
+    ],
+)
+def test_a_command_line_keeps_no_secret_it_was_given(text: str, kept: str) -> None:
+    assert SECRET not in redacted(text) and "AKIAABCDEFGHIJKLMNOP" not in redacted(text)
+    assert kept in redacted(text)
+
+
+def test_a_url_recorded_to_open_again_keeps_no_credential_and_still_opens() -> None:
+    """A run's record keeps a URL without its user info and secret parameters (not masked:
+    it is opened again with the environment's credentials)."""
+    assert without_credentials(f"s3://AKIA:{SECRET}@bucket/ds") == "s3://bucket/ds"
+    assert without_credentials(f"az://c/ds?sv=2024&sig={SECRET}&tier=hot") == "az://c/ds?tier=hot"
+    assert without_credentials("gs://b/photos/ds") == "gs://b/photos/ds"
+
+
+def test_a_version_records_its_command_line_without_secrets(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`etl.command` in a packed version's metadata, read with pyarrow alone, after a run
+    whose command line carried a password in a URL and a --secret option."""
+    import pyarrow.ipc as ipc
+
+    import etl.format.commit as commit
+    from etl.config import load_config
+    from etl.run import pipeline
+    from tests.helpers.codecs import write_config, write_photos
+
+    write_photos(tmp_path / "images", count=4)
+    config = write_config(tmp_path, "raw")
+    typed = ["etl", "run", str(config), "--address", f"tls://u:{SECRET}@h:1", "--secret", SECRET]
+    monkeypatch.setattr(commit, "INVOKED_AS", typed)
+    assert pipeline.run(load_config(config)).committed
+    (manifest,) = (tmp_path / "out").glob("versions/*/manifest.arrow")
+    meta = ipc.open_file(str(manifest)).schema.metadata
+    command = meta[b"etl.command"].decode()
+    assert SECRET not in command and "run" in command and "--address tls://" in command

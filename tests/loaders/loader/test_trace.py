@@ -467,3 +467,41 @@ def test_a_damaged_mixtures_field_is_refused_in_one_line(packed: Packed) -> None
     missing = {**state, "mixtures": json.dumps({"0": {"anchor": [0, 0, [0, 0]]}})}
     with pytest.raises(ValueError, match="'mixtures' is damaged"):
         samples_at(loader, missing, 0)
+
+
+@pytest.mark.timeout(60)
+def test_a_hostile_history_is_refused_in_one_line_before_any_order_is_drawn(
+    packed: Packed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A state's history is someone's word: a 60-byte one that claims 10^12 epochs of one step
+    (once: all memory), epochs of another length than the rebuilt loader's, 200,000 entries,
+    entries whose epochs overlap the next are each one line and exit code 2, in well under
+    the time limit;
+    the run's own history answers, and --max-epochs below its epochs refuses it."""
+    ds = PackedDataset.open(packed.root, split="train")
+    loader = loader_of(ds, "random", False)
+    read: Read = {}
+    step = 0
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        step = steps(iter(loader), read, step, 0, None)
+    state = loader.state_dict()
+    source = ds.manifest_rows([0]).column("source")[0].as_py()
+    hostile = {
+        "10^12 epochs": ("0:0:0:0:1:4:1000000000000:1", 10**15, "more than 100,000"),
+        "a wrong span": ("0:0:0:0:1:5:3:100", 300, "steps an epoch"),
+        "200,000 entries": (";".join(f"{k}:0:0:0:1:5" for k in range(200_000)), 10**6, "4096"),
+        "overlapping": ("0:0:0:0:1:5:3:4;5:1:0:0:1:5", 20, "run past the next entry"),
+    }
+    for name, (history, at, said) in hostile.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({**state, "history": history, "step": at}))
+        code, _, err = cli(["trace", str(path), "--sample", source], capsys)
+        lines = [line for line in err.splitlines() if not line.startswith("opening ")]
+        assert code == 2 and len(lines) == 1 and said in err and "Traceback" not in err, name
+    path = tmp_path / "own.json"
+    path.write_text(json.dumps(state))
+    code, out, err = cli(["trace", str(path), "--sample", source, "--json"], capsys)
+    assert code == 0 and len(json.loads(out)["read"]) == 3, err
+    code, _, err = cli(["trace", str(path), "--sample", source, "--max-epochs", "2"], capsys)
+    assert code == 2 and "covers 3 epochs" in err and "--max-epochs" in err, err
