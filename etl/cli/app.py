@@ -8,8 +8,9 @@ and keeps its traceback.
 from __future__ import annotations
 
 import os
+import re
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -51,8 +52,27 @@ def _commands(
         os.environ[ALLOW_ENV] = ",".join(p for p in [*given, *allow_protocol] if p.strip())
 
 
-err = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
-out = Console(markup=False, highlight=False, soft_wrap=True)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""Control characters but tab and newline: C0, DEL and C1 (ESC begins a terminal's commands,
+CSI is 0x9b)."""
+
+
+class _TerminalConsole(Console):
+    """A console that shows a control character in what it prints as its escape (`\\x1b`):
+    a source name, a sample id or a class name is someone's text, and `\\x1b]52;` in it would
+    write the clipboard, `\\x1b[2J` clear the screen. Every string a print or a table cell
+    renders passes `render_str`; rich's own styling is added after it."""
+
+    def render_str(self, text: str, **options: Any) -> Any:
+        return super().render_str(_CONTROL.sub(_escape, text), **options)
+
+
+def _escape(found: re.Match[str]) -> str:
+    return f"\\x{ord(found.group()):02x}"
+
+
+err = _TerminalConsole(stderr=True, markup=False, highlight=False, soft_wrap=True)
+out = _TerminalConsole(markup=False, highlight=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> None:

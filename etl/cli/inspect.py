@@ -8,15 +8,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from PIL import Image
 from rich.table import Table
 
 from etl.cli.app import app, out
 from etl.config import PipelineConfig, SourceConfig, load_config
 from etl.errors import EtlError
 from etl.explore import dataset as explore
-from etl.explore.drawing import Sheet
-from etl.format.atomic import replacing
+from etl.explore.drawing import Sheet, save_png
 from etl.start import scaffold, survey
 from etl.storage.location import as_location
 
@@ -104,16 +102,6 @@ AsJsonOpt = Annotated[
 ]
 
 
-def _save_png(image: Image.Image, path: Path) -> None:
-    """Write through a temp file and a rename, so a reader never sees half a PNG."""
-    if path.suffix.lower() != ".png":
-        raise typer.BadParameter(f"{path}: the picture is a PNG; end the name in .png")
-    if not path.parent.is_dir():
-        raise EtlError(f"{path.parent}: no such folder for {path.name}")
-    with replacing(path) as temp:
-        image.save(temp, format="PNG")
-
-
 def _split_commas(values: list[str] | None) -> list[str] | None:
     """`--class a --class b` and `--class a,b` both give [a, b]."""
     if not values:
@@ -172,7 +160,7 @@ def inspect(
     ds = explore.open_dataset(as_location(directory), version)
     summary = ds.summary()
     if plot is not None:
-        _save_png(ds.class_balance().image, plot)
+        save_png(ds.class_balance().image, plot)
     if as_json:
         print(json.dumps({**summary.to_dict(), "plot": str(plot) if plot else None}, indent=2))
         return
@@ -378,5 +366,5 @@ def show(
             shown=_split_commas(shown) or (),
         )
         what = "samples"
-    _save_png(sheet.image, out_path)
+    save_png(sheet.image, out_path)
     _say_written(sheet, out_path, what, ds.version, None if wanted_ids else seed, as_json)

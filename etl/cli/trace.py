@@ -282,7 +282,7 @@ def _draw(
     """A contact sheet of a step's samples, in the order read, as `etl show` draws one: each
     from its dataset (a mixture's member's) at the version the run read."""
     from etl.explore import dataset as explore
-    from etl.explore.drawing import Cell, draw_sheet
+    from etl.explore.drawing import Cell, draw_sheet, save_png
 
     records = _datasets(state)
     opened: dict[int, explore.Dataset] = {}
@@ -298,4 +298,4 @@ def _draw(
         caption = (f"{row['class_name']} ({row['split']})", row["sample_id"])
         cells.append(Cell(opened[member].image(row["sample_id"]), caption))
     title = f"step {step}: {len(cells)} samples"
-    draw_sheet(cells, columns=min(8, len(cells)), cell=96, title=title).image.save(sheet)
+    save_png(draw_sheet(cells, columns=min(8, len(cells)), cell=96, title=title).image, sheet)

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from etl.cli.app import app, out
 from etl.explore import dataset as explore
+from etl.explore.drawing import save_png
 from etl.format.views import View
 
 
@@ -53,7 +54,7 @@ def view(
         positions = np.sort(rng.choice(np.flatnonzero(mask), min(count, selected), replace=False))
         ids = ds.table.column("sample_id").take(positions).to_pylist()
         drawn = ds.contact_sheet(ids=ids, cell=96)
-        drawn.image.save(sheet)
+        save_png(drawn.image, sheet)
         report["sheet"] = str(sheet)
     if as_json:
         print(json.dumps(report, indent=2))

@@ -7,10 +7,13 @@ import io
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeAlias
 
 from PIL import Image, ImageDraw, ImageFont
 
+from etl.errors import ConfigError, OutputError
+from etl.format.atomic import replacing
 from etl.format.schema import ordered_splits
 
 # --- drawing: shared ----------------------------------------------------------------------------
@@ -365,3 +368,15 @@ def _ticks(top: int) -> list[int]:
     power = 10 ** math.floor(math.log10(raw)) if raw >= 1 else 1
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
     return list(range(0, top + 1, max(1, int(step))))
+
+
+def save_png(image: Image.Image, path: Path) -> None:
+    """`image` written to `path` through a temp file and a rename, so a reader never sees half
+    a PNG; ConfigError for a name that does not end in .png, OutputError for a folder that is
+    missing or cannot be written (one line, never a traceback)."""
+    if path.suffix.lower() != ".png":
+        raise ConfigError(f"{path}: the picture is a PNG; end the name in .png")
+    if not path.parent.is_dir():
+        raise OutputError(f"{path.parent}: no such folder for {path.name}")
+    with replacing(path) as temp:
+        image.save(temp, format="PNG")

@@ -13,6 +13,7 @@ raw rows is the fastest exact decode (~1 ms) at 1.3-2x smaller.
 
 from __future__ import annotations
 
+import os
 import zlib
 from typing import Any
 
@@ -122,6 +123,34 @@ def _encode_jpeg(pixels: NDArray[np.uint8], quality: int, layout: str) -> bytes:
     )
 
 
+MAX_PIXELS = 1 << 28
+"""The most pixels (height x width) a stored sample may declare for a reader to decode it,
+whatever its manifest says (`ETL_MAX_PIXELS` raises it): a declared size is someone's word,
+and a decode allocates it (NOTE [ bounded decodes ])."""
+
+
+def max_pixels() -> int:
+    """`MAX_PIXELS`, or the `ETL_MAX_PIXELS` the user set (a whole number)."""
+    given = os.environ.get("ETL_MAX_PIXELS", "")
+    return int(given) if given.strip().isdigit() else MAX_PIXELS
+
+
+def check_pixels(height: int, width: int, declared: str = "") -> None:
+    """DecodeFailure for a declared size over `max_pixels()`: nothing is allocated for it.
+
+    NOTE [ bounded decodes ]: a 1 MB zlib stream can declare 16384x21845x3 and inflate to a
+    gigabyte; a valid 65535x65535 JPEG is 16 MB. Each stored sample's declared size is checked
+    against the reader's cap when a version is opened (`loaders.read.catalog`) and again here,
+    before a decode allocates; a zlib stream inflates a megabyte at a time straight into the
+    sample's pixels, never all at once beside them."""
+    cap = max_pixels()
+    if height * width > cap:
+        raise DecodeFailure(
+            f"declares {declared or f'{height}x{width}'} pixels, over the reader's cap of "
+            f"{cap:,} (ETL_MAX_PIXELS raises it)"
+        )
+
+
 def decode(
     data: NDArray[np.uint8] | bytes | memoryview,
     codec: str | int,
@@ -130,7 +159,8 @@ def decode(
 ) -> NDArray[np.uint8]:
     """The pixels of one stored sample: `shape` (in its stored layout) uint8, written into `out`
     (C-contiguous, `shape`) where given. DecodeFailure (naming what was wrong) for bytes that are
-    not a sample of `shape`: a corrupt or truncated JPEG, a zlib stream of another length."""
+    not a sample of `shape`: a corrupt or truncated JPEG, a zlib stream of another length, a
+    size over the reader's cap (`check_pixels`)."""
     name = CODECS[codec] if isinstance(codec, int) else codec
     size = int(np.prod(shape))
     if name == "raw":
@@ -139,7 +169,10 @@ def decode(
             raise DecodeFailure(f"raw sample of {flat.size} bytes, expected {size}")
         pixels = flat.reshape(shape)
     elif name == "zlib":
-        pixels = _inflate(data, size).reshape(shape)
+        check_pixels(1, size // min(shape[0], shape[2]), "x".join(map(str, shape)))
+        into = out if out is not None else np.empty(shape, np.uint8)
+        _inflate_into(data, into.reshape(-1))
+        return into
     elif name == "jpeg":
         return decode_jpeg(data, shape, out)
     else:
@@ -150,17 +183,32 @@ def decode(
     return out
 
 
-def _inflate(data: Any, size: int) -> NDArray[np.uint8]:
-    """zlib-decompressed `data`, exactly `size` bytes: never more is inflated than asked for (a
-    stream that would inflate further is an error, not a memory bomb)."""
+_INFLATE_STEP = 1 << 20
+"""Bytes a zlib stream is inflated at a time, each straight into the sample's pixels."""
+
+
+def _inflate_into(data: Any, into: NDArray[np.uint8]) -> None:
+    """`data` zlib-decompressed into `into`, exactly its size: never more is inflated than it
+    holds (a stream that would inflate further is an error, not a memory bomb), a step at a
+    time, so nothing of its size is held beside it."""
     inflater = zlib.decompressobj()
+    size, done = into.size, 0
+    pending: Any = data if isinstance(data, bytes) else np.ascontiguousarray(data).data
     try:
-        flat = inflater.decompress(bytes(data), size + 1)
+        while done <= size:
+            chunk = inflater.decompress(pending, min(_INFLATE_STEP, size - done + 1))
+            pending = inflater.unconsumed_tail
+            if not chunk:
+                break
+            if done + len(chunk) > size:
+                done += len(chunk)
+                break
+            into[done : done + len(chunk)] = np.frombuffer(chunk, np.uint8)
+            done += len(chunk)
     except zlib.error as exc:
         raise DecodeFailure(f"zlib stream is corrupt ({exc})") from None
-    if len(flat) != size or not inflater.eof or inflater.unused_data:
+    if done != size or not inflater.eof or inflater.unused_data:
         raise DecodeFailure(f"zlib stream does not inflate to the {size} bytes of its sample")
-    return np.frombuffer(flat, np.uint8)
 
 
 def jpeg_size(data: Any) -> tuple[int, int]:
@@ -202,6 +250,7 @@ def decode_jpeg(
     import simplejpeg
 
     height, width, channels = shape
+    check_pixels(height, width)
     want = (-(-height // factor), -(-width // factor), channels)
     if out is None or factor != 1:  # into `out`: a larger JPEG overflows it, which libjpeg says
         found = jpeg_size(data)

@@ -109,7 +109,11 @@ def histogram(values: NDArray[np.generic], bins: int = HIST_BINS) -> Histogram |
     if finite.size == 0:
         return None
     low, high = float(finite.min()), float(finite.max())
-    counts, edges = np.histogram(finite, bins=bins, range=(low, high) if high > low else None)
+    if high > low:  # NOTE: edges as low*(1-f) + high*f: finite even where high - low is not
+        fractions = np.linspace(0.0, 1.0, bins + 1)
+        counts, edges = np.histogram(finite, bins=low * (1 - fractions) + high * fractions)
+    else:
+        counts, edges = np.histogram(finite, bins=bins)
     plot = HIST_HEIGHT - 20
     scale = plot / max(int(counts.max()), 1)
     step = HIST_WIDTH / len(counts)
@@ -128,4 +132,4 @@ def histogram(values: NDArray[np.generic], bins: int = HIST_BINS) -> Histogram |
 
 def _number(x: float) -> str:
     """A bin edge as a reader wants it: integers plain, other numbers to 4 significant digits."""
-    return f"{int(x):,}" if float(x).is_integer() else f"{x:.4g}"
+    return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e15 else f"{x:.4g}"

@@ -6,6 +6,7 @@ loader states a run saved, without replaying it (NOTE [ a run's history ] in
 from __future__ import annotations
 
 import json
+import reprlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -55,8 +56,13 @@ def crops_at(
         return None
     fields = {k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items()}
     kinds: dict[str, Any] = {"RandomResizedCrop": RandomResizedCrop, "CenterCrop": CenterCrop}
-    kind = kinds[str(fields.pop("kind"))]
-    crop = WorkerCrop(kind(**fields), float(run.get("reducing_gap", 2.0)))
+    try:  # NOTE: a state is someone's word: an unknown kind or key is its error, in one line
+        kind = kinds[str(fields.pop("kind", None))]
+        crop = WorkerCrop(kind(**fields), float(run.get("reducing_gap", 2.0)))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(
+            f"the run record's crop {reprlib.repr(recorded)} is not one of the loaders' ({exc})"
+        ) from None
     _, entries, _ = _run_of(loader, state)
     entry = max((s for s in entries if s.step <= step), key=lambda s: s.step)
     epoch, _ = entry.epoch_at(step)

@@ -21,7 +21,8 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from etl.deprecations import warn_once
-from etl.errors import EtlError, SelectionError, ShardError
+from etl.errors import EtlError, ManifestError, SelectionError, ShardError
+from etl.format.codecs import max_pixels
 from etl.format.coherence import stored_codes
 from etl.format.contents import VersionContents, Where
 from etl.format.flat import channels_of, shape_of
@@ -267,6 +268,17 @@ class Catalog(VersionContents):
         values = SampleValues.of(self.table, selection.positions, list(names), declared)
         return replace(selection, values=values)
 
+    def _check_declared(self, places: NDArray[np.int64], positions: NDArray[np.int64]) -> None:
+        """ManifestError naming the sample whose declared size is over the reader's cap."""
+        worst = _largest_over_cap(places)
+        if worst is not None:
+            source = self.table.column("source")[int(positions[worst])].as_py()
+            height, width = (int(v) for v in places[worst, 1:])
+            raise ManifestError(
+                f"{self.root}: sample {source!r} declares {height}x{width} pixels, over the "
+                f"reader's cap of {max_pixels():,} (ETL_MAX_PIXELS raises it): not opened"
+            )
+
     def _selection(self, positions: NDArray[np.int64]) -> Selection:
         shards = self.manifest.shards
         codes = self.manifest.shard_index[positions]
@@ -307,6 +319,7 @@ class Catalog(VersionContents):
             channels = channels_of(self.sample_shape, self.layout)
             sizes = places[firsts, 1] * places[firsts, 2] * channels
             if meta.encoded:
+                self._check_declared(places, positions[order])
                 stored = _stored(self.table.take(taken))
                 sizes = stored[firsts, 0]
             spans = zip(places[firsts, 0].tolist(), sizes.tolist(), strict=True)
@@ -323,6 +336,15 @@ class Catalog(VersionContents):
             places=None if places is None else _frozen(places),
             stored=None if stored is None else _frozen(stored),
         )
+
+
+def _largest_over_cap(places: NDArray[np.int64]) -> int | None:
+    """The position in `places` of the largest declared size, where it is over the reader's
+    cap (NOTE [ bounded decodes ] in etl.format.codecs); None where none is."""
+    pixels = places[:, 1] * places[:, 2]
+    if not len(pixels) or int(pixels.max()) <= max_pixels():
+        return None
+    return int(np.argmax(pixels))
 
 
 def _stored(samples: pa.Table) -> NDArray[np.int64]:

@@ -505,3 +505,44 @@ def test_a_hostile_history_is_refused_in_one_line_before_any_order_is_drawn(
     assert code == 0 and len(json.loads(out)["read"]) == 3, err
     code, _, err = cli(["trace", str(path), "--sample", source, "--max-epochs", "2"], capsys)
     assert code == 2 and "covers 3 epochs" in err and "--max-epochs" in err, err
+
+
+def test_a_state_naming_a_crop_the_loaders_do_not_have_is_one_line(
+    packed: Packed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run record whose crop is of an unknown kind, or has a key the crop does not take:
+    `etl trace --step` is exit code 2 and one line naming the crop, never a KeyError's or a
+    TypeError's traceback."""
+    from loaders import RandomResizedCrop
+
+    ds = PackedDataset.open(packed.root, split="train").with_crop(RandomResizedCrop(4, seed=1))
+    loader = loader_of(ds, "random", False)
+    steps(iter(loader), {}, 0, 0, 2)
+    state = loader.state_dict()
+    record = json.loads(state["run"])
+    for crop in ({**record["crop"], "kind": "Warp"}, {**record["crop"], "bogus": 1}, {"size": 4}):
+        path = tmp_path / "state.json"
+        path.write_text(json.dumps({**state, "run": json.dumps({**record, "crop": crop})}))
+        code, _, err = cli(["trace", str(path), "--step", "1"], capsys)
+        lines = [line for line in err.splitlines() if not line.startswith("opening ")]
+        assert code == 2 and len(lines) == 1 and "crop" in err and "Traceback" not in err, err
+
+
+def test_a_sheet_that_cannot_be_written_there_is_one_line(
+    packed: Packed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`etl trace --sheet` into a missing folder, or with a name that is not a PNG's: exit
+    code 2 and one line naming it, nothing written."""
+    ds = PackedDataset.open(packed.root, split="train")
+    loader = loader_of(ds, "random", False)
+    steps(iter(loader), {}, 0, 0, 2)
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps(loader.state_dict()))
+    for sheet, said in (
+        (tmp_path / "nowhere" / "s.png", "no such folder"),
+        (tmp_path / "s.txt", "PNG"),
+    ):
+        code, _, err = cli(["trace", str(state), "--step", "1", "--sheet", str(sheet)], capsys)
+        lines = [line for line in err.splitlines() if not line.startswith("opening ")]
+        assert code == 2 and len(lines) == 1 and said in err and "Traceback" not in err, err
+        assert not sheet.exists()
