@@ -43,6 +43,20 @@ REJECT_BUDGET = 120
 CHART_CLASSES = 60
 TABLE_CLASSES = 1000
 TOP_VALUES = 10
+REJECT_REASONS = 60
+"""Reject reasons charted and grouped, the most common first (like classes: a hostile source
+can make every reject's reason its own)."""
+TEXT_CHARS = 300
+"""Characters of one value shown (a source, a message, a caption); the rest is marked cut."""
+
+
+def cut(text: object, limit: int | None = None) -> str:
+    """`text` as the page shows it: at most `limit` (`TEXT_CHARS`) characters, and a visible
+    mark of how many more there were."""
+    shown, limit = str(text), TEXT_CHARS if limit is None else limit
+    if len(shown) <= limit:
+        return shown
+    return f"{shown[:limit]}... ({len(shown) - limit:,} more characters)"
 
 
 @dataclass(frozen=True)
@@ -104,6 +118,11 @@ def gather(
     rows, chart = _class_counts(ds, notes)
     versions, last = timeline(ds)
     reasons = value_counts(ds.rejects.column("reason"))
+    if len(reasons) > REJECT_REASONS:
+        notes["reasons"] = (
+            f"the report shows the {REJECT_REASONS} most common of {len(reasons):,} reasons"
+        )
+        reasons = reasons[:REJECT_REASONS]
     # drawn first, read after: the progress bar's total is what was drawn
     grid_picks = _grid_picks(ds, seed, notes)
     reject_picks = _reject_picks(ds, reasons, seed)
@@ -197,7 +216,7 @@ def _grid(
     for name, positions in picks:
         thumbs = []
         for p in positions:
-            lines = (str(ids[p]), str(splits[p]), str(sources[p]))
+            lines = (str(ids[p]), str(splits[p]), cut(sources[p]))
             thumbs.append(sample_thumb(ds, p, lines))
             progress.advance(1)
         grid.append((name, tuple(thumbs)))
@@ -212,11 +231,16 @@ def _reject_picks(
     table = ds.rejects
     if table.num_rows == 0:
         return []
-    column = table.column("reason").to_numpy(zero_copy_only=False)
+    column = table.column("reason").to_numpy(zero_copy_only=False).astype(str)
+    names, inverse = np.unique(column, return_inverse=True)  # NOTE: one pass, not one a reason
+    by_reason = np.argsort(inverse, kind="stable")
+    starts = np.searchsorted(inverse[by_reason], np.arange(len(names) + 1))
+    code = {str(name): k for k, name in enumerate(names.tolist())}
     rng = np.random.default_rng(seed)
     picks, budget = [], REJECT_BUDGET
     for reason, count in reasons:
-        where = np.flatnonzero(column == reason)
+        k = code[str(reason)]
+        where = by_reason[starts[k] : starts[k + 1]]
         take = min(REJECT_EXAMPLES, budget, len(where))
         budget -= take
         picked = sorted(int(i) for i in rng.choice(where, take, replace=False))
@@ -243,9 +267,9 @@ def _rejects(
         thumbs = _reject_thumbs(ds, rows, source, decode)
         progress.advance(len(thumbs))
         examples = tuple(
-            (str(r["source"]), str(r["message"]), t) for r, t in zip(rows, thumbs, strict=True)
+            (cut(r["source"]), cut(r["message"]), t) for r, t in zip(rows, thumbs, strict=True)
         )
-        groups.append(RejectGroup(reason, count, examples))
+        groups.append(RejectGroup(cut(reason), count, examples))
     return tuple(groups)
 
 
@@ -306,7 +330,7 @@ def _column(values: pa.ChunkedArray, field: pa.Field, type_text: str) -> ColumnS
             **base, nulls=nulls, histogram=histogram(lengths), stats=(("of", "lengths"),)
         )
     if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_boolean(kind):
-        top = tuple(value_counts(present, TOP_VALUES))
+        top = tuple((cut(value), n) for value, n in value_counts(present, TOP_VALUES))
         distinct = len(pc.unique(present)) if len(present) else 0
         return ColumnSummary(**base, nulls=nulls, top=top, distinct=distinct)
     return ColumnSummary(**base, nulls=nulls)

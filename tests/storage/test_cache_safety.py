@@ -15,6 +15,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -144,7 +145,8 @@ def test_a_download_is_alive_while_its_lock_is_held_whatever_its_name_says(
 ) -> None:
     """In a bounded cache, a `.tmp-` download held (flock) by a process of another container
     (its name, a pid this node has never seen) is counted and kept; one nobody holds, though
-    its name is this very process's pid, is a dead download and removed."""
+    its name is this very process's pid, is a dead download and removed; one nobody holds yet
+    but made a moment ago (between its creation and its writer's lock) is kept."""
     packed, url = dataset
     cache = tmp_path / "cache"
     sizes = [p.stat().st_size for p in sorted((packed.root / "shards").glob("*.npy"))]
@@ -156,8 +158,12 @@ def test_a_download_is_alive_while_its_lock_is_held_whatever_its_name_says(
     names = PackedDataset.open(packed.root).selection.shards.names
     held = folder / f".tmp-{Path(names[0]).name}-999999999"
     dead = folder / f".tmp-{Path(names[1]).name}-{os.getpid()}"
-    held.write_bytes(b"")
-    dead.write_bytes(b"")
+    fresh = folder / f".tmp-{Path(names[2]).name}-{os.getpid()}x"
+    for path in (held, dead, fresh):
+        path.write_bytes(b"")
+    an_hour_ago = time.time() - 3600
+    for path in (held, dead):  # a killed download's file is older than a moment
+        os.utime(path, (an_hour_ago, an_hour_ago))
     holder = subprocess.Popen(
         [
             sys.executable,
@@ -177,6 +183,7 @@ def test_a_download_is_alive_while_its_lock_is_held_whatever_its_name_says(
         assert sum(len(batch.indices) for batch in loader) == len(ds)
         assert held.exists(), "a download someone holds is never removed"
         assert not dead.exists(), "a download nobody holds never finishes"
+        assert fresh.exists(), "one made a moment ago may not be locked yet by its writer"
     finally:
         holder.kill()
         holder.wait()

@@ -244,6 +244,7 @@ def test_what_a_killed_download_left_does_not_count_against_the_limit(
     dead.wait()
     stale = folder / f".tmp-{Path(ds.selection.shards.names[0]).name}-{dead.pid}"
     stale.write_bytes(b"\0" * limit)  # as large as the whole limit
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))  # killed an hour ago
     loader = make_loader(ds, batch_size=2, shuffle="shards", seed=3, with_indices=True)
     seen = read_epoch(loader)
     assert sorted(i for i, _ in seen) == list(range(len(ds)))
