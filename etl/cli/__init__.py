@@ -16,8 +16,11 @@ Modules:
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import sys
+
+from etl.engine import interrupt
 
 ETL_PACKAGES = frozenset(
     {"PIL", "simplejpeg", "yaml", "typer", "joblib", "pydantic", "rich", "jinja2"}
@@ -46,6 +49,10 @@ run on 2 cores); `--help` or an unknown name imports them all."""
 
 
 def main(argv: list[str] | None = None) -> None:
+    # NOTE [ signals after the command ]: registered before anything a command imports
+    # (multiprocessing's, loky's exit handlers), so it runs after them, last
+    atexit.unregister(interrupt.end_with_late_signal)
+    atexit.register(interrupt.end_with_late_signal)
     _arrow_without_pandas()
     args = sys.argv[1:] if argv is None else argv
     try:

@@ -7,6 +7,7 @@ and keeps its traceback.
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import sys
@@ -88,3 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     except interrupt.Interrupted as exc:
         err.print(exc.message, highlight=False, markup=False, soft_wrap=True)
         sys.exit(exc.exit_code)
+    finally:  # NOTE [ signals after the command ]: through the exit handlers too
+        atexit.unregister(interrupt.exit_quietly)
+        atexit.register(interrupt.exit_quietly)  # runs before the ones registered earlier
+        if argv is None:  # the etl command itself (not a call in someone's process)
+            interrupt.exit_quietly()

@@ -10,8 +10,11 @@ version becomes visible by one rename, and the next run removes what an interrup
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -59,6 +62,57 @@ def handled() -> Iterator[None]:
         for s, handler in previous.items():
             signal.signal(s, handler)
         _received = None
+
+
+_late: int | None = None
+
+
+def exit_quietly() -> None:
+    """From now to the end of the process: SIGINT or SIGTERM writes one line, lets the exit
+    finish, and the process ends with 130 or 143 (`end_with_late_signal`); a second one ends
+    it at once.
+
+    NOTE [ signals after the command ]: once a command's work is done (its version committed
+    or not), Python's own handler would turn a Ctrl-C into a KeyboardInterrupt inside whatever
+    runs then: an exit handler (loky's `_python_exit` joins its workers there) printed its
+    traceback and the process exited 0. Nothing is left to stop or to keep whole then: the
+    signal is noted and said, the exit handlers finish (loky's resource tracker then finds
+    nothing leaked), and the process ends with the signal's exit code."""
+    for s in SIGNALS:
+        signal.signal(s, _late_signal)
+
+
+def _late_signal(signum: int, frame: FrameType | None) -> None:
+    global _late
+    if _late is not None:
+        os._exit(128 + signum)  # a second signal: stop now
+    _late = signum
+    os.write(2, b"interrupted (the command had ended)\n")
+
+
+def end_with_late_signal() -> None:
+    """The last exit handler: where a signal arrived after the command, the process ends with
+    its exit code (never 0 after a signal)."""
+    if _late is not None:
+        _let_go_of_workers()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(128 + _late)
+
+
+def _let_go_of_workers() -> None:
+    """loky's executor shut down and its locks collected, as the interpreter's own teardown
+    would: its resource tracker then finds nothing leaked when this process is gone."""
+    reusable = sys.modules.get("joblib.externals.loky.reusable_executor")
+    executor = getattr(reusable, "_executor", None)
+    if executor is None:
+        return
+    with contextlib.suppress(Exception):
+        executor.shutdown(wait=True, kill_workers=True)
+        reusable._executor = None  # type: ignore[union-attr]
+        del executor
+        gc.collect()
 
 
 def check() -> None:

@@ -194,6 +194,7 @@ PAUSING_ETL = """\
 import os, sys, time, pathlib
 
 import etl.run.execute, etl.format.commit, etl.run.phases
+import etl.cli.run
 from etl.cli import main
 
 MARK = pathlib.Path(os.environ["PAUSE_MARK"])
@@ -212,21 +213,35 @@ PHASES = {
     "hashing": (etl.run.execute, "hash_sources"),
     "packing on threads": (etl.run.execute, "pack_batch"),
     "committing": (etl.format.commit, "write_record"),
+    "after the commit": (etl.cli.run, "_print_report"),
 }
-module, name = PHASES[os.environ["PAUSE_IN"]]
-setattr(module, name, pausing(getattr(module, name)))
-main(sys.argv[1:])
+if os.environ["PAUSE_IN"] == "exit handlers":  # where loky's joins its workers
+    import threading
+
+    threading._register_atexit(pausing(lambda: None))
+else:
+    module, name = PHASES[os.environ["PAUSE_IN"]]
+    setattr(module, name, pausing(getattr(module, name)))
+main()  # as the etl command calls it: its arguments from sys.argv
 """
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("phase", ["listing", "hashing", "packing on threads", "committing"])
+@pytest.mark.parametrize(
+    "phase",
+    [
+        "listing", "hashing", "packing on threads", "committing", "after the commit",
+        "exit handlers",
+    ],
+)  # fmt: skip
 def test_ctrl_c_in_each_phase(tmp_path: Path, phase: str) -> None:
     """A harness pauses the run inside one phase (no sleeps tuned to this machine) and the
     terminal's SIGINT reaches the whole group there. Before the commit: nothing committed.
     During it: the version is published whole, then the run stops and says so. Packing: a
     small run without user code packs on threads in the `etl` process (NOTE [ head start ]),
-    paused inside a task; the threads finish it before the run cleans up."""
+    paused inside a task; the threads finish it before the run cleans up. After the commit
+    (printing its summary) and in the exit handlers (loky's among them: NOTE [ signals after
+    the command ]): one line and 130, never a traceback nor 0."""
     make_source(tmp_path, 12)
     if phase == "packing on threads":
         config = (tmp_path / "pipeline.yaml").read_text()
@@ -238,7 +253,13 @@ def test_ctrl_c_in_each_phase(tmp_path: Path, phase: str) -> None:
     (tmp_path / "pausing_etl.py").write_text(PAUSING_ETL)
     mark = tmp_path / "paused"
     run = subprocess.Popen(
-        [sys.executable, str(tmp_path / "pausing_etl.py"), "run", "pipeline.yaml", "-q"],
+        [
+            sys.executable,
+            str(tmp_path / "pausing_etl.py"),
+            "run",
+            "pipeline.yaml",
+            *([] if phase == "after the commit" else ["-q"]),
+        ],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(tmp_path), "PAUSE_IN": phase, "PAUSE_MARK": str(mark)},
         stdout=subprocess.PIPE,
@@ -247,8 +268,15 @@ def test_ctrl_c_in_each_phase(tmp_path: Path, phase: str) -> None:
         start_new_session=True,
     )
     stderr = ctrl_c_once(mark, run)
+    assert "Traceback" not in stderr, stderr
     if phase == "committing":
         assert stderr.strip() == "interrupted: version 2 was committed"
+        assert versions(tmp_path) == ["v000001", "v000002"]
+    elif phase == "after the commit":  # the summary's bars, then the one line
+        assert stderr.strip().splitlines()[-1] == "interrupted", stderr
+        assert versions(tmp_path) == ["v000001", "v000002"]
+    elif phase == "exit handlers":
+        assert stderr.strip() == "interrupted (the command had ended)", stderr
         assert versions(tmp_path) == ["v000001", "v000002"]
     else:
         assert stderr.strip() == "interrupted: nothing committed; the previous version 1 is intact"
