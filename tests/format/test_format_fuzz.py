@@ -637,3 +637,89 @@ def test_any_damage_to_a_retirement_record_is_ignored_or_obeyed_never_a_crash(
 
     one()
     assert len(seen) >= examples(request) // 8
+
+
+HOSTILE_NAMES = [
+    "/etc/passwd.npy",
+    "shards/../../victim.npy",
+    "shards/a\x00.npy",
+    "shards/\x1b[2J.npy",
+]
+
+
+def _resealed(root: Path, change: Any) -> None:
+    """The latest version's tables changed by `change(manifest, shards) -> (manifest,
+    shards)` and its commit record sealed again over them: what a hostile writer, or a
+    store, can serve (the record detects damage, not an adversary: docs/FORMAT.md)."""
+    import pyarrow.ipc as ipc
+
+    from etl.format.record import RECORD_FILE, write_record
+
+    folder = sorted((root / "versions").glob("v*"))[-1]
+    tables = [ipc.open_file(str(folder / n)).read_all() for n in ("manifest.arrow", "shards.arrow")]
+    for name, table in zip(("manifest.arrow", "shards.arrow"), change(*tables), strict=True):
+        with ipc.new_file(str(folder / name), table.schema) as writer:
+            writer.write_table(table)
+    files = tuple(json.loads((folder / RECORD_FILE).read_text())["files"])
+    write_record(folder, int(folder.name[1:]), files)
+
+
+def _renamed(name: str) -> Any:
+    import pyarrow as pa
+
+    def change(manifest: Any, shards: Any) -> tuple[Any, Any]:
+        first = shards.column("shard")[0].as_py()
+        names = [name if n == first else n for n in shards.column("shard").to_pylist()]
+        used = [name if n == first else n for n in manifest.column("shard").to_pylist()]
+        at, to = shards.schema.get_field_index("shard"), manifest.schema.get_field_index("shard")
+        return (
+            manifest.set_column(to, manifest.schema.field(to), pa.array(used)),
+            shards.set_column(at, shards.schema.field(at), pa.array(names)),
+        )
+
+    return change
+
+
+def _declared(height: int, width: int) -> Any:
+    import pyarrow as pa
+
+    def change(manifest: Any, shards: Any) -> tuple[Any, Any]:
+        for column, value in (("sample_height", height), ("sample_width", width)):
+            at = manifest.schema.get_field_index(column)
+            values = manifest.column(column).to_pylist()
+            values[0] = value
+            field = manifest.schema.field(at)
+            manifest = manifest.set_column(at, field, pa.array(values, field.type))
+        return manifest, shards
+
+    return change
+
+
+@pytest.mark.parametrize("hostile", [*HOSTILE_NAMES, "16384x21845"])
+def test_hostile_values_sealed_by_their_own_record_are_named_never_trusted(
+    jpeg_base: Base, driver: Driver, tmp_path: Path, hostile: str
+) -> None:
+    """A version whose shards table (and manifest) name a shard outside the dataset or with a
+    NUL or an escape in its name, or whose manifest declares a JPEG sample of 16384x21845
+    (a gigabyte to allocate), its record sealed again: every reader ends with an exit code
+    and one line, the loaders refuse to open it, and no file outside the dataset is read or
+    touched (NOTE [ names from a store ], NOTE [ bounded decodes ])."""
+    root, config = case_root(jpeg_base, tmp_path / "case")
+    victim = tmp_path / "victim.npy"
+    victim.write_bytes(b"someone's file")
+    if hostile == "16384x21845":
+        _resealed(root, _declared(16384, 21845))
+    else:
+        _resealed(
+            root, _renamed(hostile.replace("victim.npy", os.path.relpath(victim, root / "shards")))
+        )
+    results = driver.run(root, config, EVERY_READER)
+    for reader, result in results.items():
+        assert "bug" not in result, f"{reader} on {hostile!r}:\n{result['bug']}"
+        assert result["code"] in EXIT_CODES.get(reader, {0, 2}), f"{reader} on {hostile!r}"
+        if result["code"] == 2:
+            assert "\n" not in result["error"].strip(), f"{reader}: {result['error']!r}"
+    for reader in ("loaders", "loaders-workers", "loaders-unchecked"):
+        if reader in results:
+            assert results[reader]["code"] == 2, f"{reader} opened {hostile!r}"
+    assert victim.read_bytes() == b"someone's file"
