@@ -296,6 +296,6 @@ def _draw(
             record = records[member]
             opened[member] = explore.open_dataset(record["dataset"], record["version"])
         caption = (f"{row['class_name']} ({row['split']})", row["sample_id"])
-        cells.append(Cell(opened[member].image(row["sample_id"]), caption))
+        cells.append(Cell(opened[member].image(row["sample_id"], longest=96), caption))
     title = f"step {step}: {len(cells)} samples"
     save_png(draw_sheet(cells, columns=min(8, len(cells)), cell=96, title=title).image, sheet)

@@ -159,8 +159,10 @@ class Dataset(VersionContents):
         row: dict[str, Any] = self.table.slice(self.position(key), 1).to_pylist()[0]
         return row
 
-    def array(self, key: SampleKey) -> NDArray[np.uint8]:
-        """The stored pixels of one sample, read-only, in the stored layout (`sample_shape`)."""
+    def array(self, key: SampleKey, longest: int | None = None) -> NDArray[np.uint8]:
+        """The stored pixels of one sample, read-only, in the stored layout (`sample_shape`);
+        with `longest`, a preview that size or larger (a JPEG decoded at a reduced scale:
+        `etl.format.flat.stored_sample`)."""
         row = self.row(key)
         place = place_of(row) if self.manifest.meta.ragged else None
         try:
@@ -171,14 +173,16 @@ class Dataset(VersionContents):
                 self.sample_shape,
                 self.layout,
                 encoding_of(row),
+                longest,
             )
         except ValueError as exc:  # past the end (a file changed since opening), or undecodable
             raise ShardError(f"{self.manifest.shard_path(row['shard'])}: {exc}") from None
         return np.asarray(pixels)
 
-    def image(self, key: SampleKey) -> Image.Image:
-        """One sample as a PIL image: RGB, or L for one channel; CHW is transposed for display."""
-        return to_image(self.array(key), self.layout)
+    def image(self, key: SampleKey, longest: int | None = None) -> Image.Image:
+        """One sample as a PIL image: RGB, or L for one channel; CHW is transposed for display.
+        `longest`: a preview for a picture that size (see `array`)."""
+        return to_image(self.array(key, longest), self.layout)
 
     def _shard(self, name: str) -> np.memmap:
         if name not in self._shards:
@@ -248,7 +252,7 @@ class Dataset(VersionContents):
         rows = self.table.take(positions).to_pylist()
         cells = [
             Cell(
-                image=self.image(p),
+                image=self.image(p, longest=cell),
                 caption=(
                     f"{r['class_name']} ({r['split']})",
                     r["sample_id"],

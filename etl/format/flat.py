@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from etl.format.codecs import decode
+from etl.format.codecs import REDUCING_GAP, dct_factor, decode, decode_jpeg
 
 Place = tuple[int, int, int]
 """(byte offset in the shard's data, stored height, stored width) of one sample."""
@@ -81,13 +81,22 @@ def stored_sample(
     sample_shape: tuple[int, ...],
     layout: str,
     encoding: Encoding | None = None,
+    longest: int | None = None,
 ) -> NDArray[Any]:
     """The pixels of sample `row` of an opened shard: `stored_bytes`, decoded where it is
     stored encoded. ValueError where the place runs past the end of the shard or the bytes do
-    not decode to the sample its row describes (`etl.format.codecs.DecodeFailure`)."""
+    not decode to the sample its row describes (`etl.format.codecs.DecodeFailure`).
+    `longest`: a preview whose longer side is shown at about that many pixels, so a JPEG is
+    decoded at the smallest DCT scale that keeps twice that (a thumbnail of a 16k photo never
+    allocates the photo); its pixels are then the reduced decode's."""
     data = stored_bytes(shard, row, place, sample_shape, layout, encoding)
     if encoding is None or place is None:
         return data
     _, height, width = place
     shape = shape_of(height, width, channels_of(sample_shape, layout), layout)
+    if longest is not None and encoding[1] == "jpeg":
+        scale = longest / max(height, width, 1)
+        needed = (max(1, round(height * scale)), max(1, round(width * scale)))
+        factor = dct_factor((height, width), needed, REDUCING_GAP)
+        return decode_jpeg(data, shape, factor=factor)
     return decode(data, encoding[1], shape)

@@ -42,7 +42,7 @@ def to_uri(image: Image.Image) -> str:
 def sample_thumb(ds: Dataset, position: int, lines: tuple[str, ...]) -> Thumb:
     """A stored sample's thumbnail, or a note where its shard cannot be read."""
     try:
-        return Thumb(to_uri(ds.image(position)), lines)
+        return Thumb(to_uri(ds.image(position, longest=THUMB)), lines)
     except (EtlError, OSError, ValueError) as exc:
         return Thumb(None, lines, f"not available: {exc}")
 

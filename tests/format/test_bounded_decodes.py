@@ -34,7 +34,7 @@ def test_a_zlib_bomb_is_refused_before_anything_is_allocated() -> None:
     """In a fresh process: the decode of a 1 MB stream declared as a gigabyte is refused, and
     the process's peak memory stays far below the declared size."""
     code = (
-        "import resource, zlib, numpy as np\n"
+        "import zlib, numpy as np\n"
         "from etl.format.codecs import DecodeFailure, decode\n"
         f"data = zlib.compress(bytes({BOMB[0] * BOMB[1] * BOMB[2]} // 1000))\n"
         "try:\n"
@@ -42,11 +42,13 @@ def test_a_zlib_bomb_is_refused_before_anything_is_allocated() -> None:
         "    print('decoded')\n"
         "except DecodeFailure as exc:\n"
         "    print('refused', exc)\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+        "print(next(int(line.split()[1]) for line in open('/proc/self/status')\n"
+        "           if line.startswith('VmHWM:')))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
     said, peak = done.stdout.strip().splitlines()
     assert said.startswith("refused") and "16384x21845x3" in said and "ETL_MAX_PIXELS" in said
+    # NOTE: VmHWM, this process's own peak (ru_maxrss keeps the parent's across fork and exec)
     assert int(peak) < 400 * 1024, f"peak {int(peak) // 1024} MB"  # KB; the bomb is 1 GB
 
 
@@ -97,3 +99,29 @@ def test_a_version_declaring_a_bomb_is_not_opened_unless_the_cap_is_raised(
     ds = PackedDataset.open(tmp_path / "out", verify=False)
     with pytest.raises(EtlError, match="does not inflate"):
         ds.gather(np.arange(len(ds)))
+
+
+def test_a_preview_of_a_large_jpeg_is_decoded_at_a_reduced_scale() -> None:
+    """A 768x1024 JPEG sample previewed for a 96 px cell: decoded at 1/4 (the smallest DCT
+    scale that keeps twice the cell), not in full; its pixels within a few levels of Pillow's
+    own reduced decode of the same file (`Image.draft`), an independent decoder."""
+    import io
+
+    from PIL import Image
+
+    from etl.format.flat import stored_sample
+
+    y, x = np.mgrid[0:768, 0:1024]
+    photo = np.stack([(x // 4) % 256, (y // 3) % 256, ((x + y) // 5) % 256], -1).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(photo).save(buffer, "JPEG", quality=90)
+    data = np.frombuffer(buffer.getvalue(), np.uint8)
+    args = (data, 0, (0, 768, 1024), (0, 0, 3), "HWC", (len(data), "jpeg"))
+    preview = stored_sample(*args, longest=96)
+    assert preview.shape == (192, 256, 3)
+    assert stored_sample(*args).shape == (768, 1024, 3)
+    with Image.open(io.BytesIO(buffer.getvalue())) as pillow:
+        pillow.draft("RGB", (256, 192))
+        reduced = np.asarray(pillow.convert("RGB"))
+    assert reduced.shape == preview.shape
+    assert np.abs(reduced.astype(int) - preview).mean() < 2
