@@ -53,8 +53,9 @@ def encode(
 
 KEPT_APPS = (0xE0, 0xEE)
 """The application segments a source JPEG keeps when it is stored as its own bytes: JFIF, and
-Adobe's (its transform flag says how the colours are coded). EXIF (its orientation, a camera's
-GPS position), XMP, ICC and comments go: the stored sample is its pixels and nothing else."""
+Adobe's (its transform flag says how the colours are coded), each cut to its fixed header
+(`_kept_app`: a JFIF thumbnail goes). EXIF (its orientation, a camera's GPS position), XMP, ICC
+and comments go: the stored sample is its pixels and nothing else."""
 BASELINE_FRAMES = (0xC0, 0xC1)
 """SOF0 and SOF1: sequential, Huffman-coded, what every JPEG decoder reads (GPU ones too)."""
 
@@ -93,10 +94,26 @@ def jpeg_as_stored(data: bytes) -> bytes | None:
                 return None
             end, scanned = _scan_end(data, end), True
             kept.append(data[at:end])
-        elif not (marker == 0xFE or (0xE0 <= marker <= 0xEF and marker not in KEPT_APPS)):
+        elif marker in KEPT_APPS:
+            kept.append(_kept_app(marker, data[at + 4 : end]))
+        elif not (marker == 0xFE or 0xE0 <= marker <= 0xEF):
             kept.append(data[at:end])
         at = end
     return None
+
+
+def _kept_app(marker: int, payload: bytes) -> bytes:
+    """A kept application segment cut to its fixed header: JFIF's densities without its
+    thumbnail (a picture of the whole uncropped photo, the stored sample's or not), Adobe's
+    transform flag without anything after it; any other kind of APP0 or APP14 (a JFXX
+    thumbnail) is dropped (b"")."""
+    if marker == 0xE0 and payload[:5] == b"JFIF\0" and len(payload) >= 14:
+        header = payload[:12] + b"\0\0"  # version, units, densities; no thumbnail
+    elif marker == 0xEE and payload[:5] == b"Adobe" and len(payload) >= 12:
+        header = payload[:12]
+    else:
+        return b""
+    return bytes([0xFF, marker]) + (len(header) + 2).to_bytes(2, "big") + header
 
 
 def _scan_end(data: bytes, at: int) -> int:

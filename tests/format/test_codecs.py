@@ -196,6 +196,36 @@ def test_metadata_between_the_scan_and_the_end_goes_too() -> None:
     assert jpeg_as_stored(data[:-2]) is None  # no end of the image
 
 
+def _segment(marker: int, payload: bytes) -> bytes:
+    return bytes([0xFF, marker]) + (len(payload) + 2).to_bytes(2, "big") + payload
+
+
+def test_jfif_and_adobe_segments_keep_their_headers_and_no_thumbnail() -> None:
+    """A source whose JFIF segment carries a thumbnail (of the whole, uncropped photo), with a
+    JFXX thumbnail segment and an Adobe segment with bytes after its header: the stored file
+    keeps JFIF's and Adobe's fixed headers only (no thumbnail's bytes, no JFXX), and decodes,
+    by Pillow, to the source's very pixels."""
+    data = _baseline_jpeg()
+    jfif = data.index(b"JFIF\0")
+    end = jfif - 2 + int.from_bytes(data[jfif - 2 : jfif], "big")
+    thumbnail = bytes(range(3 * 4 * 4))  # a 4x4 RGB thumbnail, recognisable bytes
+    segments = (
+        _segment(0xE0, data[jfif : jfif + 12] + bytes([4, 4]) + thumbnail)
+        + _segment(0xE0, b"JFXX\0\x13" + bytes(range(200, 240)))
+        + _segment(0xEE, b"Adobe\0\x64\0\0\0\0\x01" + b"extra bytes")
+    )
+    source = data[: jfif - 4] + segments + data[end:]
+    stored = jpeg_as_stored(source)
+    assert stored is not None
+    assert thumbnail not in stored and b"JFXX" not in stored and b"extra bytes" not in stored
+    assert stored.count(b"JFIF\0") == 1 and stored.count(b"Adobe") == 1
+    at = stored.index(b"JFIF\0")
+    assert stored[at + 12 : at + 14] == b"\0\0" and int.from_bytes(stored[at - 2 : at], "big") == 16
+    assert np.array_equal(
+        np.asarray(Image.open(io.BytesIO(stored))), np.asarray(Image.open(io.BytesIO(source)))
+    )
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_a_damaged_source_jpeg_is_bytes_or_none_never_an_error(data: st.DataObject) -> None:
