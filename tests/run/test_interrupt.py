@@ -86,16 +86,18 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def ctrl_c_once(mark: Path, run: subprocess.Popen[str], timeout: float = 60) -> str:
-    """Once `mark` exists, SIGINT to the run's whole group, as a terminal's Ctrl-C: its
-    stderr, after checking it exited 130."""
+def ctrl_c_once(
+    mark: Path, run: subprocess.Popen[str], timeout: float = 60, signum: int = signal.SIGINT
+) -> str:
+    """Once `mark` exists, SIGINT (or `signum`) to the run's whole group, as a terminal's
+    Ctrl-C (or a scheduler's SIGTERM): its stderr, after checking it exited 128 + signum."""
     deadline = time.monotonic() + 60
     while not mark.exists():
         assert run.poll() is None and time.monotonic() < deadline, run.communicate()
         time.sleep(0.01)
-    os.killpg(run.pid, signal.SIGINT)
+    os.killpg(run.pid, signum)
     _, stderr = run.communicate(timeout=timeout)
-    assert run.returncode == 130, stderr
+    assert run.returncode == 128 + signum, stderr
     return stderr
 
 
@@ -193,7 +195,7 @@ def test_workers_exit_when_the_parent_is_killed(tmp_path: Path, backend: str) ->
 PAUSING_ETL = """\
 import os, sys, time, pathlib
 
-import etl.run.execute, etl.format.commit, etl.run.phases
+import etl.run.execute, etl.format.commit, etl.run.phases, etl.run.pipeline
 import etl.cli.run
 from etl.cli import main
 
@@ -214,6 +216,10 @@ PHASES = {
     "packing on threads": (etl.run.execute, "pack_batch"),
     "committing": (etl.format.commit, "write_record"),
     "after the commit": (etl.cli.run, "_print_report"),
+    "loading the config": (etl.cli.run, "load_config"),
+    "opening the previous version": (etl.run.pipeline, "open_previous"),
+    "planning": (etl.run.pipeline, "plan_run"),
+    "writing the manifest": (etl.format.commit, "_write_rows"),
 }
 if os.environ["PAUSE_IN"] == "exit handlers":  # where loky's joins its workers
     import threading
@@ -226,15 +232,23 @@ main()  # as the etl command calls it: its arguments from sys.argv
 """
 
 
+PHASES = [
+    "loading the config", "opening the previous version", "listing", "hashing", "planning",
+    "packing on threads", "writing the manifest", "committing", "after the commit",
+    "exit handlers",
+]  # fmt: skip
+"""Each moment of a run the harness pauses in; all take a Ctrl-C, those of `TERMINATED` a
+scheduler's SIGTERM too: 20 moments in all with the other tests here (mid-pack, while
+workers start, a second Ctrl-C)."""
+TERMINATED = ["listing", "committing", "after the commit", "exit handlers"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "phase",
-    [
-        "listing", "hashing", "packing on threads", "committing", "after the commit",
-        "exit handlers",
-    ],
-)  # fmt: skip
-def test_ctrl_c_in_each_phase(tmp_path: Path, phase: str) -> None:
+    ("phase", "signum"),
+    [(p, signal.SIGINT) for p in PHASES] + [(p, signal.SIGTERM) for p in TERMINATED],
+)
+def test_ctrl_c_in_each_phase(tmp_path: Path, phase: str, signum: int) -> None:
     """A harness pauses the run inside one phase (no sleeps tuned to this machine) and the
     terminal's SIGINT reaches the whole group there. Before the commit: nothing committed.
     During it: the version is published whole, then the run stops and says so. Packing: a
@@ -267,9 +281,9 @@ def test_ctrl_c_in_each_phase(tmp_path: Path, phase: str) -> None:
         text=True,
         start_new_session=True,
     )
-    stderr = ctrl_c_once(mark, run)
+    stderr = ctrl_c_once(mark, run, signum=signum)
     assert "Traceback" not in stderr, stderr
-    if phase == "committing":
+    if phase in ("writing the manifest", "committing"):  # the publish is not cut short
         assert stderr.strip() == "interrupted: version 2 was committed"
         assert versions(tmp_path) == ["v000001", "v000002"]
     elif phase == "after the commit":  # the summary's bars, then the one line
@@ -278,6 +292,9 @@ def test_ctrl_c_in_each_phase(tmp_path: Path, phase: str) -> None:
     elif phase == "exit handlers":
         assert stderr.strip() == "interrupted (the command had ended)", stderr
         assert versions(tmp_path) == ["v000001", "v000002"]
+    elif phase == "loading the config":  # before the run began: nothing of it to say
+        assert stderr.strip() == "interrupted", stderr
+        assert versions(tmp_path) == ["v000001"]
     else:
         assert stderr.strip() == "interrupted: nothing committed; the previous version 1 is intact"
         assert versions(tmp_path) == ["v000001"]
