@@ -13,7 +13,7 @@ from etl.cli.app import app, out
 from etl.cli.progress import BarProgress
 from etl.cli.report import check_report_path, describe
 from etl.config import PipelineConfig, load_config
-from etl.errors import EtlError, redacted
+from etl.errors import EtlError, OutputError, described, redacted
 from etl.run import pipeline
 from etl.run.plan import Plan
 from etl.sources.registry import check_exists
@@ -191,6 +191,8 @@ def sample_data(
     bar.start("sample data", per_class * len(CLASSES))
     try:
         report = make_sample_data(directory, per_class=per_class, seed=seed, progress=bar.advance)
+    except OSError as exc:  # a folder that cannot be made or written there, a full disk
+        raise OutputError(f"{directory}: cannot write the sample data ({described(exc)})") from None
     finally:
         bar.stop()
     if not quiet:

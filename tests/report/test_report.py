@@ -259,6 +259,24 @@ def test_bad_arguments_are_one_line(
     assert not list(tmp_path.glob("*.html"))
 
 
+def test_a_page_that_cannot_be_written_there_is_one_line(
+    packed: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`-o` naming a folder (the rename over it fails) for the report and for `etl show`:
+    exit code 2 and one line naming it, never an OSError's traceback, no temp file left."""
+    from etl.cli import main
+
+    for command, name in (("report", "page.html"), ("show", "sheet.png")):
+        taken = tmp_path / command / name
+        taken.mkdir(parents=True)
+        with pytest.raises(SystemExit) as done:
+            main([command, str(packed / "out"), "-o", str(taken)])
+        err = capsys.readouterr().err
+        assert done.value.code == 2 and "Traceback" not in err, err
+        assert len(err.strip().splitlines()) == 1 and str(taken) in err, err
+        assert [p.name for p in taken.parent.iterdir()] == [name]
+
+
 def test_not_a_dataset_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = cli(["report", str(tmp_path), "-o", str(tmp_path / "r.html")], capsys)
     assert code != 0 and str(tmp_path) in err and "Traceback" not in err

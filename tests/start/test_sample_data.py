@@ -325,3 +325,18 @@ def test_encoded_sizes_are_plausible(sample: tuple[Path, SampleDataReport]) -> N
         with Image.open(io.BytesIO(data)) as im:
             im.load()
             assert min(im.size) >= 48
+
+
+def test_a_folder_that_cannot_be_made_there_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`etl sample-data` under a file (no folder can be made there): exit code 2 and one line
+    naming the folder, never a NotADirectoryError's traceback, nothing left behind."""
+    from tests.helpers.cli import cli
+
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"")
+    code, _, err = cli(["sample-data", str(blocker / "data"), "--per-class", "1", "-q"], capsys)
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert str(blocker / "data") in err
+    assert [p.name for p in tmp_path.iterdir()] == ["a-file"]
