@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from loaders.order.history import HISTORY_LIMIT
 from loaders.order.mixture_orders import Anchor, MixtureOrder
 
 
@@ -50,10 +51,12 @@ def mixture_order_of(context: str, seed: int, step_size: int) -> MixtureOrder:
             (int(first), np.asarray(weights, dtype=np.float64))
             for first, weights in found["schedule"]
         )
+        sizes, per_epoch = [int(s) for s in found["sizes"]], int(found["per_epoch"])
+        if not 0 < per_epoch <= MAX_PER_EPOCH or not 0 < len(sizes) <= MAX_MEMBERS:
+            raise ValueError(f"{per_epoch} samples an epoch of {len(sizes)} members")
         order = MixtureOrder(
-            [int(s) for s in found["sizes"]], schedule, int(found["per_epoch"]), step_size, seed,
-            bool(found["replacement"]),
-        )  # fmt: skip
+            sizes, schedule, per_epoch, step_size, seed, bool(found["replacement"])
+        )
         order.anchor = Anchor(int(epoch), int(position), tuple(int(c) for c in cursors))
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"loader state field 'mixtures' is damaged ({exc!r})") from None
@@ -70,11 +73,18 @@ def decode(text: object) -> dict[int, str]:
     if text in (None, ""):
         return {}
     try:
-        assert isinstance(text, str)
+        assert isinstance(text, str) and len(text) <= MIXTURES_BYTES
         found = json.loads(text)
-        assert isinstance(found, dict)
+        assert isinstance(found, dict) and len(found) <= HISTORY_LIMIT
         return {
             int(k): json.dumps(v, sort_keys=True, separators=(",", ":")) for k, v in found.items()
         }
-    except (AssertionError, TypeError, ValueError):
+    except (AssertionError, TypeError, ValueError, RecursionError):
         raise ValueError("loader state field 'mixtures' is damaged: not a run's mixtures") from None
+
+
+MIXTURES_BYTES = 4 << 20
+"""The most a state's "mixtures" field may hold (one context per history entry at most)."""
+MAX_PER_EPOCH = 1 << 32
+"""The most samples a traced mixture's epoch may declare: its order is drawn whole."""
+MAX_MEMBERS = 1 << 16

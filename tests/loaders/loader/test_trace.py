@@ -451,6 +451,7 @@ def test_etl_trace_answers_for_a_mixture_from_its_record(
     assert [(r["step"], r["rank"]) for r in json.loads(out)["read"]] == expected
 
 
+@pytest.mark.timeout(60)
 def test_a_damaged_mixtures_field_is_refused_in_one_line(packed: Packed) -> None:
     """A state's 'mixtures' that is not JSON, not a mapping, or a context missing its keys:
     one ValueError naming the field, on load or when traced, never a KeyError."""
@@ -467,6 +468,17 @@ def test_a_damaged_mixtures_field_is_refused_in_one_line(packed: Packed) -> None
     missing = {**state, "mixtures": json.dumps({"0": {"anchor": [0, 0, [0, 0]]}})}
     with pytest.raises(ValueError, match="'mixtures' is damaged"):
         samples_at(loader, missing, 0)
+    # bounded: nested past the parser's depth, more contexts than history entries, an epoch
+    # of 10^15 samples (its order would be drawn whole)
+    context = json.loads(state["mixtures"])["0"]
+    hostile = [
+        "[" * 100_000 + "]" * 100_000,
+        json.dumps({str(k): context for k in range(5000)}),
+        json.dumps({"0": {**context, "per_epoch": 10**15}}),
+    ]
+    for damaged in hostile:
+        with pytest.raises(ValueError, match="'mixtures' is damaged"):
+            samples_at(loader, {**state, "mixtures": damaged}, 0)
 
 
 @pytest.mark.timeout(60)
