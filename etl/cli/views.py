@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from etl.cli.app import app, out
+from etl.errors import redacted
 from etl.explore import dataset as explore
 from etl.explore.drawing import save_png
 from etl.format.views import View
@@ -33,7 +34,7 @@ def view(
     """
     chosen = View.load(path)
     ds = explore.open_dataset(chosen.dataset, chosen.version, relative_to=chosen.folder)
-    dataset = ds.location if ds.url else str(Path(chosen.folder) / chosen.dataset)
+    dataset = redacted(ds.location) if ds.url else str(Path(chosen.folder) / chosen.dataset)
     mask = chosen.mask(ds)
     selected = int(mask.sum())
     counts = {s: c for s, c in ds.counts(mask).items() if sum(c.values())}
