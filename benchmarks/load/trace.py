@@ -34,10 +34,11 @@ def main() -> None:
     per_epoch = -(-args.samples // args.batch)
     epochs = args.step // per_epoch + 1
     run = RunHistory()  # as the loader records them: each epoch read through, one resume
+    skipped = min(1000, per_epoch // 2)  # batches the resumed epoch had read before its state
     for epoch in range(epochs):
         resumed = epoch == epochs // 2
-        run.began(epoch, 0, 1000 * args.batch if resumed else 0, order, args.batch)
-        run.ended(per_epoch - 1000 if resumed else per_epoch)
+        run.began(epoch, 0, skipped * args.batch if resumed else 0, order, args.batch)
+        run.ended(per_epoch - skipped if resumed else per_epoch)
     entries = run.entries
     history = encode(entries)
     state = {"step": args.step + 1, "history": history}

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from loaders.order.history import HISTORY_LIMIT
 from loaders.order.mixture_orders import Anchor, MixtureOrder
 
 
@@ -75,7 +74,7 @@ def decode(text: object) -> dict[int, str]:
     try:
         assert isinstance(text, str) and len(text) <= MIXTURES_BYTES
         found = json.loads(text)
-        assert isinstance(found, dict) and len(found) <= HISTORY_LIMIT
+        assert isinstance(found, dict) and len(found) <= MAX_CONTEXTS
         return {
             int(k): json.dumps(v, sort_keys=True, separators=(",", ":")) for k, v in found.items()
         }
@@ -83,6 +82,9 @@ def decode(text: object) -> dict[int, str]:
         raise ValueError("loader state field 'mixtures' is damaged: not a run's mixtures") from None
 
 
+MAX_CONTEXTS = 4096
+"""Contexts a state's "mixtures" field may hold: one per history entry at most (the history's
+own limit, `loaders.order.history.HISTORY_LIMIT`, which imports this module)."""
 MIXTURES_BYTES = 4 << 20
 """The most a state's "mixtures" field may hold (one context per history entry at most)."""
 MAX_PER_EPOCH = 1 << 32
